@@ -1,0 +1,37 @@
+# One-command entry points. Each target does its own set-up on a fresh Debian 12
+# machine: missing packages are installed, the build is configured and built.
+PRESET ?= release
+BUILD  := build/$(PRESET)
+JOBS   ?= 2
+CTEST_ARGS ?=
+
+.PHONY: all deps configure build test test-fast demo bench clean asan
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+configure: deps
+	@cmake --preset $(PRESET) >/dev/null
+
+build: configure
+	@cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900 $(CTEST_ARGS)
+
+test-fast: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L fast $(CTEST_ARGS)
+
+demo: build
+	./$(BUILD)/lockstep demo --out runs/demo
+
+bench: build
+	bash scripts/run-bench.sh $(BUILD)
+
+asan:
+	$(MAKE) test PRESET=asan
+
+clean:
+	rm -rf build

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs, with apt-get and only when missing, every Debian 12 package that
+# lockstep's build, tests and benchmarks need. Idempotent; run as root (or
+# with sudo available). Nothing is downloaded from anywhere but Debian.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  libhwy-dev            # Highway: portable SIMD for the CPU kernels
+  libgtest-dev libgmock-dev
+  libbenchmark-dev      # Google Benchmark
+  libopenblas-dev       # the GEMM baseline in bench/
+  libpcre2-dev          # tokenizer split patterns
+  nlohmann-json3-dev    # JSON (HF configs, JSONL, HTTP bodies)
+  libtomlplusplus-dev   # TOML configs
+  libcpp-httplib-dev    # HTTP server and client
+  libssl-dev zlib1g-dev libbrotli-dev  # cpp-httplib's link dependencies
+  openmpi-bin libopenmpi-dev  # scale-out (dist/)
+  python3               # small helper scripts in tests
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "install-deps: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+  SUDO="sudo"
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "install-deps: done"

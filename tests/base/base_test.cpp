@@ -1,0 +1,111 @@
+// Tests for base/: checks and errors, Philox known answers, the static
+// parallel-for partition.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <set>
+#include <vector>
+
+#include "lockstep/base/error.h"
+#include "lockstep/base/log.h"
+#include "lockstep/base/rng.h"
+#include "lockstep/base/thread_pool.h"
+
+namespace lockstep {
+
+TEST(Check, PassingCheckDoesNothing) { EXPECT_NO_THROW({ LS_CHECK(1 + 1 == 2) << "never built"; }); }
+
+TEST(Check, FailingCheckThrowsWithMessage) {
+  try {
+    int n = 3;
+    LS_CHECK(n == 4) << "n=" << n;
+    FAIL() << "LS_CHECK did not throw";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("n == 4"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("n=3"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("base_test.cpp"), std::string::npos) << msg;
+  }
+}
+
+TEST(Check, ThrowMacroCarriesText) {
+  try {
+    LS_THROW << "data.jsonl:" << 7 << ": missing field 'prompt'";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "data.jsonl:7: missing field 'prompt'");
+  }
+}
+
+TEST(Log, ParsesLevels) {
+  EXPECT_EQ(parse_log_level("debug"), LogLevel::Debug);
+  EXPECT_EQ(parse_log_level("warn"), LogLevel::Warn);
+  EXPECT_THROW(parse_log_level("loud"), Error);
+}
+
+// Known-answer vectors from the Random123 distribution (kat_vectors).
+TEST(Philox, KnownAnswers) {
+  auto a = philox4x32({0, 0, 0, 0}, {0, 0});
+  EXPECT_EQ(a, (std::array<uint32_t, 4>{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}));
+  auto b = philox4x32({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}, {0xffffffffu, 0xffffffffu});
+  EXPECT_EQ(b, (std::array<uint32_t, 4>{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}));
+  auto c = philox4x32({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, {0xa4093822u, 0x299f31d0u});
+  EXPECT_EQ(c, (std::array<uint32_t, 4>{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}));
+}
+
+TEST(Philox, StatelessAndKeyed) {
+  Philox r(42), s(43);
+  EXPECT_EQ(r.u64(1, 2), Philox(42).u64(1, 2));
+  EXPECT_NE(r.u64(1, 2), r.u64(1, 3));
+  EXPECT_NE(r.u64(1, 2), r.u64(2, 2));
+  EXPECT_NE(r.u64(1, 2), s.u64(1, 2));
+  double mean = 0;
+  for (int i = 0; i < 10000; ++i) {
+    float u = r.uniform(7, i);
+    ASSERT_GE(u, 0.0f);
+    ASSERT_LT(u, 1.0f);
+    mean += u;
+  }
+  EXPECT_NEAR(mean / 10000, 0.5, 0.02);
+}
+
+TEST(ThreadPool, StaticPartitionCoversRangeOnce) {
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {0, 1, 2, 5, 17, 1000}) {
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      pool.parallel_for(n, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)]++;
+      });
+      for (auto& h : hits) ASSERT_EQ(h.load(), 1);
+    }
+  }
+}
+
+TEST(ThreadPool, PartitionDependsOnlyOnSizeAndThreads) {
+  ThreadPool pool(2);
+  std::vector<std::pair<int64_t, int64_t>> first, second;
+  std::mutex mu;
+  for (auto* out : {&first, &second}) {
+    pool.parallel_for(101, [&](int64_t b, int64_t e) {
+      std::lock_guard<std::mutex> l(mu);
+      out->emplace_back(b, e);
+    });
+    std::sort(out->begin(), out->end());
+  }
+  EXPECT_EQ(first, second);
+  EXPECT_EQ(first, (std::vector<std::pair<int64_t, int64_t>>{{0, 50}, {50, 101}}));
+}
+
+TEST(ThreadPool, RethrowsWorkerException) {
+  ThreadPool pool(2);
+  EXPECT_THROW(pool.parallel_for(10, [&](int64_t b, int64_t) {
+    if (b > 0) LS_THROW << "boom";
+  }),
+               Error);
+  // The pool still works afterwards.
+  std::atomic<int64_t> sum{0};
+  pool.parallel_for(10, [&](int64_t b, int64_t e) { sum += e - b; });
+  EXPECT_EQ(sum.load(), 10);
+}
+
+}  // namespace lockstep
