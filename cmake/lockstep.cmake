@@ -22,24 +22,30 @@ function(lockstep_module name)
   set(LOCKSTEP_ALL_LIBS ${LOCKSTEP_ALL_LIBS} lockstep_${name} PARENT_SCOPE)
 endfunction()
 
-# lockstep_module_tests(NAME): tests/NAME/*_test.cpp -> test_NAME (label fast),
-# tests/NAME/*_slow.cpp -> test_NAME_slow (label slow). Shared helpers live in
+# lockstep_module_tests(NAME): each tests/NAME/X_test.cpp becomes the binary
+# test_NAME_X (label fast) and each tests/NAME/X_slow.cpp becomes test_NAME_X_slow
+# (label slow). One binary per file keeps rebuilds small and lets work on one
+# kernel proceed while another file is being edited. Shared helpers live in
 # tests/common/ (header-only).
+function(lockstep_add_test_binary target src module label)
+  add_executable(${target} ${src})
+  target_link_libraries(${target} PRIVATE lockstep_${module} GTest::gtest GTest::gtest_main)
+  target_include_directories(${target} PRIVATE ${CMAKE_SOURCE_DIR}/tests)
+  gtest_discover_tests(${target} PROPERTIES LABELS "${label};${module}" DISCOVERY_TIMEOUT 60
+                       WORKING_DIRECTORY ${CMAKE_BINARY_DIR}
+                       ENVIRONMENT "LOCKSTEP_BIN=${CMAKE_BINARY_DIR}/lockstep")
+endfunction()
+
 function(lockstep_module_tests name)
   file(GLOB fast CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/${name}/*_test.cpp)
   file(GLOB slow CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/${name}/*_slow.cpp)
-  if(fast)
-    add_executable(test_${name} ${fast})
-    target_link_libraries(test_${name} PRIVATE lockstep_${name} GTest::gtest GTest::gtest_main)
-    target_include_directories(test_${name} PRIVATE ${CMAKE_SOURCE_DIR}/tests)
-    gtest_discover_tests(test_${name} PROPERTIES LABELS "fast;${name}" DISCOVERY_TIMEOUT 60
-                         WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
-  endif()
-  if(slow)
-    add_executable(test_${name}_slow ${slow})
-    target_link_libraries(test_${name}_slow PRIVATE lockstep_${name} GTest::gtest GTest::gtest_main)
-    target_include_directories(test_${name}_slow PRIVATE ${CMAKE_SOURCE_DIR}/tests)
-    gtest_discover_tests(test_${name}_slow PROPERTIES LABELS "slow;${name}" DISCOVERY_TIMEOUT 60
-                         WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
-  endif()
+  foreach(src ${fast})
+    get_filename_component(stem ${src} NAME_WE)
+    string(REGEX REPLACE "_test$" "" stem ${stem})
+    lockstep_add_test_binary(test_${name}_${stem} ${src} ${name} fast)
+  endforeach()
+  foreach(src ${slow})
+    get_filename_component(stem ${src} NAME_WE)
+    lockstep_add_test_binary(test_${name}_${stem} ${src} ${name} slow)
+  endforeach()
 endfunction()

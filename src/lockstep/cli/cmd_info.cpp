@@ -3,6 +3,7 @@
 
 #include "lockstep/base/thread_pool.h"
 #include "lockstep/cli/command.h"
+#include "lockstep/kernels/cpu/simd.h"
 
 namespace lockstep::cli {
 namespace {
@@ -12,11 +13,7 @@ int run_info(const Args& args) {
   std::cout << "lockstep " << LOCKSTEP_VERSION << "\n"
             << "compiler:       " << __VERSION__ << "\n"
             << "threads:        " << default_thread_count() << " (LOCKSTEP_THREADS overrides)\n"
-#if defined(__AVX2__) && defined(__FMA__)
-            << "cpu target:     x86-64-v3 (AVX2 + FMA)\n"
-#else
-            << "cpu target:     baseline\n"
-#endif
+            << "simd target:    " << kernels::simd_target_name() << " (Highway static target)\n"
             << "numerics:       f32 accumulation, fixed reduction order, -ffp-contract=off\n";
   return 0;
 }

@@ -12,6 +12,7 @@ size_t dtype_size(DType t) {
     case DType::F32: return 4;
     case DType::BF16: return 2;
     case DType::FP8E4M3: return 1;
+    case DType::I32: return 4;
   }
   return 0;
 }
@@ -21,6 +22,7 @@ const char* dtype_name(DType t) {
     case DType::F32: return "f32";
     case DType::BF16: return "bf16";
     case DType::FP8E4M3: return "fp8_e4m3";
+    case DType::I32: return "i32";
   }
   return "?";
 }

@@ -9,10 +9,10 @@
 
 namespace lockstep {
 
-enum class DType : uint8_t { F32, BF16, FP8E4M3 };
+enum class DType : uint8_t { F32, BF16, FP8E4M3, I32 };
 
 size_t dtype_size(DType t);
-const char* dtype_name(DType t);  // "f32", "bf16", "fp8_e4m3"
+const char* dtype_name(DType t);  // "f32", "bf16", "fp8_e4m3", "i32"
 
 using bf16_t = uint16_t;  // raw bfloat16 bits
 using fp8_t = uint8_t;    // raw float8 e4m3fn bits (OCP: no inf, NaN = S.1111.111, max 448)

@@ -71,6 +71,11 @@ fp8_t* Tensor::fp8() const {
   return static_cast<fp8_t*>(data);
 }
 
+int32_t* Tensor::i32() const {
+  LS_CHECK(dtype == DType::I32) << "expected i32, tensor is " << shape_str();
+  return static_cast<int32_t*>(data);
+}
+
 Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
   LS_CHECK(ndim >= 1 && begin >= 0 && begin <= end && end <= shape[0])
       << "rows [" << begin << ", " << end << ") out of range for " << shape_str();

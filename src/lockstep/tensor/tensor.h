@@ -40,6 +40,7 @@ struct Tensor {
   float* f32() const;  // checks dtype
   bf16_t* bf16() const;
   fp8_t* fp8() const;
+  int32_t* i32() const;
 
   // View of rows [begin, end) along dim 0.
   Tensor slice_rows(int64_t begin, int64_t end) const;

@@ -1,0 +1,128 @@
+// Highway implementations of the canonical reductions and elementwise math.
+// Compiled for the static target chosen by -march (AVX2+FMA by default).
+#include "lockstep/kernels/cpu/simd.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
+
+namespace lockstep::kernels {
+namespace hn = hwy::HWY_NAMESPACE;
+
+namespace {
+
+using D = hn::ScalableTag<float>;
+
+// Combines 16 lane partials by the fixed tree.
+inline float tree16(float* acc) {
+  for (int w = 8; w >= 1; w /= 2)
+    for (int j = 0; j < w; ++j) acc[j] = acc[j] + acc[j + w];
+  return acc[0];
+}
+
+enum class Op { Sum, Dot, SumSq };
+
+template <Op kOp>
+float reduce16(const float* a, const float* b, int64_t n) {
+  const D d;
+  constexpr int64_t kMaxVec = kReduceLanes;  // supports vectors of up to 16 floats
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  static_assert(kReduceLanes % 4 == 0);
+  const int64_t nvec = kReduceLanes / N;  // vectors per 16-lane group: 4, 2 or 1
+  hn::Vec<D> acc[kMaxVec];
+  for (int64_t j = 0; j < nvec; ++j) acc[j] = hn::Zero(d);
+  const int64_t full = n / kReduceLanes * kReduceLanes;
+  for (int64_t i = 0; i < full; i += kReduceLanes) {
+    for (int64_t j = 0; j < nvec; ++j) {
+      const auto x = hn::LoadU(d, a + i + j * N);
+      if constexpr (kOp == Op::Sum) {
+        acc[j] = hn::Add(acc[j], x);
+      } else if constexpr (kOp == Op::Dot) {
+        acc[j] = hn::MulAdd(x, hn::LoadU(d, b + i + j * N), acc[j]);
+      } else {
+        acc[j] = hn::MulAdd(x, x, acc[j]);
+      }
+    }
+  }
+  HWY_ALIGN float lanes[kReduceLanes];
+  for (int64_t j = 0; j < nvec; ++j) hn::Store(acc[j], d, lanes + j * N);
+  for (int64_t i = full; i < n; ++i) {
+    float& l = lanes[i - full];
+    if constexpr (kOp == Op::Sum) {
+      l = l + a[i];
+    } else if constexpr (kOp == Op::Dot) {
+      l = std::fma(a[i], b[i], l);
+    } else {
+      l = std::fma(a[i], a[i], l);
+    }
+  }
+  return tree16(lanes);
+}
+
+enum class Fn { Exp, Log, Sigmoid, Silu };
+
+template <Fn kFn>
+inline hn::Vec<D> apply(D d, hn::Vec<D> x) {
+  if constexpr (kFn == Fn::Exp) {
+    return hn::Exp(d, x);
+  } else if constexpr (kFn == Fn::Log) {
+    return hn::Log(d, x);
+  } else if constexpr (kFn == Fn::Sigmoid) {
+    const auto one = hn::Set(d, 1.0f);
+    return hn::Div(one, hn::Add(one, hn::Exp(d, hn::Neg(x))));
+  } else {
+    const auto one = hn::Set(d, 1.0f);
+    return hn::Div(x, hn::Add(one, hn::Exp(d, hn::Neg(x))));
+  }
+}
+
+template <Fn kFn>
+void map(const float* x, float* y, int64_t n) {
+  const D d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(apply<kFn>(d, hn::LoadU(d, x + i)), d, y + i);
+  if (i < n) {
+    // Tail through the same vector code so every element gets identical bits.
+    HWY_ALIGN float buf[kReduceLanes] = {0};
+    std::memcpy(buf, x + i, static_cast<size_t>(n - i) * sizeof(float));
+    hn::Store(apply<kFn>(d, hn::Load(d, buf)), d, buf);
+    std::memcpy(y + i, buf, static_cast<size_t>(n - i) * sizeof(float));
+  }
+}
+
+template <Fn kFn>
+float map1(float x) {
+  float y;
+  map<kFn>(&x, &y, 1);
+  return y;
+}
+
+}  // namespace
+
+float canonical_sum(const float* x, int64_t n) { return reduce16<Op::Sum>(x, nullptr, n); }
+float canonical_dot(const float* a, const float* b, int64_t n) { return reduce16<Op::Dot>(a, b, n); }
+float canonical_sum_sq(const float* x, int64_t n) { return reduce16<Op::SumSq>(x, nullptr, n); }
+
+float max_reduce(const float* x, int64_t n) {
+  float m = x[0];
+  for (int64_t i = 1; i < n; ++i) m = (x[i] > m || std::isnan(x[i])) ? x[i] : m;
+  return m;
+}
+
+void vexp(const float* x, float* y, int64_t n) { map<Fn::Exp>(x, y, n); }
+void vlog(const float* x, float* y, int64_t n) { map<Fn::Log>(x, y, n); }
+void vsigmoid(const float* x, float* y, int64_t n) { map<Fn::Sigmoid>(x, y, n); }
+void vsilu(const float* x, float* y, int64_t n) { map<Fn::Silu>(x, y, n); }
+float exp1(float x) { return map1<Fn::Exp>(x); }
+float log1(float x) { return map1<Fn::Log>(x); }
+float sigmoid1(float x) { return map1<Fn::Sigmoid>(x); }
+float silu1(float x) { return map1<Fn::Silu>(x); }
+
+}  // namespace lockstep::kernels
+
+namespace lockstep::kernels {
+const char* simd_target_name() { return hwy::TargetName(HWY_STATIC_TARGET); }
+}  // namespace lockstep::kernels
