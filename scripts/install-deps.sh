@@ -5,7 +5,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  build-essential cmake ninja-build pkg-config git
+  build-essential cmake ninja-build pkg-config git ccache
   libhwy-dev            # Highway: portable SIMD for the CPU kernels
   libgtest-dev libgmock-dev
   libbenchmark-dev      # Google Benchmark
