@@ -80,11 +80,26 @@ TEST(Simd, ScalarFormsGiveTheSameBitsAsArrayForms) {
   for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(silu1(x[i]), y[i]);
 }
 
+TEST(Simd, NanPropagatesThroughEveryFunction) {
+  const float nan = std::nanf("");
+  EXPECT_TRUE(std::isnan(exp1(nan)));
+  EXPECT_TRUE(std::isnan(log1(nan)));
+  EXPECT_TRUE(std::isnan(sigmoid1(nan)));
+  EXPECT_TRUE(std::isnan(silu1(nan)));
+}
+
 TEST(Simd, ExpEdgeInputs) {
   EXPECT_EQ(exp1(0.0f), 1.0f);
   EXPECT_EQ(exp1(-200.0f), 0.0f);
   EXPECT_LT(exp1(-87.0f), 1e-37f);
   EXPECT_TRUE(std::isfinite(exp1(88.0f)));
+  EXPECT_EQ(exp1(89.0f), INFINITY);
+  EXPECT_EQ(exp1(200.0f), INFINITY);
+  EXPECT_EQ(exp1(1e30f), INFINITY);
+  EXPECT_EQ(sigmoid1(-200.0f), 0.0f);
+  EXPECT_EQ(sigmoid1(200.0f), 1.0f);
+  EXPECT_EQ(silu1(-200.0f), 0.0f);
+  EXPECT_EQ(silu1(200.0f), 200.0f);
 }
 
 }  // namespace lockstep::kernels

@@ -85,6 +85,15 @@ Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
   return t;
 }
 
+Tensor Tensor::slice_cols(int64_t begin, int64_t end) const {
+  LS_CHECK(ndim == 2 && begin >= 0 && begin <= end && end <= shape[1])
+      << "columns [" << begin << ", " << end << ") out of range for " << shape_str();
+  Tensor t = *this;
+  t.data = static_cast<char*>(data) + static_cast<size_t>(begin * stride[1]) * dtype_size(dtype);
+  t.shape[1] = end - begin;
+  return t;
+}
+
 Tensor Tensor::reshape(std::initializer_list<int64_t> s) const {
   LS_CHECK(is_contiguous()) << "reshape of a non-contiguous tensor " << shape_str();
   Tensor t(data, dtype, s);

@@ -44,6 +44,8 @@ struct Tensor {
 
   // View of rows [begin, end) along dim 0.
   Tensor slice_rows(int64_t begin, int64_t end) const;
+  // View of columns [begin, end) of a 2-D tensor (keeps the row stride).
+  Tensor slice_cols(int64_t begin, int64_t end) const;
   // Same data, new contiguous shape with the same element count.
   Tensor reshape(std::initializer_list<int64_t> shape) const;
 };

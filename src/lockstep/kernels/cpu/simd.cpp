@@ -63,19 +63,30 @@ float reduce16(const float* a, const float* b, int64_t n) {
 
 enum class Fn { Exp, Log, Sigmoid, Silu };
 
+// Highway's Exp is only valid up to about +88 (above ~176 it returns garbage,
+// e.g. exp(200) = 0); clamping at 89 yields +inf there, the correct f32 result.
+inline hn::Vec<D> exp_clamped(D d, hn::Vec<D> x) { return hn::Exp(d, hn::Min(x, hn::Set(d, 89.0f))); }
+
 template <Fn kFn>
 inline hn::Vec<D> apply(D d, hn::Vec<D> x) {
   if constexpr (kFn == Fn::Exp) {
-    return hn::Exp(d, x);
+    return exp_clamped(d, x);
   } else if constexpr (kFn == Fn::Log) {
     return hn::Log(d, x);
   } else if constexpr (kFn == Fn::Sigmoid) {
     const auto one = hn::Set(d, 1.0f);
-    return hn::Div(one, hn::Add(one, hn::Exp(d, hn::Neg(x))));
+    return hn::Div(one, hn::Add(one, exp_clamped(d, hn::Neg(x))));
   } else {
     const auto one = hn::Set(d, 1.0f);
-    return hn::Div(x, hn::Add(one, hn::Exp(d, hn::Neg(x))));
+    return hn::Div(x, hn::Add(one, exp_clamped(d, hn::Neg(x))));
   }
+}
+
+// Highway's polynomials map NaN to finite values (exp(NaN) = 0); a NaN must
+// reach the loss so the step can be skipped and reported, so pass it through.
+template <Fn kFn>
+inline hn::Vec<D> apply_nan(D d, hn::Vec<D> x) {
+  return hn::IfThenElse(hn::Eq(x, x), apply<kFn>(d, x), x);
 }
 
 template <Fn kFn>
@@ -83,12 +94,12 @@ void map(const float* x, float* y, int64_t n) {
   const D d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   int64_t i = 0;
-  for (; i + N <= n; i += N) hn::StoreU(apply<kFn>(d, hn::LoadU(d, x + i)), d, y + i);
+  for (; i + N <= n; i += N) hn::StoreU(apply_nan<kFn>(d, hn::LoadU(d, x + i)), d, y + i);
   if (i < n) {
     // Tail through the same vector code so every element gets identical bits.
     HWY_ALIGN float buf[kReduceLanes] = {0};
     std::memcpy(buf, x + i, static_cast<size_t>(n - i) * sizeof(float));
-    hn::Store(apply<kFn>(d, hn::Load(d, buf)), d, buf);
+    hn::Store(apply_nan<kFn>(d, hn::Load(d, buf)), d, buf);
     std::memcpy(y + i, buf, static_cast<size_t>(n - i) * sizeof(float));
   }
 }

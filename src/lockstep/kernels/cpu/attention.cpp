@@ -1,0 +1,313 @@
+// Paged-cache attention: batch validation, the cache write and the forward.
+// The forward follows the per-position contract in attention.h; work is split
+// over (token, head) pairs, and the heads of one kv group that land in the
+// same range share each loaded key block.
+#include "lockstep/kernels/cpu/attention.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lockstep/kernels/cpu/attention_impl.h"
+
+namespace lockstep::kernels {
+namespace attn {
+
+namespace {
+void check_i32_vector(const char* fn, const Tensor& t, const char* what) {
+  if (t.ndim != 1 || t.dtype != DType::I32 || (t.shape[0] > 1 && t.stride[0] != 1))
+    LS_THROW << fn << ": batch." << what << ": expected a contiguous (S,) i32 tensor, got " << t.shape_str();
+}
+}  // namespace
+
+BatchPlan plan_batch(const char* fn, const AttentionBatch& batch, int64_t T, const Tensor& k_cache,
+                     const Tensor& v_cache) {
+  BatchPlan p;
+  if (k_cache.ndim != 4)
+    LS_THROW << fn << ": k_cache: expected shape (num_blocks, block_size, Hkv, Dh), got " << k_cache.shape_str();
+  const std::string v_what = std::string(fn) + ": v_cache (must match k_cache " + k_cache.shape_str() + ")";
+  check_shape(v_cache, {k_cache.shape[0], k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]}, v_what.c_str());
+  if ((k_cache.dtype != DType::F32 && k_cache.dtype != DType::BF16) || v_cache.dtype != k_cache.dtype)
+    LS_THROW << fn << ": k_cache " << k_cache.shape_str() << " and v_cache " << v_cache.shape_str()
+             << " must both be f32 or both bf16";
+  if (!k_cache.is_contiguous() || !v_cache.is_contiguous())
+    LS_THROW << fn << ": k_cache and v_cache must be contiguous";
+  p.NB = k_cache.shape[0];
+  p.BS = k_cache.shape[1];
+  p.Hkv = k_cache.shape[2];
+  p.Dh = k_cache.shape[3];
+  if (p.Hkv < 1 || p.Dh < 1) LS_THROW << fn << ": k_cache " << k_cache.shape_str() << " has no heads or no width";
+  if (batch.block_size < 1 || batch.block_size != p.BS)
+    LS_THROW << fn << ": batch.block_size = " << batch.block_size << " but the caches " << k_cache.shape_str()
+             << " hold " << p.BS << " positions per block";
+
+  check_i32_vector(fn, batch.n_ctx, "n_ctx");
+  check_i32_vector(fn, batch.n_new, "n_new");
+  p.S = batch.n_ctx.shape[0];
+  if (batch.n_new.shape[0] != p.S)
+    LS_THROW << fn << ": batch.n_new " << batch.n_new.shape_str() << " and batch.n_ctx "
+             << batch.n_ctx.shape_str() << " disagree on the number of sequences";
+  const Tensor& bt = batch.block_table;
+  if (bt.ndim != 2 || bt.dtype != DType::I32 || bt.shape[0] != p.S ||
+      (bt.shape[1] > 1 && bt.stride[1] != 1) || (p.S > 1 && bt.stride[0] < bt.shape[1]))
+    LS_THROW << fn << ": batch.block_table: expected an (S=" << p.S
+             << ", max_blocks) i32 tensor with contiguous rows, got " << bt.shape_str();
+  p.max_blocks = bt.shape[1];
+  p.n_ctx = batch.n_ctx.ptr<int32_t>();
+  p.n_new = batch.n_new.ptr<int32_t>();
+  p.table = bt.ptr<int32_t>();
+  p.table_stride = bt.stride[0];
+
+  const int64_t capacity = p.max_blocks * p.BS;
+  int64_t total_new = 0;
+  for (int64_t s = 0; s < p.S; ++s) {
+    const int64_t nc = p.n_ctx[s], nn = p.n_new[s];
+    if (nc < 0 || nn < 0)
+      LS_THROW << fn << ": sequence " << s << " has n_ctx = " << nc << ", n_new = " << nn << " (must be >= 0)";
+    if (nc + nn > capacity)
+      LS_THROW << fn << ": sequence " << s << ": n_ctx + n_new = " << nc << " + " << nn << " = " << nc + nn
+               << " positions exceed the block table's capacity of " << p.max_blocks << " blocks x "
+               << p.BS << " = " << capacity;
+    const int32_t* row = p.table + s * p.table_stride;
+    const int64_t used = (nc + nn + p.BS - 1) / p.BS;
+    for (int64_t b = 0; b < used; ++b) {
+      if (row[b] < 0 || row[b] >= p.NB)
+        LS_THROW << fn << ": sequence " << s << ": block_table[" << s << "][" << b << "] = " << row[b]
+                 << " is outside the cache's " << p.NB << " blocks";
+    }
+    total_new += nn;
+  }
+  if (total_new != T)
+    LS_THROW << fn << ": the token tensors have T = " << T << " rows but the batch's n_new sum to "
+             << total_new;
+
+  p.T = T;
+  p.seq.resize(static_cast<size_t>(T));
+  p.pos.resize(static_cast<size_t>(T));
+  p.first.assign(static_cast<size_t>(p.S) + 1, 0);
+  int64_t t = 0;
+  for (int64_t s = 0; s < p.S; ++s) {
+    p.first[s] = t;
+    for (int32_t i = 0; i < p.n_new[s]; ++i, ++t) {
+      p.seq[t] = static_cast<int32_t>(s);
+      p.pos[t] = p.n_ctx[s] + i;
+    }
+  }
+  p.first[p.S] = t;
+  return p;
+}
+
+void check_rows(const char* fn, const Tensor& t, int64_t T, int64_t heads, int64_t Dh, const char* what) {
+  const std::string w = std::string(fn) + ": " + what;
+  check_shape(t, {T, heads, Dh}, w.c_str());
+  check_dtype(t, DType::F32, w.c_str());
+  if ((Dh > 1 && t.stride[2] != 1) || (heads > 1 && t.stride[1] != Dh) || (T > 1 && t.stride[0] < heads * Dh))
+    LS_THROW << w << ": rows of " << t.shape_str() << " must be contiguous (strides " << t.stride[0] << ", "
+             << t.stride[1] << ", " << t.stride[2] << ")";
+}
+
+namespace {
+
+// One query head's running online-softmax state over the key blocks seen so far.
+struct Running {
+  float m = 0.0f;  // running max of the scaled scores
+  float l = 0.0f;  // running sum of exp(score - m)
+};
+
+// Folds one key block (n keys, rows kp / vp of one kv head) into the states of
+// the nh query heads q[0..nh) of that group, exactly as the contract in
+// attention.h spells it per head. acc[g] (Dh) is head g's unnormalized output.
+void attend_group(const float* const* q, int nh, const float* const* kp, const float* const* vp, int n,
+                  int64_t dh, float scale, bool first, Running* st, float* const* acc) {
+  constexpr int kPass = 4;  // heads per accumulation pass: 8 live partial vectors of 16 registers
+  constexpr int kVec = static_cast<int>(hn::MaxLanes(D()));
+  // exps are taken over whole vectors (vexp's bits per element depend neither
+  // on the count nor on the position, and whole vectors skip its tail copy).
+  const int n_exp = (n + kVec - 1) / kVec * kVec;
+  for (int g0 = 0; g0 < nh; g0 += kPass) {
+    const int m = std::min(kPass, nh - g0);
+    float e[kPass][kKeyBlock + kVec] = {};  // per head: scores, then their exps
+    float m_new[kPass], alpha[std::max(kPass, kVec)] = {};
+    const float* w[kPass];
+    for (int g = 0; g < m; ++g) {
+      float* eg = e[g];
+      const Running& sg = st[g0 + g];
+      scores(q[g0 + g], kp, n, dh, scale, eg);
+      const float mb = block_max(eg, n);
+      // Same NaN behaviour as max_reduce: a NaN anywhere propagates.
+      m_new[g] = first ? mb : ((mb > sg.m || std::isnan(mb)) ? mb : sg.m);
+      for (int i = 0; i < n; ++i) eg[i] = eg[i] - m_new[g];
+      for (int i = n; i < n_exp; ++i) eg[i] = 0.0f;
+      vexp(eg, eg, n_exp);
+      alpha[g] = first ? 0.0f : sg.m - m_new[g];
+      w[g] = eg;
+    }
+    if (!first) vexp(alpha, alpha, kVec);  // the pass's rescale factors in one call
+    for (int g = 0; g < m; ++g) {
+      Running& sg = st[g0 + g];
+      const float lb = block_sum(e[g], n);
+      sg.l = first ? lb : sg.l * alpha[g] + lb;
+      sg.m = m_new[g];
+    }
+    float* const* a = acc + g0;
+    switch (m) {
+      case 1: accumulate_heads<1>(a, dh, first, alpha, w, vp, n); break;
+      case 2: accumulate_heads<2>(a, dh, first, alpha, w, vp, n); break;
+      case 3: accumulate_heads<3>(a, dh, first, alpha, w, vp, n); break;
+      default: accumulate_heads<4>(a, dh, first, alpha, w, vp, n); break;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace attn
+
+void kv_cache_write(const Context& ctx, Tensor k_cache, Tensor v_cache, const Tensor& k_new, const Tensor& v_new,
+                    const AttentionBatch& batch) {
+  constexpr const char* fn = "kv_cache_write";
+  if (k_new.ndim != 3) LS_THROW << fn << ": k_new: expected shape (T, Hkv, Dh), got " << k_new.shape_str();
+  const int64_t T = k_new.shape[0];
+  attn::BatchPlan p = attn::plan_batch(fn, batch, T, k_cache, v_cache);
+  attn::check_rows(fn, k_new, T, p.Hkv, p.Dh, "k_new (T, Hkv, Dh)");
+  attn::check_rows(fn, v_new, T, p.Hkv, p.Dh, "v_new (T, Hkv, Dh)");
+  if (T == 0) return;
+
+  // Slot (block * BS + offset) of every new token; two tokens on one slot would
+  // race and leave the cache depending on thread timing.
+  std::vector<std::pair<int64_t, int64_t>> slots(static_cast<size_t>(T));  // (slot, token)
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t* row = p.table + p.seq[t] * p.table_stride;
+    slots[t] = {static_cast<int64_t>(row[p.pos[t] / p.BS]) * p.BS + p.pos[t] % p.BS, t};
+  }
+  std::sort(slots.begin(), slots.end());
+  for (size_t i = 1; i < slots.size(); ++i) {
+    if (slots[i].first == slots[i - 1].first) {
+      const int64_t a = slots[i - 1].second, b = slots[i].second;
+      LS_THROW << fn << ": token " << a << " (sequence " << p.seq[a] << ", position " << p.pos[a] << ") and token "
+               << b << " (sequence " << p.seq[b] << ", position " << p.pos[b] << ") map to the same cache slot "
+               << slots[i].first / p.BS << ":" << slots[i].first % p.BS;
+    }
+  }
+
+  const bool bf16 = k_cache.dtype == DType::BF16;
+  const int64_t row_elems = p.Hkv * p.Dh;  // one token's (Hkv, Dh) slot is contiguous in the cache
+  ctx.parallel_for(
+      T,
+      [&](int64_t tb, int64_t te) {
+        for (int64_t t = tb; t < te; ++t) {
+          const int64_t slot = slots[t].first, tok = slots[t].second;
+          const float* ks = k_new.ptr<float>() + tok * k_new.stride[0];
+          const float* vs = v_new.ptr<float>() + tok * v_new.stride[0];
+          const int64_t off = slot * row_elems;
+          if (bf16) {
+            convert_f32_to_bf16(ks, k_cache.ptr<bf16_t>() + off, static_cast<size_t>(row_elems));
+            convert_f32_to_bf16(vs, v_cache.ptr<bf16_t>() + off, static_cast<size_t>(row_elems));
+          } else {
+            std::memcpy(k_cache.ptr<float>() + off, ks, static_cast<size_t>(row_elems) * sizeof(float));
+            std::memcpy(v_cache.ptr<float>() + off, vs, static_cast<size_t>(row_elems) * sizeof(float));
+          }
+        }
+      },
+      64);
+}
+
+void attention_forward(const Context& ctx, Tensor out, Tensor lse, const Tensor& q, const Tensor& k_cache,
+                       const Tensor& v_cache, const AttentionBatch& batch, float scale) {
+  constexpr const char* fn = "attention_forward";
+  if (q.ndim != 3) LS_THROW << fn << ": q: expected shape (T, H, Dh), got " << q.shape_str();
+  const int64_t T = q.shape[0], H = q.shape[1];
+  const attn::BatchPlan p = attn::plan_batch(fn, batch, T, k_cache, v_cache);
+  const int64_t Dh = p.Dh, Hkv = p.Hkv;
+  if (H < 1 || H % Hkv != 0)
+    LS_THROW << fn << ": q " << q.shape_str() << " has H = " << H << " heads, not a multiple of the cache's Hkv = "
+             << Hkv << " (k_cache " << k_cache.shape_str() << ")";
+  attn::check_rows(fn, q, T, H, Dh, "q (T, H, Dh)");
+  attn::check_rows(fn, out, T, H, Dh, "out (T, H, Dh)");
+  const bool want_lse = lse.data != nullptr || lse.ndim != 0;
+  if (want_lse) {
+    const std::string w = std::string(fn) + ": lse (T, H)";
+    check_shape(lse, {T, H}, w.c_str());
+    check_dtype(lse, DType::F32, w.c_str());
+    if ((H > 1 && lse.stride[1] != 1) || (T > 1 && lse.stride[0] < H))
+      LS_THROW << w << ": rows of " << lse.shape_str() << " must be contiguous";
+  }
+  if (T == 0) return;
+
+  const int64_t G = H / Hkv;  // query heads per kv head
+  attn::CacheView cache{k_cache.data, v_cache.data, k_cache.dtype == DType::BF16, p.BS, Hkv, Dh};
+  // Item i = (token i / H, head i % H); its cost is the number of keys it visits.
+  const std::vector<int64_t> ranges =
+      attn::balanced_ranges(T * H, ctx.threads(), [&](int64_t i) { return int64_t{p.pos[i / H]} + 1; });
+
+  // A query tile of up to `tile` consecutive tokens of one sequence sweeps each
+  // key block together, so prefill loads a block once per tile instead of once
+  // per token. 8192 floats keep the tile's partial outputs (tile, H, Dh) near
+  // L1. Tiling changes no bits: each (token, head) state still folds the same
+  // blocks in the same order.
+  const int64_t tile = std::clamp<int64_t>(8192 / (H * Dh), 1, 16);
+
+  ctx.parallel_for(
+      static_cast<int64_t>(ranges.size()) - 1,
+      [&](int64_t rb, int64_t re) {
+        const size_t n_state = static_cast<size_t>(tile * H);
+        std::vector<float> acc_buf(n_state * static_cast<size_t>(Dh));                         // (tile, H, Dh)
+        std::vector<float> tiles(cache.bf16 ? static_cast<size_t>(2 * kKeyBlock * Dh) : 0);  // (2, kKeyBlock, Dh)
+        std::vector<attn::Running> st(n_state);                                                // (tile, H)
+        std::vector<const float*> qs(n_state);
+        std::vector<float*> accs(n_state);
+        const float* kp[kKeyBlock];
+        const float* vp[kKeyBlock];
+        const int64_t end = ranges[re];
+        for (int64_t i = ranges[rb]; i < end;) {
+          // This step's work: heads h0..h1-1 of tokens t0..t0+nt-1. Several
+          // tokens only when each is whole in the range (h0 = 0, h1 = H).
+          const int64_t t0 = i / H, h0 = i % H, h1 = std::min(H, h0 + (end - i));
+          int64_t nt = 1;
+          if (h0 == 0 && h1 == H) {
+            while (nt < tile && (t0 + nt + 1) * H <= end && p.seq[t0 + nt] == p.seq[t0]) ++nt;
+          }
+          const int64_t kv0 = h0 / G, kv1 = (h1 - 1) / G + 1;
+          const int64_t pos_max = p.pos[t0 + nt - 1];  // positions rise within a sequence
+          const int32_t* row = p.table + p.seq[t0] * p.table_stride;
+          for (int64_t u = 0; u < nt; ++u) {
+            for (int64_t h = h0; h < h1; ++h) {
+              qs[u * H + h] = q.ptr<float>() + (t0 + u) * q.stride[0] + h * Dh;
+              accs[u * H + h] = acc_buf.data() + (u * H + h) * Dh;
+            }
+          }
+          for (int64_t j = 0; j * kKeyBlock <= pos_max; ++j) {
+            const int64_t p0 = j * kKeyBlock;
+            const int n_max = static_cast<int>(std::min<int64_t>(kKeyBlock, pos_max + 1 - p0));
+            if (p0 + kKeyBlock <= pos_max)
+              cache.prefetch(row, p0 + kKeyBlock,
+                             static_cast<int>(std::min<int64_t>(kKeyBlock, pos_max + 1 - p0 - kKeyBlock)), kv0, kv1);
+            for (int64_t kvh = kv0; kvh < kv1; ++kvh) {
+              cache.gather(row, p0, n_max, kvh, kp, vp, tiles.data(), tiles.data() + kKeyBlock * Dh);
+              const int64_t hs = std::max(h0, kvh * G), he = std::min(h1, (kvh + 1) * G);
+              for (int64_t u = 0; u < nt; ++u) {
+                const int64_t pos = p.pos[t0 + u];
+                if (pos < p0) continue;  // this token's keys end before the block
+                const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, pos + 1 - p0));
+                const int64_t s0 = u * H + hs;
+                attn::attend_group(&qs[s0], static_cast<int>(he - hs), kp, vp, n, Dh, scale, j == 0, &st[s0],
+                                   &accs[s0]);
+              }
+            }
+          }
+          for (int64_t u = 0; u < nt; ++u) {
+            const int64_t t = t0 + u;
+            for (int64_t h = h0; h < h1; ++h) {
+              const attn::Running& sh = st[u * H + h];
+              attn::scale_row(out.ptr<float>() + t * out.stride[0] + h * Dh, accs[u * H + h], sh.l,
+                              /*divide=*/true, Dh);
+              if (want_lse) lse.ptr<float>()[t * lse.stride[0] + h] = sh.m + log1(sh.l);
+            }
+          }
+          i += nt > 1 ? nt * H : h1 - h0;
+        }
+      },
+      1);
+}
+
+}  // namespace lockstep::kernels

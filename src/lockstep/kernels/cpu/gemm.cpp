@@ -1,0 +1,357 @@
+// Drivers of the three GEMM products: argument checks, the static split of output
+// panels/rows over threads, N blocking sized to L2, staging of operands into f32
+// panels, and dispatch to the register-blocked micro-kernels (gemm_microkernel.h).
+#include "lockstep/kernels/cpu/gemm.h"
+
+#include <algorithm>
+#include <memory>
+#include <new>
+#include <sstream>
+#include <string>
+
+#include "lockstep/kernels/cpu/gemm_microkernel.h"
+
+namespace lockstep::kernels {
+
+using namespace gemm_detail;
+
+namespace {
+
+// 6 rows x 16 columns = 12 ymm accumulators, leaving 4 of the 16 registers for
+// two B vectors and the broadcast A value.
+constexpr int kMaxTileRows = 6;
+// bf16/fp8 are widened inside the kernel (streaming the packed weight once,
+// at 1/2 or 1/4 of the f32 traffic) when a task has at most this many rows;
+// past it a panel is widened once to f32 and reused by every row tile.
+constexpr int64_t kDirectMaxRows = 8;
+// In-kernel widening needs scale and widened vectors in registers: 4 x 16 tiles.
+constexpr int kDirectTileRows = 4;
+// Bytes of B panels kept hot per N block while all row tiles walk over them:
+// half of a 512 KiB L2, leaving room for the A rows streaming through.
+constexpr int64_t kBlockBytes = 256 << 10;
+// Bytes of A rows kept in L3 while all N blocks pass over them (a share of a
+// 32 MiB L3 that leaves room for the other thread and for W streaming through).
+constexpr int64_t kABlockBytes = 8 << 20;
+// Bytes of f32 panels staged (widened or gathered from a plain matrix) at once.
+constexpr int64_t kStageBytes = 4 << 20;
+// Below this many flops a second thread costs more to wake than it saves.
+constexpr int64_t kMinParallelFlops = int64_t{1} << 21;
+
+// Panels per tile by tile rows: few rows take several panels so there are
+// at least 8 independent FMA chains (2 FMA ports x 4 cycles latency).
+inline int preferred_panels(int rows) { return rows == 1 ? 4 : rows <= 3 ? 2 : 1; }
+
+template <BKind kB, ALayout kA>
+TileFn tile_fn(int rows, int panels) {
+  if (panels > 1) {
+    switch (rows) {
+      case 1: return &micro_tile<kB, kA, 1, 4>;
+      case 2: return &micro_tile<kB, kA, 2, 2>;
+      case 3: return &micro_tile<kB, kA, 3, 2>;
+      default: break;
+    }
+  }
+  switch (rows) {
+    case 1: return &micro_tile<kB, kA, 1, 1>;
+    case 2: return &micro_tile<kB, kA, 2, 1>;
+    case 3: return &micro_tile<kB, kA, 3, 1>;
+    case 4: return &micro_tile<kB, kA, 4, 1>;
+    case 5: return &micro_tile<kB, kA, 5, 1>;
+    default: return &micro_tile<kB, kA, 6, 1>;
+  }
+}
+
+TileFn pick_tile(BKind kind, ALayout layout, int rows, int panels) {
+  if (layout == ALayout::RowsContiguous) return tile_fn<BKind::F32, ALayout::RowsContiguous>(rows, panels);
+  switch (kind) {
+    case BKind::F32: return tile_fn<BKind::F32, ALayout::RowsAlongT>(rows, panels);
+    case BKind::BF16: return tile_fn<BKind::BF16, ALayout::RowsAlongT>(rows, panels);
+    default: return tile_fn<BKind::FP8, ALayout::RowsAlongT>(rows, panels);
+  }
+}
+
+// C (R, C) = A (R, T) · B (T, C), one chain over t per element. B is either a
+// PackedWeight (its panels are exactly B's 16-column panels, t = k) or a plain
+// (T, C) f32/bf16 matrix that is staged into f32 panels on the fly.
+struct Problem {
+  int64_t R = 0, T = 0, C = 0;
+  const float* a = nullptr;
+  int64_t a_stride = 0;  // row stride (RowsAlongT) or t stride (RowsContiguous)
+  ALayout layout = ALayout::RowsAlongT;
+  float* c = nullptr;
+  int64_t ldc = 0;
+  bool accumulate = false;
+  const PackedWeight* packed = nullptr;
+  const void* plain = nullptr;
+  bool plain_bf16 = false;
+  int64_t plain_ld = 0;
+};
+
+struct AlignedFree {
+  void operator()(float* p) const { ::operator delete[](p, std::align_val_t(64)); }
+};
+using Scratch = std::unique_ptr<float[], AlignedFree>;
+Scratch make_scratch(int64_t n) {
+  return Scratch(static_cast<float*>(::operator new[](static_cast<size_t>(n) * sizeof(float), std::align_val_t(64))));
+}
+
+// Row tiles of [r0, r1), at most `max_rows` each; the last two share the
+// remainder evenly (8 rows -> 4 + 4 rather than 6 + 2) for better register use.
+template <typename Fn>
+void for_row_tiles(int64_t r0, int64_t r1, int max_rows, Fn&& fn) {
+  const int64_t n = r1 - r0;
+  if (n <= 0) return;
+  int64_t r = r0;
+  const int64_t rem = n % max_rows;
+  const int64_t full = n / max_rows;
+  const int64_t plain_tiles = rem == 0 ? full : full - 1;
+  for (int64_t i = 0; i < plain_tiles; ++i, r += max_rows) fn(r, max_rows);
+  if (rem != 0) {
+    const int64_t last = r1 - r;  // max_rows + rem, or just rem when n < max_rows
+    const int64_t first = (last + 1) / 2;
+    if (last <= max_rows) {
+      fn(r, static_cast<int>(last));
+    } else {
+      fn(r, static_cast<int>(first));
+      fn(r + first, static_cast<int>(last - first));
+    }
+  }
+}
+
+void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
+  const int64_t T = pb.T;
+  const PackedWeight* pw = pb.packed;
+  const BKind stored = !pw ? BKind::F32
+                       : pw->storage == DType::F32 ? BKind::F32
+                       : pw->storage == DType::BF16 ? BKind::BF16
+                                                    : BKind::FP8;
+  // direct: kernels read the packed weight in place; staged: f32 panels in scratch.
+  const bool direct = pw && (stored == BKind::F32 || r1 - r0 <= kDirectMaxRows);
+  const BKind kind = direct ? stored : BKind::F32;
+  const size_t esize = pw ? dtype_size(pw->storage) : sizeof(float);
+  const int64_t panel_elems = T * kPanel;
+  const int64_t panel_bytes = std::max<int64_t>(1, panel_elems * static_cast<int64_t>(direct ? esize : 4));
+  const int64_t block = std::max<int64_t>(1, kBlockBytes / panel_bytes);
+  const int max_rows = direct && kind != BKind::F32 ? kDirectTileRows : kMaxTileRows;
+  const int64_t KB = pw && pw->storage == DType::FP8E4M3 ? pw->scale_blocks_k() : 0;
+  const int64_t block_k = pw && pw->storage == DType::FP8E4M3 ? (pw->block_k > 0 ? pw->block_k : std::max<int64_t>(T, 1)) : 0;
+  // Staged panels are prepared a chunk at a time: wide enough that plain rows
+  // are read in long contiguous runs, small enough to stay in L3.
+  const int64_t chunk = direct ? p1 - p0 : std::max<int64_t>(1, kStageBytes / std::max<int64_t>(1, panel_elems * 4));
+  Scratch scratch;
+  if (!direct) scratch = make_scratch(std::max<int64_t>(1, std::min(chunk, p1 - p0) * panel_elems));
+  // Rows in blocks whose A rows stay in L3 while every panel of the chunk walks
+  // over them; without it a large (M, K) A would stream from DRAM once per panel.
+  const int64_t a_rows = std::max<int64_t>(kMaxTileRows, kABlockBytes / std::max<int64_t>(1, T * 4)) /
+                         kMaxTileRows * kMaxTileRows;
+
+  const bool pack_a = pb.layout == ALayout::RowsContiguous;
+  Scratch apack;
+  if (pack_a) apack = make_scratch(std::max<int64_t>(1, std::min(a_rows, r1 - r0) * T));
+
+  for (int64_t c0 = p0; c0 < p1; c0 += chunk) {
+    const int64_t c1 = std::min(p1, c0 + chunk);
+    if (!direct) {
+      if (pw) {
+        for (int64_t p = c0; p < c1; ++p) {
+          const float* sc = stored == BKind::FP8 ? pw->panel_scales.as<float>() + p * KB * kPanel : nullptr;
+          widen_panel(stored, static_cast<const char*>(pw->data.data()) + p * panel_elems * esize, sc, block_k, T,
+                      scratch.get() + (p - c0) * panel_elems);
+        }
+      } else {
+        pack_plain_panels(pb.plain, pb.plain_bf16, pb.plain_ld, T, c0 * kPanel, c1 - c0, pb.C, scratch.get());
+      }
+    }
+    // Panel p of this chunk, as the kernels read it.
+    auto panel = [&](int64_t p) -> const void* {
+      return direct ? static_cast<const void*>(static_cast<const char*>(pw->data.data()) + p * panel_elems * esize)
+                    : static_cast<const void*>(scratch.get() + (p - c0) * panel_elems);
+    };
+    for (int64_t m0 = r0; m0 < r1; m0 += a_rows) {
+      const int64_t m1 = std::min(r1, m0 + a_rows);
+      if (pack_a) {
+        // (T, rows) per row tile: A read transposed (dY columns, a power-of-two
+        // row stride apart) would otherwise map every t to the same cache sets.
+        for (int64_t t = 0; t < T; ++t) {
+          const float* src = pb.a + t * pb.a_stride;
+          for_row_tiles(m0, m1, max_rows, [&](int64_t r, int rows) {
+            float* dst = apack.get() + (r - m0) * T + t * rows;
+            for (int i = 0; i < rows; ++i) dst[i] = src[r + i];
+          });
+        }
+      }
+      for (int64_t b0 = c0; b0 < c1; b0 += block) {
+        const int64_t b1 = std::min(c1, b0 + block);
+        // Decode with two row tiles: the second re-reads the block from L2, so
+        // it prefetches the next block from DRAM meanwhile.
+        const bool prefetch_next = direct && m1 - m0 > max_rows && m1 - m0 <= 2 * max_rows && b1 < c1;
+        int64_t tile_end = m0;
+        for_row_tiles(m0, m1, max_rows, [&](int64_t r, int rows) {
+          const int want = preferred_panels(rows);
+          tile_end = r + rows;
+          for (int64_t p = b0; p < b1;) {
+            const int np = b1 - p >= want ? want : 1;
+            TileArgs g;
+            g.a = pack_a ? apack.get() + (r - m0) * T : pb.a + r * pb.a_stride;
+            g.as = pack_a ? rows : pb.a_stride;
+            g.b = panel(p);
+            g.bps = panel_elems;
+            g.t_count = T;
+            g.c = pb.c + r * pb.ldc + p * kPanel;
+            g.ldc = pb.ldc;
+            g.ncols = pb.C - p * kPanel;
+            g.accumulate = pb.accumulate;
+            g.pf = static_cast<const char*>(g.b);
+            if (prefetch_next && tile_end == m1) {
+              // Blocks are contiguous runs of panels: walk the next one at the
+              // rate this tile walks its np panels.
+              g.pf = static_cast<const char*>(g.b) + block * panel_elems * esize;
+              g.pf_step = np * kPanel * static_cast<int64_t>(esize);
+            } else if (!direct && r == r0 && np == 1 && p + chunk < p1) {
+              // The first row tile pulls in the source of panel p of the next
+              // chunk, so staging it later reads from cache, not DRAM.
+              if (pw) {
+                g.pf = static_cast<const char*>(pw->data.data()) + (p + chunk) * panel_elems * esize;
+                g.pf_step = kPanel * static_cast<int64_t>(esize);
+              } else {
+                const int64_t plain_size = pb.plain_bf16 ? 2 : 4;
+                g.pf = static_cast<const char*>(pb.plain) + (p + chunk) * kPanel * plain_size;
+                g.pf_step = pb.plain_ld * plain_size;
+              }
+            }
+            if (kind == BKind::FP8) {
+              g.scales = pw->panel_scales.as<float>() + p * KB * kPanel;
+              g.sps = KB * kPanel;
+              g.block_k = block_k;
+            }
+            pick_tile(kind, pb.layout, rows, np)(g);
+            p += np;
+          }
+        });
+      }
+    }
+  }
+}
+
+// Splits the outputs statically (a pure function of the sizes) and runs.
+void run(const Context& ctx, const Problem& pb) {
+  if (pb.R == 0 || pb.C == 0) return;
+  const int64_t P = (pb.C + kPanel - 1) / kPanel;
+  const int64_t flops = 2 * pb.R * pb.C * std::max<int64_t>(pb.T, 1);
+  int tasks = flops >= kMinParallelFlops ? ctx.threads() : 1;
+  const int64_t row_tiles = (pb.R + kMaxTileRows - 1) / kMaxTileRows;
+  const bool split_panels = P >= tasks || P >= row_tiles;
+  tasks = static_cast<int>(std::min<int64_t>(tasks, split_panels ? P : row_tiles));
+  if (tasks <= 1 || !ctx.pool) {
+    run_range(pb, 0, P, 0, pb.R);
+    return;
+  }
+  ctx.pool->run_on_workers(tasks, [&](int t) {
+    if (split_panels) {
+      run_range(pb, P * t / tasks, P * (t + 1) / tasks, 0, pb.R);
+    } else {
+      const int64_t a = row_tiles * t / tasks * kMaxTileRows, b = row_tiles * (t + 1) / tasks * kMaxTileRows;
+      run_range(pb, 0, P, a, std::min(b, pb.R));
+    }
+  });
+}
+
+// 2-D with contiguous rows (a row stride at least the width is allowed).
+void check_matrix(const Tensor& t, const char* fn, const char* name) {
+  if (t.ndim != 2) LS_THROW << fn << ": " << name << " must be 2-D, got " << t.shape_str();
+  if ((t.shape[1] > 1 && t.stride[1] != 1) || (t.shape[0] > 1 && t.stride[0] < t.shape[1]))
+    LS_THROW << fn << ": " << name << " must have contiguous rows and a row stride >= its width, got "
+             << t.shape_str() << " with strides (" << t.stride[0] << ", " << t.stride[1] << ")";
+}
+
+std::string packed_str(const PackedWeight& w) {
+  std::ostringstream os;
+  os << "(" << w.n << ", " << w.k << ") packed " << dtype_name(w.storage);
+  return os.str();
+}
+
+}  // namespace
+
+void gemm_xwt(const Context& ctx, Tensor y, const Tensor& x, const PackedWeight& w, bool accumulate) {
+  check_matrix(y, "gemm_xwt", "y");
+  check_matrix(x, "gemm_xwt", "x");
+  check_dtype(y, DType::F32, "gemm_xwt y");
+  check_dtype(x, DType::F32, "gemm_xwt x");
+  if (x.shape[1] != w.k || y.shape[0] != x.shape[0] || y.shape[1] != w.n)
+    LS_THROW << "gemm_xwt: shapes do not match: y " << y.shape_str() << ", x " << x.shape_str() << ", w "
+             << packed_str(w) << "; need y (M, N), x (M, K), w (N, K)";
+  Problem pb;
+  pb.R = x.shape[0];
+  pb.T = w.k;
+  pb.C = w.n;
+  pb.a = static_cast<const float*>(x.data);
+  pb.a_stride = x.stride[0];
+  pb.c = static_cast<float*>(y.data);
+  pb.ldc = y.stride[0];
+  pb.accumulate = accumulate;
+  pb.packed = &w;
+  run(ctx, pb);
+}
+
+void gemm_xwt(const Context& ctx, Tensor y, const Tensor& x, const Tensor& w, bool accumulate) {
+  check_matrix(w, "gemm_xwt", "w");
+  check_matrix(y, "gemm_xwt", "y");
+  check_matrix(x, "gemm_xwt", "x");
+  if (x.shape[1] != w.shape[1] || y.shape[0] != x.shape[0] || y.shape[1] != w.shape[0])
+    LS_THROW << "gemm_xwt: shapes do not match: y " << y.shape_str() << ", x " << x.shape_str() << ", w "
+             << w.shape_str() << "; need y (M, N), x (M, K), w (N, K)";
+  gemm_xwt(ctx, y, x, pack_weight(ctx, w, DType::F32), accumulate);
+}
+
+void gemm_dyw(const Context& ctx, Tensor dx, const Tensor& dy, const Tensor& w, bool accumulate) {
+  check_matrix(dx, "gemm_dyw", "dx");
+  check_matrix(dy, "gemm_dyw", "dy");
+  check_matrix(w, "gemm_dyw", "w");
+  check_dtype(dx, DType::F32, "gemm_dyw dx");
+  check_dtype(dy, DType::F32, "gemm_dyw dy");
+  if (w.dtype != DType::F32 && w.dtype != DType::BF16)
+    LS_THROW << "gemm_dyw: w must be f32 or bf16, got " << w.shape_str();
+  if (dy.shape[1] != w.shape[0] || dx.shape[0] != dy.shape[0] || dx.shape[1] != w.shape[1])
+    LS_THROW << "gemm_dyw: shapes do not match: dx " << dx.shape_str() << ", dy " << dy.shape_str() << ", w "
+             << w.shape_str() << "; need dx (M, K), dy (M, N), w (N, K)";
+  Problem pb;
+  pb.R = dy.shape[0];
+  pb.T = w.shape[0];
+  pb.C = w.shape[1];
+  pb.a = static_cast<const float*>(dy.data);
+  pb.a_stride = dy.stride[0];
+  pb.c = static_cast<float*>(dx.data);
+  pb.ldc = dx.stride[0];
+  pb.accumulate = accumulate;
+  pb.plain = w.data;
+  pb.plain_bf16 = w.dtype == DType::BF16;
+  pb.plain_ld = w.stride[0];
+  run(ctx, pb);
+}
+
+void gemm_dytx(const Context& ctx, Tensor dw, const Tensor& dy, const Tensor& x, bool accumulate) {
+  check_matrix(dw, "gemm_dytx", "dw");
+  check_matrix(dy, "gemm_dytx", "dy");
+  check_matrix(x, "gemm_dytx", "x");
+  check_dtype(dw, DType::F32, "gemm_dytx dw");
+  check_dtype(dy, DType::F32, "gemm_dytx dy");
+  check_dtype(x, DType::F32, "gemm_dytx x");
+  if (dy.shape[0] != x.shape[0] || dw.shape[0] != dy.shape[1] || dw.shape[1] != x.shape[1])
+    LS_THROW << "gemm_dytx: shapes do not match: dw " << dw.shape_str() << ", dy " << dy.shape_str() << ", x "
+             << x.shape_str() << "; need dw (N, K), dy (M, N), x (M, K)";
+  Problem pb;
+  pb.R = dw.shape[0];
+  pb.T = x.shape[0];
+  pb.C = x.shape[1];
+  pb.a = static_cast<const float*>(dy.data);
+  pb.a_stride = dy.stride[0];
+  pb.layout = ALayout::RowsContiguous;
+  pb.c = static_cast<float*>(dw.data);
+  pb.ldc = dw.stride[0];
+  pb.accumulate = accumulate;
+  pb.plain = x.data;
+  pb.plain_ld = x.stride[0];
+  run(ctx, pb);
+}
+
+}  // namespace lockstep::kernels

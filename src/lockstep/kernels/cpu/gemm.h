@@ -1,0 +1,72 @@
+// Matrix products of a linear layer: Y = X·Wᵀ (forward, W pre-packed), dX = dY·W
+// and dW += dYᵀ·X (backward). Every output element is one fp32 FMA chain over the
+// reduction index in order, so results do not depend on M, tiling or threads.
+#pragma once
+
+#include <cstdint>
+
+#include "lockstep/base/thread_pool.h"
+#include "lockstep/tensor/tensor.h"
+
+namespace lockstep::kernels {
+
+// Columns of W (rows of the (N,K) matrix) per packed panel: two 8-float vectors.
+constexpr int64_t kGemmPanel = 16;
+
+// W (N,K) re-laid out for the X·Wᵀ product. Panel p holds rows n = 16p..16p+15
+// of W interleaved along k, so the inner loop reads one contiguous run per k:
+//   F32     data: (P, K, 16) f32, element [p][k][j] = W[16p + j, k]
+//   BF16    data: (P, K, 16) bf16, 32-bit word j of row k = W[16p+j, k] in its low
+//                 half and W[16p+8+j, k] in its high half (so a shift and a mask
+//                 widen a whole row to two f32 vectors)
+//   FP8E4M3 data: (P, K, 16) e4m3fn bytes, [p][k][j] = q(W[16p + j, k])
+// with P = ceil(N/16); rows past N are zero. The effective fp8 weight is
+// fp8_to_f32(q) * scale of its (block_n x block_k) block, one f32 multiply.
+struct PackedWeight {
+  DType storage = DType::F32;
+  int64_t n = 0, k = 0;
+  int64_t block_n = 0, block_k = 0;  // fp8 scale blocks; 0 = one scale for the whole tensor
+  Buffer data;
+  // fp8 only: (P, KB, 16) f32, KB = ceil(K / block_k): the scale of column j's
+  // k-block times 2^120 (the kernels widen e4m3 bits with a 2^-120 bias, see gemm.cpp).
+  Buffer panel_scales;
+  // fp8 only: (NB, KB) f32 scales, NB = ceil(N / block_n) (1 x 1 per-tensor).
+  Buffer block_scales;
+
+  int64_t panels() const { return (n + kGemmPanel - 1) / kGemmPanel; }
+  int64_t scale_blocks_n() const;
+  int64_t scale_blocks_k() const;
+  // fp8: the scale that multiplies element (row, col) of W.
+  float fp8_scale(int64_t row, int64_t col) const;
+};
+
+// Packs w (N,K) f32 or bf16 (row stride allowed) into `storage` (F32, BF16 or
+// FP8E4M3). f32 -> bf16 rounds to nearest even; bf16 -> f32 is exact. For fp8,
+// `fp8_block` = 0 uses one scale for the tensor, b > 0 one per (b x b) block;
+// scale = absmax / 448 (1 for an all-zero block), q = e4m3(w / scale) saturated.
+// Throws Error on NaN/inf weights in fp8 (e4m3 cannot hold them) or an absmax
+// of 2^8 * 448 or more (the kernels need scale < 256).
+PackedWeight pack_weight(const Context& ctx, const Tensor& w, DType storage, int64_t fp8_block = 0);
+
+// Packs an already-quantized checkpoint weight: w (N,K) fp8, scales (NB, KB) f32
+// with NB = ceil(N/block), KB = ceil(K/block), or (1, 1) with block = 0.
+PackedWeight pack_weight_fp8(const Context& ctx, const Tensor& w, const Tensor& scales, int64_t block);
+
+// Refreshes pw from w (same shape; same storage and fp8 blocking) after an update.
+void repack_weight(const Context& ctx, PackedWeight& pw, const Tensor& w);
+
+// w_out (N,K) f32 = the exact weights the kernels multiply by (widened storage).
+void unpack_weight(const Context& ctx, Tensor w_out, const PackedWeight& pw);
+
+// Y (M,N) f32 = X (M,K) f32 · Wᵀ; with accumulate, Y = Y + (X·Wᵀ).
+void gemm_xwt(const Context& ctx, Tensor y, const Tensor& x, const PackedWeight& w, bool accumulate = false);
+// Same, with W (N,K) f32 or bf16 packed internally (f32 panels, exact).
+void gemm_xwt(const Context& ctx, Tensor y, const Tensor& x, const Tensor& w, bool accumulate = false);
+
+// dX (M,K) f32 = dY (M,N) f32 · W (N,K) f32|bf16; chain over n = 0..N-1.
+void gemm_dyw(const Context& ctx, Tensor dx, const Tensor& dy, const Tensor& w, bool accumulate = false);
+
+// dW (N,K) f32 (+)= dYᵀ·X: dW[n,k] (+)= sum over m = 0..M-1 of dY[m,n] X[m,k].
+void gemm_dytx(const Context& ctx, Tensor dw, const Tensor& dy, const Tensor& x, bool accumulate = true);
+
+}  // namespace lockstep::kernels

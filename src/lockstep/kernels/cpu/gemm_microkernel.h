@@ -1,0 +1,263 @@
+// Register-blocked GEMM micro-kernels shared by the three products (internal to
+// gemm*.cpp). A tile computes C[r, c] = sum_t A(r, t) * B[t, c] for MR rows and
+// NP panels of 16 columns; each C element is one FMA chain over t = 0..T-1.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "lockstep/tensor/dtype.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define LOCKSTEP_GEMM_AVX2 1
+#else
+#define LOCKSTEP_GEMM_AVX2 0
+#endif
+
+namespace lockstep::kernels::gemm_detail {
+
+constexpr int kPanel = 16;  // columns per panel (two 8-float vectors)
+
+// fp8 e4m3fn widening used by every path: the byte q, sign-extended to 32 bits
+// and shifted left by 20, has the e4m3 sign at bit 31 and exponent/mantissa at
+// bits 26..20 once bits 30..27 are cleared. As an f32 that is exactly
+// fp8_to_f32(q) * 2^-120 (e4m3 subnormals land on f32 subnormals, also exact),
+// so one multiply by (scale * 2^120) gives fp8_to_f32(q) * scale rounded once.
+// e4m3 NaN (0x7f/0xff) is never stored: packing rejects non-finite weights.
+constexpr float kFp8Rebias = 1.329227995784916e36f;  // 2^120
+constexpr uint32_t kFp8KeepMask = 0x87FFFFFFu;
+
+inline float fp8_widen1(fp8_t q, float scale120) {
+  const int32_t s = static_cast<int8_t>(q);
+  const uint32_t bits = (static_cast<uint32_t>(s) << 20) & kFp8KeepMask;
+  return bits_f32(bits) * scale120;
+}
+
+// B operand kinds. Packed rows are 16 elements per t, panels `bps` elements apart.
+enum class BKind { F32, BF16, FP8 };
+
+// How A is laid out: element (r, t) at a[r * ars + t] (X or dY rows: xwt, dyw)
+// or at a[r + t * ats] (dY read transposed: dytx).
+enum class ALayout { RowsAlongT, RowsContiguous };
+
+struct TileArgs {
+  const float* a = nullptr;
+  int64_t as = 0;  // ars for RowsAlongT, ats for RowsContiguous
+  const void* b = nullptr;  // first panel of the group, at t = 0
+  int64_t bps = 0;          // elements between consecutive panels
+  int64_t t_count = 0;      // T (chain length)
+  float* c = nullptr;
+  int64_t ldc = 0;
+  int64_t ncols = 0;  // valid columns from the group's first panel (may be < 16 * NP)
+  bool accumulate = false;
+  // fp8 only: (KB, 16) scales (times 2^120) of the first panel, panels `sps` apart.
+  const float* scales = nullptr;
+  int64_t sps = 0;
+  int64_t block_k = 0;  // t per scale block
+  // A line to prefetch per t (pf + t * pf_step bytes), so DRAM keeps streaming
+  // what comes next while this tile computes: the next block of panels (decode)
+  // or the source of the next staging chunk. pf_step = 0 prefetches one
+  // harmless line over and over.
+  const char* pf = nullptr;
+  int64_t pf_step = 0;
+};
+
+// Stores one finished 16-column row: c = acc or c = c + acc, only the first
+// `cols` columns (the rest are padding).
+inline void store_row16(float* c, const float* acc16, int64_t cols, bool accumulate) {
+  if (accumulate) {
+    for (int64_t j = 0; j < cols; ++j) c[j] = c[j] + acc16[j];
+  } else {
+    for (int64_t j = 0; j < cols; ++j) c[j] = acc16[j];
+  }
+}
+
+#if LOCKSTEP_GEMM_AVX2
+
+template <BKind kB>
+inline void load_b(const void* b, int64_t off, __m256 s_lo, __m256 s_hi, __m256& lo, __m256& hi) {
+  if constexpr (kB == BKind::F32) {
+    const float* p = static_cast<const float*>(b) + off;
+    lo = _mm256_load_ps(p);
+    hi = _mm256_load_ps(p + 8);
+    (void)s_lo;
+    (void)s_hi;
+  } else if constexpr (kB == BKind::BF16) {
+    // Word j holds column j (low half) and column j+8 (high half).
+    const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(static_cast<const bf16_t*>(b) + off));
+    lo = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+    hi = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+    (void)s_lo;
+    (void)s_hi;
+  } else {
+    const fp8_t* p = static_cast<const fp8_t*>(b) + off;
+    const __m256i keep = _mm256_set1_epi32(static_cast<int>(kFp8KeepMask));
+    const __m256i q0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256i q1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
+    lo = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(q0, 20), keep)), s_lo);
+    hi = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(q1, 20), keep)), s_hi);
+  }
+}
+
+template <BKind kB>
+using BElem = std::conditional_t<kB == BKind::F32, float, std::conditional_t<kB == BKind::BF16, bf16_t, fp8_t>>;
+
+template <BKind kB, ALayout kA, int MR, int NP>
+void micro_tile(const TileArgs& g) {
+  constexpr int NV = 2 * NP;
+  using E = BElem<kB>;
+  __m256 acc[MR][NV];
+#pragma GCC unroll 32
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
+
+  const int64_t T = g.t_count;
+  // One scale segment for f32/bf16; fp8 reloads its per-column scales per k-block.
+  const int64_t seg = (kB == BKind::FP8 && g.block_k > 0) ? g.block_k : (T > 0 ? T : 1);
+  __m256 s_lo[NP], s_hi[NP];
+#pragma GCC unroll 4
+  for (int p = 0; p < NP; ++p) s_lo[p] = s_hi[p] = _mm256_setzero_ps();
+  // Pointers walked along t: B panels (one per panel) and A (one per row when
+  // rows run along t, else one for all rows, stepping a whole A row per t).
+  const E* bp[NP];
+#pragma GCC unroll 4
+  for (int p = 0; p < NP; ++p) bp[p] = static_cast<const E*>(g.b) + p * g.bps;
+  const float* ap[MR];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) ap[r] = kA == ALayout::RowsAlongT ? g.a + r * g.as : g.a + r;
+  int64_t kb = 0;
+  for (int64_t t0 = 0; t0 < T; t0 += seg, ++kb) {
+    const int64_t t1 = (T - t0 < seg) ? T : t0 + seg;
+    if constexpr (kB == BKind::FP8) {
+#pragma GCC unroll 4
+      for (int p = 0; p < NP; ++p) {
+        s_lo[p] = _mm256_loadu_ps(g.scales + p * g.sps + kb * kPanel);
+        s_hi[p] = _mm256_loadu_ps(g.scales + p * g.sps + kb * kPanel + 8);
+      }
+    }
+    if constexpr (kA == ALayout::RowsAlongT) {
+      const char* pf = g.pf + t0 * g.pf_step;
+#pragma GCC unroll 2
+      for (int64_t t = t0; t < t1; ++t, pf += g.pf_step) {
+        _mm_prefetch(pf, _MM_HINT_T1);
+        __m256 bv[NV];
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; ++p) load_b<kB>(bp[p], t * kPanel, s_lo[p], s_hi[p], bv[2 * p], bv[2 * p + 1]);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+          const __m256 x = _mm256_broadcast_ss(ap[r] + t);
+#pragma GCC unroll 8
+          for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(x, bv[v], acc[r][v]);
+        }
+      }
+    } else {
+      const float* at = ap[0] + t0 * g.as;
+      const char* pf = g.pf + t0 * g.pf_step;
+#pragma GCC unroll 2
+      for (int64_t t = t0; t < t1; ++t, at += g.as, pf += g.pf_step) {
+        _mm_prefetch(pf, _MM_HINT_T1);
+        __m256 bv[NV];
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; ++p) load_b<kB>(bp[p], t * kPanel, s_lo[p], s_hi[p], bv[2 * p], bv[2 * p + 1]);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+          const __m256 x = _mm256_broadcast_ss(at + r);
+#pragma GCC unroll 8
+          for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(x, bv[v], acc[r][v]);
+        }
+      }
+    }
+  }
+
+#pragma GCC unroll 4
+  for (int p = 0; p < NP; ++p) {
+    const int64_t cols = g.ncols - p * kPanel;
+    if (cols <= 0) break;
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      float* c = g.c + r * g.ldc + p * kPanel;
+      if (cols >= kPanel) {
+        __m256 lo = acc[r][2 * p], hi = acc[r][2 * p + 1];
+        if (g.accumulate) {
+          lo = _mm256_add_ps(_mm256_loadu_ps(c), lo);
+          hi = _mm256_add_ps(_mm256_loadu_ps(c + 8), hi);
+        }
+        _mm256_storeu_ps(c, lo);
+        _mm256_storeu_ps(c + 8, hi);
+      } else {
+        alignas(32) float tmp[kPanel];
+        _mm256_store_ps(tmp, acc[r][2 * p]);
+        _mm256_store_ps(tmp + 8, acc[r][2 * p + 1]);
+        store_row16(c, tmp, cols, g.accumulate);
+      }
+    }
+  }
+}
+
+#else  // portable fallback: the same chains with std::fma
+
+template <BKind kB>
+inline float load_b1(const void* b, int64_t off, int j, const float* scale120) {
+  if constexpr (kB == BKind::F32) {
+    (void)scale120;
+    return static_cast<const float*>(b)[off + j];
+  } else if constexpr (kB == BKind::BF16) {
+    (void)scale120;
+    const bf16_t* h = static_cast<const bf16_t*>(b) + off;
+    return bf16_to_f32(j < 8 ? h[2 * j] : h[2 * (j - 8) + 1]);
+  } else {
+    return fp8_widen1(static_cast<const fp8_t*>(b)[off + j], scale120[j]);
+  }
+}
+
+template <BKind kB, ALayout kA, int MR, int NP>
+void micro_tile(const TileArgs& g) {
+  constexpr int NC = kPanel * NP;
+  float acc[MR][NC] = {};
+  const int64_t T = g.t_count;
+  const int64_t seg = (kB == BKind::FP8 && g.block_k > 0) ? g.block_k : (T > 0 ? T : 1);
+  int64_t kb = 0;
+  for (int64_t t0 = 0; t0 < T; t0 += seg, ++kb) {
+    const int64_t t1 = (T - t0 < seg) ? T : t0 + seg;
+    for (int64_t t = t0; t < t1; ++t) {
+      float bv[NC];
+      for (int p = 0; p < NP; ++p)
+        for (int j = 0; j < kPanel; ++j)
+          bv[p * kPanel + j] = load_b1<kB>(g.b, p * g.bps + t * kPanel, j,
+                                           kB == BKind::FP8 ? g.scales + p * g.sps + kb * kPanel : nullptr);
+      for (int r = 0; r < MR; ++r) {
+        const float x = (kA == ALayout::RowsAlongT) ? g.a[r * g.as + t] : g.a[t * g.as + r];
+        for (int v = 0; v < NC; ++v) acc[r][v] = std::fma(x, bv[v], acc[r][v]);
+      }
+    }
+  }
+  for (int p = 0; p < NP; ++p) {
+    const int64_t cols = g.ncols - p * kPanel;
+    if (cols <= 0) break;
+    for (int r = 0; r < MR; ++r)
+      store_row16(g.c + r * g.ldc + p * kPanel, acc[r] + p * kPanel, cols < kPanel ? cols : kPanel, g.accumulate);
+  }
+}
+
+#endif
+
+using TileFn = void (*)(const TileArgs&);
+
+}  // namespace lockstep::kernels::gemm_detail
+
+namespace lockstep::kernels::gemm_detail {
+
+// dst (T, 16) f32 = the exact widened values of one packed panel (T rows of 16).
+// fp8: scales (KB, 16) of this panel, times 2^120; block_k t per scale block.
+void widen_panel(BKind kind, const void* src, const float* scales, int64_t block_k, int64_t t_count, float* dst);
+
+// dst (n_panels, T, 16) f32 = columns [col0, col0 + 16 * n_panels) of a plain
+// (T, *) f32 or bf16 matrix with row stride ld; columns at or past `cols` are zero.
+void pack_plain_panels(const void* src, bool is_bf16, int64_t ld, int64_t t_count, int64_t col0, int64_t n_panels,
+                       int64_t cols, float* dst);
+
+}  // namespace lockstep::kernels::gemm_detail

@@ -1,0 +1,331 @@
+// Packing of linear-layer weights into 16-column panels (f32, bf16 or fp8 e4m3
+// with per-tensor or per-block scales), their exact unpacking, and the panel
+// staging helpers the GEMM drivers use for plain operands.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "lockstep/kernels/cpu/gemm.h"
+#include "lockstep/kernels/cpu/gemm_microkernel.h"
+
+namespace lockstep::kernels {
+
+using gemm_detail::BKind;
+using gemm_detail::kPanel;
+
+namespace gemm_detail {
+
+void widen_panel(BKind kind, const void* src, const float* scales, int64_t block_k, int64_t t_count, float* dst) {
+  if (kind == BKind::F32) {
+    std::memcpy(dst, src, static_cast<size_t>(t_count * kPanel) * sizeof(float));
+    return;
+  }
+  const int64_t seg = (kind == BKind::FP8 && block_k > 0) ? block_k : std::max<int64_t>(t_count, 1);
+  int64_t kb = 0;
+  for (int64_t t0 = 0; t0 < t_count; t0 += seg, ++kb) {
+    const int64_t t1 = std::min(t_count, t0 + seg);
+    const float* s = kind == BKind::FP8 ? scales + kb * kPanel : nullptr;
+#if LOCKSTEP_GEMM_AVX2
+    const __m256 s_lo = s ? _mm256_loadu_ps(s) : _mm256_setzero_ps();
+    const __m256 s_hi = s ? _mm256_loadu_ps(s + 8) : _mm256_setzero_ps();
+    for (int64_t t = t0; t < t1; ++t) {
+      __m256 lo, hi;
+      if (kind == BKind::BF16) {
+        load_b<BKind::BF16>(src, t * kPanel, s_lo, s_hi, lo, hi);
+      } else {
+        load_b<BKind::FP8>(src, t * kPanel, s_lo, s_hi, lo, hi);
+      }
+      _mm256_storeu_ps(dst + t * kPanel, lo);
+      _mm256_storeu_ps(dst + t * kPanel + 8, hi);
+    }
+#else
+    for (int64_t t = t0; t < t1; ++t)
+      for (int j = 0; j < kPanel; ++j)
+        dst[t * kPanel + j] = kind == BKind::BF16 ? load_b1<BKind::BF16>(src, t * kPanel, j, nullptr)
+                                                  : load_b1<BKind::FP8>(src, t * kPanel, j, s);
+#endif
+  }
+}
+
+namespace {
+// Copies 16 columns of one source row into a panel row (widening bf16);
+// columns at or past `n` are zero.
+inline void copy_panel_row(const void* src, bool is_bf16, int64_t off, int64_t n, float* d) {
+#if LOCKSTEP_GEMM_AVX2
+  if (n == kPanel) {
+    if (is_bf16) {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const bf16_t*>(src) + off));
+      const __m256i lo = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(h));
+      const __m256i hi = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1));
+      _mm256_store_ps(d, _mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)));
+      _mm256_store_ps(d + 8, _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16)));
+    } else {
+      const float* s = static_cast<const float*>(src) + off;
+      _mm256_store_ps(d, _mm256_loadu_ps(s));
+      _mm256_store_ps(d + 8, _mm256_loadu_ps(s + 8));
+    }
+    return;
+  }
+#endif
+  for (int64_t j = 0; j < n; ++j)
+    d[j] = is_bf16 ? bf16_to_f32(static_cast<const bf16_t*>(src)[off + j]) : static_cast<const float*>(src)[off + j];
+  for (int64_t j = n; j < kPanel; ++j) d[j] = 0.0f;
+}
+}  // namespace
+
+void pack_plain_panels(const void* src, bool is_bf16, int64_t ld, int64_t t_count, int64_t col0, int64_t n_panels,
+                       int64_t cols, float* dst) {
+  // Blocks of 16 source rows: their segments (at most a few KiB each) are read
+  // from memory once and stay in L1 while each panel receives 16 consecutive
+  // rows, so writes go out in 1 KiB runs instead of one line per panel per row
+  // (panels a power-of-two apart would then share cache sets).
+  constexpr int64_t kRowBlock = 16;
+  for (int64_t t0 = 0; t0 < t_count; t0 += kRowBlock) {
+    const int64_t t1 = std::min(t_count, t0 + kRowBlock);
+    for (int64_t q = 0; q < n_panels; ++q) {
+      const int64_t c = col0 + q * kPanel;
+      const int64_t n = std::clamp<int64_t>(cols - c, 0, kPanel);
+      for (int64_t t = t0; t < t1; ++t) copy_panel_row(src, is_bf16, t * ld + c, n, dst + (q * t_count + t) * kPanel);
+    }
+  }
+}
+
+}  // namespace gemm_detail
+
+namespace {
+
+constexpr float kRebias = gemm_detail::kFp8Rebias;
+// Largest allowed fp8 scale: scale * 2^120 must stay a finite f32 (see
+// gemm_microkernel.h), i.e. scale < 2^8.
+constexpr float kMaxFp8Scale = 256.0f;
+
+// Position of column j of a panel inside a bf16 row (see PackedWeight).
+inline int bf16_slot(int j) { return j < 8 ? 2 * j : 2 * (j - 8) + 1; }
+
+void check_weight(const Tensor& w, const char* fn) {
+  if (w.ndim != 2) LS_THROW << fn << ": w must be 2-D (N, K), got " << w.shape_str();
+  if (w.dtype != DType::F32 && w.dtype != DType::BF16)
+    LS_THROW << fn << ": w must be f32 or bf16, got " << w.shape_str();
+  if (w.shape[1] > 1 && w.stride[1] != 1) LS_THROW << fn << ": w rows must be contiguous, got " << w.shape_str();
+  if (w.shape[0] > 1 && w.stride[0] < w.shape[1])
+    LS_THROW << fn << ": w row stride " << w.stride[0] << " is smaller than its width, " << w.shape_str();
+}
+
+// Element (n, k) of an f32 or bf16 matrix, widened exactly.
+inline float weight_at(const Tensor& w, int64_t n, int64_t k) {
+  const int64_t i = n * w.stride[0] + k;
+  return w.dtype == DType::F32 ? static_cast<const float*>(w.data)[i]
+                               : bf16_to_f32(static_cast<const bf16_t*>(w.data)[i]);
+}
+
+void allocate(PackedWeight& pw) {
+  const int64_t P = pw.panels();
+  pw.data = Buffer(static_cast<size_t>(P * pw.k * kPanel) * dtype_size(pw.storage));
+  if (pw.storage == DType::FP8E4M3) {
+    const int64_t NB = pw.scale_blocks_n(), KB = pw.scale_blocks_k();
+    pw.panel_scales = Buffer(static_cast<size_t>(P * KB * kPanel) * sizeof(float));
+    pw.block_scales = Buffer(static_cast<size_t>(NB * KB) * sizeof(float));
+  }
+}
+
+// Effective block sizes (a per-tensor scale is one block covering everything).
+inline int64_t eff_block_n(const PackedWeight& pw) { return pw.block_n > 0 ? pw.block_n : std::max<int64_t>(pw.n, 1); }
+inline int64_t eff_block_k(const PackedWeight& pw) { return pw.block_k > 0 ? pw.block_k : std::max<int64_t>(pw.k, 1); }
+
+// Spreads block_scales (NB, KB) into panel_scales (P, KB, 16), times 2^120.
+void fill_panel_scales(const PackedWeight& pw) {
+  const int64_t P = pw.panels(), KB = pw.scale_blocks_k(), bn = eff_block_n(pw);
+  const float* bs = pw.block_scales.as<float>();
+  float* ps = pw.panel_scales.as<float>();
+  for (int64_t p = 0; p < P; ++p)
+    for (int64_t kb = 0; kb < KB; ++kb)
+      for (int j = 0; j < kPanel; ++j) {
+        const int64_t n = p * kPanel + j;
+        ps[(p * KB + kb) * kPanel + j] = n < pw.n ? bs[(n / bn) * KB + kb] * kRebias : 0.0f;
+      }
+}
+
+// Computes block_scales from w; throws on non-finite weights or too large a scale.
+void compute_fp8_scales(const Context& ctx, const PackedWeight& pw, const Tensor& w) {
+  const int64_t NB = pw.scale_blocks_n(), KB = pw.scale_blocks_k();
+  const int64_t bn = eff_block_n(pw), bk = eff_block_k(pw);
+  float* bs = pw.block_scales.as<float>();
+  ctx.parallel_for(NB, [&](int64_t b0, int64_t b1) {
+    for (int64_t nb = b0; nb < b1; ++nb) {
+      for (int64_t kb = 0; kb < KB; ++kb) bs[nb * KB + kb] = 0.0f;
+      for (int64_t n = nb * bn; n < std::min(pw.n, (nb + 1) * bn); ++n)
+        for (int64_t k = 0; k < pw.k; ++k) {
+          const float v = weight_at(w, n, k);
+          if (!std::isfinite(v))
+            LS_THROW << "pack_weight: fp8 cannot hold the non-finite weight " << v << " at (" << n << ", " << k
+                     << ") of " << w.shape_str();
+          float& m = bs[nb * KB + k / bk];
+          m = std::max(m, std::fabs(v));
+        }
+      for (int64_t kb = 0; kb < KB; ++kb) {
+        const float amax = bs[nb * KB + kb];
+        const float scale = amax > 0.0f ? amax / kFp8E4M3Max : 1.0f;
+        if (!(scale < kMaxFp8Scale))
+          LS_THROW << "pack_weight: fp8 block (" << nb << ", " << kb << ") of " << w.shape_str() << " has absmax "
+                   << amax << "; the kernels support absmax < " << kMaxFp8Scale * kFp8E4M3Max;
+        bs[nb * KB + kb] = scale;
+      }
+    }
+  });
+}
+
+// Writes pw.data (and fp8 scales) from w (N, K) f32|bf16.
+void pack_into(const Context& ctx, PackedWeight& pw, const Tensor& w) {
+  const int64_t K = pw.k, N = pw.n;
+  if (pw.storage == DType::FP8E4M3) {
+    compute_fp8_scales(ctx, pw, w);
+    fill_panel_scales(pw);
+  }
+  const int64_t KB = pw.scale_blocks_k(), bn = eff_block_n(pw), bk = eff_block_k(pw);
+  const float* bs = pw.storage == DType::FP8E4M3 ? pw.block_scales.as<float>() : nullptr;
+  ctx.parallel_for(pw.panels(), [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      for (int j = 0; j < kPanel; ++j) {
+        const int64_t n = p * kPanel + j;
+        const size_t base = static_cast<size_t>(p * K * kPanel);
+        switch (pw.storage) {
+          case DType::F32: {
+            float* d = pw.data.as<float>() + base + j;
+            for (int64_t k = 0; k < K; ++k) d[k * kPanel] = n < N ? weight_at(w, n, k) : 0.0f;
+            break;
+          }
+          case DType::BF16: {
+            bf16_t* d = pw.data.as<bf16_t>() + base + bf16_slot(j);
+            if (n < N && w.dtype == DType::BF16) {
+              const bf16_t* row = static_cast<const bf16_t*>(w.data) + n * w.stride[0];
+              for (int64_t k = 0; k < K; ++k) d[k * kPanel] = row[k];
+            } else {
+              for (int64_t k = 0; k < K; ++k) d[k * kPanel] = n < N ? f32_to_bf16(weight_at(w, n, k)) : 0;
+            }
+            break;
+          }
+          default: {
+            fp8_t* d = pw.data.as<fp8_t>() + base + j;
+            for (int64_t k = 0; k < K; ++k) {
+              if (n >= N) {
+                d[k * kPanel] = 0;
+                continue;
+              }
+              const float scale = bs[(n / bn) * KB + k / bk];
+              d[k * kPanel] = f32_to_fp8(weight_at(w, n, k) / scale, /*saturate=*/true);
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+int64_t PackedWeight::scale_blocks_n() const {
+  const int64_t b = eff_block_n(*this);
+  return std::max<int64_t>(1, (n + b - 1) / b);
+}
+int64_t PackedWeight::scale_blocks_k() const {
+  const int64_t b = eff_block_k(*this);
+  return std::max<int64_t>(1, (k + b - 1) / b);
+}
+float PackedWeight::fp8_scale(int64_t row, int64_t col) const {
+  LS_CHECK(storage == DType::FP8E4M3) << "fp8_scale of a " << dtype_name(storage) << " packed weight";
+  LS_CHECK(row >= 0 && row < n && col >= 0 && col < k) << "(" << row << ", " << col << ") outside (" << n << ", " << k << ")";
+  return block_scales.as<float>()[(row / eff_block_n(*this)) * scale_blocks_k() + col / eff_block_k(*this)];
+}
+
+PackedWeight pack_weight(const Context& ctx, const Tensor& w, DType storage, int64_t fp8_block) {
+  check_weight(w, "pack_weight");
+  if (storage != DType::F32 && storage != DType::BF16 && storage != DType::FP8E4M3)
+    LS_THROW << "pack_weight: storage must be f32, bf16 or fp8_e4m3, got " << dtype_name(storage);
+  if (fp8_block < 0) LS_THROW << "pack_weight: fp8_block must be >= 0, got " << fp8_block;
+  PackedWeight pw;
+  pw.storage = storage;
+  pw.n = w.shape[0];
+  pw.k = w.shape[1];
+  if (storage == DType::FP8E4M3) pw.block_n = pw.block_k = fp8_block;
+  allocate(pw);
+  pack_into(ctx, pw, w);
+  return pw;
+}
+
+PackedWeight pack_weight_fp8(const Context& ctx, const Tensor& w, const Tensor& scales, int64_t block) {
+  if (w.ndim != 2 || w.dtype != DType::FP8E4M3 || (w.shape[1] > 1 && w.stride[1] != 1) ||
+      (w.shape[0] > 1 && w.stride[0] < w.shape[1]))
+    LS_THROW << "pack_weight_fp8: w must be a 2-D fp8_e4m3 (N, K) matrix with contiguous rows, got "
+             << w.shape_str();
+  if (block < 0) LS_THROW << "pack_weight_fp8: block must be >= 0, got " << block;
+  PackedWeight pw;
+  pw.storage = DType::FP8E4M3;
+  pw.n = w.shape[0];
+  pw.k = w.shape[1];
+  pw.block_n = pw.block_k = block;
+  const int64_t NB = pw.scale_blocks_n(), KB = pw.scale_blocks_k();
+  check_dtype(scales, DType::F32, "pack_weight_fp8 scales");
+  if (scales.ndim != 2 || scales.shape[0] != NB || scales.shape[1] != KB || !scales.is_contiguous())
+    LS_THROW << "pack_weight_fp8: scales for w " << w.shape_str() << " with block " << block
+             << " must be contiguous (" << NB << ", " << KB << ") f32, got " << scales.shape_str();
+  allocate(pw);
+  for (int64_t i = 0; i < NB * KB; ++i) {
+    const float s = scales.f32()[i];
+    if (!(s > 0.0f && s < kMaxFp8Scale))
+      LS_THROW << "pack_weight_fp8: scale " << s << " at block " << i << " must be in (0, " << kMaxFp8Scale << ")";
+    pw.block_scales.as<float>()[i] = s;
+  }
+  fill_panel_scales(pw);
+  const fp8_t* q = static_cast<const fp8_t*>(w.data);
+  const int64_t K = pw.k, N = pw.n;
+  ctx.parallel_for(pw.panels(), [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int j = 0; j < kPanel; ++j) {
+        const int64_t n = p * kPanel + j;
+        fp8_t* d = pw.data.as<fp8_t>() + p * K * kPanel + j;
+        for (int64_t k = 0; k < K; ++k) {
+          const fp8_t v = n < N ? q[n * w.stride[0] + k] : 0;
+          if ((v & 0x7f) == 0x7f)
+            LS_THROW << "pack_weight_fp8: NaN at (" << n << ", " << k << ") of " << w.shape_str();
+          d[k * kPanel] = v;
+        }
+      }
+  });
+  return pw;
+}
+
+void repack_weight(const Context& ctx, PackedWeight& pw, const Tensor& w) {
+  check_weight(w, "repack_weight");
+  if (w.shape[0] != pw.n || w.shape[1] != pw.k)
+    LS_THROW << "repack_weight: w " << w.shape_str() << " does not match the packed (" << pw.n << ", " << pw.k
+             << ") " << dtype_name(pw.storage);
+  LS_CHECK(pw.data.size() == static_cast<size_t>(pw.panels() * pw.k * kPanel) * dtype_size(pw.storage))
+      << "repack_weight: packed weight was not made by pack_weight";
+  pack_into(ctx, pw, w);
+}
+
+void unpack_weight(const Context& ctx, Tensor w_out, const PackedWeight& pw) {
+  check_dtype(w_out, DType::F32, "unpack_weight w_out");
+  if (w_out.ndim != 2 || w_out.shape[0] != pw.n || w_out.shape[1] != pw.k ||
+      (pw.k > 1 && w_out.stride[1] != 1) || (pw.n > 1 && w_out.stride[0] < pw.k))
+    LS_THROW << "unpack_weight: w_out must be (" << pw.n << ", " << pw.k << ") f32 with contiguous rows, got "
+             << w_out.shape_str();
+  const BKind kind = pw.storage == DType::F32 ? BKind::F32 : pw.storage == DType::BF16 ? BKind::BF16 : BKind::FP8;
+  const size_t esize = dtype_size(pw.storage);
+  const int64_t K = pw.k, KB = pw.scale_blocks_k();
+  ctx.parallel_for(pw.panels(), [&](int64_t p0, int64_t p1) {
+    std::vector<float> tmp(static_cast<size_t>(K * kPanel));  // (K, 16)
+    for (int64_t p = p0; p < p1; ++p) {
+      const float* sc = kind == BKind::FP8 ? pw.panel_scales.as<float>() + p * KB * kPanel : nullptr;
+      gemm_detail::widen_panel(kind, static_cast<const char*>(pw.data.data()) + p * K * kPanel * esize, sc,
+                               eff_block_k(pw), K, tmp.data());
+      for (int j = 0; j < kPanel && p * kPanel + j < pw.n; ++j) {
+        float* row = w_out.f32() + (p * kPanel + j) * w_out.stride[0];
+        for (int64_t k = 0; k < K; ++k) row[k] = tmp[static_cast<size_t>(k * kPanel + j)];
+      }
+    }
+  });
+}
+
+}  // namespace lockstep::kernels

@@ -1,0 +1,164 @@
+// RoPE: cos/sin from a double-precision pure function (or a table of its
+// values), then an f32 rotation of each (i, i + Dh/2) pair, in place.
+#include "lockstep/kernels/cpu/rope.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+namespace lockstep::kernels {
+
+namespace {
+
+struct RopeShape {
+  int64_t T, H, Dh, half;
+};
+
+RopeShape check_rope(const Tensor& x, const Tensor& positions, const char* fn) {
+  std::string what = std::string(fn) + ": x (T, H, Dh)";
+  check_dtype(x, DType::F32, what.c_str());
+  check_shape(x, {-1, -1, -1}, what.c_str());
+  const RopeShape s{x.shape[0], x.shape[1], x.shape[2], x.shape[2] / 2};
+  if (s.Dh % 2 != 0) LS_THROW << what << ": head width Dh must be even, got " << x.shape_str();
+  if (s.Dh > 1 && x.stride[2] != 1)
+    LS_THROW << what << ": last dimension must be contiguous, got " << x.shape_str();
+  std::string pw = std::string(fn) + ": positions (T,)";
+  check_dtype(positions, DType::I32, pw.c_str());
+  check_shape(positions, {s.T}, pw.c_str());
+  if (s.T > 1 && positions.stride[0] != 1)
+    LS_THROW << pw << ": must be contiguous, got " << positions.shape_str();
+  const int32_t* p = positions.i32();
+  for (int64_t t = 0; t < s.T; ++t)
+    if (p[t] < 0) LS_THROW << pw << ": negative position " << p[t] << " at token " << t;
+  return s;
+}
+
+void check_theta(double theta, const char* fn) {
+  if (!(theta > 0) || !std::isfinite(theta))
+    LS_THROW << fn << ": theta must be positive and finite, got " << theta;
+}
+
+double inv_freq(int64_t i, int64_t head_dim, double theta) {
+  return std::pow(theta, -static_cast<double>(2 * i) / static_cast<double>(head_dim));
+}
+
+// Rotates every head of token t by (c, s) (both (half)); kInverse rotates by -angle.
+template <bool kInverse>
+void rotate_token(const Tensor& x, const RopeShape& sh, int64_t t, const float* c, const float* s) {
+  float* base = x.f32() + t * x.stride[0];
+  for (int64_t h = 0; h < sh.H; ++h) {
+    float* lo = base + h * x.stride[1];
+    float* hi = lo + sh.half;
+    for (int64_t i = 0; i < sh.half; ++i) {
+      const float a = lo[i], b = hi[i];
+      if constexpr (kInverse) {
+        lo[i] = a * c[i] + b * s[i];
+        hi[i] = b * c[i] - a * s[i];
+      } else {
+        lo[i] = a * c[i] - b * s[i];
+        hi[i] = b * c[i] + a * s[i];
+      }
+    }
+  }
+}
+
+int64_t token_grain(const RopeShape& s) {
+  return std::max<int64_t>(1, 8192 / std::max<int64_t>(1, s.H * s.Dh));
+}
+
+template <bool kInverse>
+void rope_on_the_fly(const Context& ctx, Tensor x, const Tensor& positions, double theta, const char* fn) {
+  check_theta(theta, fn);
+  const RopeShape sh = check_rope(x, positions, fn);
+  std::vector<double> freq(static_cast<size_t>(sh.half));  // (Dh/2) inverse frequencies
+  for (int64_t i = 0; i < sh.half; ++i) freq[size_t(i)] = inv_freq(i, sh.Dh, theta);
+  const int32_t* pos = positions.i32();
+  ctx.parallel_for(
+      sh.T,
+      [&](int64_t t0, int64_t t1) {
+        std::vector<float> c(static_cast<size_t>(sh.half)), s(static_cast<size_t>(sh.half));  // (Dh/2)
+        for (int64_t t = t0; t < t1; ++t) {
+          for (int64_t i = 0; i < sh.half; ++i) {
+            // Same expression as rope_cos_sin (freq[i] is inv_freq(i, ...)), so the same bits.
+            const double angle = static_cast<double>(pos[t]) * freq[size_t(i)];
+            c[size_t(i)] = static_cast<float>(std::cos(angle));
+            s[size_t(i)] = static_cast<float>(std::sin(angle));
+          }
+          rotate_token<kInverse>(x, sh, t, c.data(), s.data());
+        }
+      },
+      token_grain(sh));
+}
+
+template <bool kInverse>
+void rope_from_table(const Context& ctx, Tensor x, const Tensor& positions, const RopeTable& table,
+                     const char* fn) {
+  const RopeShape sh = check_rope(x, positions, fn);
+  if (table.head_dim != sh.Dh)
+    LS_THROW << fn << ": table built for Dh=" << table.head_dim << ", x is " << x.shape_str();
+  const int32_t* pos = positions.i32();
+  for (int64_t t = 0; t < sh.T; ++t)
+    if (pos[t] >= table.max_positions)
+      LS_THROW << fn << ": position " << pos[t] << " at token " << t << " is beyond the table's "
+               << table.max_positions << " positions";
+  ctx.parallel_for(
+      sh.T,
+      [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+          const size_t off = static_cast<size_t>(pos[t]) * static_cast<size_t>(sh.half);
+          rotate_token<kInverse>(x, sh, t, table.cos.data() + off, table.sin.data() + off);
+        }
+      },
+      token_grain(sh));
+}
+
+}  // namespace
+
+void rope_cos_sin(int64_t pos, int64_t i, int64_t head_dim, double theta, float* cos_out, float* sin_out) {
+  const double angle = static_cast<double>(pos) * inv_freq(i, head_dim, theta);
+  *cos_out = static_cast<float>(std::cos(angle));
+  *sin_out = static_cast<float>(std::sin(angle));
+}
+
+RopeTable make_rope_table(const Context& ctx, int64_t head_dim, double theta, int64_t max_positions) {
+  check_theta(theta, "make_rope_table");
+  if (head_dim <= 0 || head_dim % 2 != 0)
+    LS_THROW << "make_rope_table: head_dim must be positive and even, got " << head_dim;
+  if (max_positions < 0) LS_THROW << "make_rope_table: max_positions must be >= 0, got " << max_positions;
+  RopeTable tab;
+  tab.head_dim = head_dim;
+  tab.theta = theta;
+  tab.max_positions = max_positions;
+  const int64_t half = head_dim / 2;
+  tab.cos.resize(static_cast<size_t>(max_positions * half));
+  tab.sin.resize(static_cast<size_t>(max_positions * half));
+  std::vector<double> freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) freq[size_t(i)] = inv_freq(i, head_dim, theta);
+  ctx.parallel_for(
+      max_positions,
+      [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p)
+          for (int64_t i = 0; i < half; ++i) {
+            const double angle = static_cast<double>(p) * freq[size_t(i)];
+            tab.cos[size_t(p * half + i)] = static_cast<float>(std::cos(angle));
+            tab.sin[size_t(p * half + i)] = static_cast<float>(std::sin(angle));
+          }
+      },
+      64);
+  return tab;
+}
+
+void rope_forward(const Context& ctx, Tensor x, const Tensor& positions, double theta) {
+  rope_on_the_fly<false>(ctx, x, positions, theta, "rope_forward");
+}
+void rope_backward(const Context& ctx, Tensor dx, const Tensor& positions, double theta) {
+  rope_on_the_fly<true>(ctx, dx, positions, theta, "rope_backward");
+}
+void rope_forward(const Context& ctx, Tensor x, const Tensor& positions, const RopeTable& table) {
+  rope_from_table<false>(ctx, x, positions, table, "rope_forward");
+}
+void rope_backward(const Context& ctx, Tensor dx, const Tensor& positions, const RopeTable& table) {
+  rope_from_table<true>(ctx, dx, positions, table, "rope_backward");
+}
+
+}  // namespace lockstep::kernels

@@ -1,0 +1,40 @@
+// metrics.jsonl: one JSON object per step, written with a single write() and
+// flushed to disk, so a crash loses at most the line being written. On
+// resume, lines of steps after the checkpoint are dropped (they will be
+// produced again), and a torn last line is removed.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace lockstep::metrics {
+
+class MetricsLogger {
+ public:
+  // Opens path for appending. If resume_step >= 0, first keeps only the
+  // complete lines whose "step" is <= resume_step (rewritten atomically).
+  explicit MetricsLogger(const std::string& path, int64_t resume_step = -1);
+  ~MetricsLogger();
+  MetricsLogger(const MetricsLogger&) = delete;
+  MetricsLogger& operator=(const MetricsLogger&) = delete;
+
+  // Appends {"step": step, ...metrics} as one line.
+  void log(int64_t step, const nlohmann::json& metrics);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+// Reads metrics.jsonl; a malformed line (e.g. a torn last line) is skipped
+// and counted in *bad_lines.
+std::vector<nlohmann::json> read_metrics(const std::string& path, int* bad_lines = nullptr);
+
+// One compact console line: "step 12 | loss 1.234 | grad_norm 0.5 | ...".
+std::string format_console_line(int64_t step, const std::vector<std::pair<std::string, double>>& fields);
+
+}  // namespace lockstep::metrics

@@ -1,0 +1,123 @@
+// ModelConfig: the shape and hyper-parameters of a dense or MoE decoder, read
+// from a Hugging Face config.json (Llama, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE,
+// dots.llm1) or lockstep's TOML [model] section, and written back as config.json.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+#include "lockstep/tensor/dtype.h"
+
+namespace lockstep {
+
+// The Hugging Face model class a config maps to. It decides the config.json
+// written and the tensor names of shared experts; the math is the ModelConfig's.
+enum class Architecture {
+  Llama,     // LlamaForCausalLM: dense, no biases, no q/k norm
+  Qwen2,     // Qwen2ForCausalLM: dense, q/k/v bias
+  Qwen3,     // Qwen3ForCausalLM: dense, q/k RMSNorm
+  Qwen2Moe,  // Qwen2MoeForCausalLM: q/k/v bias, softmax router, one gated shared expert
+  Qwen3Moe,  // Qwen3MoeForCausalLM: q/k RMSNorm, softmax router, no shared expert
+  Dots1,     // Dots1ForCausalLM: Qwen3 attention + DeepSeek-V3 MoE (sigmoid router,
+             // score-correction bias, shared experts, first k layers dense)
+};
+
+const char* architecture_name(Architecture a);        // "Qwen3MoeForCausalLM"
+const char* architecture_model_type(Architecture a);  // "qwen3_moe"
+// Accepts the class name; throws Error naming it and the supported list.
+Architecture parse_architecture(const std::string& name);
+std::string supported_architectures();  // "LlamaForCausalLM, Qwen2ForCausalLM, ..."
+
+enum class RouterScoring {
+  Softmax,  // p = softmax(logits) over the E experts (Qwen MoE)
+  Sigmoid,  // p = sigmoid(logit) per expert (DeepSeek-V3, dots.llm1)
+};
+const char* router_scoring_name(RouterScoring s);  // "softmax" | "sigmoid"
+
+// Dimension letters (STYLE.md): V vocab, D width, L layers, H query heads,
+// Hkv key/value heads, Dh head width, F dense FFN width, E experts, K top-k,
+// Fe expert FFN width, Fs shared-expert FFN width.
+// The TOML [model] keys are exactly these field names (docs/model.md).
+struct ModelConfig {
+  Architecture architecture = Architecture::Qwen3Moe;
+
+  int64_t vocab_size = 0;         // V
+  int64_t hidden_size = 0;        // D
+  int64_t num_layers = 0;         // L
+  int64_t num_heads = 0;          // H
+  int64_t num_kv_heads = 0;       // Hkv; H % Hkv == 0 (grouped-query attention)
+  int64_t head_dim = 0;           // Dh; may differ from D / H
+  int64_t intermediate_size = 0;  // F, width of dense-layer SwiGLU FFNs (0 if no dense layer)
+  bool qk_norm = false;           // RMSNorm over Dh on q and k before RoPE (Qwen3)
+  bool qkv_bias = false;          // bias on q, k, v projections (Qwen2)
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-6;
+  int64_t max_position_embeddings = 4096;
+  bool tie_word_embeddings = false;  // lm_head shares the embedding matrix
+
+  // MoE. num_experts == 0 means every layer is dense.
+  int64_t num_experts = 0;            // E
+  int64_t num_experts_per_tok = 0;    // K
+  int64_t moe_intermediate_size = 0;  // Fe
+  RouterScoring router_scoring = RouterScoring::Softmax;
+  bool norm_topk_prob = false;         // top-k weights divided by their sum
+  double routed_scaling_factor = 1.0;  // multiplies the routed weights (after normalization)
+  bool score_correction_bias = false;  // e_score_correction_bias (E), used for selection only
+  int64_t n_group = 1;                 // group-limited routing (DeepSeek-V3); 1 = off
+  int64_t topk_group = 1;
+  int64_t n_shared_experts = 0;                 // 0 = none
+  int64_t shared_expert_intermediate_size = 0;  // Fs, total width of the shared-expert FFN
+  bool shared_expert_gate = false;              // Qwen2-MoE: output scaled by sigmoid(x · w), w (1, D)
+  int64_t first_k_dense_replace = 0;            // layers [0, k) are dense
+  int64_t decoder_sparse_step = 1;              // layer i is MoE only if (i + 1) % step == 0
+  std::vector<int64_t> mlp_only_layers;         // these layers are dense
+
+  int64_t bos_token_id = -1;           // -1: none
+  std::vector<int64_t> eos_token_ids;  // may be empty
+
+  int64_t q_dim() const { return num_heads * head_dim; }      // H*Dh
+  int64_t kv_dim() const { return num_kv_heads * head_dim; }  // Hkv*Dh
+  bool is_moe() const { return num_experts > 0; }
+  // Whether layer i has a routed MoE FFN (else a dense one of width F).
+  bool is_moe_layer(int64_t layer) const;
+  bool has_shared_expert() const { return n_shared_experts > 0; }
+
+  // Throws Error (prefixed by `source`, e.g. the file) naming the first bad
+  // field: non-positive sizes, H % Hkv != 0, K > E, odd Dh, a combination
+  // the architecture cannot express in its config.json, ...
+  void validate(const std::string& source = "model config") const;
+
+  bool operator==(const ModelConfig&) const = default;
+};
+
+// Picks the Hugging Face class able to express `c` (used when the TOML omits
+// `architecture`): dense → Qwen2 if qkv_bias, Qwen3 if qk_norm, else Llama;
+// MoE → Dots1 if sigmoid scoring, score-correction bias or ungated shared
+// experts, Qwen2Moe if qkv_bias or a gated shared expert, else Qwen3Moe.
+Architecture infer_architecture(const ModelConfig& c);
+
+// Reads a Hugging Face config.json. `source` names the file in errors.
+// Unknown architecture, missing required field, unsupported feature (MLA,
+// sliding window, rope scaling, non-SiLU activation, o_proj bias) → Error.
+ModelConfig model_config_from_hf_json(const nlohmann::json& j, const std::string& source);
+ModelConfig load_hf_config(const std::string& path);
+
+// The config.json Hugging Face expects for c's architecture; `dtype` fills
+// torch_dtype ("float32" or "bfloat16").
+nlohmann::json model_config_to_hf_json(const ModelConfig& c, DType dtype);
+// Writes config.json atomically (temporary file, then rename).
+void save_hf_config(const std::string& path, const ModelConfig& c, DType dtype);
+
+// lockstep's own TOML: reads the [model] section of a config file (other
+// sections are left to their owners). Unknown keys in [model] are errors,
+// except those listed in `other_keys` (consumed by another parser).
+ModelConfig model_config_from_toml_file(const std::string& path,
+                                        const std::vector<std::string>& other_keys = {});
+ModelConfig model_config_from_toml_string(const std::string& text, const std::string& source,
+                                          const std::vector<std::string>& other_keys = {});
+// The [model] section (header included) that reads back as c.
+std::string model_config_to_toml(const ModelConfig& c);
+
+}  // namespace lockstep

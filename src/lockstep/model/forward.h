@@ -1,0 +1,105 @@
+// The one forward function both engines call (DESIGN.md principle 1): a
+// ragged batch of sequences, each with some cached context and some new
+// tokens. The trainer's forward is this function with every token new (and
+// activations saved for backward); decode is this function with one new
+// token per sequence.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "lockstep/base/thread_pool.h"
+#include "lockstep/kernels/cpu/moe.h"
+#include "lockstep/model/kv_cache.h"
+#include "lockstep/model/weights.h"
+
+namespace lockstep::model {
+
+// S sequences; sequence i contributes n_new[i] new tokens at positions
+// [n_ctx[i], n_ctx[i] + n_new[i]). The new tokens of all sequences are
+// concatenated: T = sum(n_new) rows.
+struct RaggedBatch {
+  std::vector<int32_t> tokens;       // (T)
+  std::vector<int32_t> n_ctx;        // (S)
+  std::vector<int32_t> n_new;        // (S)
+  std::vector<int32_t> block_table;  // (S, max_blocks): physical KV block of each logical block
+  int32_t max_blocks = 0;
+  std::vector<int32_t> logit_rows;   // rows of T whose logits are wanted, ascending
+
+  int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
+  int64_t num_seqs() const { return static_cast<int64_t>(n_new.size()); }
+  // Checks sizes against each other and the cache; throws Error naming the field.
+  void validate(const ModelConfig& config, const KvCache& kv) const;
+};
+
+struct ForwardOptions {
+  bool save_activations = false;  // keep what backward needs (trainer)
+  bool record_experts = false;    // fill ForwardResult::routed_experts
+  // Routing replay (R3): (T, L_moe, K) experts to use instead of this router's
+  // top-k; gate weights are still computed from this router's scores.
+  const std::vector<int32_t>* replay_experts = nullptr;
+};
+
+struct ForwardResult {
+  OwnedTensor logits;                   // (R, V), R = logit_rows.size()
+  std::vector<int32_t> routed_experts;  // (T, L_moe, K) when record_experts
+};
+
+// Everything one layer's backward needs.
+struct LayerActivations {
+  OwnedTensor x_in;     // (T, D) residual stream entering the layer
+  OwnedTensor rstd1;    // (T)
+  OwnedTensor normed1;  // (T, D)
+  OwnedTensor q_pre;    // (T, H, Dh) before q-norm [qk_norm]
+  OwnedTensor k_pre;    // (T, Hkv, Dh) before k-norm [qk_norm]
+  OwnedTensor rstd_q;   // (T*H) [qk_norm]
+  OwnedTensor rstd_k;   // (T*Hkv) [qk_norm]
+  OwnedTensor q;        // (T, H, Dh) attention query (normed, rotated)
+  OwnedTensor attn;     // (T, H*Dh) attention output
+  OwnedTensor lse;      // (T, H)
+  OwnedTensor h;        // (T, D) x_in + attention projection
+  OwnedTensor rstd2;    // (T)
+  OwnedTensor normed2;  // (T, D)
+  // Dense FFN.
+  OwnedTensor gu;   // (T, 2F) gate | up
+  OwnedTensor act;  // (T, F)
+  // MoE FFN.
+  OwnedTensor scores;    // (T, E)
+  OwnedTensor topk_idx;  // (T, K) i32
+  OwnedTensor topk_w;    // (T, K)
+  kernels::MoeDispatch plan;
+  OwnedTensor xe;     // (T*K, D) gathered inputs
+  OwnedTensor gu_e;   // (T*K, 2Fe)
+  OwnedTensor act_e;  // (T*K, Fe)
+  OwnedTensor ye;     // (T*K, D) expert outputs
+  OwnedTensor gu_s;   // (T, 2Fs) shared expert
+  OwnedTensor act_s;  // (T, Fs)
+  OwnedTensor ys;     // (T, D) shared expert output before its gate
+  OwnedTensor sgate;  // (T) sigmoid of the shared-expert gate [shared_expert_gate]
+};
+
+struct Activations {
+  std::vector<LayerActivations> layers;
+  std::vector<int32_t> positions;  // (T)
+  OwnedTensor x_final;             // (T, D)
+  OwnedTensor rstd_f;              // (T)
+  OwnedTensor normed_rows;         // (R, D) final-normed rows fed to lm_head
+};
+
+// Runs the model. New keys/values are written into `kv` (at the blocks the
+// batch's table names) before attention reads them. `saved` must be non-null
+// when options.save_activations is set.
+void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const RaggedBatch& batch,
+             const ForwardOptions& options, ForwardResult* result, Activations* saved = nullptr);
+
+// Backward of forward() for a batch whose n_ctx are all 0 (the training case).
+// dlogits (R, V) is the gradient of the loss w.r.t. result.logits. Gradients are
+// accumulated (+=) into `grads` (views of a flat gradient buffer with the
+// parameters' layout).
+void backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv, const RaggedBatch& batch,
+              const Activations& saved, const Tensor& dlogits, const ModelParams& grads);
+
+// Attention softmax scale 1/sqrt(Dh), computed once in double and rounded.
+float attention_scale(const ModelConfig& c);
+
+}  // namespace lockstep::model

@@ -1,0 +1,184 @@
+// Implementations of the forward/backward helpers; each output row depends on
+// its own input row only, so all of them are batch-invariant.
+#include "lockstep/model/forward_util.h"
+
+#include <cstring>
+
+#include "lockstep/base/error.h"
+#include "lockstep/kernels/cpu/simd.h"
+
+namespace lockstep::model {
+
+BatchTensors::BatchTensors(const RaggedBatch& b, int bs) : block_size(bs) {
+  const int64_t T = b.num_tokens(), S = b.num_seqs();
+  tokens = OwnedTensor(DType::I32, {T});
+  std::memcpy(tokens.view().data, b.tokens.data(), static_cast<size_t>(T) * 4);
+  positions.resize(static_cast<size_t>(T));
+  size_t t = 0;
+  for (int64_t i = 0; i < S; ++i)
+    for (int32_t j = 0; j < b.n_new[size_t(i)]; ++j) positions[t++] = b.n_ctx[size_t(i)] + j;
+  positions_t = OwnedTensor(DType::I32, {T});
+  std::memcpy(positions_t.view().data, positions.data(), static_cast<size_t>(T) * 4);
+  n_ctx = OwnedTensor(DType::I32, {S});
+  n_new = OwnedTensor(DType::I32, {S});
+  std::memcpy(n_ctx.view().data, b.n_ctx.data(), static_cast<size_t>(S) * 4);
+  std::memcpy(n_new.view().data, b.n_new.data(), static_cast<size_t>(S) * 4);
+  block_table = OwnedTensor(DType::I32, {S, b.max_blocks});
+  if (!b.block_table.empty())
+    std::memcpy(block_table.view().data, b.block_table.data(), b.block_table.size() * 4);
+}
+
+kernels::AttentionBatch BatchTensors::attention_batch() const {
+  kernels::AttentionBatch ab;
+  ab.n_ctx = n_ctx.view();
+  ab.n_new = n_new.view();
+  ab.block_table = block_table.view();
+  ab.block_size = block_size;
+  return ab;
+}
+
+int64_t count_moe_layers(const ModelConfig& c) {
+  int64_t n = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) n += c.is_moe_layer(l) ? 1 : 0;
+  return n;
+}
+
+kernels::RouterConfig router_config(const ModelConfig& c) {
+  kernels::RouterConfig r;
+  r.num_experts = static_cast<int>(c.num_experts);
+  r.top_k = static_cast<int>(c.num_experts_per_tok);
+  r.scoring = c.router_scoring == RouterScoring::Sigmoid ? kernels::RouterScoring::Sigmoid
+                                                          : kernels::RouterScoring::Softmax;
+  r.normalize = c.norm_topk_prob;
+  r.routed_scaling = static_cast<float>(c.routed_scaling_factor);
+  r.n_group = static_cast<int>(c.n_group);
+  r.topk_group = static_cast<int>(c.topk_group);
+  return r;
+}
+
+OwnedTensor copy_of(const Tensor& t) {
+  std::vector<int64_t> shape(t.shape, t.shape + t.ndim);
+  OwnedTensor o(t.dtype, shape);
+  if (t.is_contiguous()) {
+    std::memcpy(o.view().data, t.data, t.nbytes());
+  } else {
+    LS_CHECK(t.ndim == 2 && t.stride[1] == 1) << "copy_of supports contiguous or row-strided 2-D, got " << t.shape_str();
+    const size_t row = static_cast<size_t>(t.shape[1]) * dtype_size(t.dtype);
+    for (int64_t r = 0; r < t.shape[0]; ++r)
+      std::memcpy(static_cast<char*>(o.view().data) + r * row,
+                  static_cast<const char*>(t.data) + static_cast<size_t>(r * t.stride[0]) * dtype_size(t.dtype), row);
+  }
+  return o;
+}
+
+void add_row_bias(const Context& ctx, Tensor y, const Tensor& b) {
+  const int64_t T = y.dim(0), N = y.dim(1);
+  check_shape(b, {N}, "bias");
+  const float* bp = b.f32();
+  float* yp = y.f32();
+  const int64_t ys = y.stride[0];
+  ctx.parallel_for(T, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t n = 0; n < N; ++n) yp[t * ys + n] = yp[t * ys + n] + bp[n];
+  });
+}
+
+void add_column_sums(const Context& ctx, Tensor db, const Tensor& dy) {
+  const int64_t T = dy.dim(0), N = dy.dim(1);
+  check_shape(db, {N}, "bias gradient");
+  const float* g = dy.f32();
+  float* out = db.f32();
+  const int64_t gs = dy.stride[0];
+  ctx.parallel_for(N, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      float s = 0.0f;
+      for (int64_t t = 0; t < T; ++t) s = s + g[t * gs + n];
+      out[n] = out[n] + s;
+    }
+  }, 64);
+}
+
+void split_qkv(const Context& ctx, Tensor q, Tensor k, Tensor v, const Tensor& qkv) {
+  const int64_t T = qkv.dim(0), nq = q.numel() / T, nk = k.numel() / T;
+  check_shape(qkv, {T, nq + 2 * nk}, "qkv");
+  const float* src = qkv.f32();
+  float *qp = q.f32(), *kp = k.f32(), *vp = v.f32();
+  const int64_t s = qkv.stride[0];
+  ctx.parallel_for(T, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      std::memcpy(qp + t * nq, src + t * s, size_t(nq) * 4);
+      std::memcpy(kp + t * nk, src + t * s + nq, size_t(nk) * 4);
+      std::memcpy(vp + t * nk, src + t * s + nq + nk, size_t(nk) * 4);
+    }
+  });
+}
+
+void join_qkv(const Context& ctx, Tensor qkv, const Tensor& q, const Tensor& k, const Tensor& v) {
+  const int64_t T = qkv.dim(0), nq = q.numel() / T, nk = k.numel() / T;
+  check_shape(qkv, {T, nq + 2 * nk}, "qkv");
+  float* dst = qkv.f32();
+  const float *qp = q.f32(), *kp = k.f32(), *vp = v.f32();
+  const int64_t s = qkv.stride[0];
+  ctx.parallel_for(T, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      std::memcpy(dst + t * s, qp + t * nq, size_t(nq) * 4);
+      std::memcpy(dst + t * s + nq, kp + t * nk, size_t(nk) * 4);
+      std::memcpy(dst + t * s + nq + nk, vp + t * nk, size_t(nk) * 4);
+    }
+  });
+}
+
+void add_into(const Context& ctx, Tensor out, const Tensor& a, const Tensor& b) {
+  const int64_t T = out.dim(0), N = out.dim(1);
+  check_shape(a, {T, N}, "add_into a");
+  check_shape(b, {T, N}, "add_into b");
+  float* o = out.f32();
+  const float *ap = a.f32(), *bp = b.f32();
+  ctx.parallel_for(T, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t n = 0; n < N; ++n)
+        o[t * out.stride[0] + n] = ap[t * a.stride[0] + n] + bp[t * b.stride[0] + n];
+  });
+}
+
+void gather_rows(Tensor out, const Tensor& x, const std::vector<int32_t>& rows) {
+  const int64_t D = x.dim(1);
+  check_shape(out, {static_cast<int64_t>(rows.size()), D}, "gathered rows");
+  for (size_t r = 0; r < rows.size(); ++r)
+    std::memcpy(out.f32() + r * D, x.f32() + rows[r] * x.stride[0], size_t(D) * 4);
+}
+
+void gather_layer_experts(Tensor out, const std::vector<int32_t>& all, int64_t layer, int64_t n_moe, int64_t k) {
+  const int64_t T = out.dim(0);
+  int32_t* o = out.i32();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t s = 0; s < k; ++s) o[t * k + s] = all[size_t((t * n_moe + layer) * k + s)];
+}
+
+void scatter_layer_experts(std::vector<int32_t>& all, const Tensor& layer_idx, int64_t layer, int64_t n_moe,
+                           int64_t k) {
+  const int64_t T = layer_idx.dim(0);
+  const int32_t* src = layer_idx.i32();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t s = 0; s < k; ++s) all[size_t((t * n_moe + layer) * k + s)] = src[t * k + s];
+}
+
+void shared_gate_forward(const Context& ctx, Tensor sgate, const Tensor& x, const kernels::PackedWeight& w) {
+  const int64_t T = x.dim(0);
+  OwnedTensor logit(DType::F32, {T, 1});
+  kernels::gemm_xwt(ctx, logit.view(), x, w);
+  kernels::vsigmoid(logit.f32(), sgate.f32(), T);
+}
+
+void add_shared_expert(const Context& ctx, Tensor ffn, const Tensor& ys, const Tensor& sgate) {
+  const int64_t T = ffn.dim(0), D = ffn.dim(1);
+  float* f = ffn.f32();
+  const float* y = ys.f32();
+  const float* g = sgate.data ? sgate.f32() : nullptr;
+  ctx.parallel_for(T, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t d = 0; d < D; ++d) f[t * D + d] = f[t * D + d] + (g ? y[t * D + d] * g[t] : y[t * D + d]);
+  });
+}
+
+}  // namespace lockstep::model

@@ -1,0 +1,143 @@
+// Model parameters as ONE flat f32 buffer (DESIGN.md principle 3): ParamLayout
+// is the name table (Hugging Face tensor names, shapes, offsets), and bind()
+// lays typed per-layer Tensor views over any buffer of the layout's size, so
+// the same layout serves parameters, gradients and AdamW moments.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "lockstep/base/thread_pool.h"
+#include "lockstep/model/config.h"
+#include "lockstep/tensor/tensor.h"
+
+namespace lockstep {
+
+// How init_params fills a tensor.
+enum class ParamKind {
+  Matrix,  // normal(0, std): projections, embeddings, routers, gates
+  Norm,    // ones: RMSNorm weights
+  Bias,    // zeros: q/k/v biases, score-correction bias
+};
+
+struct ParamInfo {
+  std::string name;            // Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight"
+  std::vector<int64_t> shape;  // PyTorch Linear convention: (out_features, in_features)
+  int64_t offset = 0;          // in floats from the buffer start
+  int64_t numel = 0;
+  ParamKind kind = ParamKind::Matrix;
+};
+
+// Tensors are packed back to back in this order (no padding, so the views
+// cover the buffer exactly):
+//   model.embed_tokens.weight                                   (V, D)
+//   per layer i, in layer order (each layer is one contiguous range):
+//     input_layernorm.weight                                    (D)
+//     self_attn.{q,k,v}_proj.weight                             (H*Dh, D) (Hkv*Dh, D) (Hkv*Dh, D)
+//     self_attn.{q,k,v}_proj.bias        [qkv_bias]             (H*Dh) (Hkv*Dh) (Hkv*Dh)
+//     self_attn.{q,k}_norm.weight        [qk_norm]              (Dh) (Dh)
+//     self_attn.o_proj.weight                                   (D, H*Dh)
+//     post_attention_layernorm.weight                           (D)
+//     dense layer: mlp.{gate,up,down}_proj.weight               (F, D) (F, D) (D, F)
+//     MoE layer:   mlp.gate.weight                              (E, D)  router
+//                  mlp.gate.e_score_correction_bias [score_correction_bias] (E)
+//                  mlp.experts.{e}.gate_proj, .up_proj for e = 0..E-1, interleaved
+//                                                               (Fe, D) (Fe, D) each
+//                  mlp.experts.{e}.down_proj for e = 0..E-1     (D, Fe) each
+//                  mlp.shared_expert(s).{gate,up,down}_proj     (Fs, D) (Fs, D) (D, Fs)
+//                  mlp.shared_expert_gate.weight [Qwen2-MoE]    (1, D)
+//   model.norm.weight                                           (D)
+//   lm_head.weight                       [not tied]             (V, D)
+// Consequences: q, k, v rows are adjacent, so wqkv is one ((H+2Hkv)*Dh, D)
+// matrix (and bqkv one vector); an expert's gate rows are followed by its up
+// rows, so w_gate_up is one (2Fe, D) matrix and all experts' gate/up form one
+// (E, 2Fe, D) tensor and their downs one (E, D, Fe) tensor (the layout of the
+// fused expert parameters in transformers >= 5 and of grouped GEMMs).
+// The shared expert is named `shared_expert` for Qwen2-MoE and
+// `shared_experts` (DeepSeek-V3 / dots.llm1) otherwise.
+class ParamLayout {
+ public:
+  ParamLayout() = default;
+  explicit ParamLayout(const ModelConfig& config);  // validates config
+
+  const ModelConfig& config() const { return config_; }
+  const std::vector<ParamInfo>& params() const { return params_; }
+  int64_t numel() const { return numel_; }  // floats in the buffer
+  size_t nbytes() const { return static_cast<size_t>(numel_) * sizeof(float); }
+  const ParamInfo* find(std::string_view name) const;  // nullptr if absent
+  const ParamInfo& at(std::string_view name) const;    // Error naming it if absent
+  // Same names, shapes and offsets.
+  bool same_as(const ParamLayout& o) const;
+
+ private:
+  void add(std::string name, std::vector<int64_t> shape, ParamKind kind);
+
+  ModelConfig config_;
+  std::vector<ParamInfo> params_;
+  std::unordered_map<std::string, size_t> index_;
+  int64_t numel_ = 0;
+};
+
+// A tensor that is absent in this model (e.g. bq without qkv_bias) is an
+// empty Tensor: data == nullptr, ndim == 0. Test with `t.data != nullptr`.
+
+// One SwiGLU FFN: y = w_down · (silu(w_gate · x) ⊙ (w_up · x)).
+struct MlpParams {
+  Tensor w_gate;     // (F, D)
+  Tensor w_up;       // (F, D)
+  Tensor w_gate_up;  // (2F, D): the same memory as w_gate then w_up
+  Tensor w_down;     // (D, F)
+};
+
+struct LayerParams {
+  bool is_moe = false;
+  Tensor attn_norm;  // (D)            input_layernorm
+  Tensor wq;         // (H*Dh, D)
+  Tensor wk;         // (Hkv*Dh, D)
+  Tensor wv;         // (Hkv*Dh, D)
+  Tensor wqkv;       // ((H+2*Hkv)*Dh, D): wq, wk, wv rows, the same memory
+  Tensor bq;         // (H*Dh)         [qkv_bias]
+  Tensor bk;         // (Hkv*Dh)       [qkv_bias]
+  Tensor bv;         // (Hkv*Dh)       [qkv_bias]
+  Tensor bqkv;       // ((H+2*Hkv)*Dh) [qkv_bias]
+  Tensor q_norm;     // (Dh)           [qk_norm]
+  Tensor k_norm;     // (Dh)           [qk_norm]
+  Tensor wo;         // (D, H*Dh)
+  Tensor mlp_norm;   // (D)            post_attention_layernorm
+
+  MlpParams mlp;  // dense layers: F = intermediate_size
+
+  // MoE layers:
+  Tensor router;                   // (E, D)       mlp.gate.weight
+  Tensor router_bias;              // (E)          e_score_correction_bias [score_correction_bias]
+  Tensor experts_gate_up;          // (E, 2Fe, D)  all experts' w_gate_up
+  Tensor experts_down;             // (E, D, Fe)   all experts' w_down
+  std::vector<MlpParams> experts;  // E views into the two above
+  MlpParams shared;                // Fs = shared_expert_intermediate_size [n_shared_experts > 0]
+  Tensor shared_gate;              // (1, D)       shared_expert_gate.weight [shared_expert_gate]
+};
+
+struct ModelParams {
+  Tensor embed;  // (V, D)
+  std::vector<LayerParams> layers;
+  Tensor final_norm;  // (D)
+  Tensor lm_head;     // (V, D); the same view as embed when tie_word_embeddings
+};
+
+// Views over base[0, layout.numel()). base should be 64-byte aligned (Buffer is).
+ModelParams bind(const ParamLayout& layout, float* base);
+
+// A zero-filled, 64-byte-aligned buffer of layout.nbytes().
+Buffer alloc_params(const ParamLayout& layout);
+
+// Deterministic init: Matrix ~ normal(0, stddev), Norm = 1, Bias = 0.
+// Element j of tensor `name` is Philox(seed).normal(stream = hash(name),
+// counter = j): a pure function of (seed, name, j), so the result does not
+// depend on the thread count or on which other tensors exist. ctx may be null.
+void init_params(const ParamLayout& layout, float* base, uint64_t seed, float stddev = 0.02f,
+                 const Context* ctx = nullptr);
+
+}  // namespace lockstep

@@ -1,0 +1,114 @@
+// The safetensors format: memory-mapped, validated reading of one file or of a
+// sharded checkpoint (model.safetensors.index.json), with F32/BF16/F16 → f32
+// conversion; writing of F32 or BF16 files (atomically) and sharded sets.
+// File layout: u64 little-endian header length N, N bytes of JSON header
+// {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {...}},
+// then the data; offsets are relative to the first data byte.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lockstep/tensor/dtype.h"
+
+namespace lockstep {
+
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype;  // as in the file: "F32", "BF16", "F16", "I64", ...
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  uint64_t begin = 0;  // absolute byte offsets of the data within the file
+  uint64_t end = 0;
+};
+
+// A read-only mapping of one .safetensors file. The constructor validates the
+// whole header: file long enough for the 8-byte length, header length sane
+// (<= 100 MB) and within the file, JSON that parses to an object, for every
+// tensor a known element size, data_offsets inside the file (else: "truncated")
+// and end - begin == numel × element size. Every Error names the file.
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }  // in data-offset order
+  const SafetensorsEntry* find(const std::string& name) const;               // nullptr if absent
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const uint8_t* data(const SafetensorsEntry& e) const { return base_ + e.begin; }
+  // Converts F32, BF16 or F16 data to f32 (dst has e.numel floats); other
+  // dtypes throw Error naming the tensor, its dtype and the file.
+  void read_f32(const SafetensorsEntry& e, float* dst) const;
+
+ private:
+  std::string path_;
+  const uint8_t* base_ = nullptr;
+  uint64_t size_ = 0;
+  std::vector<SafetensorsEntry> entries_;
+  std::map<std::string, size_t> index_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// A checkpoint directory: model.safetensors.index.json (sharded) if present,
+// else model.safetensors. A path to a single .safetensors file also works.
+class SafetensorsCheckpoint {
+ public:
+  explicit SafetensorsCheckpoint(const std::string& path);
+
+  // Where tensor `name` lives, or nullptr. For a sharded checkpoint the entry
+  // comes from the shard the index names (Error if that shard lacks it).
+  struct Located {
+    const SafetensorsFile* file;
+    const SafetensorsEntry* entry;
+  };
+  bool contains(const std::string& name) const { return where_.count(name) != 0; }
+  Located locate(const std::string& name) const;  // Error naming tensor and source if absent
+  std::vector<std::string> names() const;         // sorted
+  // The file that names the tensors: the index, or the single file. Errors cite it.
+  const std::string& source() const { return source_; }
+  bool sharded() const { return sharded_; }
+
+ private:
+  std::string source_;
+  bool sharded_ = false;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, size_t> where_;  // tensor name -> files_ index
+};
+
+// A tensor to write: f32 values converted to the file dtype.
+struct SafetensorsTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  const float* data = nullptr;  // numel(shape) floats
+};
+
+// Bytes one tensor takes in a file of this dtype.
+uint64_t safetensors_nbytes(const SafetensorsTensor& t, DType dtype);
+
+// Writes one file: header with `__metadata__` {"format": "pt"}, padded with
+// spaces to a multiple of 8 bytes (as the reference writer does), data in the
+// given order. dtype F32, or BF16 (round to nearest even). Written to a
+// temporary file and renamed, so an existing file is never half-overwritten.
+void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors, DType dtype);
+
+// Writes `tensors` into `dir` as model.safetensors if they fit in
+// max_shard_bytes, else as model-0000i-of-0000n.safetensors plus
+// model.safetensors.index.json (metadata.total_size, weight_map). A tensor
+// larger than the limit gets a shard of its own. Returns the files written.
+std::vector<std::string> write_safetensors_sharded(const std::string& dir,
+                                                   const std::vector<SafetensorsTensor>& tensors, DType dtype,
+                                                   uint64_t max_shard_bytes);
+
+// Whether `name` is "model-NNNNN-of-NNNNN.safetensors" (a shard this writer names).
+bool is_shard_file_name(const std::string& name);
+
+// IEEE half → f32, exact.
+float f16_to_f32(uint16_t h);
+
+}  // namespace lockstep

@@ -1,0 +1,68 @@
+// ModelWeights: the weights a forward pass reads. Norms, biases and the
+// embedding are views of the f32 master parameters; every projection is
+// packed for the GEMM kernels in a storage precision: f32 in aligned mode
+// (rollout and trainer then read the same packed bits), bf16 or fp8 in fast
+// mode (rollout only). The router always stays f32 (DESIGN.md section 4).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "lockstep/base/thread_pool.h"
+#include "lockstep/kernels/cpu/gemm.h"
+#include "lockstep/kernels/cpu/rope.h"
+#include "lockstep/model/params.h"
+
+namespace lockstep::model {
+
+struct PackedMlp {
+  kernels::PackedWeight gate_up;  // (2F, D)
+  kernels::PackedWeight down;     // (D, F)
+};
+
+struct PackedLayer {
+  kernels::PackedWeight wqkv;  // ((H+2Hkv)*Dh, D)
+  kernels::PackedWeight wo;    // (D, H*Dh)
+  PackedMlp mlp;               // dense layers
+  kernels::PackedWeight router;  // (E, D), always f32
+  std::vector<PackedMlp> experts;
+  PackedMlp shared;
+  kernels::PackedWeight shared_gate;  // (1, D)
+};
+
+class ModelWeights {
+ public:
+  // `params` must outlive this object; it is the f32 master copy (flat buffer).
+  // storage: F32 (aligned), BF16 or FP8E4M3 (fast mode; fp8_block as in pack_weight).
+  ModelWeights(const Context& ctx, const ParamLayout& layout, float* params, DType storage = DType::F32,
+               int64_t fp8_block = 0);
+
+  // Repacks every projection from the master copy (after an optimizer step or
+  // a weight load) and sets the version.
+  void refresh(const Context& ctx, uint64_t version);
+
+  const ModelConfig& config() const { return layout_->config(); }
+  const ParamLayout& layout() const { return *layout_; }
+  const ModelParams& params() const { return params_; }
+  const float* flat() const { return flat_; }
+  const PackedLayer& layer(int64_t i) const { return layers_[static_cast<size_t>(i)]; }
+  const kernels::PackedWeight& lm_head() const { return lm_head_; }
+  const kernels::RopeTable& rope() const { return rope_; }
+  DType storage() const { return storage_; }
+  uint64_t version() const { return version_; }
+
+ private:
+  void pack_all(const Context& ctx, bool fresh);
+
+  const ParamLayout* layout_;
+  float* flat_;
+  ModelParams params_;
+  DType storage_;
+  int64_t fp8_block_;
+  std::vector<PackedLayer> layers_;
+  kernels::PackedWeight lm_head_;
+  kernels::RopeTable rope_;  // cos/sin for positions [0, max_position_embeddings)
+  uint64_t version_ = 0;
+};
+
+}  // namespace lockstep::model

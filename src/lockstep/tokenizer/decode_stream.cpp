@@ -1,0 +1,71 @@
+// Incremental decoding. Each step decodes a short window of ids (some already
+// emitted ids as context, so decoders that treat the first token specially
+// stay consistent) and emits only the new text that is complete UTF-8.
+#include "lockstep/tokenizer/tokenizer_impl.h"
+#include "lockstep/tokenizer/unicode.h"
+
+namespace lockstep::tokenizer {
+namespace {
+
+// End of the part of s[from..] that can be emitted now: it stops before a
+// trailing incomplete (but so far well-formed) UTF-8 sequence, and before a
+// trailing run of U+FFFD, which a ByteFallback decoder writes for a byte run
+// that a later token may still complete.
+size_t emittable_end(std::string_view s, size_t from) {
+  size_t i = from;
+  size_t fffd_run_start = std::string_view::npos;
+  while (i < s.size()) {
+    Utf8Step st = utf8_next(s, i);
+    if (!st.valid && st.truncated) break;
+    if (st.valid && st.cp == kReplacementChar) {
+      if (fffd_run_start == std::string_view::npos) fffd_run_start = i;
+    } else {
+      fffd_run_start = std::string_view::npos;
+    }
+    i += st.len;
+  }
+  if (i == s.size() && fffd_run_start != std::string_view::npos) return fffd_run_start;
+  if (i < s.size() && fffd_run_start != std::string_view::npos) return fffd_run_start;
+  return i;
+}
+
+}  // namespace
+
+std::string DecodeStream::step(int32_t id) {
+  ids_.push_back(id);
+  std::string full = impl_->decode_bytes(ids_, skip_special_);
+  if (full.compare(0, prefix_bytes_.size(), prefix_bytes_) != 0) {
+    // The context decodes differently once followed by more ids (no supported
+    // decoder does this): drop the context and continue from what was emitted.
+    size_t common = 0;
+    while (common < full.size() && common < prefix_bytes_.size() && full[common] == prefix_bytes_[common]) ++common;
+    prefix_bytes_.resize(common);
+  }
+  std::string_view delta = std::string_view(full).substr(prefix_bytes_.size());
+  if (emitted_ > delta.size()) emitted_ = delta.size();
+  size_t end = emittable_end(delta, emitted_);
+  std::string out = utf8_sanitize(delta.substr(emitted_, end - emitted_));
+  emitted_ = end;
+  if (end == delta.size()) {
+    // Everything is out: the ids after the context become the new context.
+    ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(prefix_ids_));
+    prefix_ids_ = ids_.size();
+    prefix_bytes_ = impl_->decode_bytes(ids_, skip_special_);
+    emitted_ = 0;
+  }
+  return out;
+}
+
+std::string DecodeStream::flush() {
+  std::string full = impl_->decode_bytes(ids_, skip_special_);
+  std::string out;
+  size_t start = std::min(full.size(), prefix_bytes_.size() + emitted_);
+  out = utf8_sanitize(std::string_view(full).substr(start));
+  ids_.clear();
+  prefix_ids_ = 0;
+  prefix_bytes_.clear();
+  emitted_ = 0;
+  return out;
+}
+
+}  // namespace lockstep::tokenizer

@@ -1,0 +1,39 @@
+// Training checkpoints: checkpoints/step_N/ holds the model in Hugging Face
+// layout (config.json + safetensors, plus tokenizer files copied from the
+// source model), optimizer.bin and trainer_state.json. A checkpoint is
+// written into step_N.tmp/ and renamed, and checkpoints/latest is replaced
+// atomically afterwards, so "latest" never names a half-written checkpoint.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "lockstep/train/trainer.h"
+
+namespace lockstep::train {
+
+struct CheckpointInfo {
+  int64_t step = 0;
+  std::string dir;       // .../checkpoints/step_N
+  nlohmann::json state;  // trainer_state.json (step, data position, rng, user fields)
+};
+
+// Writes checkpoints/step_<step>/ under run_dir and points `latest` at it.
+// `state` is stored as trainer_state.json (its "step" is set here);
+// `tokenizer_dir`, if not empty, is where tokenizer files are copied from.
+// Keeps only the newest `keep_last` checkpoints when keep_last > 0.
+std::string save_checkpoint(const std::string& run_dir, int64_t step, Trainer& trainer, nlohmann::json state,
+                            const std::string& tokenizer_dir = "", int keep_last = 0);
+
+// The checkpoint `latest` names, if any (Error if it names a missing or
+// incomplete checkpoint).
+std::optional<CheckpointInfo> find_latest_checkpoint(const std::string& run_dir);
+
+// Loads parameters and optimizer state of a checkpoint into the trainer
+// (whose model config must match) and returns its state.
+CheckpointInfo load_checkpoint(const CheckpointInfo& info, Trainer& trainer);
+
+}  // namespace lockstep::train

@@ -1,0 +1,113 @@
+// SFT: cross-entropy loss, data order, the step loop with checkpoints.
+#include "lockstep/train/sft.h"
+
+#include <cmath>
+#include <iostream>
+#include <numeric>
+#include <cstring>
+
+#include "lockstep/base/error.h"
+#include "lockstep/base/log.h"
+#include "lockstep/base/rng.h"
+#include "lockstep/base/timer.h"
+#include "lockstep/metrics/metrics_logger.h"
+#include "lockstep/train/checkpoint.h"
+
+namespace lockstep::train {
+
+std::vector<size_t> sft_batch_indices(size_t n, int64_t batch_size, int64_t step, uint64_t seed, bool shuffle) {
+  LS_CHECK(n > 0 && batch_size > 0) << "empty dataset or batch";
+  std::vector<size_t> out;
+  const uint64_t first = uint64_t(step - 1) * uint64_t(batch_size);
+  std::vector<size_t> perm;
+  int64_t perm_epoch = -1;
+  for (uint64_t g = first; g < first + uint64_t(batch_size); ++g) {
+    const int64_t epoch = int64_t(g / n);
+    if (epoch != perm_epoch) {
+      perm.resize(n);
+      std::iota(perm.begin(), perm.end(), size_t(0));
+      if (shuffle) {  // Fisher-Yates with Philox draws keyed by (seed, epoch)
+        Philox rng(mix_seed(seed, uint64_t(epoch)));
+        for (size_t i = n - 1; i > 0; --i) std::swap(perm[i], perm[rng.u64(0, i) % (i + 1)]);
+      }
+      perm_epoch = epoch;
+    }
+    out.push_back(perm[g % n]);
+  }
+  return out;
+}
+
+SftStepStats sft_step(Trainer& trainer, const std::vector<TrainSequence>& batch) {
+  Timer timer;
+  SftStepStats st;
+  int64_t n_targets = 0;
+  for (const auto& s : batch) {
+    n_targets += s.num_targets();
+    st.tokens += int64_t(s.tokens.size());
+  }
+  LS_CHECK(n_targets > 0) << "SFT batch has no response tokens";
+  const double inv = 1.0 / double(n_targets);
+  LossFn loss = [&](size_t, const float* logp, const float*, int64_t n, float* dlogp, float*) {
+    double l = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      l -= double(logp[i]) * inv;
+      dlogp[i] = float(-inv);
+    }
+    return l;
+  };
+  st.loss = trainer.accumulate(batch, loss, ScoreOptions{});
+  if (!std::isfinite(st.loss)) {
+    std::memset(trainer.grads(), 0, trainer.layout().nbytes());
+    st.skipped = true;
+  } else {
+    OptimizerStats os = trainer.step();
+    st.grad_norm = os.grad_norm;
+    st.lr = os.lr;
+    st.skipped = os.skipped;
+  }
+  st.tokens_per_s = double(st.tokens) / std::max(timer.seconds(), 1e-9);
+  return st;
+}
+
+void run_sft(Trainer& trainer, const std::vector<TrainSequence>& data, const std::string& run_dir,
+             const SftConfig& cfg, bool resume, const std::string& tokenizer_dir,
+             const std::function<void(const SftStepStats&)>& on_step) {
+  if (data.empty()) LS_THROW << "SFT dataset is empty";
+  int64_t start = 0;
+  if (resume) {
+    if (auto info = find_latest_checkpoint(run_dir)) {
+      load_checkpoint(*info, trainer);
+      start = info->step;
+    } else {
+      LS_LOG(Warn) << "--resume: no checkpoint in " << run_dir << ", starting from step 0";
+    }
+  }
+  metrics::MetricsLogger log(run_dir + "/metrics.jsonl", resume ? start : -1);
+  for (int64_t step = start + 1; step <= cfg.steps; ++step) {
+    std::vector<TrainSequence> batch;
+    for (size_t i : sft_batch_indices(data.size(), cfg.batch_size, step, cfg.seed, cfg.shuffle)) batch.push_back(data[i]);
+    SftStepStats st = sft_step(trainer, batch);
+    st.step = step;
+    log.log(step, {{"train/loss", st.loss},
+                   {"train/grad_norm", st.grad_norm},
+                   {"train/lr", st.lr},
+                   {"train/skipped", st.skipped},
+                   {"perf/train_tokens_per_s", st.tokens_per_s},
+                   {"train/tokens", st.tokens}});
+    if (cfg.log_interval > 0 && (step % cfg.log_interval == 0 || step == cfg.steps)) {
+      std::cout << metrics::format_console_line(step, {{"loss", st.loss},
+                                                       {"grad_norm", st.grad_norm},
+                                                       {"lr", st.lr},
+                                                       {"tok/s", st.tokens_per_s}})
+                << (st.skipped ? " | SKIPPED (non-finite)" : "") << std::endl;
+    }
+    if (on_step) on_step(st);
+    const bool save = step == cfg.steps || (cfg.save_interval > 0 && step % cfg.save_interval == 0);
+    if (save) {
+      nlohmann::json state = {{"data_seed", cfg.seed}, {"data_position", step * cfg.batch_size}};
+      save_checkpoint(run_dir, step, trainer, state, tokenizer_dir, cfg.keep_last);
+    }
+  }
+}
+
+}  // namespace lockstep::train

@@ -1,0 +1,140 @@
+// Trainer: micro-batching, the logprob/loss/backward chain, optimizer steps.
+#include "lockstep/train/trainer.h"
+
+#include <cstring>
+
+#include "lockstep/base/error.h"
+#include "lockstep/kernels/cpu/softmax.h"
+#include "lockstep/model/forward_util.h"
+
+namespace lockstep::train {
+
+Trainer::Trainer(const Context& ctx, const ModelConfig& config, Buffer params, TrainerConfig cfg)
+    : ctx_(ctx),
+      layout_(config),
+      params_(std::move(params)),
+      grads_(layout_.nbytes()),
+      grad_views_(bind(layout_, grads_.as<float>())),
+      cfg_(cfg),
+      optimizer_(layout_, cfg.optim) {
+  LS_CHECK(params_.size() >= layout_.nbytes()) << "parameter buffer of " << params_.size() << " bytes, model needs "
+                                               << layout_.nbytes();
+  LS_CHECK(cfg_.micro_batch_tokens >= 1) << "micro_batch_tokens must be >= 1";
+  weights_ = std::make_unique<model::ModelWeights>(ctx_, layout_, params_.as<float>());
+}
+
+void Trainer::params_changed(uint64_t version) { weights_->refresh(ctx_, version); }
+
+std::vector<std::pair<size_t, size_t>> Trainer::micro_batches(const std::vector<TrainSequence>& seqs) const {
+  std::vector<std::pair<size_t, size_t>> out;
+  size_t begin = 0;
+  int64_t tokens = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const int64_t n = int64_t(seqs[i].tokens.size());
+    if (i > begin && tokens + n > cfg_.micro_batch_tokens) {
+      out.emplace_back(begin, i);
+      begin = i;
+      tokens = 0;
+    }
+    tokens += n;
+  }
+  if (begin < seqs.size()) out.emplace_back(begin, seqs.size());
+  return out;
+}
+
+std::vector<TokenScores> Trainer::score(const std::vector<TrainSequence>& seqs, const ScoreOptions& opt) {
+  std::vector<TokenScores> out;
+  run(seqs, nullptr, opt, &out);
+  return out;
+}
+
+double Trainer::accumulate(const std::vector<TrainSequence>& seqs, const LossFn& loss, const ScoreOptions& opt,
+                           std::vector<TokenScores>* scores) {
+  return run(seqs, &loss, opt, scores);
+}
+
+double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, const ScoreOptions& opt,
+                    std::vector<TokenScores>* scores) {
+  const ModelConfig& c = config();
+  const int bs = cfg_.kv_block_size;
+  const int64_t V = c.vocab_size;
+  const int64_t n_moe = model::count_moe_layers(c), K = c.num_experts_per_tok;
+  if (scores) scores->assign(seqs.size(), {});
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const auto& s = seqs[i];
+    if (s.prompt_len < 1 || s.prompt_len > int64_t(s.tokens.size()))
+      LS_THROW << "sequence " << i << ": prompt_len " << s.prompt_len << " outside [1, " << s.tokens.size() << "]";
+    if (opt.replay && s.routed_experts.size() != s.tokens.size() * size_t(n_moe * K))
+      LS_THROW << "sequence " << i << ": routing replay needs " << s.tokens.size() * size_t(n_moe * K)
+               << " expert ids, got " << s.routed_experts.size();
+  }
+  double total = 0;
+  for (auto [b0, b1] : micro_batches(seqs)) {
+    // Build the batch: every token new, sequences on consecutive KV blocks.
+    model::RaggedBatch batch;
+    int32_t max_blocks = 1;
+    for (size_t i = b0; i < b1; ++i)
+      max_blocks = std::max<int32_t>(max_blocks, int32_t((seqs[i].tokens.size() + size_t(bs) - 1) / size_t(bs)));
+    batch.max_blocks = max_blocks;
+    std::vector<int32_t> targets, replay;
+    std::vector<int64_t> first_row(b1 - b0);
+    int32_t next_block = 0;
+    for (size_t i = b0; i < b1; ++i) {
+      const auto& s = seqs[i];
+      const int32_t row0 = int32_t(batch.tokens.size());
+      batch.tokens.insert(batch.tokens.end(), s.tokens.begin(), s.tokens.end());
+      batch.n_ctx.push_back(0);
+      batch.n_new.push_back(int32_t(s.tokens.size()));
+      const int32_t nb = int32_t((s.tokens.size() + size_t(bs) - 1) / size_t(bs));
+      for (int32_t j = 0; j < max_blocks; ++j) batch.block_table.push_back(j < nb ? next_block + j : 0);
+      next_block += nb;
+      first_row[i - b0] = int64_t(batch.logit_rows.size());
+      for (size_t p = size_t(s.prompt_len) - 1; p + 1 < s.tokens.size(); ++p) {
+        batch.logit_rows.push_back(row0 + int32_t(p));
+        targets.push_back(s.tokens[p + 1]);
+      }
+      if (opt.replay) replay.insert(replay.end(), s.routed_experts.begin(), s.routed_experts.end());
+    }
+    const int64_t R = int64_t(targets.size());
+    model::KvCache kv(c, std::max<int32_t>(next_block, 1), bs);
+    model::ForwardOptions fo;
+    fo.save_activations = loss != nullptr;
+    if (opt.replay) fo.replay_experts = &replay;
+    model::ForwardResult fr;
+    model::Activations acts;
+    model::forward(ctx_, *weights_, kv, batch, fo, &fr, loss ? &acts : nullptr);
+
+    OwnedTensor logp(DType::F32, {R}), ent(DType::F32, {R}), tgt(DType::I32, {R});
+    if (R > 0) std::memcpy(tgt.view().data, targets.data(), size_t(R) * 4);
+    kernels::token_logprob_forward(ctx_, logp.view(), opt.entropy ? ent.view() : Tensor(), Tensor(), fr.logits.view(),
+                                   tgt.view(), opt.temperature);
+    OwnedTensor dlogp(DType::F32, {R}), dent(DType::F32, {R});
+    for (size_t i = b0; i < b1; ++i) {
+      const int64_t r0 = first_row[i - b0], n = seqs[i].num_targets();
+      if (scores) {
+        auto& sc = (*scores)[i];
+        sc.logp.assign(logp.f32() + r0, logp.f32() + r0 + n);
+        if (opt.entropy) sc.entropy.assign(ent.f32() + r0, ent.f32() + r0 + n);
+      }
+      if (loss) {
+        total += (*loss)(i, logp.f32() + r0, opt.entropy ? ent.f32() + r0 : nullptr, n, dlogp.f32() + r0,
+                         opt.entropy ? dent.f32() + r0 : nullptr);
+      }
+    }
+    if (!loss || R == 0) continue;
+    OwnedTensor dlogits(DType::F32, {R, V});
+    kernels::token_logprob_backward(ctx_, dlogits.view(), dlogp.view(), opt.entropy ? dent.view() : Tensor(),
+                                    fr.logits.view(), tgt.view(), opt.temperature);
+    model::backward(ctx_, *weights_, kv, batch, acts, dlogits.view(), grad_views_);
+  }
+  return total;
+}
+
+OptimizerStats Trainer::step() {
+  OptimizerStats s = optimizer_.step(ctx_, params_.as<float>(), grads_.as<float>());
+  std::memset(grads_.data(), 0, layout_.nbytes());
+  if (!s.skipped) weights_->refresh(ctx_, weights_->version() + 1);
+  return s;
+}
+
+}  // namespace lockstep::train

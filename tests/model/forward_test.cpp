@@ -1,0 +1,239 @@
+// Tests of the model forward/backward: finite-difference gradients of the
+// whole model (dense and MoE, router included), and the alignment property
+// at model level: a token's logits are bit-identical whether its sequence is
+// prefilled whole, in chunks, decoded token by token, or batched with others.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "common/test_util.h"
+#include "lockstep/model/forward.h"
+#include "lockstep/model/forward_util.h"
+#include "lockstep/model/params.h"
+
+namespace lockstep::model {
+namespace {
+
+ModelConfig tiny_dense(bool qk_norm, bool qkv_bias) {
+  ModelConfig c;
+  c.architecture = qkv_bias ? Architecture::Qwen2 : (qk_norm ? Architecture::Qwen3 : Architecture::Llama);
+  c.vocab_size = 48;
+  c.hidden_size = 32;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 8;
+  c.intermediate_size = 40;
+  c.qk_norm = qk_norm;
+  c.qkv_bias = qkv_bias;
+  c.rope_theta = 10000.0;
+  c.max_position_embeddings = 256;
+  return c;
+}
+
+ModelConfig tiny_moe(bool deepseek_style) {
+  ModelConfig c = tiny_dense(true, false);
+  c.architecture = deepseek_style ? Architecture::Dots1 : Architecture::Qwen3Moe;
+  c.num_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 16;
+  c.norm_topk_prob = true;
+  if (deepseek_style) {
+    c.router_scoring = RouterScoring::Sigmoid;
+    c.score_correction_bias = true;
+    c.routed_scaling_factor = 2.5;
+    c.n_shared_experts = 1;
+    c.shared_expert_intermediate_size = 16;  // n_shared_experts * Fe, as dots.llm1 requires
+    c.first_k_dense_replace = 1;
+  } else {
+    c.intermediate_size = 0;
+  }
+  return c;
+}
+
+struct Fixture {
+  explicit Fixture(const ModelConfig& c, uint64_t seed = 7)
+      : layout(c), buf(alloc_params(layout)), ctx{nullptr, 0} {
+    init_params(layout, buf.as<float>(), seed, 0.2f);
+    // Non-trivial norm weights and biases so their gradients are exercised.
+    auto noise = test::randn(layout.numel(), 99, 0.05f);
+    for (const auto& p : layout.params())
+      if (p.kind != ParamKind::Matrix)
+        for (int64_t j = 0; j < p.numel; ++j) buf.as<float>()[p.offset + j] += noise[size_t(p.offset + j)];
+    weights = std::make_unique<ModelWeights>(ctx, layout, buf.as<float>());
+  }
+  ParamLayout layout;
+  Buffer buf;
+  Context ctx;
+  std::unique_ptr<ModelWeights> weights;
+};
+
+// One sequence per entry, all tokens new, logits for every row.
+RaggedBatch full_batch(const std::vector<std::vector<int32_t>>& seqs, int block_size, int max_blocks) {
+  RaggedBatch b;
+  b.max_blocks = max_blocks;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    b.tokens.insert(b.tokens.end(), seqs[i].begin(), seqs[i].end());
+    b.n_ctx.push_back(0);
+    b.n_new.push_back(int32_t(seqs[i].size()));
+    for (int j = 0; j < max_blocks; ++j) b.block_table.push_back(int32_t(i) * max_blocks + j);
+  }
+  (void)block_size;
+  b.logit_rows.resize(b.tokens.size());
+  std::iota(b.logit_rows.begin(), b.logit_rows.end(), 0);
+  return b;
+}
+
+std::vector<int32_t> random_tokens(int n, int vocab, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = int32_t(g() % uint32_t(vocab));
+  return t;
+}
+
+void gradient_check(const ModelConfig& c) {
+  Fixture f(c);
+  auto b = full_batch({random_tokens(7, int(c.vocab_size), 1), random_tokens(5, int(c.vocab_size), 2)}, 4, 8);
+  const int64_t R = int64_t(b.logit_rows.size());
+  auto probe = test::randn(R * c.vocab_size, 3);
+
+  KvCache kv(c, 64, 4);
+  ForwardResult r;
+  Activations acts;
+  ForwardOptions opt;
+  opt.save_activations = true;
+  opt.record_experts = true;
+  forward(f.ctx, *f.weights, kv, b, opt, &r, &acts);
+  Buffer gbuf = alloc_params(f.layout);
+  ModelParams grads = bind(f.layout, gbuf.as<float>());
+  Tensor dlogits(probe.data(), DType::F32, {R, c.vocab_size});
+  backward(f.ctx, *f.weights, kv, b, acts, dlogits, grads);
+
+  // Central differences on a spread of parameters of every tensor. The
+  // tolerance is relative to the gradient's own size plus a small fraction of
+  // the largest gradient anywhere (f32 round-off of the loss).
+  double gmax = 0;
+  for (int64_t i = 0; i < f.layout.numel(); ++i) gmax = std::max(gmax, double(std::fabs(gbuf.as<float>()[i])));
+  std::mt19937 g(5);
+  int checked = 0, skipped = 0;
+  for (const auto& p : f.layout.params()) {
+    for (int trial = 0; trial < 3; ++trial) {
+      const int64_t j = p.offset + int64_t(g() % uint64_t(p.numel));
+      float* w = f.buf.as<float>() + j;
+      const float orig = *w;
+      const float eps = 2e-3f * std::max(1.0f, std::fabs(orig));
+      auto eval = [&](float v) {
+        *w = v;
+        f.weights->refresh(f.ctx, 0);
+        KvCache kv2(c, 64, 4);
+        ForwardResult r2;
+        ForwardOptions o2;
+        o2.record_experts = true;
+        forward(f.ctx, *f.weights, kv2, b, o2, &r2);
+        double s = 0;
+        for (int64_t i = 0; i < r2.logits.numel(); ++i) s += double(r2.logits.f32()[i]) * probe[size_t(i)];
+        return std::make_pair(s, r2.routed_experts);
+      };
+      auto [lp, ep] = eval(orig + eps);
+      auto [lm, em] = eval(orig - eps);
+      *w = orig;
+      f.weights->refresh(f.ctx, 0);
+      if (ep != r.routed_experts || em != r.routed_experts) {  // top-k flipped: not differentiable here
+        ++skipped;
+        continue;
+      }
+      const double fd = (lp - lm) / (2.0 * double(eps));
+      const double an = gbuf.as<float>()[j];
+      EXPECT_NEAR(an, fd, 1e-2 * std::fabs(fd) + 2e-3 * gmax) << p.name << " element " << j - p.offset;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, int(f.layout.params().size()));
+  EXPECT_LE(skipped, checked / 4);
+}
+
+}  // namespace
+
+TEST(ModelGrad, DenseLlama) { gradient_check(tiny_dense(false, false)); }
+TEST(ModelGrad, DenseQwen3QkNorm) { gradient_check(tiny_dense(true, false)); }
+TEST(ModelGrad, DenseQwen2Bias) { gradient_check(tiny_dense(false, true)); }
+TEST(ModelGrad, MoeQwen3) { gradient_check(tiny_moe(false)); }
+TEST(ModelGrad, MoeDeepSeekStyleSharedExpertsDenseFirstLayer) { gradient_check(tiny_moe(true)); }
+
+// Logits of a sequence prefilled whole == chunked prefill == token-by-token
+// decode == the same sequence inside a batch of others, bit for bit.
+TEST(ModelAlignment, ChunkingDecodeAndBatchingGiveIdenticalBits) {
+  for (const ModelConfig& c : {tiny_dense(true, false), tiny_moe(false), tiny_moe(true)}) {
+    Fixture f(c);
+    const int L = 23, V = int(c.vocab_size), BS = 4, MB = 8;
+    auto seq = random_tokens(L, V, 11);
+    auto whole = full_batch({seq}, BS, MB);
+    KvCache kv(c, 64, BS);
+    ForwardResult ref;
+    forward(f.ctx, *f.weights, kv, whole, {}, &ref);
+
+    for (int chunk : {1, 2, 3, 7, 16}) {
+      for (int threads : {1, 2}) {
+        ThreadPool pool(threads);
+        Context ctx{&pool, 0};
+        KvCache kv2(c, 64, BS);
+        for (int start = 0; start < L; start += chunk) {
+          const int n = std::min(chunk, L - start);
+          RaggedBatch b;
+          b.max_blocks = MB;
+          b.tokens.assign(seq.begin() + start, seq.begin() + start + n);
+          b.n_ctx = {start};
+          b.n_new = {n};
+          for (int j = 0; j < MB; ++j) b.block_table.push_back(MB - 1 - j);  // scrambled physical blocks
+          for (int j = 0; j < n; ++j) b.logit_rows.push_back(j);
+          ForwardResult r;
+          forward(ctx, *f.weights, kv2, b, {}, &r);
+          test::expect_bits_equal(r.logits.f32(), ref.logits.f32() + int64_t(start) * V, int64_t(n) * V,
+                                  "chunked logits");
+        }
+      }
+    }
+    // Inside a batch with two other sequences of different lengths.
+    auto batch = full_batch({random_tokens(9, V, 12), seq, random_tokens(30, V, 13)}, BS, MB);
+    KvCache kv3(c, 64, BS);
+    ForwardResult rb;
+    forward(f.ctx, *f.weights, kv3, batch, {}, &rb);
+    test::expect_bits_equal(rb.logits.f32() + 9 * V, ref.logits.f32(), int64_t(L) * V, "batched logits");
+  }
+}
+
+TEST(ModelForward, RoutingReplayReproducesRecordedRouting) {
+  ModelConfig c = tiny_moe(false);
+  Fixture f(c);
+  auto b = full_batch({random_tokens(10, int(c.vocab_size), 4)}, 4, 8);
+  KvCache kv(c, 64, 4);
+  ForwardResult r1, r2;
+  ForwardOptions o;
+  o.record_experts = true;
+  forward(f.ctx, *f.weights, kv, b, o, &r1);
+  o.replay_experts = &r1.routed_experts;
+  KvCache kv2(c, 64, 4);
+  forward(f.ctx, *f.weights, kv2, b, o, &r2);
+  EXPECT_EQ(r1.routed_experts, r2.routed_experts);
+  test::expect_bits_equal(r1.logits.f32(), r2.logits.f32(), r1.logits.numel(), "replayed logits");
+}
+
+TEST(ModelForward, BadBatchesAreRejectedWithAMessage) {
+  ModelConfig c = tiny_dense(false, false);
+  Fixture f(c);
+  KvCache kv(c, 8, 4);
+  ForwardResult r;
+  auto b = full_batch({random_tokens(5, int(c.vocab_size), 4)}, 4, 1);  // 5 tokens, 4 slots
+  EXPECT_THROW(forward(f.ctx, *f.weights, kv, b, {}, &r), Error);
+  auto b2 = full_batch({{1, 2, 999}}, 4, 2);
+  try {
+    forward(f.ctx, *f.weights, kv, b2, {}, &r);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("999"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace lockstep::model

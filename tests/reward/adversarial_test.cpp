@@ -1,0 +1,182 @@
+// Adversarial inputs for the verifiers: 100k nested braces, a megabyte of
+// text, towers of exponents, unbalanced brackets, random bytes and random
+// LaTeX soup. Every one must finish within the per-sample time limit
+// without a crash (this test is also run under ASan).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "lockstep/reward/batch.h"
+#include "lockstep/reward/countdown.h"
+#include "lockstep/reward/math_verifier.h"
+
+namespace lockstep::reward {
+namespace {
+
+std::string repeat(const std::string& s, size_t n) {
+  std::string out;
+  out.reserve(s.size() * n);
+  for (size_t i = 0; i < n; ++i) out += s;
+  return out;
+}
+
+std::vector<std::string> hostile_inputs() {
+  std::vector<std::string> v = {
+      "\\boxed{" + repeat("{", 100000) + "1" + repeat("}", 100000) + "}",
+      "\\boxed{" + repeat("{", 100000),
+      repeat("}", 100000) + "\\boxed{1}",
+      repeat("(", 100000) + "1" + repeat(")", 100000),
+      "\\boxed{" + repeat("(", 5000) + "1" + repeat(")", 5000) + "}",
+      "\\boxed{" + repeat("\\frac{", 600) + "1" + repeat("}{2}", 600) + "}",
+      "\\boxed{" + repeat("\\sqrt{", 600) + "2" + repeat("}", 600) + "}",
+      "\\boxed{" + repeat("2^", 900) + "2}",
+      "\\boxed{" + repeat("-", 1900) + "1}",
+      "\\boxed{1" + repeat("+1", 900) + "}",
+      "\\boxed{" + repeat("\\left(", 300) + "x" + repeat("\\right)", 300) + "}",
+      "\\boxed{" + std::string(100000, '7') + "}",
+      "\\boxed{" + std::string(1990, '9') + "}",
+      "\\boxed{10^{10^{10}}}",
+      "\\boxed{9^{9^{9^{9}}}}",
+      "\\boxed{(10^{10^{10}})!}",
+      "\\boxed{\\binom{10^{9}}{10^{5}}}",
+      "\\boxed{\\binom{1000000}{5000}}",
+      "\\boxed{3000!}",
+      "\\boxed{2^{-10^{10}}}",
+      "\\boxed{\\sqrt[10^{9}]{2}}",
+      "\\boxed{10^{10000}-10^{10000}+1}",
+      "\\boxed{1e99999}",
+      "\\boxed{0^0 + 0/0 + \\frac{1}{0} + \\log_0 0}",
+      "\\boxed{10!!!!!!!!!!}",
+      "\\boxed{" + repeat("\\frac{3^{5000}}{2^{7000}}+", 60) + "1}",
+      "\\boxed{" + repeat("x^{1000}", 200) + "}",
+      "\\boxed{" + repeat("\\pm 1", 50) + "}",
+      "\\boxed{" + repeat("(1,", 300) + "1" + repeat(")", 300) + "}",
+      "\\boxed{" + repeat("\\{1,", 300) + "1" + repeat("\\}", 300) + "}",
+      "\\boxed{" + repeat("1,", 999) + "1}",
+      "\\boxed{\\begin{pmatrix}" + repeat("1 & ", 500) + "1\\end{pmatrix}}",
+      "\\boxed{" + repeat("x<", 500) + "1}",
+      "\\boxed{" + repeat("a=", 500) + "1}",
+      "\\boxed{" + repeat("\\text{", 200) + "a" + repeat("}", 200) + "}",
+      repeat("\\boxed{", 150000),
+      repeat("\\boxed{1}", 100000),
+      repeat("$", 1000000),
+      repeat("$1$ ", 200000),
+      repeat("\\(", 300000),
+      repeat("The answer is ", 70000),
+      repeat("Answer: ", 120000),
+      repeat("<answer>", 100000),
+      repeat("1,", 500000),
+      repeat("9", 1000000),
+      std::string(1000000, 'a'),
+      repeat("\\", 1000000),
+      repeat("\\frac", 200000),
+      repeat("{", 500000) + repeat("}", 500000),
+      "",
+      "}{",
+      "\\boxed{}",
+      "\\boxed",
+      "\\sqrt",
+      "\\frac{1}",
+      "\\begin{pmatrix}1 & 2",
+      "((()))",
+      "[1,2",
+      "x = = = 1",
+      "\xff\xfe\xfd\x80\x80",
+  };
+  // A megabyte of plausible chain-of-thought with numbers and math.
+  std::mt19937 g(7);
+  std::string cot;
+  const char* words[] = {"so", "then", "we", "have", "$x^2+1$", "3.14", "\\frac{1}{2}", "therefore", "=", "42,",
+                         "is", "the", "answer", "$\\sqrt{2}$", "(1,2)", "\\{", "\\}", "{", "}", "\\boxed{7}"};
+  while (cot.size() < (1u << 20)) {
+    cot += words[g() % (sizeof(words) / sizeof(words[0]))];
+    cot += ' ';
+  }
+  v.push_back(cot);
+  // Random bytes.
+  std::uniform_int_distribution<int> byte(0, 255), len(0, 3000);
+  for (int i = 0; i < 150; ++i) {
+    std::string s(static_cast<size_t>(len(g)), '\0');
+    for (auto& c : s) c = static_cast<char>(byte(g));
+    v.push_back(s);
+  }
+  // Random LaTeX soup, boxed so that it reaches the parser.
+  const char* toks[] = {"\\frac", "{", "}", "^", "_", "1", "23", "\\sqrt", "(", ")", "[", "]", "\\left", "\\right",
+                        "=", "<", "\\le", "\\pm", "\\text{", "x", "\\pi", ",", ";", "\\cup", "\\infty", "|", "!",
+                        "%", "\\%", ".", "e", "\\begin{pmatrix}", "\\end{pmatrix}", "&", "\\\\", "\\{", "\\}",
+                        "\\sin", "\\log_", "\\binom", ":", "-", "+", "*", "/", " ", "\\,", "$", "0.5", "10^{"};
+  std::uniform_int_distribution<int> tok(0, sizeof(toks) / sizeof(toks[0]) - 1), tlen(1, 400);
+  for (int i = 0; i < 400; ++i) {
+    std::string s = "\\boxed{";
+    int n = tlen(g);
+    for (int k = 0; k < n; ++k) s += toks[tok(g)];
+    s += "}";
+    v.push_back(s);
+  }
+  return v;
+}
+
+TEST(Adversarial, EveryInputFinishesWithinTheLimit) {
+  auto inputs = hostile_inputs();
+  // Each hostile text is scored as a response against a plain label, and
+  // (the first 2000 bytes) as a label against itself: both sides of the
+  // comparison see it.
+  std::vector<RewardRequest> reqs;
+  for (const auto& s : inputs) {
+    RewardRequest a;
+    a.response = s;
+    a.label = "1";
+    reqs.push_back(a);
+    RewardRequest b;
+    b.response = "\\boxed{" + s.substr(0, 2000) + "}";
+    b.label = s.substr(0, 2000);
+    reqs.push_back(b);
+  }
+  RewardOptions o;
+  auto reward = std::shared_ptr<const Reward>(make_reward(o));
+  BatchScorer scorer(reward, BatchOptions{2, 10.0, 1.0});
+  BatchStats stats;
+  auto t0 = std::chrono::steady_clock::now();
+  auto results = scorer.score(reqs, &stats);
+  double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(stats.timeouts, 0);
+  for (size_t i = 0; i < results.size(); ++i) {
+    // Labels made of hostile text may be empty after stripping: a bad label
+    // is a reported failure, which is fine; anything else is not.
+    if (results[i].failed()) {
+      EXPECT_EQ(results[i].failure.rfind("bad_label", 0), 0u) << i << ": " << results[i].failure;
+    }
+  }
+  std::printf("%zu hostile samples scored in %.2f s (%zu inputs, up to 1 MB each)\n", reqs.size(), total,
+              inputs.size());
+
+  // The slowest single comparison, timed directly.
+  double worst = 0;
+  size_t worst_i = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    auto s0 = std::chrono::steady_clock::now();
+    (void)math_answers_equivalent(inputs[i].substr(0, 4000), inputs[i].substr(0, 4000));
+    (void)math_response_correct(inputs[i], "10^{10^{10}}");
+    (void)check_countdown(inputs[i].substr(0, 1000), 24, {1, 2, 3, 4});
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+    if (s > worst) {
+      worst = s;
+      worst_i = i;
+    }
+  }
+  std::printf("slowest input: #%zu, %.4f s\n", worst_i, worst);
+}
+
+TEST(Adversarial, TowersOfExponentsTerminateWithSaneAnswers) {
+  EXPECT_TRUE(math_answers_equivalent("10^{10^{10}}", "10^{10^{10}}"));
+  EXPECT_FALSE(math_answers_equivalent("10^{10^{10}}", "10^{10^{10}}+1"));
+  EXPECT_FALSE(math_answers_equivalent("2", "9^{9^{9^{9}}}"));
+  EXPECT_FALSE(math_answers_equivalent("1", "\\frac{1}{0}"));
+  EXPECT_TRUE(math_answers_equivalent("1", "10^{2000}-10^{2000}+1"));  // exact: within the size cap
+}
+
+}  // namespace
+}  // namespace lockstep::reward
