@@ -29,7 +29,9 @@ endfunction()
 # tests/common/ (header-only).
 function(lockstep_add_test_binary target src module label)
   add_executable(${target} ${src})
-  target_link_libraries(${target} PRIVATE lockstep_${module} GTest::gtest GTest::gtest_main)
+  # Every library is linked: cross-module tests (rollout vs trainer logprobs)
+  # are the point of this project. Static libraries add only what is used.
+  target_link_libraries(${target} PRIVATE lockstep_${module} ${LOCKSTEP_ALL_LIBS} GTest::gtest GTest::gtest_main)
   target_include_directories(${target} PRIVATE ${CMAKE_SOURCE_DIR}/tests)
   gtest_discover_tests(${target} PROPERTIES LABELS "${label};${module}" DISCOVERY_TIMEOUT 60
                        WORKING_DIRECTORY ${CMAKE_BINARY_DIR}

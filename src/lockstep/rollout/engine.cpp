@@ -1,0 +1,660 @@
+// Engine: the scheduler loop. Every sequence is (tokens, n_cached): each step
+// feeds tokens[n_cached, ...) — a prefill chunk, a recompute after
+// preemption, or the one token of a decode — and when a sequence's fed range
+// reaches its end, its last row's logits give the next token. A request's n
+// samples start as one leader sequence that prefills the prompt once and
+// forks into n sequences sharing the prompt's KV blocks.
+#include "lockstep/rollout/engine.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "lockstep/base/error.h"
+#include "lockstep/base/log.h"
+#include "lockstep/base/rng.h"
+#include "lockstep/base/timer.h"
+#include "lockstep/model/forward_util.h"
+
+namespace lockstep::rollout {
+
+struct Engine::Sequence {
+  Group* group = nullptr;
+  int index = 0;                 // sample index within the group
+  std::vector<int32_t> tokens;   // prompt + generated
+  int64_t n_cached = 0;          // tokens whose KV is in the cache
+  std::vector<int32_t> blocks;   // physical KV blocks, in position order
+  std::vector<float> logprobs;
+  std::vector<int32_t> routes;   // (fed tokens, L_moe, K)
+  bool finished = false;
+  bool forked = false;           // leader: the other samples exist
+  bool running = false;          // admitted (holds blocks)
+  uint64_t admit_order = 0;
+  std::string reason;
+  uint64_t version_first = 0, version_last = 0;
+  double t_first = -1, t_end = 0;
+};
+
+struct Engine::Group {
+  uint64_t id = 0;
+  Request req;
+  TokenCallback on_token;
+  Timer timer;
+  uint64_t seed = 0;
+  int64_t prompt_len = 0;
+  bool aborted = false;
+  bool published = false;  // prompt blocks offered to the prefix cache
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  std::vector<uint64_t> block_keys;  // prefix-cache keys of the prompt's full blocks
+};
+
+namespace {
+int64_t blocks_for(int64_t tokens, int bs) { return (tokens + bs - 1) / bs; }
+}  // namespace
+
+Engine::Engine(const Context& ctx, const model::ModelWeights* weights, EngineConfig config)
+    : ctx_(ctx),
+      config_(config),
+      weights_(weights),
+      kv_(weights->config(), config.num_blocks, config.block_size),
+      blocks_(config.num_blocks, config.block_size) {
+  LS_CHECK(config.max_batch_tokens >= 1 && config.max_running >= 1 && config.max_prefill_chunk >= 1)
+      << "engine limits must be >= 1";
+  stats_.total_blocks = config.num_blocks;
+}
+
+Engine::~Engine() { stop_background(); }
+
+const ModelConfig& Engine::model_config() const { return weights_->config(); }
+
+uint64_t Engine::weight_version() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return weights_->version();
+}
+
+uint64_t Engine::submit(Request req, TokenCallback on_token) {
+  return submit_impl(std::move(req), std::move(on_token), nullptr);
+}
+
+uint64_t Engine::submit_impl(Request req, TokenCallback on_token, std::promise<RequestResult>* promise) {
+  const ModelConfig& c = weights_->config();
+  req.params.validate();
+  if (req.prompt_ids.empty()) LS_THROW << "the prompt is empty";
+  for (int32_t t : req.prompt_ids)
+    if (t < 0 || t >= c.vocab_size) LS_THROW << "prompt token id " << t << " is outside [0, " << c.vocab_size << ")";
+  const int64_t len = int64_t(req.prompt_ids.size());
+  if (len >= c.max_position_embeddings)
+    LS_THROW << "the prompt has " << len << " tokens; the model's context is " << c.max_position_embeddings;
+  if (blocks_for(len + 1, config_.block_size) > config_.num_blocks)
+    LS_THROW << "the prompt needs " << blocks_for(len + 1, config_.block_size) << " KV blocks; the engine has "
+             << config_.num_blocks;
+  if (!req.params.stop.empty() && !req.stop_checker)
+    LS_THROW << "stop strings need a tokenizer (none was given to this request)";
+  auto g = std::make_unique<Group>();
+  g->req = std::move(req);
+  g->on_token = std::move(on_token);
+  g->prompt_len = len;
+  std::lock_guard<std::mutex> l(mu_);
+  g->id = next_id_++;
+  g->seed = g->req.params.seed >= 0 ? uint64_t(g->req.params.seed) : mix_seed(config_.seed, g->id);
+  auto s = std::make_unique<Sequence>();
+  s->group = g.get();
+  s->tokens = g->req.prompt_ids;
+  g->seqs.push_back(std::move(s));
+  const uint64_t id = g->id;
+  if (promise) promises_.emplace(id, std::move(*promise));
+  waiting_.push_back(std::move(g));
+  cv_.notify_all();
+  return id;
+}
+
+void Engine::abort(uint64_t id) {
+  std::lock_guard<std::mutex> l(mu_);
+  for (auto& g : waiting_)
+    if (g->id == id) g->aborted = true;
+  for (auto& g : active_)
+    if (g->id == id) g->aborted = true;
+  cv_.notify_all();
+}
+
+void Engine::update_weights(const model::ModelWeights* w) {
+  LS_CHECK(w != nullptr) << "null weights";
+  LS_CHECK(ParamLayout(w->config()).same_as(ParamLayout(weights_->config())))
+      << "update_weights: the new weights have a different architecture";
+  std::lock_guard<std::mutex> l(mu_);
+  pending_weights_ = w;
+  cv_.notify_all();
+}
+
+void Engine::flush_cache() {
+  std::lock_guard<std::mutex> l(mu_);
+  flush_requested_ = true;
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> l(mu_);
+  EngineStats s = stats_;
+  s.free_blocks = blocks_.available();
+  s.waiting = 0;
+  s.running = 0;
+  for (const auto& g : waiting_) s.waiting += int64_t(g->req.params.n);
+  for (const auto& g : active_)
+    for (const auto& q : g->seqs) s.running += q->running && !q->finished ? 1 : 0;
+  return s;
+}
+
+void Engine::release(Sequence& s) {
+  for (int32_t b : s.blocks) blocks_.release(b);
+  s.blocks.clear();
+  s.running = false;
+}
+
+void Engine::finish_sample(Sequence& s, const char* reason) {
+  if (s.finished) return;
+  s.finished = true;
+  s.reason = reason;
+  s.t_end = s.group->timer.seconds();
+  release(s);
+}
+
+void Engine::apply_pending_weights() {
+  if (pending_weights_ != nullptr) {
+    if (config_.update_policy == EngineConfig::UpdatePolicy::Abort) {
+      for (auto& g : active_) g->aborted = true;
+    }
+    weights_ = pending_weights_;
+    pending_weights_ = nullptr;
+    flush_requested_ = true;
+  }
+  if (flush_requested_) {
+    blocks_.flush();
+    flush_requested_ = false;
+  }
+}
+
+// Admits waiting groups first-come first-served while their prefill fits.
+void Engine::admit() {
+  int64_t running = 0;
+  for (const auto& g : active_)
+    for (const auto& q : g->seqs) running += (q->running && !q->finished) ? 1 : 0;
+  while (!waiting_.empty()) {
+    Group& g = *waiting_.front();
+    if (g.aborted) {
+      for (auto& q : g.seqs) finish_sample(*q, "abort");
+      active_.push_back(std::move(waiting_.front()));
+      waiting_.pop_front();
+      continue;
+    }
+    // The sequences of this group that still need admission (a fresh leader, or
+    // samples preempted earlier).
+    std::vector<Sequence*> todo;
+    for (auto& q : g.seqs)
+      if (!q->finished && !q->running) todo.push_back(q.get());
+    if (todo.empty()) {  // nothing left to admit (should not happen)
+      active_.push_back(std::move(waiting_.front()));
+      waiting_.pop_front();
+      continue;
+    }
+    const int64_t n_after = todo.size() == 1 && !todo[0]->forked && todo[0] == g.seqs[0].get() && g.seqs.size() == 1
+                                ? g.req.params.n
+                                : int64_t(todo.size());
+    if (running > 0 && running + n_after > config_.max_running) break;
+    const int bs = config_.block_size;
+    bool admitted_all = true;
+    for (Sequence* s : todo) {
+      // Prefix cache: reuse full blocks of tokens[0, len-1) (at least one token
+      // must be fed to get logits). Routing capture needs every token fed.
+      std::vector<int32_t> hits;
+      uint64_t parent = 0;
+      const int64_t len = int64_t(s->tokens.size());
+      if (config_.prefix_cache && !g.req.return_experts) {
+        for (int64_t b = 0; (b + 1) * bs <= len - 1; ++b) {
+          const int32_t* toks = s->tokens.data() + b * bs;
+          const uint64_t key = BlockManager::chain_hash(parent, toks, bs);
+          auto hit = blocks_.lookup(key, parent, toks);
+          if (!hit) break;
+          hits.push_back(*hit);
+          parent = key;
+        }
+      }
+      const int64_t need = blocks_for(len, bs) - int64_t(hits.size());
+      if (running == 0 && need > blocks_.available()) {
+        // Even an empty engine cannot hold this sample's KV any more (it grew
+        // past the cache while decoding): end it as truncated.
+        for (int32_t b : hits) blocks_.release(b);
+        LS_LOG(Warn) << "request " << g.id << " sample " << s->index << ": " << len
+                     << " tokens no longer fit the KV cache; finished with reason 'length'";
+        finish_sample(*s, "length");
+        continue;
+      }
+      // Keep one block per running sequence in reserve so decodes can proceed.
+      if (blocks_.available() < need + running) {
+        for (int32_t b : hits) blocks_.release(b);
+        admitted_all = false;
+        break;
+      }
+      s->blocks = hits;
+      for (int64_t i = 0; i < need; ++i) s->blocks.push_back(*blocks_.allocate());
+      s->n_cached = int64_t(hits.size()) * bs;
+      stats_.prefix_hit_tokens += s->n_cached;
+      s->running = true;
+      s->admit_order = ++admit_counter_;
+      ++running;
+    }
+    if (!admitted_all) break;
+    active_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+}
+
+// Makes position n_cached of s writable: a block exists and is not shared.
+bool Engine::ensure_block(Sequence& s) {
+  const int bs = config_.block_size;
+  const int64_t b = s.n_cached / bs;
+  if (b < int64_t(s.blocks.size())) {
+    const int32_t blk = s.blocks[size_t(b)];
+    if (blocks_.refcount(blk) == 1) return true;
+    // Copy on write: the block is shared with sibling samples.
+    auto fresh = blocks_.allocate();
+    if (!fresh) return false;
+    const size_t block_bytes = size_t(bs) * size_t(kv_.k(0).stride[1]) * sizeof(float);
+    for (int64_t l = 0; l < kv_.num_layers(); ++l) {
+      std::memcpy(kv_.k(l).f32() + *fresh * kv_.k(l).stride[0], kv_.k(l).f32() + blk * kv_.k(l).stride[0], block_bytes);
+      std::memcpy(kv_.v(l).f32() + *fresh * kv_.v(l).stride[0], kv_.v(l).f32() + blk * kv_.v(l).stride[0], block_bytes);
+    }
+    blocks_.release(blk);
+    s.blocks[size_t(b)] = *fresh;
+    return true;
+  }
+  auto fresh = blocks_.allocate();
+  if (!fresh) return false;
+  s.blocks.push_back(*fresh);
+  return true;
+}
+
+// Frees the most recently admitted running sequence that is not already
+// scheduled this step; it will be recomputed later. False if there is none.
+bool Engine::preempt_one(const std::vector<const Sequence*>& scheduled) {
+  Sequence* victim = nullptr;
+  Group* vg = nullptr;
+  auto later = [](const Sequence* a, const Sequence* b) {
+    if (a->admit_order != b->admit_order) return a->admit_order > b->admit_order;
+    if (a->group->id != b->group->id) return a->group->id > b->group->id;
+    return a->index > b->index;
+  };
+  for (auto& g : active_)
+    for (auto& q : g->seqs) {
+      if (!q->running || q->finished) continue;
+      if (std::find(scheduled.begin(), scheduled.end(), q.get()) != scheduled.end()) continue;
+      if (!victim || later(q.get(), victim)) {
+        victim = q.get();
+        vg = g.get();
+      }
+    }
+  if (!victim) return false;
+  release(*victim);
+  victim->n_cached = 0;
+  ++stats_.preemptions;
+  // Back to the front of the queue (its group moves there if all of it waits).
+  bool any_running = false;
+  for (auto& q : vg->seqs) any_running = any_running || (q->running && !q->finished);
+  if (!any_running) {
+    for (auto it = active_.begin(); it != active_.end(); ++it)
+      if (it->get() == vg) {
+        waiting_.push_front(std::move(*it));
+        active_.erase(it);
+        break;
+      }
+  } else {
+    // Siblings still run; the victim re-enters through a waiting entry of its own
+    // when its group is next examined (see step(): re-queue).
+  }
+  return true;
+}
+
+bool Engine::step() {
+  Timer step_timer;
+  apply_pending_weights();
+  admit();
+  const ModelConfig& c = weights_->config();
+  const int bs = config_.block_size;
+  const int64_t n_moe = model::count_moe_layers(c), K = c.num_experts_per_tok;
+
+  // Abort requests marked since the last step.
+  for (auto& g : active_)
+    if (g->aborted)
+      for (auto& q : g->seqs) finish_sample(*q, "abort");
+
+  // Choose each running sequence's chunk: decodes first, then prefill chunks.
+  struct Work {
+    Sequence* s;
+    int64_t begin, n;
+  };
+  std::vector<Work> work;
+  int64_t budget = config_.max_batch_tokens;
+  std::vector<Sequence*> runnable;
+  for (auto& g : active_)
+    for (auto& q : g->seqs)
+      if (q->running && !q->finished) runnable.push_back(q.get());
+  std::sort(runnable.begin(), runnable.end(), [](const Sequence* a, const Sequence* b) {
+    if (a->admit_order != b->admit_order) return a->admit_order < b->admit_order;
+    if (a->group->id != b->group->id) return a->group->id < b->group->id;
+    return a->index < b->index;
+  });
+  // Decodes (exactly one token to feed).
+  for (Sequence* s : runnable) {
+    if (int64_t(s->tokens.size()) - s->n_cached != 1 || !s->running) continue;
+    if (budget <= 0) break;
+    std::vector<const Sequence*> scheduled;
+    for (const Work& w : work) scheduled.push_back(w.s);
+    while (s->running && !ensure_block(*s))
+      if (!preempt_one(scheduled)) break;
+    if (!s->running) continue;
+    if (int64_t(s->blocks.size()) <= s->n_cached / config_.block_size) continue;  // no block: wait a step
+    work.push_back({s, s->n_cached, 1});
+    budget -= 1;
+  }
+  // Prefill and recompute chunks, first come first served.
+  for (Sequence* s : runnable) {
+    const int64_t left = int64_t(s->tokens.size()) - s->n_cached;
+    if (!s->running || left <= 1 || budget <= 0) continue;
+    const int64_t n = std::min({left, budget, config_.max_prefill_chunk});
+    work.push_back({s, s->n_cached, n});
+    budget -= n;
+  }
+  // Samples preempted while their siblings keep running are re-admitted here
+  // (a group whose samples all wait went back to the queue in preempt_one).
+  for (auto& g : active_) {
+    for (auto& q : g->seqs) {
+      if (q->finished || q->running) continue;
+      const int64_t need = blocks_for(int64_t(q->tokens.size()), bs);
+      if (blocks_.available() >= need + 1) {
+        for (int64_t i = 0; i < need; ++i) q->blocks.push_back(*blocks_.allocate());
+        q->n_cached = 0;
+        q->running = true;
+        q->admit_order = ++admit_counter_;
+      }
+    }
+  }
+
+  if (work.empty()) {
+    complete_finished_groups();
+    return !waiting_.empty() || !active_.empty();
+  }
+
+  // Build the ragged batch.
+  model::RaggedBatch batch;
+  int32_t max_blocks = 1;
+  for (const Work& w : work)
+    max_blocks = std::max<int32_t>(max_blocks, int32_t(blocks_for(w.begin + w.n, bs)));
+  batch.max_blocks = max_blocks;
+  std::vector<int64_t> row_end(work.size());
+  std::vector<int64_t> row_begin(work.size());
+  for (size_t i = 0; i < work.size(); ++i) {
+    const Work& w = work[i];
+    // Blocks for the chunk (prefill blocks were allocated at admission; a
+    // recompute or decode may need more).
+    while (int64_t(w.s->blocks.size()) < blocks_for(w.begin + w.n, bs)) {
+      auto b = blocks_.allocate();
+      LS_CHECK(b.has_value()) << "KV blocks exhausted while scheduling a chunk";
+      w.s->blocks.push_back(*b);
+    }
+    row_begin[i] = batch.num_tokens();
+    batch.tokens.insert(batch.tokens.end(), w.s->tokens.begin() + w.begin, w.s->tokens.begin() + w.begin + w.n);
+    batch.n_ctx.push_back(int32_t(w.begin));
+    batch.n_new.push_back(int32_t(w.n));
+    for (int32_t j = 0; j < max_blocks; ++j)
+      batch.block_table.push_back(j < int32_t(w.s->blocks.size()) ? w.s->blocks[size_t(j)] : 0);
+    row_end[i] = batch.num_tokens();
+  }
+  std::vector<size_t> sampled;  // work items whose chunk reaches the end of their tokens
+  for (size_t i = 0; i < work.size(); ++i) {
+    if (work[i].begin + work[i].n == int64_t(work[i].s->tokens.size())) {
+      batch.logit_rows.push_back(int32_t(row_end[i] - 1));
+      sampled.push_back(i);
+    }
+  }
+  bool want_routes = false;
+  for (const Work& w : work) want_routes = want_routes || w.s->group->req.return_experts;
+  model::ForwardOptions fo;
+  fo.record_experts = want_routes && n_moe > 0;
+  model::ForwardResult fr;
+  Timer fwd;
+  model::forward(ctx_, *weights_, kv_, batch, fo, &fr);
+  stats_.forward_s += fwd.seconds();
+  ++stats_.steps;
+
+  for (size_t i = 0; i < work.size(); ++i) {
+    Sequence& s = *work[i].s;
+    s.n_cached += work[i].n;
+    if (s.group->req.return_experts && n_moe > 0) {
+      const size_t row = size_t(n_moe * K);
+      // Rows of this chunk; a recompute re-records positions already known.
+      s.routes.resize(size_t(work[i].begin) * row);
+      s.routes.insert(s.routes.end(), fr.routed_experts.begin() + row_begin[i] * int64_t(row),
+                      fr.routed_experts.begin() + row_end[i] * int64_t(row));
+    }
+  }
+  // Publish the prompt's full blocks once its prefill is complete.
+  for (size_t i = 0; i < work.size(); ++i) {
+    Sequence& s = *work[i].s;
+    Group& g = *s.group;
+    if (!config_.prefix_cache || g.published || s.index != 0 || s.n_cached < g.prompt_len) continue;
+    uint64_t parent = 0;
+    for (int64_t b = 0; (b + 1) * bs <= g.prompt_len; ++b) {
+      const int32_t* toks = g.req.prompt_ids.data() + b * bs;
+      const uint64_t key = BlockManager::chain_hash(parent, toks, bs);
+      blocks_.insert(s.blocks[size_t(b)], key, parent, toks);
+      parent = key;
+    }
+    g.published = true;
+  }
+
+  Timer samp;
+  const int64_t V = c.vocab_size;
+  for (size_t r = 0; r < sampled.size(); ++r) {
+    Sequence& lead = *work[sampled[r]].s;
+    Group& g = *lead.group;
+    const SamplingParams& p = g.req.params;
+    const float* row = fr.logits.f32() + int64_t(r) * V;
+    // The first token of a request: fork the leader into its n samples.
+    std::vector<Sequence*> targets = {&lead};
+    if (!lead.forked && lead.index == 0 && int64_t(lead.tokens.size()) == g.prompt_len) {
+      lead.forked = true;
+      for (int64_t k = 1; k < p.n; ++k) {
+        auto q = std::make_unique<Sequence>();
+        q->group = &g;
+        q->index = int(k);
+        q->tokens = lead.tokens;
+        q->n_cached = lead.n_cached;
+        q->blocks = lead.blocks;
+        for (int32_t b : q->blocks) blocks_.retain(b);
+        q->routes = lead.routes;
+        q->forked = true;
+        q->running = true;
+        q->admit_order = lead.admit_order;
+        targets.push_back(q.get());
+        g.seqs.push_back(std::move(q));
+      }
+    }
+    Tensor row_t(const_cast<float*>(row), DType::F32, {1, V});
+    for (Sequence* s : targets) {
+      if (s->finished) continue;
+      const int64_t pos = int64_t(s->tokens.size());
+      const double u = Philox(g.seed).uniform_double(sample_stream(g.seed, s->index), uint64_t(pos));
+      const int32_t tok = sample_token(row, V, p, u);
+      std::vector<float> lp;
+      token_logprobs(ctx_, row_t, {tok}, p.logprob_temperature(), &lp);
+      s->tokens.push_back(tok);
+      s->logprobs.push_back(lp[0]);
+      if (s->t_first < 0) {
+        s->t_first = g.timer.seconds();
+        s->version_first = weights_->version();
+      }
+      s->version_last = weights_->version();
+      stats_.generated_tokens += 1;
+      if (g.on_token) g.on_token(g.id, s->index, tok, lp[0]);
+      const int64_t out_len = int64_t(s->tokens.size()) - g.prompt_len;
+      bool stop = false;
+      if (!p.ignore_eos)
+        for (int64_t e : c.eos_token_ids) stop = stop || tok == int32_t(e);
+      for (int32_t e : p.stop_token_ids) stop = stop || tok == e;
+      if (!stop && g.req.stop_checker) {
+        std::vector<int32_t> out(s->tokens.begin() + g.prompt_len, s->tokens.end());
+        const int64_t cut = g.req.stop_checker(out);
+        if (cut >= 0) {
+          s->tokens.resize(size_t(g.prompt_len + cut));
+          s->logprobs.resize(size_t(cut));
+          stop = true;
+        }
+      }
+      if (stop) {
+        finish_sample(*s, "stop");
+      } else if (out_len >= p.max_new_tokens || int64_t(s->tokens.size()) >= c.max_position_embeddings) {
+        finish_sample(*s, "length");
+      }
+    }
+  }
+  stats_.sample_s += samp.seconds();
+  for (const Work& w : work) stats_.prompt_tokens += w.n;
+  complete_finished_groups();
+  (void)step_timer;
+  return true;
+}
+
+void Engine::complete_finished_groups() {
+  const ModelConfig& c = weights_->config();
+  const int64_t n_moe = model::count_moe_layers(c), K = c.num_experts_per_tok;
+  for (auto it = active_.begin(); it != active_.end();) {
+    Group& g = **it;
+    bool done = int64_t(g.seqs.size()) == g.req.params.n || g.aborted;
+    for (auto& q : g.seqs) done = done && q->finished;
+    if (!done) {
+      ++it;
+      continue;
+    }
+    RequestResult res;
+    res.id = g.id;
+    res.prompt_ids = g.req.prompt_ids;
+    // Samples never created (aborted before the fork) are reported as aborted.
+    for (int64_t k = 0; k < g.req.params.n; ++k) {
+      SampleResult sr;
+      Sequence* q = k < int64_t(g.seqs.size()) ? g.seqs[size_t(k)].get() : nullptr;
+      if (q) {
+        sr.output_ids.assign(q->tokens.begin() + g.prompt_len, q->tokens.end());
+        sr.logprobs = q->logprobs;
+        if (!g.req.params.return_logprobs) sr.logprobs.clear();
+        sr.finish_reason = q->reason;
+        sr.weight_version = q->version_first;
+        sr.weight_version_end = q->version_last;
+        sr.ttft_s = q->t_first;
+        sr.latency_s = q->t_end;
+        if (g.req.return_experts && n_moe > 0) {
+          const size_t row = size_t(n_moe * K);
+          const size_t total = q->tokens.size();
+          sr.routed_experts = q->routes;
+          sr.routed_experts.resize(std::min(sr.routed_experts.size(), total * row));
+          // The last token was never fed: repeat the previous row (see engine.h).
+          while (sr.routed_experts.size() < total * row && sr.routed_experts.size() >= row)
+            sr.routed_experts.insert(sr.routed_experts.end(), sr.routed_experts.end() - int64_t(row),
+                                     sr.routed_experts.end());
+        }
+      } else {
+        sr.finish_reason = "abort";
+      }
+      res.samples.push_back(std::move(sr));
+    }
+    auto pit = promises_.find(g.id);
+    if (pit != promises_.end()) {
+      pit->second.set_value(std::move(res));
+      promises_.erase(pit);
+    } else {
+      finished_[g.id] = std::move(res);
+    }
+    it = active_.erase(it);
+    cv_.notify_all();
+  }
+}
+
+std::vector<RequestResult> Engine::run_until_done(uint64_t id) {
+  LS_CHECK(!background_) << "run_until_done while the background loop runs";
+  std::vector<RequestResult> out;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (id != 0 && finished_.count(id)) break;
+      if (id == 0 && waiting_.empty() && active_.empty()) break;
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    // Admission only happens inside step(); a request that can never be
+    // admitted is rejected at submit(), so this loop makes progress.
+    step();
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  if (id != 0) {
+    out.push_back(std::move(finished_[id]));
+    finished_.erase(id);
+  } else {
+    for (auto& [k, v] : finished_) out.push_back(std::move(v));
+    finished_.clear();
+  }
+  return out;
+}
+
+std::vector<RequestResult> Engine::generate(std::vector<Request> requests) {
+  std::vector<uint64_t> ids;
+  for (auto& r : requests) ids.push_back(submit(std::move(r)));
+  auto all = run_until_done(0);
+  std::map<uint64_t, RequestResult> by_id;
+  for (auto& r : all) by_id[r.id] = std::move(r);
+  std::vector<RequestResult> out;
+  for (uint64_t id : ids) out.push_back(std::move(by_id[id]));
+  return out;
+}
+
+void Engine::start_background() {
+  std::lock_guard<std::mutex> l(mu_);
+  if (background_) return;
+  background_ = true;
+  stop_ = false;
+  loop_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      if (waiting_.empty() && active_.empty() && pending_weights_ == nullptr) {
+        cv_.wait(lock, [&] { return stop_ || !waiting_.empty() || !active_.empty() || pending_weights_; });
+        continue;
+      }
+      try {
+        step();
+      } catch (const std::exception& e) {
+        // A failing step must not take the server down silently: abort everything in flight.
+        LS_LOG(Error) << "rollout engine step failed: " << e.what();
+        for (auto& g : active_) {
+          g->aborted = true;
+          for (auto& q : g->seqs) finish_sample(*q, "abort");
+        }
+        complete_finished_groups();
+      }
+    }
+  });
+}
+
+void Engine::stop_background() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!background_) return;
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (loop_.joinable()) loop_.join();
+  std::lock_guard<std::mutex> l(mu_);
+  background_ = false;
+}
+
+std::future<RequestResult> Engine::submit_async(Request request, TokenCallback on_token) {
+  std::promise<RequestResult> p;
+  auto fut = p.get_future();
+  submit_impl(std::move(request), std::move(on_token), &p);
+  return fut;
+}
+
+}  // namespace lockstep::rollout

@@ -1,0 +1,157 @@
+// The rollout engine: continuous batching over a paged KV cache with shared
+// prefixes, seeded sampling, and the log-probability of every sampled token
+// (DESIGN.md sections 3-4). It calls the same model::forward as the trainer,
+// so in aligned mode its logprobs equal the trainer's bit for bit.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "lockstep/base/thread_pool.h"
+#include "lockstep/model/forward.h"
+#include "lockstep/model/weights.h"
+#include "lockstep/rollout/block_manager.h"
+#include "lockstep/rollout/sampler.h"
+
+namespace lockstep::rollout {
+
+struct EngineConfig {
+  int64_t num_blocks = 1024;        // KV blocks (each block_size tokens, all layers)
+  int block_size = 16;
+  int64_t max_batch_tokens = 2048;  // tokens per forward step (decode + prefill chunks)
+  int64_t max_running = 256;        // sequences decoding at once
+  int64_t max_prefill_chunk = 512;  // longest prefill chunk of one sequence per step
+  bool prefix_cache = true;         // reuse full prompt blocks across requests
+  uint64_t seed = 0;                // default sampling seed (a request's own seed wins)
+  // What update_weights does with requests in flight.
+  enum class UpdatePolicy { Finish, Abort } update_policy = UpdatePolicy::Finish;
+};
+
+struct Request {
+  std::vector<int32_t> prompt_ids;
+  SamplingParams params;
+  bool return_experts = false;  // routed experts of every token in every MoE layer
+  // Stop strings need text: called with a sample's output ids, returns the
+  // offset in output tokens at which a stop string completes (or -1).
+  std::function<int64_t(const std::vector<int32_t>&)> stop_checker;
+};
+
+struct SampleResult {
+  std::vector<int32_t> output_ids;
+  std::vector<float> logprobs;  // one per output token, tempered and untruncated (sampler.h)
+  std::string finish_reason;    // "stop", "length" or "abort"
+  // (prompt_len + output_len, L_moe, K) when requested. The last output token is
+  // never fed to the model; its row repeats the previous token's (harmless:
+  // no loss position depends on the last token's layers).
+  std::vector<int32_t> routed_experts;
+  uint64_t weight_version = 0;  // weights that produced the first token
+  uint64_t weight_version_end = 0;  // ... and the last
+  double ttft_s = 0;     // submission to first token
+  double latency_s = 0;  // submission to finish
+};
+
+struct RequestResult {
+  uint64_t id = 0;
+  std::vector<int32_t> prompt_ids;
+  std::vector<SampleResult> samples;  // n of them
+};
+
+struct EngineStats {
+  int64_t running = 0, waiting = 0;
+  int64_t free_blocks = 0, total_blocks = 0;
+  int64_t prompt_tokens = 0, generated_tokens = 0;  // totals since start
+  int64_t prefix_hit_tokens = 0;                    // prompt tokens served by the prefix cache
+  int64_t preemptions = 0;
+  int64_t steps = 0;
+  double forward_s = 0, sample_s = 0;  // time in forward passes / sampling
+};
+
+// Token-level streaming: (request id, sample index, new token id, logprob).
+using TokenCallback = std::function<void(uint64_t, int, int32_t, float)>;
+
+class Engine {
+ public:
+  // `weights` must stay valid until replaced with update_weights. The engine
+  // owns its KV cache.
+  Engine(const Context& ctx, const model::ModelWeights* weights, EngineConfig config);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Checks the request (prompt length vs context, token ids, params) and
+  // throws Error with a message naming the problem; otherwise queues it.
+  uint64_t submit(Request request, TokenCallback on_token = {});
+  // Runs scheduler steps on the calling thread until `id` (or every request
+  // when id == 0) has finished; returns the finished results.
+  std::vector<RequestResult> run_until_done(uint64_t id = 0);
+  // Convenience: submit all, run, return results in submission order.
+  std::vector<RequestResult> generate(std::vector<Request> requests);
+
+  // Background mode: a loop thread serves submissions; the future completes
+  // when the request finishes.
+  void start_background();
+  void stop_background();
+  std::future<RequestResult> submit_async(Request request, TokenCallback on_token = {});
+
+  // Marks a request aborted; its samples finish with reason "abort".
+  void abort(uint64_t id);
+  // New weights take effect between steps. Policy Finish: in-flight samples
+  // continue on the new weights (their weight_version_end tells); Abort: they
+  // end with "abort". The prefix cache is flushed either way.
+  void update_weights(const model::ModelWeights* weights);
+  void flush_cache();
+
+  EngineStats stats() const;
+  const EngineConfig& config() const { return config_; }
+  const ModelConfig& model_config() const;
+  uint64_t weight_version() const;
+  // One scheduler step (exposed for tests); returns false when idle.
+  bool step();
+
+ private:
+  struct Sequence;
+  struct Group;
+  uint64_t submit_impl(Request request, TokenCallback on_token, std::promise<RequestResult>* promise);
+  void admit();
+  void finish_sample(Sequence& s, const char* reason);
+  void release(Sequence& s);
+  bool ensure_block(Sequence& s);  // a writable slot for the next token
+  bool preempt_one(const std::vector<const Sequence*>& scheduled);
+  void complete_finished_groups();
+  void apply_pending_weights();
+
+  Context ctx_;
+  EngineConfig config_;
+  const model::ModelWeights* weights_;
+  const model::ModelWeights* pending_weights_ = nullptr;
+  model::KvCache kv_;
+  BlockManager blocks_;
+
+  mutable std::mutex mu_;  // guards everything below when a loop thread runs
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Group>> waiting_;
+  std::vector<std::unique_ptr<Group>> active_;
+  std::map<uint64_t, RequestResult> finished_;
+  std::map<uint64_t, std::promise<RequestResult>> promises_;
+  uint64_t next_id_ = 1;
+  uint64_t admit_counter_ = 0;
+  EngineStats stats_;
+  bool flush_requested_ = false;
+
+  std::thread loop_;
+  bool stop_ = false;
+  bool background_ = false;
+};
+
+}  // namespace lockstep::rollout

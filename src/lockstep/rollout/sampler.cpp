@@ -1,0 +1,101 @@
+// Sampling: the distribution is computed in double from the f32 logits (only
+// the choice depends on it; the reported logprob comes from the kernel).
+#include "lockstep/rollout/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "lockstep/base/error.h"
+#include "lockstep/base/rng.h"
+#include "lockstep/kernels/cpu/softmax.h"
+
+namespace lockstep::rollout {
+
+void SamplingParams::validate() const {
+  if (!(temperature >= 0.0f) || !std::isfinite(temperature))
+    LS_THROW << "sampling_params.temperature must be >= 0, got " << temperature;
+  if (!(top_p > 0.0f && top_p <= 1.0f)) LS_THROW << "sampling_params.top_p must be in (0, 1], got " << top_p;
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) LS_THROW << "sampling_params.min_p must be in [0, 1], got " << min_p;
+  if (max_new_tokens < 1) LS_THROW << "sampling_params.max_new_tokens must be >= 1, got " << max_new_tokens;
+  if (n < 1 || n > 1024) LS_THROW << "sampling_params.n must be in [1, 1024], got " << n;
+}
+
+uint64_t sample_stream(uint64_t request_seed, int64_t sample_index) {
+  return mix_seed(request_seed, uint64_t(sample_index));
+}
+
+int32_t sample_token(const float* logits, int64_t V, const SamplingParams& p, double u) {
+  LS_CHECK(V >= 1) << "empty vocabulary";
+  if (p.temperature == 0.0f || p.top_k == 1) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < V; ++i)
+      if (logits[i] > logits[best]) best = i;
+    return int32_t(best);
+  }
+  // Candidates sorted by logit descending, ties by id (a stable order).
+  std::vector<int32_t> idx(static_cast<size_t>(V));
+  std::iota(idx.begin(), idx.end(), 0);
+  int64_t keep = V;
+  if (p.top_k > 0 && p.top_k < V) {
+    keep = p.top_k;
+    std::partial_sort(idx.begin(), idx.begin() + keep, idx.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+  } else {
+    std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+  }
+  const double inv_t = 1.0 / double(p.temperature);
+  const double zmax = double(logits[idx[0]]) * inv_t;
+  std::vector<double> w(static_cast<size_t>(keep));
+  double total = 0;
+  for (int64_t i = 0; i < keep; ++i) {
+    w[size_t(i)] = std::exp(double(logits[idx[size_t(i)]]) * inv_t - zmax);
+    total += w[size_t(i)];
+  }
+  // min-p: drop tokens whose probability is below min_p * p_max (p_max = w[0] / total).
+  if (p.min_p > 0.0f) {
+    const double floor = double(p.min_p) * w[0];
+    int64_t k = 1;
+    while (k < keep && w[size_t(k)] >= floor) ++k;
+    for (int64_t i = k; i < keep; ++i) total -= w[size_t(i)];
+    keep = k;
+    total = 0;
+    for (int64_t i = 0; i < keep; ++i) total += w[size_t(i)];
+  }
+  // top-p: the smallest prefix whose mass reaches top_p.
+  if (p.top_p < 1.0f) {
+    double cum = 0;
+    int64_t k = 0;
+    while (k < keep) {
+      cum += w[size_t(k)] / total;
+      ++k;
+      if (cum >= double(p.top_p)) break;
+    }
+    keep = k;
+    total = 0;
+    for (int64_t i = 0; i < keep; ++i) total += w[size_t(i)];
+  }
+  double target = u * total, cum = 0;
+  for (int64_t i = 0; i < keep; ++i) {
+    cum += w[size_t(i)];
+    if (target < cum) return idx[size_t(i)];
+  }
+  return idx[size_t(keep - 1)];
+}
+
+void token_logprobs(const Context& ctx, const Tensor& logits, const std::vector<int32_t>& tokens, float temperature,
+                    std::vector<float>* out) {
+  const int64_t R = logits.dim(0);
+  LS_CHECK(int64_t(tokens.size()) == R) << tokens.size() << " tokens for " << R << " logit rows";
+  out->assign(size_t(R), 0.0f);
+  if (R == 0) return;
+  std::vector<int32_t> t = tokens;
+  Tensor tt(t.data(), DType::I32, {R});
+  Tensor lp(out->data(), DType::F32, {R});
+  kernels::token_logprob_forward(ctx, lp, Tensor(), Tensor(), logits, tt, temperature);
+}
+
+}  // namespace lockstep::rollout

@@ -1,0 +1,50 @@
+// Token sampling from one row of logits: greedy, temperature, top-k, top-p,
+// min-p. A sample's random number is Philox(seed) at (stream = sample key,
+// counter = position), so its tokens never depend on what else shares the
+// batch. The reported logprob is that of the tempered, untruncated
+// distribution, computed by kernels::token_logprob_forward — the function
+// the trainer uses — so it matches the trainer's bit for bit.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lockstep/base/thread_pool.h"
+#include "lockstep/tensor/tensor.h"
+
+namespace lockstep::rollout {
+
+struct SamplingParams {
+  float temperature = 1.0f;  // 0: greedy (logprobs then reported at temperature 1)
+  int64_t top_k = 0;         // 0 or < 0: off
+  float top_p = 1.0f;        // 1: off
+  float min_p = 0.0f;        // 0: off
+  int64_t max_new_tokens = 256;
+  std::vector<int32_t> stop_token_ids;  // in addition to the model's eos ids
+  std::vector<std::string> stop;        // stop strings (need a tokenizer)
+  bool ignore_eos = false;
+  int64_t n = 1;                  // samples per prompt (sharing the prompt's KV blocks)
+  int64_t seed = -1;              // -1: the engine's seed mixed with the request id
+  bool return_logprobs = true;
+
+  // Throws Error naming the first invalid field.
+  void validate() const;
+  // The temperature used for logprobs (1 for greedy).
+  float logprob_temperature() const { return temperature > 0.0f ? temperature : 1.0f; }
+};
+
+// Per-sample random stream key.
+uint64_t sample_stream(uint64_t request_seed, int64_t sample_index);
+
+// Samples one token from logits (V) f32. `u` in [0, 1) is the sample's draw.
+// Ties (equal probabilities) order by lower token id; greedy picks the lowest
+// id among the maxima. Scratch is per call.
+int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p, double u);
+
+// Logprob of `token` under softmax(logits / T) for each row: the same kernel
+// call the trainer makes. logits (R, V); tokens (R); out (R).
+void token_logprobs(const Context& ctx, const Tensor& logits, const std::vector<int32_t>& tokens, float temperature,
+                    std::vector<float>* out);
+
+}  // namespace lockstep::rollout
