@@ -152,6 +152,7 @@ void Engine::finish_sample(Sequence& s, const char* reason) {
   if (s.finished) return;
   s.finished = true;
   s.reason = reason;
+  ++stats_.finished_samples;
   s.t_end = s.group->timer.seconds();
   release(s);
 }

@@ -73,6 +73,7 @@ struct EngineStats {
   int64_t prompt_tokens = 0, generated_tokens = 0;  // totals since start
   int64_t prefix_hit_tokens = 0;                    // prompt tokens served by the prefix cache
   int64_t preemptions = 0;
+  int64_t finished_samples = 0;
   int64_t steps = 0;
   double forward_s = 0, sample_s = 0;  // time in forward passes / sampling
 };
