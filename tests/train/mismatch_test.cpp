@@ -1,0 +1,127 @@
+// Mismatch metrics: hand-computed values, and the fast-mode promises — a
+// bf16/fp8 rollout has a gap > 0, and routing replay makes the trainer use
+// exactly the rollout's experts (router disagreement 0).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "lockstep/model/forward_util.h"
+#include "lockstep/model/params.h"
+#include "lockstep/rollout/engine.h"
+#include "lockstep/train/mismatch.h"
+#include "lockstep/train/trainer.h"
+
+namespace lockstep::train {
+
+TEST(Mismatch, HandComputedValues) {
+  // Sample 0: |d| = 0.1, 0.3 (mean 0.2); sample 1: |d| = 0 (mean 0). Mean over samples 0.1.
+  std::vector<std::vector<float>> rollout = {{-1.0f, -2.0f}, {-0.5f}};
+  std::vector<std::vector<float>> train = {{-1.1f, -1.7f}, {-0.5f}};
+  MismatchStats s = compute_mismatch(rollout, train);
+  EXPECT_NEAR(s.abs_diff_mean, 0.1, 1e-6);
+  EXPECT_NEAR(s.abs_diff_max, 0.3, 1e-6);
+  const double r0 = double(-1.1f) - double(-1.0f), r1 = double(-1.7f) - double(-2.0f);
+  EXPECT_NEAR(s.kl_k3, ((std::exp(r0) - 1 - r0) + (std::exp(r1) - 1 - r1) + 0.0) / 3.0, 1e-12);
+  EXPECT_NEAR(s.bitwise_equal_frac, 1.0 / 3.0, 1e-12);
+  EXPECT_EQ(s.tokens, 3);
+  auto j = s.to_json();
+  EXPECT_TRUE(j.contains("train/train_rollout_logprob_abs_diff"));
+  EXPECT_TRUE(j.contains("train/train_rollout_kl"));
+  EXPECT_THROW(compute_mismatch({{1.0f}}, {{1.0f, 2.0f}}), Error);
+}
+
+TEST(Mismatch, RouterDisagreementIsOrderFreePerLayer) {
+  // Two tokens (+1 unscored last token), 2 layers, K = 2.
+  std::vector<int32_t> a = {0, 1, 2, 3, /*t1*/ 0, 1, 2, 3, /*t2*/ 0, 0, 0, 0};
+  std::vector<int32_t> b = {1, 0, 2, 3, /*t1*/ 0, 1, 3, 1, /*t2*/ 9, 9, 9, 9};
+  auto d = router_disagreement({a}, {b}, 2, 2);
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_DOUBLE_EQ(d[0], 0.0);  // {0,1} vs {1,0} is the same set
+  EXPECT_DOUBLE_EQ(d[1], 0.5);  // token 1 differs in layer 1
+}
+
+namespace {
+ModelConfig tiny_moe() {
+  ModelConfig c;
+  c.architecture = Architecture::Qwen3Moe;
+  c.vocab_size = 64;
+  c.hidden_size = 32;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 8;
+  c.qk_norm = true;
+  c.num_experts = 8;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 16;
+  c.norm_topk_prob = true;
+  c.max_position_embeddings = 256;
+  return c;
+}
+}  // namespace
+
+TEST(FastMode, LowPrecisionRolloutHasAGapAndReplayRemovesRouterDisagreement) {
+  ModelConfig c = tiny_moe();
+  ParamLayout layout(c);
+  Buffer params = alloc_params(layout);
+  init_params(layout, params.as<float>(), 5, 0.3f);
+  Context ctx;
+  const int64_t n_moe = 2, K = 2;
+  for (DType precision : {DType::BF16, DType::FP8E4M3}) {
+    model::ModelWeights fast(ctx, layout, params.as<float>(), precision, 32);
+    rollout::EngineConfig ec;
+    ec.num_blocks = 256;
+    ec.block_size = 4;
+    rollout::Engine engine(ctx, &fast, ec);
+    std::vector<rollout::Request> reqs;
+    for (int i = 0; i < 8; ++i) {
+      rollout::Request r;
+      for (int j = 0; j < 6 + i; ++j) r.prompt_ids.push_back((i * 7 + j * 3) % 60);
+      r.params.n = 4;
+      r.params.max_new_tokens = 24;
+      r.params.seed = i;
+      r.return_experts = true;
+      reqs.push_back(r);
+    }
+    auto out = engine.generate(reqs);
+    Buffer copy(layout.nbytes());
+    std::memcpy(copy.data(), params.data(), layout.nbytes());
+    Trainer trainer(ctx, c, std::move(copy), {});
+    for (bool replay : {false, true}) {
+      std::vector<TrainSequence> seqs;
+      std::vector<std::vector<float>> rl;
+      std::vector<std::vector<int32_t>> r_routes, t_routes;
+      for (auto& r : out)
+        for (auto& s : r.samples) {
+          TrainSequence t;
+          t.tokens = r.prompt_ids;
+          t.tokens.insert(t.tokens.end(), s.output_ids.begin(), s.output_ids.end());
+          t.prompt_len = int32_t(r.prompt_ids.size());
+          if (replay) t.routed_experts = s.routed_experts;
+          rl.push_back(s.logprobs);
+          r_routes.push_back(s.routed_experts);
+          t_routes.push_back(trainer_routing(ctx, trainer.weights(), t.tokens, replay ? &s.routed_experts : nullptr));
+          seqs.push_back(t);
+        }
+      ScoreOptions so;
+      so.replay = replay;
+      auto scores = trainer.score(seqs, so);
+      std::vector<std::vector<float>> tl;
+      for (auto& s : scores) tl.push_back(s.logp);
+      MismatchStats m = compute_mismatch(rl, tl);
+      auto dis = router_disagreement(r_routes, t_routes, n_moe, K);
+      EXPECT_GT(m.abs_diff_mean, 0.0) << dtype_name(precision);
+      EXPECT_LT(m.abs_diff_mean, 0.5) << dtype_name(precision);
+      double total = 0;
+      for (double d : dis) total += d;
+      if (replay) {
+        EXPECT_EQ(total, 0.0) << dtype_name(precision);
+      } else if (precision == DType::FP8E4M3) {
+        EXPECT_GT(total, 0.0) << "fp8 rollout should route some tokens differently";
+      }
+    }
+  }
+}
+
+}  // namespace lockstep::train
