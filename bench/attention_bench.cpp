@@ -77,7 +77,8 @@ void BM_Decode(benchmark::State& state) {
   }
   // Each step reads every sequence's K and V rows for positions 0..ctx.
   const double kv_bytes = double(b) * double(ctx_len + 1) * kHkv * kDh * 2 * sizeof(float);
-  state.counters["kv_GBps"] = benchmark::Counter(kv_bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["kv_GBps"] =
+      benchmark::Counter(kv_bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["tok_per_s"] = benchmark::Counter(double(b), benchmark::Counter::kIsIterationInvariantRate);
 }
 
@@ -94,8 +95,10 @@ void BM_Prefill(benchmark::State& state) {
   }
   // Logical K/V traffic: the query at position p reads rows 0..p once per kv group.
   const double kv_bytes = double(b) * double(n) * double(n + 1) / 2 * kHkv * kDh * 2 * sizeof(float);
-  state.counters["kv_GBps"] = benchmark::Counter(kv_bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["tok_per_s"] = benchmark::Counter(double(b * n), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["kv_GBps"] =
+      benchmark::Counter(kv_bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tok_per_s"] =
+      benchmark::Counter(double(b * n), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // The trainer's backward over a whole prompt. Args: prompt length, batch, threads.
@@ -109,13 +112,15 @@ void BM_Backward(benchmark::State& state) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(kDh));
   std::vector<float> lse(static_cast<size_t>(T * kH)), dout = random_vec(T * kH * kDh, 4);
   std::vector<float> dq(dout.size()), dk(static_cast<size_t>(T * kHkv * kDh)), dv(dk.size());
-  attention_forward(ctx, Tensor(s.out.data(), DType::F32, {T, kH, kDh}), Tensor(lse.data(), DType::F32, {T, kH}),
-                    Tensor(s.q.data(), DType::F32, {T, kH, kDh}), s.k_cache.view(), s.v_cache.view(), s.batch, scale);
+  attention_forward(ctx, Tensor(s.out.data(), DType::F32, {T, kH, kDh}),
+                    Tensor(lse.data(), DType::F32, {T, kH}), Tensor(s.q.data(), DType::F32, {T, kH, kDh}),
+                    s.k_cache.view(), s.v_cache.view(), s.batch, scale);
   for (auto _ : state) {
-    attention_backward(ctx, Tensor(dq.data(), DType::F32, {T, kH, kDh}), Tensor(dk.data(), DType::F32, {T, kHkv, kDh}),
-                       Tensor(dv.data(), DType::F32, {T, kHkv, kDh}), Tensor(dout.data(), DType::F32, {T, kH, kDh}),
-                       Tensor(s.out.data(), DType::F32, {T, kH, kDh}), Tensor(lse.data(), DType::F32, {T, kH}),
-                       Tensor(s.q.data(), DType::F32, {T, kH, kDh}), s.k_cache.view(), s.v_cache.view(), s.batch, scale);
+    attention_backward(
+        ctx, Tensor(dq.data(), DType::F32, {T, kH, kDh}), Tensor(dk.data(), DType::F32, {T, kHkv, kDh}),
+        Tensor(dv.data(), DType::F32, {T, kHkv, kDh}), Tensor(dout.data(), DType::F32, {T, kH, kDh}),
+        Tensor(s.out.data(), DType::F32, {T, kH, kDh}), Tensor(lse.data(), DType::F32, {T, kH}),
+        Tensor(s.q.data(), DType::F32, {T, kH, kDh}), s.k_cache.view(), s.v_cache.view(), s.batch, scale);
     benchmark::DoNotOptimize(dq.data());
   }
   state.counters["tok_per_s"] = benchmark::Counter(double(T), benchmark::Counter::kIsIterationInvariantRate);

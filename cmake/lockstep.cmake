@@ -33,9 +33,10 @@ function(lockstep_add_test_binary target src module label)
   # are the point of this project. Static libraries add only what is used.
   target_link_libraries(${target} PRIVATE lockstep_${module} ${LOCKSTEP_ALL_LIBS} GTest::gtest GTest::gtest_main)
   target_include_directories(${target} PRIVATE ${CMAKE_SOURCE_DIR}/tests)
-  gtest_discover_tests(${target} PROPERTIES LABELS "${label};${module}" DISCOVERY_TIMEOUT 60
-                       WORKING_DIRECTORY ${CMAKE_BINARY_DIR}
-                       ENVIRONMENT "LOCKSTEP_BIN=${CMAKE_BINARY_DIR}/lockstep")
+  # Keywords first: everything after PROPERTIES is read as property pairs.
+  gtest_discover_tests(${target} WORKING_DIRECTORY ${CMAKE_BINARY_DIR} DISCOVERY_TIMEOUT 60
+                       PROPERTIES LABELS ${label}
+                                  ENVIRONMENT "LOCKSTEP_BIN=${CMAKE_BINARY_DIR}/lockstep")
 endfunction()
 
 function(lockstep_module_tests name)

@@ -42,7 +42,9 @@ SeqData make_seq(Shape sh, int64_t len, uint32_t seed) {
   return s;
 }
 
-float default_scale(Shape sh) { return 1.0f / std::sqrt(static_cast<float>(sh.Dh)); }
+float default_scale(Shape sh) {
+  return 1.0f / std::sqrt(static_cast<float>(sh.Dh));
+}
 
 // One layer's cache; each sequence id owns enough blocks for `caps[id]`
 // positions, at scrambled physical indices, with spare blocks in between.
@@ -136,7 +138,8 @@ StepOut step(const Context& ctx, Paged& pc, const std::vector<SeqData>& seqs, co
                  Tensor(in.v.data(), DType::F32, {T, sh.Hkv, sh.Dh}), bh.batch);
   Guarded out(T * sh.H * sh.Dh), lse(T * sh.H);
   attention_forward(ctx, out.tensor({T, sh.H, sh.Dh}), lse.tensor({T, sh.H}),
-                    Tensor(in.q.data(), DType::F32, {T, sh.H, sh.Dh}), pc.k.view(), pc.v.view(), bh.batch, scale);
+                    Tensor(in.q.data(), DType::F32, {T, sh.H, sh.Dh}), pc.k.view(), pc.v.view(), bh.batch,
+                    scale);
   out.check("out");
   lse.check("lse");
   return {out.values(), lse.values()};
@@ -174,7 +177,9 @@ void reference_forward(Shape sh, int64_t len, const std::vector<double>& q, cons
   }
 }
 
-std::vector<double> to_double(const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); }
+std::vector<double> to_double(const std::vector<float>& x) {
+  return std::vector<double>(x.begin(), x.end());
+}
 
 void reference_forward(Shape sh, const SeqData& s, double scale, std::vector<double>& out,
                        std::vector<double>& lse) {
@@ -183,8 +188,8 @@ void reference_forward(Shape sh, const SeqData& s, double scale, std::vector<dou
 
 // The contract of attention.h for one (query, head), written out in scalar code.
 void contract_reference(const float* q, const std::vector<const float*>& keys,
-                        const std::vector<const float*>& vals, int64_t pos, int64_t Dh, float scale, float* out,
-                        float* lse) {
+                        const std::vector<const float*>& vals, int64_t pos, int64_t Dh, float scale,
+                        float* out, float* lse) {
   float m = 0, l = 0;
   std::vector<float> acc(static_cast<size_t>(Dh), 0.0f);
   for (int64_t p0 = 0; p0 <= pos; p0 += kKeyBlock) {
@@ -217,7 +222,8 @@ std::vector<T> gather_rows(const std::vector<std::vector<T>>& per_seq, const std
                            int64_t width) {
   std::vector<T> r;
   for (const Part& p : parts)
-    r.insert(r.end(), per_seq[p.id].begin() + p.n_ctx * width, per_seq[p.id].begin() + (p.n_ctx + p.n_new) * width);
+    r.insert(r.end(), per_seq[p.id].begin() + p.n_ctx * width,
+             per_seq[p.id].begin() + (p.n_ctx + p.n_new) * width);
   return r;
 }
 
@@ -258,7 +264,8 @@ std::vector<int64_t> lengths(const std::vector<SeqData>& seqs) {
 }
 
 // Writes every sequence's context with one step so that `parts` can then run.
-void fill_context(const Context& ctx, Paged& pc, const std::vector<SeqData>& seqs, const std::vector<Part>& parts) {
+void fill_context(const Context& ctx, Paged& pc, const std::vector<SeqData>& seqs,
+                  const std::vector<Part>& parts) {
   std::vector<Part> pre;
   for (const Part& p : parts)
     if (p.n_ctx > 0) pre.push_back({p.id, 0, p.n_ctx});
@@ -293,22 +300,32 @@ TEST(Attention, ForwardMatchesDoubleReference) {
 TEST(Attention, ForwardFollowsTheContractBitForBit) {
   // Every head width the kernel specializes (16, 32, 64, 128), the generic
   // multiple of 16 (48), the canonical_dot fallback (8, 17), head groups of
-  // 1, 3, 4 and 8 (two accumulation passes), and a bf16 cache.
-  const std::vector<std::pair<Shape, DType>> fixed{
-      {{2, 2, 16}, DType::F32},  {{8, 2, 32}, DType::F32}, {{8, 4, 64}, DType::F32}, {{4, 1, 128}, DType::F32},
-      {{3, 1, 48}, DType::F32},  {{8, 1, 8}, DType::F32},  {{4, 2, 17}, DType::F32}, {{8, 2, 32}, DType::BF16}};
+  // 1, 3, 4 and 8 (two accumulation passes), a bf16 cache, and q, k so small
+  // that the scores underflow to zeros and subnormals.
+  struct Fixed {
+    Shape sh;
+    DType dt;
+    float qk_scale;
+  };
+  const std::vector<Fixed> fixed{
+      {{2, 2, 16}, DType::F32, 1},  {{8, 2, 32}, DType::F32, 1},  {{8, 4, 64}, DType::F32, 1},
+      {{4, 1, 128}, DType::F32, 1}, {{3, 1, 48}, DType::F32, 1},  {{8, 1, 8}, DType::F32, 1},
+      {{4, 2, 17}, DType::F32, 1},  {{8, 2, 32}, DType::BF16, 1}, {{4, 2, 32}, DType::F32, 1e-23f}};
   for (uint32_t seed = 20; seed < 20 + fixed.size() + 4; ++seed) {
     RandomCase rc = random_case(seed);
     const size_t f = seed - 20;
     DType dt = DType::F32;
     if (f < fixed.size()) {
-      rc.sh = fixed[f].first;
-      dt = fixed[f].second;
-      for (size_t i = 0; i < rc.seqs.size(); ++i) rc.seqs[i] = make_seq(rc.sh, rc.seqs[i].len, seed * 10 + i);
-      if (dt == DType::BF16) {
-        for (auto& s : rc.seqs)
-          for (auto* v : {&s.k, &s.v})
+      rc.sh = fixed[f].sh;
+      dt = fixed[f].dt;
+      for (size_t i = 0; i < rc.seqs.size(); ++i) {
+        rc.seqs[i] = make_seq(rc.sh, rc.seqs[i].len, seed * 10 + i);
+        for (auto* v : {&rc.seqs[i].q, &rc.seqs[i].k})
+          for (float& x : *v) x *= fixed[f].qk_scale;
+        if (dt == DType::BF16) {
+          for (auto* v : {&rc.seqs[i].k, &rc.seqs[i].v})
             for (float& x : *v) x = round_bf16(x);  // what the cache will hold
+        }
       }
     }
     const Context ctx{};
@@ -379,7 +396,8 @@ TEST(Attention, MixedBatchMatchesEachSequenceAlone) {
   const Shape sh{8, 2, 32};
   const float scale = default_scale(sh);
   // (n_ctx, n_new): decode steps, a prefill chunk, a fresh prompt, an idle sequence, a long one.
-  const std::vector<std::pair<int64_t, int64_t>> shapes{{40, 1}, {0, 70}, {95, 1}, {33, 17}, {12, 0}, {250, 1}};
+  const std::vector<std::pair<int64_t, int64_t>> shapes{{40, 1},  {0, 70}, {95, 1},
+                                                        {33, 17}, {12, 0}, {250, 1}};
   std::vector<SeqData> seqs;
   std::vector<Part> parts;
   for (size_t i = 0; i < shapes.size(); ++i) {
@@ -397,8 +415,10 @@ TEST(Attention, MixedBatchMatchesEachSequenceAlone) {
       std::vector<SeqData> one{seqs[p.id]};
       fill_context(Context{&pool1}, alone_pc, one, {{0, p.n_ctx, p.n_new}});
       const StepOut alone = step(Context{&pool1}, alone_pc, one, {{0, p.n_ctx, p.n_new}}, scale);
-      const std::string what = "sequence " + std::to_string(p.id) + " threads=" + std::to_string(pool->size());
-      expect_bits_equal(&batched.out[row * sh.H * sh.Dh], alone.out.data(), p.n_new * sh.H * sh.Dh, what.c_str());
+      const std::string what =
+          "sequence " + std::to_string(p.id) + " threads=" + std::to_string(pool->size());
+      expect_bits_equal(&batched.out[row * sh.H * sh.Dh], alone.out.data(), p.n_new * sh.H * sh.Dh,
+                        what.c_str());
       expect_bits_equal(&batched.lse[row * sh.H], alone.lse.data(), p.n_new * sh.H, what.c_str());
       row += p.n_new;
     }
@@ -430,8 +450,8 @@ TEST(Attention, StridedTokenRowsGiveTheSameBits) {
   kv_cache_write(Context{}, pc.k.view(), pc.v.view(), view(sh.H * sh.Dh, sh.Hkv),
                  view((sh.H + sh.Hkv) * sh.Dh, sh.Hkv), bh.batch);
   Guarded out(L * sh.H * sh.Dh);
-  attention_forward(Context{}, out.tensor({L, sh.H, sh.Dh}), Tensor(), view(0, sh.H), pc.k.view(), pc.v.view(),
-                    bh.batch, scale);
+  attention_forward(Context{}, out.tensor({L, sh.H, sh.Dh}), Tensor(), view(0, sh.H), pc.k.view(),
+                    pc.v.view(), bh.batch, scale);
   out.check("out");
   expect_bits_equal(out.data(), want.out.data(), L * sh.H * sh.Dh, "strided q/k/v");
 }
@@ -495,8 +515,8 @@ TEST(Attention, KvCacheWriteFillsExactlyTheNewSlots) {
 struct Grads {
   std::vector<float> out, dq, dk, dv;
 };
-Grads train_step(const Context& ctx, Shape sh, int bs, const std::vector<SeqData>& seqs, const std::vector<float>& w,
-                 float scale, uint32_t layout_seed, DType dt = DType::F32) {
+Grads train_step(const Context& ctx, Shape sh, int bs, const std::vector<SeqData>& seqs,
+                 const std::vector<float>& w, float scale, uint32_t layout_seed, DType dt = DType::F32) {
   std::vector<Part> parts;
   for (size_t i = 0; i < seqs.size(); ++i) parts.push_back({static_cast<int>(i), 0, seqs[i].len});
   Paged pc(sh, bs, lengths(seqs), layout_seed, dt);
@@ -507,14 +527,14 @@ Grads train_step(const Context& ctx, Shape sh, int bs, const std::vector<SeqData
                  Tensor(in.v.data(), DType::F32, {T, sh.Hkv, sh.Dh}), bh.batch);
   const Tensor q(in.q.data(), DType::F32, {T, sh.H, sh.Dh});
   std::vector<float> out(static_cast<size_t>(T * sh.H * sh.Dh)), lse(static_cast<size_t>(T * sh.H));
-  attention_forward(ctx, Tensor(out.data(), DType::F32, {T, sh.H, sh.Dh}), Tensor(lse.data(), DType::F32, {T, sh.H}),
-                    q, pc.k.view(), pc.v.view(), bh.batch, scale);
+  attention_forward(ctx, Tensor(out.data(), DType::F32, {T, sh.H, sh.Dh}),
+                    Tensor(lse.data(), DType::F32, {T, sh.H}), q, pc.k.view(), pc.v.view(), bh.batch, scale);
   Guarded dq(T * sh.H * sh.Dh, 7.0f), dk(T * sh.Hkv * sh.Dh, 7.0f), dv(T * sh.Hkv * sh.Dh, 7.0f);
   std::vector<float> dout = w;
   attention_backward(ctx, dq.tensor({T, sh.H, sh.Dh}), dk.tensor({T, sh.Hkv, sh.Dh}),
                      dv.tensor({T, sh.Hkv, sh.Dh}), Tensor(dout.data(), DType::F32, {T, sh.H, sh.Dh}),
-                     Tensor(out.data(), DType::F32, {T, sh.H, sh.Dh}), Tensor(lse.data(), DType::F32, {T, sh.H}), q,
-                     pc.k.view(), pc.v.view(), bh.batch, scale);
+                     Tensor(out.data(), DType::F32, {T, sh.H, sh.Dh}),
+                     Tensor(lse.data(), DType::F32, {T, sh.H}), q, pc.k.view(), pc.v.view(), bh.batch, scale);
   dq.check("dq");
   dk.check("dk");
   dv.check("dv");
@@ -576,7 +596,8 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
       const double fd = (loss(x0 + eps) - loss(x0 - eps)) / (2.0 * eps);
       const size_t off = which == 0 ? 13 * sh.H * sh.Dh : 13 * sh.Hkv * sh.Dh;
       const float got = (which == 0 ? g.dq : which == 1 ? g.dk : g.dv)[off + i];
-      EXPECT_NEAR(got, fd, 1e-2 * (std::fabs(fd) + 0.05)) << what << " f32 fd, tensor " << which << " elem " << i;
+      EXPECT_NEAR(got, fd, 1e-2 * (std::fabs(fd) + 0.05))
+          << what << " f32 fd, tensor " << which << " elem " << i;
     }
   }
 }
@@ -634,8 +655,8 @@ class AttentionErrors : public ::testing::Test {
     Guarded out(T * H * Dh, 5.0f);
     std::vector<float> qq(static_cast<size_t>(T * H * Dh), 1.0f);
     try {
-      attention_forward(Context{}, out.tensor({T, H, Dh}), Tensor(), Tensor(qq.data(), DType::F32, {T, H, Dh}),
-                        pc.k.view(), pc.v.view(), bh.batch, 1.0f);
+      attention_forward(Context{}, out.tensor({T, H, Dh}), Tensor(),
+                        Tensor(qq.data(), DType::F32, {T, H, Dh}), pc.k.view(), pc.v.view(), bh.batch, 1.0f);
     } catch (...) {
       for (int64_t i = 0; i < T * H * Dh; ++i) EXPECT_EQ(out[i], 5.0f) << "out written before the error";
       out.check("out");
@@ -685,7 +706,8 @@ TEST_F(AttentionErrors, BadCachesAndBatchTensors) {
   expect_error(
       [&] {
         attention_forward(Context{}, Tensor(q.data(), DType::F32, {15, 4, 8}), Tensor(),
-                          Tensor(q.data(), DType::F32, {15, 4, 8}), pc.k.view(), small.view(), bh.batch, 1.0f);
+                          Tensor(q.data(), DType::F32, {15, 4, 8}), pc.k.view(), small.view(), bh.batch,
+                          1.0f);
       },
       {"v_cache", "(3, 4, 2, 8)"});
   bh.batch.n_ctx = Tensor(bh.n_ctx.data(), DType::F32, {2});
@@ -709,8 +731,8 @@ TEST_F(AttentionErrors, BackwardNeedsTheTrainingCase) {
   const Tensor t4(g.data(), DType::F32, {12, 4, 8}), t2(gk.data(), DType::F32, {12, 2, 8});
   expect_error(
       [&] {
-        attention_backward(Context{}, t4, t2, t2, t4, t4, Tensor(l.data(), DType::F32, {12, 4}), t4, pc.k.view(),
-                           pc.v.view(), bh.batch, 1.0f);
+        attention_backward(Context{}, t4, t2, t2, t4, t4, Tensor(l.data(), DType::F32, {12, 4}), t4,
+                           pc.k.view(), pc.v.view(), bh.batch, 1.0f);
       },
       {"sequence 0 has n_ctx = 3", "every n_ctx == 0"});
 }

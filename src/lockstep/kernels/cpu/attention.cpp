@@ -25,9 +25,11 @@ BatchPlan plan_batch(const char* fn, const AttentionBatch& batch, int64_t T, con
                      const Tensor& v_cache) {
   BatchPlan p;
   if (k_cache.ndim != 4)
-    LS_THROW << fn << ": k_cache: expected shape (num_blocks, block_size, Hkv, Dh), got " << k_cache.shape_str();
+    LS_THROW << fn << ": k_cache: expected shape (num_blocks, block_size, Hkv, Dh), got "
+             << k_cache.shape_str();
   const std::string v_what = std::string(fn) + ": v_cache (must match k_cache " + k_cache.shape_str() + ")";
-  check_shape(v_cache, {k_cache.shape[0], k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]}, v_what.c_str());
+  check_shape(v_cache, {k_cache.shape[0], k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]},
+              v_what.c_str());
   if ((k_cache.dtype != DType::F32 && k_cache.dtype != DType::BF16) || v_cache.dtype != k_cache.dtype)
     LS_THROW << fn << ": k_cache " << k_cache.shape_str() << " and v_cache " << v_cache.shape_str()
              << " must both be f32 or both bf16";
@@ -37,7 +39,8 @@ BatchPlan plan_batch(const char* fn, const AttentionBatch& batch, int64_t T, con
   p.BS = k_cache.shape[1];
   p.Hkv = k_cache.shape[2];
   p.Dh = k_cache.shape[3];
-  if (p.Hkv < 1 || p.Dh < 1) LS_THROW << fn << ": k_cache " << k_cache.shape_str() << " has no heads or no width";
+  if (p.Hkv < 1 || p.Dh < 1)
+    LS_THROW << fn << ": k_cache " << k_cache.shape_str() << " has no heads or no width";
   if (batch.block_size < 1 || batch.block_size != p.BS)
     LS_THROW << fn << ": batch.block_size = " << batch.block_size << " but the caches " << k_cache.shape_str()
              << " hold " << p.BS << " positions per block";
@@ -64,11 +67,12 @@ BatchPlan plan_batch(const char* fn, const AttentionBatch& batch, int64_t T, con
   for (int64_t s = 0; s < p.S; ++s) {
     const int64_t nc = p.n_ctx[s], nn = p.n_new[s];
     if (nc < 0 || nn < 0)
-      LS_THROW << fn << ": sequence " << s << " has n_ctx = " << nc << ", n_new = " << nn << " (must be >= 0)";
+      LS_THROW << fn << ": sequence " << s << " has n_ctx = " << nc << ", n_new = " << nn
+               << " (must be >= 0)";
     if (nc + nn > capacity)
       LS_THROW << fn << ": sequence " << s << ": n_ctx + n_new = " << nc << " + " << nn << " = " << nc + nn
-               << " positions exceed the block table's capacity of " << p.max_blocks << " blocks x "
-               << p.BS << " = " << capacity;
+               << " positions exceed the block table's capacity of " << p.max_blocks << " blocks x " << p.BS
+               << " = " << capacity;
     const int32_t* row = p.table + s * p.table_stride;
     const int64_t used = (nc + nn + p.BS - 1) / p.BS;
     for (int64_t b = 0; b < used; ++b) {
@@ -163,8 +167,8 @@ void attend_group(const float* const* q, int nh, const float* const* kp, const f
 }  // namespace
 }  // namespace attn
 
-void kv_cache_write(const Context& ctx, Tensor k_cache, Tensor v_cache, const Tensor& k_new, const Tensor& v_new,
-                    const AttentionBatch& batch) {
+void kv_cache_write(const Context& ctx, Tensor k_cache, Tensor v_cache, const Tensor& k_new,
+                    const Tensor& v_new, const AttentionBatch& batch) {
   constexpr const char* fn = "kv_cache_write";
   if (k_new.ndim != 3) LS_THROW << fn << ": k_new: expected shape (T, Hkv, Dh), got " << k_new.shape_str();
   const int64_t T = k_new.shape[0];
@@ -184,9 +188,9 @@ void kv_cache_write(const Context& ctx, Tensor k_cache, Tensor v_cache, const Te
   for (size_t i = 1; i < slots.size(); ++i) {
     if (slots[i].first == slots[i - 1].first) {
       const int64_t a = slots[i - 1].second, b = slots[i].second;
-      LS_THROW << fn << ": token " << a << " (sequence " << p.seq[a] << ", position " << p.pos[a] << ") and token "
-               << b << " (sequence " << p.seq[b] << ", position " << p.pos[b] << ") map to the same cache slot "
-               << slots[i].first / p.BS << ":" << slots[i].first % p.BS;
+      LS_THROW << fn << ": token " << a << " (sequence " << p.seq[a] << ", position " << p.pos[a]
+               << ") and token " << b << " (sequence " << p.seq[b] << ", position " << p.pos[b]
+               << ") map to the same cache slot " << slots[i].first / p.BS << ":" << slots[i].first % p.BS;
     }
   }
 
@@ -220,8 +224,9 @@ void attention_forward(const Context& ctx, Tensor out, Tensor lse, const Tensor&
   const attn::BatchPlan p = attn::plan_batch(fn, batch, T, k_cache, v_cache);
   const int64_t Dh = p.Dh, Hkv = p.Hkv;
   if (H < 1 || H % Hkv != 0)
-    LS_THROW << fn << ": q " << q.shape_str() << " has H = " << H << " heads, not a multiple of the cache's Hkv = "
-             << Hkv << " (k_cache " << k_cache.shape_str() << ")";
+    LS_THROW << fn << ": q " << q.shape_str() << " has H = " << H
+             << " heads, not a multiple of the cache's Hkv = " << Hkv << " (k_cache " << k_cache.shape_str()
+             << ")";
   attn::check_rows(fn, q, T, H, Dh, "q (T, H, Dh)");
   attn::check_rows(fn, out, T, H, Dh, "out (T, H, Dh)");
   const bool want_lse = lse.data != nullptr || lse.ndim != 0;
@@ -251,9 +256,10 @@ void attention_forward(const Context& ctx, Tensor out, Tensor lse, const Tensor&
       static_cast<int64_t>(ranges.size()) - 1,
       [&](int64_t rb, int64_t re) {
         const size_t n_state = static_cast<size_t>(tile * H);
-        std::vector<float> acc_buf(n_state * static_cast<size_t>(Dh));                         // (tile, H, Dh)
-        std::vector<float> tiles(cache.bf16 ? static_cast<size_t>(2 * kKeyBlock * Dh) : 0);  // (2, kKeyBlock, Dh)
-        std::vector<attn::Running> st(n_state);                                                // (tile, H)
+        std::vector<float> acc_buf(n_state * static_cast<size_t>(Dh));  // (tile, H, Dh)
+        std::vector<float> tiles(cache.bf16 ? static_cast<size_t>(2 * kKeyBlock * Dh)
+                                            : 0);  // (2, kKeyBlock, Dh)
+        std::vector<attn::Running> st(n_state);    // (tile, H)
         std::vector<const float*> qs(n_state);
         std::vector<float*> accs(n_state);
         const float* kp[kKeyBlock];
@@ -281,7 +287,8 @@ void attention_forward(const Context& ctx, Tensor out, Tensor lse, const Tensor&
             const int n_max = static_cast<int>(std::min<int64_t>(kKeyBlock, pos_max + 1 - p0));
             if (p0 + kKeyBlock <= pos_max)
               cache.prefetch(row, p0 + kKeyBlock,
-                             static_cast<int>(std::min<int64_t>(kKeyBlock, pos_max + 1 - p0 - kKeyBlock)), kv0, kv1);
+                             static_cast<int>(std::min<int64_t>(kKeyBlock, pos_max + 1 - p0 - kKeyBlock)),
+                             kv0, kv1);
             for (int64_t kvh = kv0; kvh < kv1; ++kvh) {
               cache.gather(row, p0, n_max, kvh, kp, vp, tiles.data(), tiles.data() + kKeyBlock * Dh);
               const int64_t hs = std::max(h0, kvh * G), he = std::min(h1, (kvh + 1) * G);

@@ -15,17 +15,18 @@ namespace lockstep::kernels {
 //   dq_t = scale Σ_j dS_tj k_j,  dk_j = scale Σ_{h in group} Σ_t dS_tj q_t,
 //   dv_j = Σ_{h in group} Σ_t P_tj dout_t.
 // Each sum runs in a fixed order (keys ascending; heads, then queries ascending).
-void attention_backward(const Context& ctx, Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& out,
-                        const Tensor& lse, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                        const AttentionBatch& batch, float scale) {
+void attention_backward(const Context& ctx, Tensor dq, Tensor dk, Tensor dv, const Tensor& dout,
+                        const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k_cache,
+                        const Tensor& v_cache, const AttentionBatch& batch, float scale) {
   constexpr const char* fn = "attention_backward";
   if (q.ndim != 3) LS_THROW << fn << ": q: expected shape (T, H, Dh), got " << q.shape_str();
   const int64_t T = q.shape[0], H = q.shape[1];
   const attn::BatchPlan p = attn::plan_batch(fn, batch, T, k_cache, v_cache);
   const int64_t Dh = p.Dh, Hkv = p.Hkv;
   if (H < 1 || H % Hkv != 0)
-    LS_THROW << fn << ": q " << q.shape_str() << " has H = " << H << " heads, not a multiple of the cache's Hkv = "
-             << Hkv << " (k_cache " << k_cache.shape_str() << ")";
+    LS_THROW << fn << ": q " << q.shape_str() << " has H = " << H
+             << " heads, not a multiple of the cache's Hkv = " << Hkv << " (k_cache " << k_cache.shape_str()
+             << ")";
   for (int64_t s = 0; s < p.S; ++s) {
     if (p.n_ctx[s] != 0)
       LS_THROW << fn << ": sequence " << s << " has n_ctx = " << p.n_ctx[s]
@@ -59,8 +60,9 @@ void attention_backward(const Context& ctx, Tensor dq, Tensor dk, Tensor dv, con
   ctx.parallel_for(
       static_cast<int64_t>(r1.size()) - 1,
       [&](int64_t rb, int64_t re) {
-        std::vector<float> acc(static_cast<size_t>(Dh));                                        // (Dh)
-        std::vector<float> tiles(cache.bf16 ? static_cast<size_t>(2 * kKeyBlock * Dh) : 0);  // (2, kKeyBlock, Dh)
+        std::vector<float> acc(static_cast<size_t>(Dh));  // (Dh)
+        std::vector<float> tiles(cache.bf16 ? static_cast<size_t>(2 * kKeyBlock * Dh)
+                                            : 0);  // (2, kKeyBlock, Dh)
         const float* kp[kKeyBlock];
         const float* vp[kKeyBlock];
         float pr[kKeyBlock + 8], dp[kKeyBlock + 8], ds[kKeyBlock];  // scores() may write 8 past n
@@ -83,7 +85,8 @@ void attention_backward(const Context& ctx, Tensor dq, Tensor dk, Tensor dv, con
             for (int k = 0; k < n; ++k) ds[k] = pr[k] * (dp[k] - D);
             attn::scale_and_accumulate(acc.data(), Dh, j == 0, 1.0f, ds, kp, n);
           }
-          attn::scale_row(dq.ptr<float>() + t * dq.stride[0] + h * Dh, acc.data(), scale, /*divide=*/false, Dh);
+          attn::scale_row(dq.ptr<float>() + t * dq.stride[0] + h * Dh, acc.data(), scale, /*divide=*/false,
+                          Dh);
         }
       },
       1);
@@ -98,7 +101,7 @@ void attention_backward(const Context& ctx, Tensor dq, Tensor dk, Tensor dv, con
       static_cast<int64_t>(r2.size()) - 1,
       [&](int64_t rb, int64_t re) {
         std::vector<float> kacc(static_cast<size_t>(Dh)), vacc(static_cast<size_t>(Dh));  // (Dh) each
-        std::vector<float> tiles(cache.bf16 ? static_cast<size_t>(2 * Dh) : 0);        // (2, Dh)
+        std::vector<float> tiles(cache.bf16 ? static_cast<size_t>(2 * Dh) : 0);           // (2, Dh)
         const float* qp[kKeyBlock];
         const float* dop[kKeyBlock];
         float pr[kKeyBlock + 8], dpv[kKeyBlock + 8], ds[kKeyBlock];  // scores() may write 8 past n
@@ -127,7 +130,8 @@ void attention_backward(const Context& ctx, Tensor dq, Tensor dk, Tensor dv, con
               first = false;
             }
           }
-          attn::scale_row(dk.ptr<float>() + t * dk.stride[0] + kvh * Dh, kacc.data(), scale, /*divide=*/false, Dh);
+          attn::scale_row(dk.ptr<float>() + t * dk.stride[0] + kvh * Dh, kacc.data(), scale, /*divide=*/false,
+                          Dh);
           std::copy(vacc.begin(), vacc.end(), dv.ptr<float>() + t * dv.stride[0] + kvh * Dh);
         }
       },

@@ -46,7 +46,7 @@ void check_rows(const char* fn, const Tensor& t, int64_t T, int64_t heads, int64
 // every output are independent of this split; it only balances causal work.
 template <typename CostFn>
 std::vector<int64_t> balanced_ranges(int64_t n, int threads, CostFn cost) {
-  // ~ the cost, in key visits, of a few microseconds of work.
+  // In (query, key) visits: ~10 us of work, more than a thread hand-off costs.
   constexpr int64_t kMinCostPerRange = 2048;
   std::vector<int64_t> prefix(static_cast<size_t>(n) + 1, 0);
   for (int64_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + cost(i);
@@ -120,10 +120,10 @@ struct CacheView {
   }
 };
 
-// max_reduce(x, n) for 1 <= n <= kKeyBlock scores, vectorized. Max is order-free
-// for ordered values; the one order-dependent case, +0 vs -0, cannot arise
-// (canonical_dot never returns -0: its lanes start at +0, so every zero score
-// has the sign of `scale`). A NaN defers to max_reduce itself.
+// max_reduce(x, n) for 1 <= n <= kKeyBlock scores, vectorized, same bits. The
+// max of ordered values does not depend on the order, except that +0 and -0
+// compare equal (max_reduce keeps the first); so a zero max, like a NaN, defers
+// to max_reduce itself.
 HWY_INLINE float block_max(const float* x, int n) {
   const D d;
   constexpr int N = static_cast<int>(hn::MaxLanes(D()));
@@ -140,7 +140,7 @@ HWY_INLINE float block_max(const float* x, int n) {
     if (std::isnan(x[i])) return max_reduce(x, n);
     r = x[i] > r ? x[i] : r;
   }
-  if (!hn::AllFalse(d, hn::MaskFromVec(nan))) return max_reduce(x, n);
+  if (r == 0.0f || !hn::AllFalse(d, hn::MaskFromVec(nan))) return max_reduce(x, n);
   return r;
 }
 
@@ -194,7 +194,8 @@ HWY_INLINE hn::Vec<D> dot8(const float* q, const float* const* k, int64_t dh) {
   // Per block: [x0 + x2, x1 + x3, y0 + y2, y1 + y3].
   auto fold2 = [&](hn::Vec<D> x, hn::Vec<D> y) {
     const auto xd = hn::BitCast(dd, x), yd = hn::BitCast(dd, y);
-    return hn::Add(hn::BitCast(d, hn::InterleaveLower(xd, yd)), hn::BitCast(d, hn::InterleaveUpper(dd, xd, yd)));
+    return hn::Add(hn::BitCast(d, hn::InterleaveLower(xd, yd)),
+                   hn::BitCast(d, hn::InterleaveUpper(dd, xd, yd)));
   };
   // Folded as soon as computed, to keep few vectors live.
   const auto x04 = fold4(key(0), key(4));
@@ -229,6 +230,8 @@ HWY_INLINE float block_sum(const float* x, int n) {
   return canonical_sum(x, n);
 }
 
+// scores() on 8-lane vectors for dh % 16 == 0; a last partial group of keys is
+// padded with a real row so no lane reads past the rows given.
 template <int kG>
 HWY_INLINE void scores8(const float* q, const float* const* k, int n, int64_t dh, float scale, float* e) {
   const D d;

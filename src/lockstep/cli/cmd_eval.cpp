@@ -1,0 +1,230 @@
+// `lockstep eval`: samples n responses per problem of a JSONL file, scores
+// them with a verifier and reports pass@1, pass@k, truncation rate and
+// response length (a summary table, summary JSON, per-problem JSONL).
+#include <filesystem>
+#include <iostream>
+
+#include "lockstep/base/error.h"
+#include "lockstep/base/log.h"
+#include "lockstep/base/toml_section.h"
+#include "lockstep/cli/command.h"
+#include "lockstep/cli/model_source.h"
+#include "lockstep/data/dataset.h"
+#include "lockstep/data/jsonl.h"
+#include "lockstep/eval/eval_config.h"
+#include "lockstep/eval/evaluator.h"
+#include "lockstep/eval/report.h"
+#include "lockstep/model/file_util.h"
+#include "lockstep/model/weights.h"
+#include "lockstep/rollout/engine.h"
+
+namespace lockstep::cli {
+namespace {
+
+const char* const kHelp =
+    "usage: lockstep eval --model DIR --data FILE.jsonl [flags]\n"
+    "       lockstep eval --config FILE [--set section.key=value ...] [flags]\n"
+    "\n"
+    "Samples --n responses to every prompt of FILE.jsonl with the rollout engine, scores each\n"
+    "against the line's label with a verifier and prints pass@1 (mean correctness), pass@k for\n"
+    "k = 1, 2, 4, ... <= n and k = n (unbiased estimator 1 - C(n-c,k)/C(n,k)), the truncation\n"
+    "rate (finish reason \"length\"), the mean response length, reward failures and tokens/s.\n"
+    "Responses whose scoring fails (timeout, bad label) are reported and never count as correct.\n"
+    "Each line holds the prompt (or a messages list) and the label; see docs/eval.md.\n"
+    "\n"
+    "flags:\n"
+    "  --model DIR            Hugging Face model directory with tokenizer.json\n"
+    "  --data FILE            prompts JSONL (config: [data] eval_file)\n"
+    "  --n N                  samples per problem (default 8)\n"
+    "  --temperature T        sampling temperature (default 1; 0 = greedy)\n"
+    "  --top-p P  --top-k K   nucleus / top-k truncation (default off)\n"
+    "  --max-new-tokens N     response length limit (default 1024)\n"
+    "  --seed S               sampling seed (default 0; problem i uses mix(S, i))\n"
+    "  --reward TYPE          math | countdown | exact | remote (default math)\n"
+    "  --reward-config X      reward options: a JSON object, or a file holding one\n"
+    "  --prompt-key K         prompt field (default prompt)\n"
+    "  --label-key K          label field (default label)\n"
+    "  --no-chat-template     feed the prompt text as is\n"
+    "  --chat-template NAME   auto | chatml | llama3 | deepseek | raw (default auto)\n"
+    "  --name NAME            set name in metric keys eval/NAME/... (default test)\n"
+    "  --output FILE          per-problem JSONL (responses, rewards, finish reasons)\n"
+    "  --summary FILE         summary JSON (every metric)\n"
+    "  --threads N            compute threads (default: all cores)\n"
+    "  --kv-blocks N          KV cache blocks of 16 tokens (default 1024)\n"
+    "  --max-batch-tokens N   tokens per engine step (default 2048)\n"
+    "\n"
+    "--config FILE reads [model] (path = DIR), [data] (eval_file, prompt_key, label_key, ...),\n"
+    "[eval] (n, temperature, top_p, top_k, min_p, max_new_tokens, seed, name, output, summary,\n"
+    "stop_token_ids, stop_at_end_of_turn) and [reward]; flags override the config. Other\n"
+    "sections of an RL config ([rollout] [train] [algo] [sync] [dist] [log]) are ignored.\n"
+    "Output files are written to a temporary file and renamed. A bad data line stops the run\n"
+    "with file:line (exit code 2).\n";
+
+// Sections an RL config may hold that eval has no use for.
+const std::vector<std::string> kIgnoredSections = {"rollout", "train", "algo", "sync", "dist", "log"};
+
+nlohmann::json reward_config_json(const std::string& arg) {
+  std::string text = arg;
+  // Not JSON-looking and names a file: read it.
+  std::error_code ec;
+  if (!arg.empty() && arg.front() != '{' && std::filesystem::is_regular_file(arg, ec))
+    text = read_file_text(arg);
+  auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object())
+    LS_THROW << "--reward-config: expected a JSON object or a file holding one, got '" << arg << "'";
+  return j;
+}
+
+int run_eval(const Args& args) {
+  args.check_known({"config",
+                    "model",
+                    "data",
+                    "n",
+                    "temperature",
+                    "top-p",
+                    "top-k",
+                    "max-new-tokens",
+                    "seed",
+                    "reward",
+                    "reward-config",
+                    "prompt-key",
+                    "label-key",
+                    "no-chat-template",
+                    "chat-template",
+                    "name",
+                    "output",
+                    "summary",
+                    "threads",
+                    "kv-blocks",
+                    "max-batch-tokens"});
+  if (!args.sets().empty() && !args.has("config")) LS_THROW << "--set needs --config";
+
+  // Config file first (if any); flags override it.
+  toml::table root;
+  std::string source = "(flags)";
+  if (auto cfg = args.maybe("config")) {
+    source = *cfg;
+    root = load_toml_with_overrides(*cfg, args.sets());
+    for (const auto& [k, v] : root) {
+      const std::string key(k.str());
+      bool ok = key == "model" || key == "data" || key == "eval" || key == "reward";
+      for (const auto& s : kIgnoredSections) ok = ok || key == s;
+      if (!ok)
+        LS_THROW << source << ": section [" << key
+                 << "] is not used by eval (expected [model] [data] [eval] [reward])";
+    }
+  }
+  TomlSection data_s(root["data"].as_table(), source, "data");
+  data::DataConfig dc = data::data_config_from_toml(data_s);
+  data_s.finish();
+  TomlSection eval_s(root["eval"].as_table(), source, "eval");
+  eval::EvalSection es = eval::eval_section_from_toml(eval_s);
+  eval_s.finish();
+  eval::EvalConfig& ec = es.config;
+
+  if (!args.has("reward-config") && !args.has("reward")) {
+    ec.reward = eval::reward_options_from_toml(root["reward"].as_table(), source);
+  } else {
+    // The flags' keys replace the config's, then the whole is checked once.
+    nlohmann::json j = nlohmann::json::object();
+    if (const toml::table* t = root["reward"].as_table()) j = eval::toml_to_json(*t);
+    if (auto v = args.maybe("reward-config")) {
+      const nlohmann::json flags = reward_config_json(*v);  // named: items() must not outlive it
+      for (const auto& [k, val] : flags.items()) j[k] = val;
+    }
+    if (auto v = args.maybe("reward")) j["type"] = *v;
+    try {
+      ec.reward = reward::RewardOptions::from_json(j);
+    } catch (const Error& err) {
+      LS_THROW << "reward options (--reward, --reward-config" << (root.contains("reward") ? ", [reward]" : "")
+               << "): " << err.what();
+    }
+  }
+
+  if (auto v = args.maybe("data")) dc.eval_file = *v;
+  if (dc.eval_file.empty()) LS_THROW << "no data: give --data FILE.jsonl (or [data] eval_file)";
+  dc.prompt_key = args.get("prompt-key", dc.prompt_key);
+  dc.label_key = args.get("label-key", dc.label_key);
+  if (args.flag("no-chat-template")) dc.apply_chat_template = false;
+  ec.n = args.get_int("n", ec.n);
+  ec.sampling.temperature = float(args.get_double("temperature", ec.sampling.temperature));
+  ec.sampling.top_p = float(args.get_double("top-p", ec.sampling.top_p));
+  ec.sampling.top_k = args.get_int("top-k", ec.sampling.top_k);
+  ec.sampling.max_new_tokens = args.get_int("max-new-tokens", ec.sampling.max_new_tokens);
+  const int64_t seed = args.get_int("seed", int64_t(ec.seed));
+  if (seed < 0) LS_THROW << "--seed must be >= 0, got " << seed;
+  ec.seed = uint64_t(seed);
+  ec.name = args.get("name", ec.name);
+  es.output = args.get("output", es.output);
+  es.summary = args.get("summary", es.summary);
+  ec.validate();  // before the model loads: a bad flag fails fast
+
+  rollout::EngineConfig engine_cfg;
+  engine_cfg.num_blocks = args.get_int("kv-blocks", engine_cfg.num_blocks);
+  engine_cfg.max_batch_tokens = args.get_int("max-batch-tokens", engine_cfg.max_batch_tokens);
+  if (engine_cfg.num_blocks < 1 || engine_cfg.max_batch_tokens < 1)
+    LS_THROW << "--kv-blocks and --max-batch-tokens must be >= 1";
+
+  auto pool = make_pool(args.get_int("threads", 0));
+  Context ctx{pool.get(), 0};
+  LoadedModel m;
+  if (auto dir = args.maybe("model")) {
+    m = load_model_dir(*dir, ctx, args.get("chat-template", "auto"));
+  } else if (root.contains("model")) {
+    if (args.has("chat-template"))
+      LS_THROW << "--chat-template goes with --model; in a config use [model] chat_template";
+    m = load_model_from_config(root, source, ctx);
+  } else {
+    LS_THROW << "no model: give --model DIR (or [model] path in --config)";
+  }
+  if (!m.tokenizer) LS_THROW << "the model has no tokenizer.json; eval needs one to build prompts and decode";
+
+  // Bad lines fail here, before any generation (file:line in the message).
+  auto problems = data::load_prompts(dc.eval_file, dc, *m.tokenizer);
+  for (const auto& p : problems)
+    if (int64_t(p.prompt_ids.size()) >= m.config.max_position_embeddings)
+      LS_THROW << dc.eval_file << ":" << p.line << ": the prompt has " << p.prompt_ids.size()
+               << " tokens; the model's context is " << m.config.max_position_embeddings;
+
+  ParamLayout layout(m.config);
+  model::ModelWeights weights(ctx, layout, m.params.as<float>());
+  rollout::Engine engine(ctx, &weights, engine_cfg);
+  eval::Evaluator evaluator(ec);
+  std::cerr << "eval " << ec.name << ": " << problems.size() << " problems x " << ec.n << " samples from "
+            << dc.eval_file << " (" << ec.reward.type << " reward, temperature " << ec.sampling.temperature
+            << ", max_new_tokens " << ec.sampling.max_new_tokens << ", " << ctx.threads() << " threads)"
+            << std::endl;
+  std::vector<eval::EvalProblemResult> per_problem;
+  eval::EvalSummary summary = evaluator.run(engine, *m.tokenizer, problems, &per_problem);
+
+  if (!es.output.empty()) {
+    std::vector<nlohmann::json> lines;
+    lines.reserve(per_problem.size());
+    for (const auto& p : per_problem) lines.push_back(eval::problem_to_json(p));
+    data::write_jsonl_atomic(es.output, lines);
+  }
+  if (!es.summary.empty()) {
+    nlohmann::json j = eval::summary_to_json(summary);
+    j["data"] = dc.eval_file;
+    j["model"] = m.dir;
+    j["reward"] = ec.reward.to_json();
+    j["temperature"] = ec.sampling.temperature;
+    j["top_p"] = ec.sampling.top_p;
+    j["max_new_tokens"] = ec.sampling.max_new_tokens;
+    j["seed"] = ec.seed;
+    write_file_atomic(es.summary, j.dump(2) + "\n");
+  }
+  std::cout << eval::format_summary_table(summary);
+  if (!es.output.empty()) std::cout << "  per-problem         " << es.output << "\n";
+  if (!es.summary.empty()) std::cout << "  summary             " << es.summary << "\n";
+  return 0;
+}
+
+LS_REGISTER_COMMAND(Command{"eval",
+                            "pass@k, truncation rate and response length of a model on a JSONL set",
+                            kHelp,
+                            {"no-chat-template"},
+                            run_eval});
+
+}  // namespace
+}  // namespace lockstep::cli
