@@ -70,7 +70,7 @@ constexpr double kFlopsPerIter = 12 * 8 * 2;
 // Measured peak fp32 throughput in GFLOP/s of `threads` threads each running
 // independent FMA chains in registers (best of a few short trials, all threads
 // started together). This is the ceiling a GEMM can approach on this machine.
-inline double measure_fma_peak_gflops(int threads, double seconds = 0.1) {
+inline double measure_fma_peak_gflops(int threads, double seconds = 0.1, int trials = 5) {
   threads = std::max(1, threads);
   // Calibrate the iteration count on one thread.
   int64_t iters = 1 << 16;
@@ -85,7 +85,7 @@ inline double measure_fma_peak_gflops(int threads, double seconds = 0.1) {
     iters *= 4;
   }
   double best = 0;
-  for (int trial = 0; trial < 3; ++trial) {
+  for (int trial = 0; trial < trials; ++trial) {
     std::atomic<int> ready{0};
     std::atomic<bool> go{false};
     std::vector<std::thread> pool;

@@ -339,9 +339,18 @@ TEST(GemmXwt, PlainWeightOverloadPacksExactly) {
   x.fill_randn(1);
   w.fill_randn(2);
   gemm_xwt(ctx, y.t(), x.t(), w.t());
-  const auto want = contract_xwt(x.dense(), w.dense(), M, N, K, nullptr);
-  const auto got = y.dense();
-  expect_bits_equal(got.data(), want.data(), M * N, "plain w");
+  auto want = contract_xwt(x.dense(), w.dense(), M, N, K, nullptr);
+  auto got = y.dense();
+  expect_bits_equal(got.data(), want.data(), M * N, "plain f32 w");
+  // bf16 weights: the chain uses their exact f32 values.
+  std::vector<float> wd = w.dense();
+  std::vector<bf16_t> wb(wd.size());
+  convert_f32_to_bf16(wd.data(), wb.data(), wd.size());
+  convert_bf16_to_f32(wb.data(), wd.data(), wd.size());
+  gemm_xwt(ctx, y.t(), x.t(), Tensor(wb.data(), DType::BF16, {N, K}));
+  want = contract_xwt(x.dense(), wd, M, N, K, nullptr);
+  got = y.dense();
+  expect_bits_equal(got.data(), want.data(), M * N, "plain bf16 w");
 }
 
 // A row of Y is bit-identical whatever M, the storage path (in-kernel widening
@@ -350,8 +359,9 @@ TEST(GemmXwt, BatchAndThreadInvariance) {
   ThreadPool pool1(1), pool2(2);
   const int64_t kMaxM = 257;
   // (N, K): panels + tail; a K whose panel exceeds the N-block budget; N < 16
-  // so two threads split rows instead of panels.
-  for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{70, 130}, {40, 4100}, {5, 200}}) {
+  // so two threads split rows instead of panels. K is large enough that the
+  // bigger M use both threads (small products run on one).
+  for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{70, 600}, {40, 4100}, {5, 8200}}) {
     Mat x(kMaxM, K, 1), w(N, K);
     x.fill_randn(static_cast<uint32_t>(N + K));
     w.fill_randn(static_cast<uint32_t>(N * K));
@@ -369,7 +379,7 @@ TEST(GemmXwt, BatchAndThreadInvariance) {
       for (ThreadPool* pool : {&pool1, &pool2}) {
         const Context ctx{pool};
         for (int64_t M : Ms) {
-          if (K > 1000 && M > 8 && M < 64 && M % 7 != 0) continue;  // keep the big-K case quick
+          if (K > 1000 && M > 8 && M < 64 && M % 7 != 0) continue;  // keep the big-K cases quick
           Guarded y(M * N);
           gemm_xwt(ctx, y.tensor({M, N}), x.t().slice_rows(0, M), pw);
           y.check("y");
@@ -382,16 +392,17 @@ TEST(GemmXwt, BatchAndThreadInvariance) {
 }
 
 // Shapes big enough to reach every blocking path of the drivers: several row
-// blocks (A kept in L3), several staging chunks (bf16 widened, plain operands
-// gathered), in-kernel widening with next-block prefetch. Bits still follow
-// the contract.
+// blocks (A kept in L3), several staging chunks (fp8 widened to f32),
+// in-kernel widening with next-block prefetch. Bits still follow the contract.
 TEST(GemmXwt, LargeShapesCoverEveryBlockingPath) {
   ThreadPool pool(2);
   const Context ctx{&pool};
-  check_xwt(ctx, 9, 300, 4100, {DType::BF16, 0}, false, 1);          // staged bf16, two chunks
-  check_xwt(ctx, 8, 300, 4100, {DType::FP8E4M3, 128}, true, 2);      // direct fp8, prefetch
-  check_xwt(ctx, 12, 70, 4100, {DType::F32, 0}, false, 3);           // direct f32, two tiles
-  check_xwt(ctx, 260, 20, 4100, {DType::F32, 0}, false, 4);          // two row blocks
+  check_xwt(ctx, 9, 300, 4100, {DType::FP8E4M3, 0}, false, 1);      // fp8 staged to f32, two chunks
+  check_xwt(ctx, 8, 300, 4100, {DType::FP8E4M3, 128}, true, 2);     // fp8 in-kernel, prefetch
+  check_xwt(ctx, 7, 70, 4100, {DType::BF16, 0}, false, 3);          // bf16, two tiles, prefetch
+  check_xwt(ctx, 12, 70, 4100, {DType::F32, 0}, false, 4);          // f32, two tiles, prefetch
+  check_xwt(ctx, 600, 20, 4100, {DType::BF16, 0}, false, 5);        // two row blocks
+  check_xwt(ctx, 700, 40, 100, {DType::F32, 0}, true, 6);           // panel in L1, two row blocks
 }
 
 TEST(GemmXwt, ShapeMismatchNamesShapes) {
@@ -522,7 +533,7 @@ TEST(GemmBackward, LargeShapesCoverEveryBlockingPath) {
 // dX rows do not depend on M; dW does not depend on the thread count.
 TEST(GemmBackward, BatchAndThreadInvariance) {
   ThreadPool pool2(2);
-  const int64_t kMaxM = 100, N = 70, K = 90;
+  const int64_t kMaxM = 100, N = 700, K = 90;  // M >= 67 runs on both threads
   Mat dy(kMaxM, N), w(N, K), x(kMaxM, K);
   dy.fill_randn(1);
   w.fill_randn(2);
@@ -541,9 +552,10 @@ TEST(GemmBackward, BatchAndThreadInvariance) {
   gemm_dytx(Context{}, dw1.tensor({N, K}), dy.t(), x.t(), false);
   gemm_dytx(Context{&pool2}, dw2.tensor({N, K}), dy.t(), x.t(), false);
   expect_bits_equal(dw1.data(), dw2.data(), N * K, "dytx threads");
-  // A wide dW (many panels) and a narrow one (threads split rows).
-  for (auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{{3, 300}, {64, 8}}) {
-    Mat dyn(kMaxM, n), xn(kMaxM, k);
+  // A wide dW (many panels) and a narrow one (threads split rows), over 2000
+  // tokens so that both threads work.
+  for (auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{{6, 800}, {300, 8}}) {
+    Mat dyn(2000, n), xn(2000, k);
     dyn.fill_randn(4);
     xn.fill_randn(5);
     Guarded a(n * k), b(n * k);

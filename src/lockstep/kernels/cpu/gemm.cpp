@@ -1,6 +1,7 @@
 // Drivers of the three GEMM products: argument checks, the static split of output
-// panels/rows over threads, N blocking sized to L2, staging of operands into f32
-// panels, and dispatch to the register-blocked micro-kernels (gemm_microkernel.h).
+// panels/rows over threads, cache blocking over rows and panels (never over the
+// reduction), staging of operands into f32 panels, and dispatch to the
+// register-blocked micro-kernels (gemm_microkernel.h).
 #include "lockstep/kernels/cpu/gemm.h"
 
 #include <algorithm>
@@ -20,22 +21,31 @@ namespace {
 // 6 rows x 16 columns = 12 ymm accumulators, leaving 4 of the 16 registers for
 // two B vectors and the broadcast A value.
 constexpr int kMaxTileRows = 6;
-// bf16/fp8 are widened inside the kernel (streaming the packed weight once,
-// at 1/2 or 1/4 of the f32 traffic) when a task has at most this many rows;
-// past it a panel is widened once to f32 and reused by every row tile.
-constexpr int64_t kDirectMaxRows = 8;
-// In-kernel widening needs scale and widened vectors in registers: 4 x 16 tiles.
-constexpr int kDirectTileRows = 4;
+// bf16 is always widened inside the kernel (a shift and a mask per 8 weights,
+// half the f32 traffic: measured as fast as or faster than f32 at every M).
+// fp8's widening costs more (shift, mask, scale multiply per 8 weights), so
+// past this many rows per task a panel is widened once to f32 and reused by
+// every row tile; at or below it the packed bytes are streamed once.
+constexpr int64_t kFp8DirectMaxRows = 8;
+// In-kernel fp8 widening keeps two scale vectors in registers besides the
+// widened pair and the broadcast: 4 x 16 tiles (8 accumulators) fit; bf16
+// (a shift and a mask) fits the full 6 x 16 tile.
+constexpr int kFp8TileRows = 4;
 // Bytes of B panels kept hot per N block while all row tiles walk over them:
 // half of a 512 KiB L2, leaving room for the A rows streaming through.
 constexpr int64_t kBlockBytes = 256 << 10;
 // Bytes of A rows kept in L3 while all N blocks pass over them (a share of a
 // 32 MiB L3 that leaves room for the other thread and for W streaming through).
 constexpr int64_t kABlockBytes = 8 << 20;
+// A panel at most this big is kept in L1 (half of 32 KiB) while row tiles
+// stream past it, with A rows in blocks of kAL2Bytes (half of L2).
+constexpr int64_t kL1PanelBytes = 16 << 10;
+constexpr int64_t kAL2Bytes = 256 << 10;
 // Bytes of f32 panels staged (widened or gathered from a plain matrix) at once.
 constexpr int64_t kStageBytes = 4 << 20;
-// Below this many flops a second thread costs more to wake than it saves.
-constexpr int64_t kMinParallelFlops = int64_t{1} << 21;
+// Below this many flops (~50-100 us of one core) waking a second thread costs
+// more than it saves (measured: M=16, N=K=256 ran faster on one thread).
+constexpr int64_t kMinParallelFlops = int64_t{1} << 23;
 
 // Panels per tile by tile rows: few rows take several panels so there are
 // at least 8 independent FMA chains (2 FMA ports x 4 cycles latency).
@@ -126,13 +136,13 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
                        : pw->storage == DType::BF16 ? BKind::BF16
                                                     : BKind::FP8;
   // direct: kernels read the packed weight in place; staged: f32 panels in scratch.
-  const bool direct = pw && (stored == BKind::F32 || r1 - r0 <= kDirectMaxRows);
+  const bool direct = pw && (stored != BKind::FP8 || r1 - r0 <= kFp8DirectMaxRows);
   const BKind kind = direct ? stored : BKind::F32;
   const size_t esize = pw ? dtype_size(pw->storage) : sizeof(float);
   const int64_t panel_elems = T * kPanel;
   const int64_t panel_bytes = std::max<int64_t>(1, panel_elems * static_cast<int64_t>(direct ? esize : 4));
   const int64_t block = std::max<int64_t>(1, kBlockBytes / panel_bytes);
-  const int max_rows = direct && kind != BKind::F32 ? kDirectTileRows : kMaxTileRows;
+  const int max_rows = kind == BKind::FP8 ? kFp8TileRows : kMaxTileRows;
   const int64_t KB = pw && pw->storage == DType::FP8E4M3 ? pw->scale_blocks_k() : 0;
   const int64_t block_k = pw && pw->storage == DType::FP8E4M3 ? (pw->block_k > 0 ? pw->block_k : std::max<int64_t>(T, 1)) : 0;
   // Staged panels are prepared a chunk at a time: wide enough that plain rows
@@ -140,10 +150,14 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
   const int64_t chunk = direct ? p1 - p0 : std::max<int64_t>(1, kStageBytes / std::max<int64_t>(1, panel_elems * 4));
   Scratch scratch;
   if (!direct) scratch = make_scratch(std::max<int64_t>(1, std::min(chunk, p1 - p0) * panel_elems));
-  // Rows in blocks whose A rows stay in L3 while every panel of the chunk walks
-  // over them; without it a large (M, K) A would stream from DRAM once per panel.
-  const int64_t a_rows = std::max<int64_t>(kMaxTileRows, kABlockBytes / std::max<int64_t>(1, T * 4)) /
-                         kMaxTileRows * kMaxTileRows;
+  // Short chains (a panel fits in L1, several row tiles): panel-outer order
+  // with A blocks sized to L2. Otherwise rows in blocks whose A rows stay in
+  // L3 while every panel of the chunk walks over them; without it a large
+  // (M, K) A would stream from DRAM once per panel.
+  const bool panel_outer = panel_bytes <= kL1PanelBytes && r1 - r0 > 2 * max_rows;
+  const int64_t a_rows =
+      std::max<int64_t>(kMaxTileRows, (panel_outer ? kAL2Bytes : kABlockBytes) / std::max<int64_t>(1, T * 4)) /
+      kMaxTileRows * kMaxTileRows;
 
   const bool pack_a = pb.layout == ALayout::RowsContiguous;
   Scratch apack;
@@ -180,51 +194,52 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
           });
         }
       }
+      // One kernel call: rows [r, r + rows) x panels [p, p + np).
+      auto tile = [&](int64_t r, int rows, int64_t p, int np, const char* pf, int64_t pf_step) {
+        TileArgs g;
+        g.a = pack_a ? apack.get() + (r - m0) * T : pb.a + r * pb.a_stride;
+        g.as = pack_a ? rows : pb.a_stride;
+        g.b = panel(p);
+        g.bps = panel_elems;
+        g.t_count = T;
+        g.c = pb.c + r * pb.ldc + p * kPanel;
+        g.ldc = pb.ldc;
+        g.ncols = pb.C - p * kPanel;
+        g.accumulate = pb.accumulate;
+        g.pf = pf ? pf : static_cast<const char*>(g.b);
+        g.pf_step = pf_step;
+        if (kind == BKind::FP8) {
+          g.scales = pw->panel_scales.as<float>() + p * KB * kPanel;
+          g.sps = KB * kPanel;
+          g.block_k = block_k;
+        }
+        pick_tile(kind, pb.layout, rows, np)(g);
+      };
+      if (panel_outer) {
+        // A panel fits in L1: it stays there while the row tiles of the
+        // (L2-sized) row block stream past it.
+        for (int64_t p = c0; p < c1; ++p)
+          for_row_tiles(m0, m1, max_rows, [&](int64_t r, int rows) { tile(r, rows, p, 1, nullptr, 0); });
+        continue;
+      }
       for (int64_t b0 = c0; b0 < c1; b0 += block) {
         const int64_t b1 = std::min(c1, b0 + block);
         // Decode with two row tiles: the second re-reads the block from L2, so
         // it prefetches the next block from DRAM meanwhile.
         const bool prefetch_next = direct && m1 - m0 > max_rows && m1 - m0 <= 2 * max_rows && b1 < c1;
-        int64_t tile_end = m0;
         for_row_tiles(m0, m1, max_rows, [&](int64_t r, int rows) {
           const int want = preferred_panels(rows);
-          tile_end = r + rows;
+          const bool last_tile = r + rows == m1;
           for (int64_t p = b0; p < b1;) {
             const int np = b1 - p >= want ? want : 1;
-            TileArgs g;
-            g.a = pack_a ? apack.get() + (r - m0) * T : pb.a + r * pb.a_stride;
-            g.as = pack_a ? rows : pb.a_stride;
-            g.b = panel(p);
-            g.bps = panel_elems;
-            g.t_count = T;
-            g.c = pb.c + r * pb.ldc + p * kPanel;
-            g.ldc = pb.ldc;
-            g.ncols = pb.C - p * kPanel;
-            g.accumulate = pb.accumulate;
-            g.pf = static_cast<const char*>(g.b);
-            if (prefetch_next && tile_end == m1) {
+            if (prefetch_next && last_tile) {
               // Blocks are contiguous runs of panels: walk the next one at the
               // rate this tile walks its np panels.
-              g.pf = static_cast<const char*>(g.b) + block * panel_elems * esize;
-              g.pf_step = np * kPanel * static_cast<int64_t>(esize);
-            } else if (!direct && r == r0 && np == 1 && p + chunk < p1) {
-              // The first row tile pulls in the source of panel p of the next
-              // chunk, so staging it later reads from cache, not DRAM.
-              if (pw) {
-                g.pf = static_cast<const char*>(pw->data.data()) + (p + chunk) * panel_elems * esize;
-                g.pf_step = kPanel * static_cast<int64_t>(esize);
-              } else {
-                const int64_t plain_size = pb.plain_bf16 ? 2 : 4;
-                g.pf = static_cast<const char*>(pb.plain) + (p + chunk) * kPanel * plain_size;
-                g.pf_step = pb.plain_ld * plain_size;
-              }
+              tile(r, rows, p, np, static_cast<const char*>(panel(p)) + block * panel_elems * esize,
+                   np * kPanel * static_cast<int64_t>(esize));
+            } else {
+              tile(r, rows, p, np, nullptr, 0);
             }
-            if (kind == BKind::FP8) {
-              g.scales = pw->panel_scales.as<float>() + p * KB * kPanel;
-              g.sps = KB * kPanel;
-              g.block_k = block_k;
-            }
-            pick_tile(kind, pb.layout, rows, np)(g);
             p += np;
           }
         });
@@ -300,7 +315,8 @@ void gemm_xwt(const Context& ctx, Tensor y, const Tensor& x, const Tensor& w, bo
   if (x.shape[1] != w.shape[1] || y.shape[0] != x.shape[0] || y.shape[1] != w.shape[0])
     LS_THROW << "gemm_xwt: shapes do not match: y " << y.shape_str() << ", x " << x.shape_str() << ", w "
              << w.shape_str() << "; need y (M, N), x (M, K), w (N, K)";
-  gemm_xwt(ctx, y, x, pack_weight(ctx, w, DType::F32), accumulate);
+  // bf16 weights stay bf16 (exact either way; half the bytes to stream).
+  gemm_xwt(ctx, y, x, pack_weight(ctx, w, w.dtype == DType::BF16 ? DType::BF16 : DType::F32), accumulate);
 }
 
 void gemm_dyw(const Context& ctx, Tensor dx, const Tensor& dy, const Tensor& w, bool accumulate) {

@@ -60,7 +60,7 @@ void unpack_weight(const Context& ctx, Tensor w_out, const PackedWeight& pw);
 
 // Y (M,N) f32 = X (M,K) f32 · Wᵀ; with accumulate, Y = Y + (X·Wᵀ).
 void gemm_xwt(const Context& ctx, Tensor y, const Tensor& x, const PackedWeight& w, bool accumulate = false);
-// Same, with W (N,K) f32 or bf16 packed internally (f32 panels, exact).
+// Same, with W (N,K) f32 or bf16 packed internally (in its own dtype, exact).
 void gemm_xwt(const Context& ctx, Tensor y, const Tensor& x, const Tensor& w, bool accumulate = false);
 
 // dX (M,K) f32 = dY (M,N) f32 · W (N,K) f32|bf16; chain over n = 0..N-1.

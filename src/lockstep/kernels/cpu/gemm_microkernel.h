@@ -57,10 +57,9 @@ struct TileArgs {
   const float* scales = nullptr;
   int64_t sps = 0;
   int64_t block_k = 0;  // t per scale block
-  // A line to prefetch per t (pf + t * pf_step bytes), so DRAM keeps streaming
-  // what comes next while this tile computes: the next block of panels (decode)
-  // or the source of the next staging chunk. pf_step = 0 prefetches one
-  // harmless line over and over.
+  // A line to prefetch per t (pf + t * pf_step bytes): the next block of
+  // panels while the last row tile re-reads this one, so DRAM keeps streaming.
+  // pf_step = 0 prefetches one harmless line over and over.
   const char* pf = nullptr;
   int64_t pf_step = 0;
 };
@@ -143,7 +142,7 @@ void micro_tile(const TileArgs& g) {
       const char* pf = g.pf + t0 * g.pf_step;
 #pragma GCC unroll 2
       for (int64_t t = t0; t < t1; ++t, pf += g.pf_step) {
-        _mm_prefetch(pf, _MM_HINT_T1);
+        _mm_prefetch(pf, _MM_HINT_T0);
         __m256 bv[NV];
 #pragma GCC unroll 4
         for (int p = 0; p < NP; ++p) load_b<kB>(bp[p], t * kPanel, s_lo[p], s_hi[p], bv[2 * p], bv[2 * p + 1]);
@@ -159,7 +158,7 @@ void micro_tile(const TileArgs& g) {
       const char* pf = g.pf + t0 * g.pf_step;
 #pragma GCC unroll 2
       for (int64_t t = t0; t < t1; ++t, at += g.as, pf += g.pf_step) {
-        _mm_prefetch(pf, _MM_HINT_T1);
+        _mm_prefetch(pf, _MM_HINT_T0);
         __m256 bv[NV];
 #pragma GCC unroll 4
         for (int p = 0; p < NP; ++p) load_b<kB>(bp[p], t * kPanel, s_lo[p], s_hi[p], bv[2 * p], bv[2 * p + 1]);
