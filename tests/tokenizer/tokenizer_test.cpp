@@ -6,6 +6,8 @@
 
 #include "fixtures.h"
 #include "lockstep/base/error.h"
+#include "lockstep/tokenizer/bpe.h"
+#include "lockstep/tokenizer/pre_tokenizer.h"
 #include "lockstep/tokenizer/unicode.h"
 
 #include <atomic>
@@ -87,6 +89,41 @@ TEST(Tokenizer, RoundTrips) {
       Ids ids = t.encode(s);
       EXPECT_EQ(t.decode(ids), s) << s;
       for (int32_t id : ids) EXPECT_TRUE(id >= 0 && id < t.vocab_size());
+    }
+  }
+}
+
+TEST(Tokenizer, SpanFastPathMatchesStringPipeline) {
+  // Tokenizer cuts byte-level text as spans and hands raw bytes to the model;
+  // the same cut as strings through the pre-tokenizer and BpeModel::encode
+  // (the general path) must give the same ids.
+  for (int variant = 0; variant < 3; ++variant) {
+    BpeFixture f = gpt2_fixture();
+    f.added_tokens = Json::array();
+    if (variant == 1) {
+      f.pre_tokenizer = {{"type", "Sequence"},
+                         {"pretokenizers",
+                          {{{"type", "Split"}, {"pattern", {{"Regex", kLlama3Pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
+                           test::byte_level_pre(false, false)}}};
+      f.ignore_merges = true;
+    } else if (variant == 2) {
+      f.pre_tokenizer = {{"type", "Sequence"},
+                         {"pretokenizers",
+                          {{{"type", "Digits"}, {"individual_digits", true}},
+                           {{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "MergedWithNext"}, {"invert", false}},
+                           test::byte_level_pre(false, true)}}};
+    }
+    Tokenizer t = f.load();
+    Json j = Json::parse(f.json());
+    BpeModel model = BpeModel::from_json(j["model"], "model");
+    auto pre = make_pre_tokenizer(j["pre_tokenizer"], "pre_tokenizer");
+    for (const auto& s : kRoundTripTexts) {
+      std::vector<std::string> pieces{s};
+      if (s.empty()) pieces.clear();
+      pre->apply(pieces);
+      Ids want;
+      for (const auto& p : pieces) model.encode(p, want);
+      EXPECT_EQ(t.encode(s), want) << variant << " " << s;
     }
   }
 }

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <shared_mutex>
 
+#include "lockstep/tokenizer/byte_level.h"
 #include "lockstep/tokenizer/unicode.h"
 
 namespace lockstep::tokenizer {
@@ -145,6 +146,23 @@ void BpeModel::finish_init(const std::vector<std::pair<std::string, std::string>
     if (auto it = vocab_.find(std::string_view(name)); it != vocab_.end()) byte_fallback_ids_[static_cast<size_t>(b)] = it->second;
   }
   cache_ = std::make_unique<Cache>();
+  raw_cache_ = std::make_unique<Cache>();
+
+  // Raw-byte path: every byte must have its token, and no affixes may apply.
+  raw_ok_ = continuing_subword_prefix_.empty() && end_of_word_suffix_.empty();
+  for (int b = 0; b < 256 && raw_ok_; ++b) {
+    const int32_t* id = lookup_.find(byte_level_alphabet()[static_cast<size_t>(b)]);
+    if (id == nullptr) raw_ok_ = false;
+    else byte_ids_[static_cast<size_t>(b)] = *id;
+  }
+  if (raw_ok_) {
+    raw_lookup_ = FlatStringMap<int32_t>(vocab_.size());
+    std::string raw;
+    for (const auto& [tok, id] : vocab_) {
+      raw.clear();
+      if (byte_level_decode(tok, raw)) raw_lookup_.set(raw, id);
+    }
+  }
 }
 
 std::optional<int32_t> BpeModel::token_to_id(std::string_view token) const {
@@ -323,6 +341,40 @@ void BpeModel::encode(std::string_view piece, std::vector<int32_t>& out) const {
       Cache::Entry e{static_cast<uint32_t>(cache_->ids.size()), static_cast<uint32_t>(ids.size())};
       cache_->ids.insert(cache_->ids.end(), ids.begin(), ids.end());
       cache_->map.set_hashed(piece, h, e);
+    }
+  }
+}
+
+void BpeModel::encode_raw(std::string_view bytes, std::vector<int32_t>& out) const {
+  if (bytes.empty()) return;
+  uint64_t h = hash_bytes(bytes);
+  if (ignore_merges_) {
+    if (const int32_t* id = raw_lookup_.find_hashed(bytes, h)) {
+      out.push_back(*id);
+      return;
+    }
+  }
+  bool cacheable = bytes.size() <= kMaxCachedPieceBytes;
+  if (cacheable) {
+    std::shared_lock lock(raw_cache_->mu);
+    if (const Cache::Entry* e = raw_cache_->map.find_hashed(bytes, h)) {
+      const int32_t* p = raw_cache_->ids.data() + e->off;
+      out.insert(out.end(), p, p + e->len);
+      return;
+    }
+  }
+  thread_local std::vector<int32_t> ids;
+  ids.clear();
+  // One symbol per byte: the byte-level alphabet has one character per byte.
+  for (char c : bytes) ids.push_back(byte_ids_[static_cast<unsigned char>(c)]);
+  merge(ids);
+  out.insert(out.end(), ids.begin(), ids.end());
+  if (cacheable) {
+    std::unique_lock lock(raw_cache_->mu);
+    if (raw_cache_->map.size() < kCacheCapacity && raw_cache_->map.find_hashed(bytes, h) == nullptr) {
+      Cache::Entry e{static_cast<uint32_t>(raw_cache_->ids.size()), static_cast<uint32_t>(ids.size())};
+      raw_cache_->ids.insert(raw_cache_->ids.end(), ids.begin(), ids.end());
+      raw_cache_->map.set_hashed(bytes, h, e);
     }
   }
 }

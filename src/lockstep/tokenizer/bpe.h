@@ -2,6 +2,7 @@
 // ranks, and the encoding of one pre-tokenized piece into token ids.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -40,6 +41,11 @@ class BpeModel {
   // Appends the ids of one piece (as produced by the pre-tokenizer) to `out`.
   // Results are cached per piece; safe to call from several threads.
   void encode(std::string_view piece, std::vector<int32_t>& out) const;
+  // The same for a piece given as raw bytes that encode() would receive in the
+  // byte-level alphabet (the mapping is implied). Requires supports_raw_bytes().
+  void encode_raw(std::string_view bytes, std::vector<int32_t>& out) const;
+  // True for byte-level vocabularies without affixes where all 256 byte tokens exist.
+  bool supports_raw_bytes() const { return raw_ok_; }
   // The same without the cache and with the simple quadratic merge loop: the
   // slow reference the tests compare against.
   void encode_reference(std::string_view piece, std::vector<int32_t>& out) const;
@@ -98,8 +104,13 @@ class BpeModel {
   bool byte_fallback_ = false;
   bool ignore_merges_ = false;
   std::vector<int32_t> byte_fallback_ids_;  // 256 entries, -1 when <0xXX> is missing
+  // Raw-byte twins of lookup_ and the cache (see encode_raw).
+  bool raw_ok_ = false;
+  FlatStringMap<int32_t> raw_lookup_;  // byte-decoded token -> id
+  std::array<int32_t, 256> byte_ids_{};  // id of the token of each single byte
   struct Cache;
   std::unique_ptr<Cache> cache_;
+  std::unique_ptr<Cache> raw_cache_;
 };
 
 }  // namespace lockstep::tokenizer

@@ -50,8 +50,21 @@ int unicode_to_byte(uint32_t cp) { return cp < tables().from_cp.size() ? tables(
 const std::array<std::string, 256>& byte_level_alphabet() { return tables().to_utf8; }
 
 void byte_level_encode(std::string_view bytes, std::string& out) {
-  const auto& t = tables().to_utf8;
-  for (char c : bytes) out += t[static_cast<unsigned char>(c)];
+  // Every mapped code point is below U+0800: one or two UTF-8 bytes.
+  const auto& t = tables().to_cp;
+  size_t start = out.size();
+  out.resize(start + 2 * bytes.size());
+  char* p = out.data() + start;
+  for (char c : bytes) {
+    uint32_t cp = t[static_cast<unsigned char>(c)];
+    if (cp < 0x80) {
+      *p++ = static_cast<char>(cp);
+    } else {
+      *p++ = static_cast<char>(0xC0 | (cp >> 6));
+      *p++ = static_cast<char>(0x80 | (cp & 0x3F));
+    }
+  }
+  out.resize(static_cast<size_t>(p - out.data()));
 }
 
 bool byte_level_decode(std::string_view text, std::string& out) {

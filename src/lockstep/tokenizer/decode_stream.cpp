@@ -32,6 +32,20 @@ size_t emittable_end(std::string_view s, size_t from) {
 }  // namespace
 
 std::string DecodeStream::step(int32_t id) {
+  const Tokenizer::Impl& m = *impl_;
+  if (!m.byte_level_bytes.empty()) {
+    // A lone ByteLevel decoder decodes each id on its own: append its bytes and
+    // emit what is complete, no window needed.
+    if (id >= 0 && id < m.vocab_size && m.known[static_cast<size_t>(id)] &&
+        !(skip_special_ && m.special[static_cast<size_t>(id)])) {
+      pending_ += m.byte_level_bytes[static_cast<size_t>(id)];
+    }
+    size_t end = emittable_end(pending_, 0);
+    if (end == 0) return std::string();
+    std::string out = utf8_sanitize(std::string_view(pending_).substr(0, end));
+    pending_.erase(0, end);
+    return out;
+  }
   ids_.push_back(id);
   std::string full = impl_->decode_bytes(ids_, skip_special_);
   if (full.compare(0, prefix_bytes_.size(), prefix_bytes_) != 0) {
@@ -57,6 +71,11 @@ std::string DecodeStream::step(int32_t id) {
 }
 
 std::string DecodeStream::flush() {
+  if (!impl_->byte_level_bytes.empty()) {
+    std::string out = utf8_sanitize(pending_);
+    pending_.clear();
+    return out;
+  }
   std::string full = impl_->decode_bytes(ids_, skip_special_);
   std::string out;
   size_t start = std::min(full.size(), prefix_bytes_.size() + emitted_);

@@ -28,6 +28,14 @@ class SplitPreTokenizer : public PreTokenizer {
     for (const auto& p : pieces) split_by_pattern(p, re_, invert_, behavior_, out);
     pieces.swap(out);
   }
+  void apply_spans(std::string_view text, std::vector<Span>& spans) const override {
+    thread_local std::vector<Span> out;
+    out.clear();
+    for (const Span& sp : spans) split_span(text, sp, re_, invert_, behavior_, out);
+    spans.swap(out);
+  }
+  bool supports_spans() const override { return true; }
+  bool ends_with_byte_level() const override { return false; }
 
  private:
   Regex re_;
@@ -65,6 +73,16 @@ class ByteLevelPreTokenizer : public PreTokenizer {
     }
     pieces.swap(out);
   }
+  void apply_spans(std::string_view text, std::vector<Span>& spans) const override {
+    if (!use_regex_) return;
+    thread_local std::vector<Span> out;
+    out.clear();
+    for (const Span& sp : spans) split_span(text, sp, re_, false, SplitBehavior::Isolated, out);
+    spans.swap(out);
+  }
+  // A prefix space changes the text, so that case takes the string path.
+  bool supports_spans() const override { return !add_prefix_space_; }
+  bool ends_with_byte_level() const override { return true; }
 
  private:
   bool add_prefix_space_, use_regex_;
@@ -77,6 +95,19 @@ class SequencePreTokenizer : public PreTokenizer {
   void apply(std::vector<std::string>& pieces) const override {
     for (const auto& p : parts_) p->apply(pieces);
   }
+  void apply_spans(std::string_view text, std::vector<Span>& spans) const override {
+    for (const auto& p : parts_) p->apply_spans(text, spans);
+  }
+  // Cutting on raw text is only the same as cutting on mapped text when the
+  // byte-level mapping comes last.
+  bool supports_spans() const override {
+    for (size_t i = 0; i < parts_.size(); ++i) {
+      if (!parts_[i]->supports_spans()) return false;
+      if (parts_[i]->ends_with_byte_level() && i + 1 != parts_.size()) return false;
+    }
+    return true;
+  }
+  bool ends_with_byte_level() const override { return !parts_.empty() && parts_.back()->ends_with_byte_level(); }
 
  private:
   std::vector<std::unique_ptr<PreTokenizer>> parts_;
@@ -94,25 +125,28 @@ SplitBehavior parse_split_behavior(const std::string& name, const std::string& w
            << "' (expected Removed, Isolated, MergedWithPrevious, MergedWithNext or Contiguous)";
 }
 
-void split_by_pattern(std::string_view piece, const Regex& re, bool invert, SplitBehavior behavior,
-                      std::vector<std::string>& out) {
-  if (piece.empty()) return;
-  thread_local std::vector<Span> spans;
+void split_span(std::string_view text, Span span, const Regex& re, bool invert, SplitBehavior behavior,
+                std::vector<Span>& out) {
+  if (span.end <= span.begin) return;
+  // The piece is matched on its own, as HF does: anchors and lookarounds do not see its neighbours.
+  std::string_view piece = text.substr(span.begin, span.end - span.begin);
+  thread_local std::vector<Span> matches;
   thread_local std::vector<Segment> segs;
-  spans.clear();
+  matches.clear();
   segs.clear();
-  re.find_all(piece, spans);
+  re.find_all(piece, matches);
   auto n = static_cast<uint32_t>(piece.size());
   uint32_t prev = 0;
-  for (const Span& s : spans) {
-    if (s.begin != prev) segs.push_back({prev, s.begin, invert});
-    segs.push_back({s.begin, s.end, !invert});
-    prev = s.end;
+  for (const Span& m : matches) {
+    if (m.begin != prev) segs.push_back({prev, m.begin, invert});
+    segs.push_back({m.begin, m.end, !invert});
+    prev = m.end;
   }
   if (prev != n) segs.push_back({prev, n, invert});
 
+  uint32_t base = span.begin;
   auto emit = [&](uint32_t b, uint32_t e) {
-    if (e > b) out.emplace_back(piece.substr(b, e - b));
+    if (e > b) out.push_back(Span{base + b, base + e});
   };
   switch (behavior) {
     case SplitBehavior::Isolated:
@@ -151,6 +185,14 @@ void split_by_pattern(std::string_view piece, const Regex& re, bool invert, Spli
     prev_match = s.match;
   }
   for (const auto& g : groups) emit(g.first, g.second);
+}
+
+void split_by_pattern(std::string_view piece, const Regex& re, bool invert, SplitBehavior behavior,
+                      std::vector<std::string>& out) {
+  thread_local std::vector<Span> parts;
+  parts.clear();
+  split_span(piece, Span{0, static_cast<uint32_t>(piece.size())}, re, invert, behavior, parts);
+  for (const Span& p : parts) out.emplace_back(piece.substr(p.begin, p.end - p.begin));
 }
 
 std::unique_ptr<PreTokenizer> make_pre_tokenizer(const Json& j, const std::string& where) {

@@ -149,6 +149,8 @@ std::shared_ptr<Tokenizer::Impl> build(const std::string& text, const std::strin
   t->pre_tokenizer = make_pre_tokenizer(part("pre_tokenizer"), field_path(where, "pre_tokenizer"));
   t->decoder = make_decoder(part("decoder"), field_path(where, "decoder"));
   t->post_processor = make_post_processor(part("post_processor"), field_path(where, "post_processor"));
+  t->span_fast_path = t->pre_tokenizer && t->pre_tokenizer->supports_spans() &&
+                      t->pre_tokenizer->ends_with_byte_level() && t->model.supports_raw_bytes();
   if (const Json* list = optional_field(j, "added_tokens")) {
     if (!list->is_array()) LS_THROW << field_path(where, "added_tokens") << ": expected an array";
     assign_added_tokens(*t, *list, field_path(where, "added_tokens"));
@@ -248,6 +250,14 @@ Tokenizer Tokenizer::from_json_text(const std::string& tokenizer_json, const std
 
 void Tokenizer::Impl::encode_text(std::string_view text, std::vector<int32_t>& ids) const {
   if (text.empty()) return;
+  if (span_fast_path) {
+    thread_local std::vector<Span> spans;
+    spans.clear();
+    spans.push_back(Span{0, static_cast<uint32_t>(text.size())});
+    pre_tokenizer->apply_spans(text, spans);
+    for (const Span& sp : spans) model.encode_raw(text.substr(sp.begin, sp.end - sp.begin), ids);
+    return;
+  }
   thread_local std::vector<std::string> pieces;
   // encode_text is not re-entered on one thread, so one scratch vector suffices.
   pieces.clear();

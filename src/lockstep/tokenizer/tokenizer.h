@@ -99,6 +99,7 @@ class DecodeStream {
   size_t prefix_ids_ = 0;     // ids_[0, prefix_ids_) are context whose text was emitted
   std::string prefix_bytes_;  // decoded bytes of that context
   size_t emitted_ = 0;        // bytes of the text after the context already emitted
+  std::string pending_;       // byte-level fast path: decoded bytes not yet emitted
 };
 
 }  // namespace lockstep::tokenizer

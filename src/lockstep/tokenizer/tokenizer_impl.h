@@ -30,6 +30,9 @@ struct Tokenizer::Impl {
   Vocab added_ids;                // content -> id
   AddedTokenMatcher raw_matcher;         // tokens with normalized=false, matched on the raw text
   AddedTokenMatcher normalized_matcher;  // tokens with normalized=true, matched after normalization
+  // Pre-tokenizer only cuts and ends with the byte-level mapping, and the model
+  // takes raw bytes: pieces go from the text to the model as spans, unmapped.
+  bool span_fast_path = false;
   int32_t vocab_size = 0;
   std::vector<std::string> token_text;  // id -> token string ("" for holes)
   std::vector<uint8_t> known;           // id -> 1 when the id exists
