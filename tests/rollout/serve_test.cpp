@@ -1,0 +1,723 @@
+// `lockstep serve` end to end: the real binary ($LOCKSTEP_BIN) serves a tiny
+// MoE model made by `lockstep init`, and real HTTP requests over loopback
+// check the SGLang and OpenAI APIs, errors, auth, weight updates, concurrency,
+// memory after a burst, and graceful shutdown.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const char* kApiKey = "test-key-123";
+
+std::string lockstep_bin() {
+  const char* b = std::getenv("LOCKSTEP_BIN");
+  return b ? b : "";
+}
+
+// A `lockstep serve` child process; its first stdout line names the port.
+class ServerProcess {
+ public:
+  explicit ServerProcess(const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {lockstep_bin(), "serve", "--port", "0", "--threads", "1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    int out[2];
+    if (pipe(out) != 0) throw std::runtime_error("pipe");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    posix_spawn_file_actions_addclose(&fa, out[0]);
+    if (posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ) != 0)
+      throw std::runtime_error("cannot spawn " + args[0]);
+    posix_spawn_file_actions_destroy(&fa);
+    close(out[1]);
+    out_fd_ = out[0];
+    // Read until the "listening on http://127.0.0.1:PORT" line (30 s at most).
+    std::string text;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (text.find('\n') == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+      pollfd p{out_fd_, POLLIN, 0};
+      if (poll(&p, 1, 200) <= 0) continue;
+      char buf[512];
+      ssize_t n = read(out_fd_, buf, sizeof buf);
+      if (n <= 0) break;
+      text.append(buf, size_t(n));
+    }
+    const std::string key = "http://127.0.0.1:";
+    size_t at = text.find(key);
+    if (at == std::string::npos) throw std::runtime_error("server did not start; stdout: " + text);
+    port_ = std::atoi(text.c_str() + at + key.size());
+  }
+  ~ServerProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (out_fd_ >= 0) close(out_fd_);
+  }
+  int port() const { return port_; }
+  pid_t pid() const { return pid_; }
+
+  // SIGTERM, then the exit status (-1: did not exit in time, killed).
+  int terminate(double timeout_s) {
+    kill(pid_, SIGTERM);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    while (std::chrono::steady_clock::now() < deadline) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+  }
+
+  // Resident set size in KiB, from /proc/<pid>/status.
+  int64_t rss_kib() const {
+    std::ifstream f("/proc/" + std::to_string(pid_) + "/status");
+    std::string line;
+    while (std::getline(f, line))
+      if (line.rfind("VmRSS:", 0) == 0) return std::atoll(line.c_str() + 6);
+    return -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  int port_ = 0;
+};
+
+void run_ok(const std::string& cmd) {
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+// Tiny Qwen3-MoE models written by `lockstep init`, one server for the suite.
+class ServeTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ASSERT_FALSE(lockstep_bin().empty()) << "LOCKSTEP_BIN is not set (ctest sets it)";
+    dir_ = fs::temp_directory_path() / ("lockstep_serve_test_" + std::to_string(getpid()));
+    fs::create_directories(dir_);
+    const std::string toml = R"([model]
+architecture = "Qwen3MoeForCausalLM"
+vocab_size = 300
+hidden_size = 64
+num_layers = 2
+num_heads = 4
+num_kv_heads = 2
+head_dim = 16
+intermediate_size = 128
+qk_norm = true
+max_position_embeddings = 256
+num_experts = 4
+num_experts_per_tok = 2
+moe_intermediate_size = 64
+init_std = 0.5
+)";
+    std::ofstream(dir_ / "tiny.toml") << toml;
+    const std::string bin = lockstep_bin(), cfg = (dir_ / "tiny.toml").string();
+    run_ok(bin + " init --config " + cfg + " --out " + (dir_ / "m1").string() + " --seed 1 > /dev/null");
+    run_ok(bin + " init --config " + cfg + " --out " + (dir_ / "m2").string() + " --seed 2 > /dev/null");
+    // A different architecture (wider) that an update must refuse.
+    run_ok(bin + " init --config " + cfg + " --set model.hidden_size=96 --out " + (dir_ / "wide").string() +
+           " > /dev/null");
+    server_ = new ServerProcess({"--model", (dir_ / "m1").string(), "--api-key", kApiKey, "--http-threads",
+                                 "32", "--max-body-bytes", "1048576", "--kv-blocks", "512", "--seed", "5"});
+  }
+  static void TearDownTestSuite() {
+    if (server_) {
+      // Graceful shutdown: SIGTERM ends the process with status 0.
+      EXPECT_EQ(server_->terminate(20), 0);
+      delete server_;
+      server_ = nullptr;
+    }
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  static httplib::Client client(bool with_key = true) {
+    httplib::Client c("127.0.0.1", server_->port());
+    c.set_read_timeout(60, 0);
+    c.set_connection_timeout(5, 0);
+    c.set_tcp_nodelay(true);  // else Nagle + delayed ACK add ~40 ms per request
+    if (with_key) c.set_bearer_token_auth(kApiKey);
+    return c;
+  }
+  static json post(const std::string& path, const json& body, int expect_status = 200) {
+    auto c = client();
+    auto r = c.Post(path.c_str(), body.dump(), "application/json");
+    EXPECT_TRUE(r) << path << ": no response";
+    if (!r) return json();
+    EXPECT_EQ(r->status, expect_status) << path << " " << body.dump() << " -> " << r->body;
+    return json::parse(r->body, nullptr, false);
+  }
+  // Server-Sent Events of a streamed POST: the JSON of every `data:` line
+  // before [DONE]; *done tells whether [DONE] came.
+  static std::vector<json> post_stream(const std::string& path, const json& body, bool* done) {
+    auto c = client();
+    std::string raw;
+    httplib::Request req;
+    req.method = "POST";
+    req.path = path;
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    req.set_header("Authorization", std::string("Bearer ") + kApiKey);
+    req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+      raw.append(d, n);
+      return true;
+    };
+    auto r = c.send(req);
+    EXPECT_TRUE(r);
+    if (r) {
+      EXPECT_EQ(r->status, 200);
+    }
+    std::vector<json> events;
+    *done = false;
+    std::istringstream is(raw);
+    std::string line;
+    while (std::getline(is, line)) {
+      if (line.rfind("data: ", 0) != 0) continue;
+      std::string payload = line.substr(6);
+      if (payload == "[DONE]") {
+        *done = true;
+        continue;
+      }
+      EXPECT_FALSE(*done) << "data after [DONE]";
+      events.push_back(json::parse(payload));
+    }
+    return events;
+  }
+  static std::vector<int32_t> ids(const json& item) { return item["output_ids"].get<std::vector<int32_t>>(); }
+  static json greedy_body(int max_new = 16) {
+    return {{"input_ids", {10, 20, 30, 40, 50}},
+            {"sampling_params", {{"temperature", 0}, {"max_new_tokens", max_new}}}};
+  }
+
+  static inline fs::path dir_;
+  static inline ServerProcess* server_ = nullptr;
+};
+
+TEST_F(ServeTest, HealthIsOpenAndAuthIsEnforced) {
+  auto open = client(false);
+  auto h = open.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  auto hg = open.Get("/health_generate");
+  ASSERT_TRUE(hg);
+  EXPECT_EQ(hg->status, 200) << hg->body;
+
+  auto r = open.Post("/generate", greedy_body().dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  json e = json::parse(r->body);
+  EXPECT_TRUE(e["error"]["message"].is_string());
+  httplib::Client wrong("127.0.0.1", server_->port());
+  wrong.set_bearer_token_auth("nope");
+  auto w = wrong.Get("/get_model_info");
+  ASSERT_TRUE(w);
+  EXPECT_EQ(w->status, 401);
+  auto ok = client().Get("/get_model_info");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+}
+
+TEST_F(ServeTest, GreedyGenerateIsReproducible) {
+  json a = post("/generate", greedy_body());
+  json b = post("/generate", greedy_body());
+  ASSERT_TRUE(a.contains("output_ids"));
+  EXPECT_EQ(ids(a).size(), 16u);
+  EXPECT_EQ(ids(a), ids(b));
+  EXPECT_EQ(a["text"], b["text"]);
+  const json& m = a["meta_info"];
+  EXPECT_EQ(m["prompt_tokens"], 5);
+  EXPECT_EQ(m["completion_tokens"], 16);
+  EXPECT_EQ(m["finish_reason"]["type"], "length");
+  EXPECT_TRUE(m["weight_version"].is_number_integer());
+  EXPECT_TRUE(m["id"].is_string());
+  // Text prompts are tokenized by the server.
+  json t = post("/generate",
+                {{"text", "Hello"}, {"sampling_params", {{"temperature", 0}, {"max_new_tokens", 4}}}});
+  EXPECT_EQ(t["meta_info"]["prompt_tokens"], 5);  // byte-level: one token per byte
+  EXPECT_EQ(ids(t),
+            ids(post("/generate", {{"input_ids", {72, 101, 108, 108, 111}},
+                                   {"sampling_params", {{"temperature", 0}, {"max_new_tokens", 4}}}})));
+}
+
+TEST_F(ServeTest, SeededSamplingIsReproducibleAndBatchesAreLists) {
+  json body = {{"input_ids", {{1, 2, 3}, {4, 5, 6, 7}}},
+               {"sampling_params", {{"temperature", 1.0}, {"max_new_tokens", 12}, {"n", 3}, {"seed", 1234}}},
+               {"return_logprob", true}};
+  json a = post("/generate", body);
+  json b = post("/generate", body);
+  ASSERT_TRUE(a.is_array());
+  ASSERT_EQ(a.size(), 6u);  // 2 prompts x n=3, prompt-major
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(ids(a[i]), ids(b[i])) << i;
+    const json& lp = a[i]["meta_info"]["output_token_logprobs"];
+    ASSERT_EQ(lp.size(), ids(a[i]).size());
+    for (size_t j = 0; j < lp.size(); ++j) {
+      EXPECT_LE(lp[j][0].get<double>(), 0.0);
+      EXPECT_EQ(lp[j][1].get<int32_t>(), ids(a[i])[j]);
+      EXPECT_TRUE(lp[j][2].is_null());
+    }
+    EXPECT_EQ(a[i]["meta_info"]["prompt_tokens"], i < 3 ? 3 : 4);
+  }
+  EXPECT_EQ(a[0]["meta_info"]["output_token_logprobs"], b[0]["meta_info"]["output_token_logprobs"]);
+  // The samples of one prompt draw from different streams.
+  EXPECT_NE(ids(a[0]), ids(a[1]));
+  body["sampling_params"]["seed"] = 99;
+  json c = post("/generate", body);
+  EXPECT_NE(ids(a[0]), ids(c[0]));
+}
+
+TEST_F(ServeTest, StreamingYieldsTheSameTokens) {
+  json body = {{"input_ids", {7, 8, 9}},
+               {"sampling_params", {{"temperature", 0.8}, {"max_new_tokens", 20}, {"seed", 42}, {"n", 2}}},
+               {"return_logprob", true}};
+  json full = post("/generate", body);
+  ASSERT_TRUE(full.is_array());
+  body["stream"] = true;
+  bool done = false;
+  auto events = post_stream("/generate", body, &done);
+  EXPECT_TRUE(done);
+  // Per sample: one chunk per token, then the final item.
+  std::map<int, std::vector<json>> by_index;
+  for (const auto& e : events) by_index[e["index"].get<int>()].push_back(e);
+  ASSERT_EQ(by_index.size(), 2u);
+  for (int k = 0; k < 2; ++k) {
+    const auto& ev = by_index[k];
+    ASSERT_FALSE(ev.empty());
+    const json& last = ev.back();
+    EXPECT_EQ(ids(last), ids(full[size_t(k)])) << k;
+    EXPECT_EQ(last["text"], full[size_t(k)]["text"]);
+    EXPECT_EQ(last["meta_info"]["finish_reason"], full[size_t(k)]["meta_info"]["finish_reason"]);
+    EXPECT_EQ(last["meta_info"]["output_token_logprobs"],
+              full[size_t(k)]["meta_info"]["output_token_logprobs"]);
+    EXPECT_EQ(ev.size(), ids(last).size() + 1);
+    for (size_t j = 0; j + 1 < ev.size(); ++j) {
+      EXPECT_TRUE(ev[j]["meta_info"]["finish_reason"].is_null());
+      EXPECT_EQ(ids(ev[j]).size(), j + 1);  // cumulative ids, one more per chunk
+    }
+  }
+
+  // OpenAI completions: the streamed deltas add up to the non-streamed text.
+  json cbody = {{"prompt", "Once upon"}, {"max_tokens", 24}, {"temperature", 0.9}, {"seed", 7}};
+  json c = post("/v1/completions", cbody);
+  cbody["stream"] = true;
+  cbody["stream_options"] = {{"include_usage", true}};
+  auto cev = post_stream("/v1/completions", cbody, &done);
+  EXPECT_TRUE(done);
+  std::string text, finish;
+  json usage;
+  for (const auto& e : cev) {
+    EXPECT_EQ(e["object"], "text_completion");
+    if (e.contains("usage") && !e["usage"].is_null()) usage = e["usage"];
+    for (const auto& ch : e["choices"]) {
+      text += ch["text"].get<std::string>();
+      if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+    }
+  }
+  EXPECT_EQ(text, c["choices"][0]["text"].get<std::string>());
+  EXPECT_EQ(finish, c["choices"][0]["finish_reason"].get<std::string>());
+  EXPECT_EQ(usage, c["usage"]);
+}
+
+TEST_F(ServeTest, StopTokensAndStopStrings) {
+  json g = post("/generate", greedy_body(40));
+  const auto greedy = ids(g);
+  ASSERT_EQ(greedy.size(), 40u);
+  // A stop token: the output ends with it, matched names it.
+  json st = greedy_body(40);
+  st["sampling_params"]["stop_token_ids"] = {greedy[5]};
+  json s = post("/generate", st);
+  const auto out = ids(s);
+  ASSERT_FALSE(out.empty());
+  EXPECT_EQ(out.back(), greedy[5]);
+  EXPECT_EQ(std::vector<int32_t>(greedy.begin(), greedy.begin() + long(out.size())), out);
+  EXPECT_EQ(s["meta_info"]["finish_reason"]["type"], "stop");
+  EXPECT_EQ(s["meta_info"]["finish_reason"]["matched"], greedy[5]);
+
+  // A stop string: the first printable ASCII byte of the greedy output (ids
+  // 0..255 are bytes). Earlier tokens cannot contain that character.
+  size_t k = 0;
+  while (k < greedy.size() && !(greedy[k] >= 33 && greedy[k] < 127)) ++k;
+  if (k == greedy.size()) GTEST_SKIP() << "no printable byte in the greedy output";
+  const std::string stop(1, char(greedy[k]));
+  json sb = greedy_body(40);
+  sb["sampling_params"]["stop"] = stop;
+  json r = post("/generate", sb);
+  EXPECT_EQ(ids(r), std::vector<int32_t>(greedy.begin(), greedy.begin() + long(k) + 1));
+  EXPECT_EQ(r["meta_info"]["finish_reason"]["matched"], stop);
+  // The text stops before the stop string: it is the text of the first k tokens.
+  std::string before;
+  if (k > 0) before = post("/generate", greedy_body(int(k)))["text"];
+  EXPECT_EQ(r["text"], before);
+  sb["sampling_params"]["no_stop_trim"] = true;
+  EXPECT_EQ(post("/generate", sb)["text"], before + stop);
+
+  // Streamed through the OpenAI API, the stop string is never sent.
+  json cb = {{"prompt", std::vector<int>{10, 20, 30, 40, 50}},
+             {"max_tokens", 40},
+             {"temperature", 0},
+             {"stop", {stop}},
+             {"stream", true}};
+  bool done = false;
+  std::string text;
+  for (const auto& e : post_stream("/v1/completions", cb, &done))
+    for (const auto& ch : e["choices"]) text += ch["text"].get<std::string>();
+  EXPECT_TRUE(done);
+  EXPECT_EQ(text, before);
+}
+
+TEST_F(ServeTest, OpenAiEndpointsAreWellFormed) {
+  json c = post("/v1/completions", {{"model", "whatever"},
+                                    {"prompt", {"Hello", "World!"}},
+                                    {"max_tokens", 6},
+                                    {"n", 2},
+                                    {"temperature", 0.7},
+                                    {"seed", 3},
+                                    {"logprobs", 0}});
+  EXPECT_EQ(c["object"], "text_completion");
+  EXPECT_TRUE(c["id"].is_string());
+  EXPECT_TRUE(c["created"].is_number_integer());
+  ASSERT_EQ(c["choices"].size(), 4u);
+  int64_t completion = 0;
+  for (size_t i = 0; i < 4; ++i) {
+    const json& ch = c["choices"][i];
+    EXPECT_EQ(ch["index"], i);
+    EXPECT_TRUE(ch["text"].is_string());
+    EXPECT_TRUE(ch["finish_reason"] == "length" || ch["finish_reason"] == "stop");
+    const json& lp = ch["logprobs"];
+    EXPECT_EQ(lp["tokens"].size(), lp["token_logprobs"].size());
+    EXPECT_EQ(lp["text_offset"].size(), lp["tokens"].size());
+    completion += int64_t(lp["tokens"].size());
+  }
+  EXPECT_EQ(c["usage"]["prompt_tokens"], 5 + 6);
+  EXPECT_EQ(c["usage"]["completion_tokens"], completion);
+  EXPECT_EQ(c["usage"]["total_tokens"], 11 + completion);
+
+  json chat_body = {{"model", "m"},
+                    {"messages",
+                     {{{"role", "system"}, {"content", "Be brief."}},
+                      {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "Hi there"}}}}}}},
+                    {"max_tokens", 8},
+                    {"temperature", 0},
+                    {"logprobs", true},
+                    {"top_logprobs", 0}};
+  json chat = post("/v1/chat/completions", chat_body);
+  EXPECT_EQ(chat["object"], "chat.completion");
+  ASSERT_EQ(chat["choices"].size(), 1u);
+  const json& msg = chat["choices"][0]["message"];
+  EXPECT_EQ(msg["role"], "assistant");
+  EXPECT_TRUE(msg["content"].is_string());
+  const int64_t n_out = chat["usage"]["completion_tokens"];
+  EXPECT_EQ(chat["choices"][0]["logprobs"]["content"].size(), size_t(n_out));
+  EXPECT_GT(chat["usage"]["prompt_tokens"].get<int64_t>(), 10);  // the ChatML template adds its markers
+
+  chat_body["stream"] = true;
+  bool done = false;
+  auto ev = post_stream("/v1/chat/completions", chat_body, &done);
+  EXPECT_TRUE(done);
+  ASSERT_FALSE(ev.empty());
+  EXPECT_EQ(ev[0]["object"], "chat.completion.chunk");
+  EXPECT_EQ(ev[0]["choices"][0]["delta"]["role"], "assistant");
+  std::string content;
+  for (const auto& e : ev)
+    for (const auto& ch : e["choices"])
+      if (ch["delta"].contains("content")) content += ch["delta"]["content"].get<std::string>();
+  EXPECT_EQ(content, msg["content"].get<std::string>());
+  EXPECT_EQ(ev.back()["choices"][0]["finish_reason"], chat["choices"][0]["finish_reason"]);
+
+  auto models = client().Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["object"], "model");
+}
+
+TEST_F(ServeTest, BadRequestsGet400WithAJsonError) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"/generate", "{\"text\": \"hi\""},                                       // bad JSON
+      {"/generate", ""},                                                        // empty body
+      {"/generate", "[1, 2]"},                                                  // not an object
+      {"/generate", R"({"sampling_params": {"max_new_tokens": 4}})"},           // no prompt
+      {"/generate", R"({"text": "a", "input_ids": [1]})"},                      // both
+      {"/generate", R"({"text": "a", "bogus": 1})"},                            // unknown top-level key
+      {"/generate", R"({"text": "a", "sampling_params": {"temprature": 1}})"},  // unknown sampling key
+      {"/generate", R"({"text": "a", "sampling_params": {"temperature": "hot"}})"},
+      {"/generate", R"({"text": "a", "sampling_params": {"temperature": -1}})"},
+      {"/generate", R"({"text": "a", "sampling_params": {"top_p": 0}})"},
+      {"/generate", R"({"text": "a", "sampling_params": {"n": 0}})"},
+      {"/generate", R"({"text": "a", "sampling_params": {"max_new_tokens": 0}})"},
+      {"/generate", R"({"text": "a", "sampling_params": {"max_new_tokens": 1000}})"},  // past the context
+      {"/generate", R"({"text": "a", "sampling_params": {"frequency_penalty": 0.5}})"},
+      {"/generate", R"({"input_ids": [1, 300]})"},  // id out of range
+      {"/generate", R"({"input_ids": [1, -1]})"},   // negative id
+      {"/generate", R"({"input_ids": [1, 2.5]})"},  // not an integer
+      {"/generate", R"({"input_ids": []})"},        // empty prompt
+      {"/generate", R"({"input_ids": [[1], "x"]})"},
+      {"/v1/completions", R"({"max_tokens": 4})"},
+      {"/v1/completions", R"({"prompt": "a", "logprobs": 5})"},
+      {"/v1/completions", R"({"prompt": "a", "echo": true})"},
+      {"/v1/completions", R"({"prompt": "a", "max_tokens": 4, "tempreature": 0})"},
+      {"/v1/chat/completions", R"({"max_tokens": 4})"},
+      {"/v1/chat/completions", R"({"messages": []})"},
+      {"/v1/chat/completions", R"({"messages": [{"content": "no role"}]})"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}], "top_logprobs": 3})"},
+      {"/update_weights_from_disk", R"({})"},
+      {"/update_weights_from_disk", R"({"model_path": "/nonexistent/dir"})"},
+  };
+  // A prompt longer than the context (256).
+  json long_prompt = {{"input_ids", std::vector<int>(300, 5)}};
+  std::vector<std::pair<std::string, std::string>> all = cases;
+  all.push_back({"/generate", long_prompt.dump()});
+  for (const auto& [path, body] : all) {
+    auto c = client();
+    auto r = c.Post(path.c_str(), body, "application/json");
+    ASSERT_TRUE(r) << path << " " << body;
+    EXPECT_EQ(r->status, 400) << path << " " << body << " -> " << r->body;
+    json e = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(e.is_object()) << r->body;
+    EXPECT_TRUE(e["error"]["message"].is_string() && !e["error"]["message"].get<std::string>().empty())
+        << r->body;
+    EXPECT_EQ(e["error"]["type"], "invalid_request_error") << r->body;
+  }
+  // Too large a body: 413 with the same error shape.
+  auto c = client();
+  auto big = c.Post("/generate", std::string(2 << 20, ' '), "application/json");
+  ASSERT_TRUE(big);
+  EXPECT_EQ(big->status, 413);
+  EXPECT_TRUE(json::parse(big->body, nullptr, false)["error"]["message"].is_string()) << big->body;
+  auto nf = client().Get("/no/such/path");
+  ASSERT_TRUE(nf);
+  EXPECT_EQ(nf->status, 404);
+  // Still serving.
+  EXPECT_EQ(ids(post("/generate", greedy_body(4))).size(), 4u);
+}
+
+TEST_F(ServeTest, MetricsAndModelInfo) {
+  post("/generate", greedy_body(4));
+  auto r = client().Get("/metrics");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  std::map<std::string, double> values;
+  std::istringstream is(r->body);
+  std::string line;
+  while (std::getline(is, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream ls(line);
+    std::string name;
+    double v = -1;
+    ls >> name >> v;
+    ASSERT_FALSE(ls.fail()) << "unparseable metric line: " << line;
+    values[name] = v;
+  }
+  for (const char* m :
+       {"lockstep_num_running_reqs", "lockstep_num_waiting_reqs", "lockstep_generation_tokens_total",
+        "lockstep_gen_throughput", "lockstep_kv_usage_ratio", "lockstep_prefix_cache_hit_tokens_total"})
+    EXPECT_TRUE(values.count(m)) << m;
+  EXPECT_GE(values["lockstep_generation_tokens_total"], 4);
+  EXPECT_GE(values["lockstep_kv_usage_ratio"], 0);
+  EXPECT_LE(values["lockstep_kv_usage_ratio"], 1);
+
+  auto info = client().Get("/get_model_info");
+  ASSERT_TRUE(info);
+  json j = json::parse(info->body);
+  EXPECT_EQ(j["architecture"], "Qwen3MoeForCausalLM");
+  EXPECT_EQ(j["vocab_size"], 300);
+  EXPECT_EQ(j["max_context_length"], 256);
+  EXPECT_TRUE(j["model_path"].is_string());
+  EXPECT_TRUE(j["weight_version"].is_number_integer());
+}
+
+TEST_F(ServeTest, UpdateWeightsFromDiskChangesOutputs) {
+  json before = post("/generate", greedy_body(24));
+  const auto v0 = before["meta_info"]["weight_version"].get<uint64_t>();
+  json u = post("/update_weights_from_disk", {{"model_path", (dir_ / "m2").string()}});
+  EXPECT_EQ(u["success"], true);
+  EXPECT_EQ(u["weight_version"], v0 + 1);
+  json after = post("/generate", greedy_body(24));
+  EXPECT_EQ(after["meta_info"]["weight_version"], v0 + 1);
+  EXPECT_NE(ids(after), ids(before));
+  auto info = json::parse(client().Get("/get_model_info")->body);
+  EXPECT_EQ(info["weight_version"], v0 + 1);
+  EXPECT_EQ(info["model_path"], (dir_ / "m2").string());
+
+  // A different architecture is refused and the served weights stay.
+  json bad = post("/update_weights_from_disk", {{"model_path", (dir_ / "wide").string()}}, 400);
+  EXPECT_NE(bad["error"]["message"].get<std::string>().find("hidden_size"), std::string::npos) << bad.dump();
+  EXPECT_EQ(ids(post("/generate", greedy_body(24))), ids(after));
+
+  // Bad versions: negative, not a number, or the version being served.
+  post("/update_weights_from_disk", {{"model_path", (dir_ / "m1").string()}, {"weight_version", -1}}, 400);
+  post("/update_weights_from_disk", {{"model_path", (dir_ / "m1").string()}, {"weight_version", "v2"}}, 400);
+  post("/update_weights_from_disk", {{"model_path", (dir_ / "m1").string()}, {"weight_version", v0 + 1}},
+       400);
+  EXPECT_EQ(ids(post("/generate", greedy_body(24))), ids(after));
+
+  // Back to the first weights (explicit version, as a string like SGLang's):
+  // the first outputs return.
+  json back = post("/update_weights_from_disk",
+                   {{"model_path", (dir_ / "m1").string()}, {"weight_version", std::to_string(v0 + 10)}});
+  EXPECT_EQ(back["weight_version"], v0 + 10);
+  json again = post("/generate", greedy_body(24));
+  EXPECT_EQ(ids(again), ids(before));
+  EXPECT_EQ(again["meta_info"]["weight_version"], v0 + 10);
+  auto flush = client().Post("/flush_cache");
+  ASSERT_TRUE(flush);
+  EXPECT_EQ(flush->status, 200);
+}
+
+TEST_F(ServeTest, ConcurrentBurstAndMemory) {
+  // Reference answers, one at a time; warm-up for the idle RSS too.
+  json greedy_ref = post("/generate", greedy_body(16));
+  json seeded = {
+      {"input_ids", {3, 1, 4, 1, 5, 9, 2, 6}},
+      {"sampling_params", {{"temperature", 1.0}, {"top_k", 50}, {"max_new_tokens", 16}, {"seed", 77}}}};
+  json seeded_ref = post("/generate", seeded);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const int64_t idle_kib = server_->rss_kib();
+  ASSERT_GT(idle_kib, 0);
+
+  constexpr int kThreads = 16, kRequests = 200;
+  std::atomic<int> next{0}, ok{0}, mismatched{0};
+  std::mutex fail_mu;
+  std::vector<std::string> failures;
+  std::vector<std::thread> threads;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      auto c = client();
+      for (int i = next++; i < kRequests; i = next++) {
+        const int kind = i % 4;
+        auto send = [&]() -> httplib::Result {
+          if (kind == 0) return c.Post("/generate", greedy_body(16).dump(), "application/json");
+          if (kind == 1) return c.Post("/generate", seeded.dump(), "application/json");
+          if (kind == 2)
+            return c.Post("/v1/completions",
+                          json({{"prompt", "abc"}, {"max_tokens", 12}, {"temperature", 0.5}}).dump(),
+                          "application/json");
+          return c.Post(
+              "/v1/chat/completions",
+              json({{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 12}}).dump(),
+              "application/json");
+        };
+        httplib::Result r = send();
+        if (!r || r->status != 200) {
+          std::lock_guard<std::mutex> l(fail_mu);
+          failures.push_back(r ? std::to_string(r->status) + " " + r->body
+                               : "no response: " + httplib::to_string(r.error()));
+          continue;
+        }
+        ++ok;
+        // Batch composition never changes a greedy or seeded answer.
+        json j = json::parse(r->body);
+        if (kind == 0 && j["output_ids"] != greedy_ref["output_ids"]) ++mismatched;
+        if (kind == 1 && j["output_ids"] != seeded_ref["output_ids"]) ++mismatched;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int64_t peak_kib = server_->rss_kib();
+  EXPECT_EQ(ok.load(), kRequests);
+  for (size_t i = 0; i < failures.size() && i < 5; ++i) ADD_FAILURE() << "request failed: " << failures[i];
+  EXPECT_EQ(mismatched.load(), 0);
+  // Let the server go idle (it trims its heap once the burst is over).
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  const int64_t after_kib = server_->rss_kib();
+  std::printf(
+      "[serve burst] %d requests from %d threads in %.2f s; RSS idle %.1f MiB, right after %.1f MiB, "
+      "settled %.1f MiB\n",
+      kRequests, kThreads, secs, double(idle_kib) / 1024, double(peak_kib) / 1024, double(after_kib) / 1024);
+  EXPECT_LT(after_kib, idle_kib + 64 * 1024);
+  // Nothing is left in flight.
+  auto m = client().Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("lockstep_num_http_requests_in_flight 0"), std::string::npos);
+}
+
+TEST_F(ServeTest, ClientDisconnectMidStreamLeavesServerHealthy) {
+  auto c = client();
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/generate";
+  req.body = json({{"input_ids", {1, 2, 3}},
+                   {"sampling_params", {{"max_new_tokens", 240}, {"ignore_eos", true}}},
+                   {"stream", true}})
+                 .dump();
+  req.set_header("Content-Type", "application/json");
+  req.set_header("Authorization", std::string("Bearer ") + kApiKey);
+  int chunks = 0;
+  req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 2; };  // hang up
+  c.send(req);
+  EXPECT_GE(chunks, 1);
+  // The server notices, aborts the request and keeps serving.
+  bool idle = false;
+  for (int i = 0; i < 100 && !idle; ++i) {
+    auto m = client().Get("/metrics");
+    idle = m && m->body.find("lockstep_num_http_requests_in_flight 0") != std::string::npos;
+    if (!idle) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(idle);
+  EXPECT_EQ(ids(post("/generate", greedy_body(4))).size(), 4u);
+}
+
+TEST_F(ServeTest, SigtermFinishesRequestsInFlight) {
+  // A server of its own: it is stopped mid-request.
+  ServerProcess s({"--model", (dir_ / "m1").string()});
+  std::atomic<int> status{0};
+  std::atomic<int64_t> tokens{-1};
+  std::thread t([&] {
+    httplib::Client c("127.0.0.1", s.port());
+    c.set_read_timeout(60, 0);
+    auto r = c.Post(
+        "/generate",
+        json({{"input_ids", {1, 2, 3}}, {"sampling_params", {{"max_new_tokens", 200}, {"ignore_eos", true}}}})
+            .dump(),
+        "application/json");
+    if (r) {
+      status = r->status;
+      tokens = json::parse(r->body)["meta_info"]["completion_tokens"].get<int64_t>();
+    }
+  });
+  // Stop once the request is being served (or already done).
+  for (int i = 0; i < 400 && tokens.load() < 0; ++i) {
+    httplib::Client probe("127.0.0.1", s.port());
+    auto m = probe.Get("/metrics");
+    if (m && m->body.find("lockstep_num_http_requests_in_flight 1") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  const int code = s.terminate(30);
+  t.join();
+  EXPECT_EQ(code, 0);
+  EXPECT_EQ(status.load(), 200);
+  EXPECT_EQ(tokens.load(), 200);  // finished, not aborted
+}
+
+}  // namespace
