@@ -95,7 +95,7 @@ TEST(Batch, ExceptionsAndFailuresAreCountedNotScoredWrong) {
 TEST(Batch, SlowSampleTimesOutOthersFinish) {
   auto finished = std::make_shared<std::atomic<int>>(0);
   auto reward = std::make_shared<FnReward>([finished](const RewardRequest& r) {
-    if (r.response == "slow") sleep_s(0.6);
+    if (r.response == "slow") sleep_s(1.0);
     ++*finished;
     RewardResult out;
     out.reward = 1;
@@ -104,15 +104,16 @@ TEST(Batch, SlowSampleTimesOutOthersFinish) {
   std::vector<std::string> texts = {"slow"};
   for (int i = 0; i < 30; ++i) texts.push_back("fast");
   {
-    // One thread: the fast samples can only finish because the stuck worker is replaced.
-    BatchScorer scorer(reward, BatchOptions{1, 0.1, 5.0});
+    // One thread: a replacement worker takes the queue while the stuck one sleeps.
+    // (Limits are generous against scheduling delays on a loaded machine.)
+    BatchScorer scorer(reward, BatchOptions{1, 0.4, 5.0});
     BatchStats stats;
     auto results = scorer.score(requests(texts), &stats);
     EXPECT_EQ(results[0].failure, "timeout");
     for (size_t i = 1; i < results.size(); ++i) EXPECT_FALSE(results[i].failed()) << i;
     EXPECT_EQ(stats.timeouts, 1);
     EXPECT_EQ(stats.failures, 1);
-    // The destructor waits (grace 5 s) for the stuck worker, which finishes in 0.6 s.
+    // The destructor waits (grace 5 s) for the stuck worker, which finishes in 1 s.
   }
   EXPECT_EQ(finished->load(), 31);  // the late result was computed, and dropped
 }
@@ -136,13 +137,13 @@ TEST(Batch, DestroyingWithStuckWorkerDoesNotHang) {
 
 TEST(Batch, ReplacesStuckWorkersUpToTheCap) {
   auto reward = std::make_shared<FnReward>([](const RewardRequest& r) {
-    if (r.response == "slow") sleep_s(0.4);
+    if (r.response == "slow") sleep_s(1.0);
     return RewardResult{};
   });
   std::vector<std::string> texts;
   for (int i = 0; i < 4; ++i) texts.push_back("slow");
   for (int i = 0; i < 40; ++i) texts.push_back("fast");
-  BatchScorer scorer(reward, BatchOptions{2, 0.05, 2.0});
+  BatchScorer scorer(reward, BatchOptions{2, 0.4, 3.0});
   BatchStats stats;
   auto results = scorer.score(requests(texts), &stats);
   EXPECT_EQ(stats.timeouts, 4);

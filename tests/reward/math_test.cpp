@@ -349,6 +349,39 @@ TEST(MathEquivalence, Ratios) {
                       });
 }
 
+// Pairs that must hold in both directions (equivalence is symmetric except
+// for a response's "expression = value", which these avoid).
+TEST(MathEquivalence, SymmetricPairs) {
+  std::vector<Case> pairs = {
+      {"918\\frac{1}{2}", "918.5", true},
+      {"x^2+2x+1", "x^2 + 2*x - (-1)", true},
+      {"y = x^2+2x+1", "2x+ 1+x^2", true},
+      {"E", "\\mathrm{E}", true},
+      {"016", "16", true},
+      {"\\frac {1}{2}", "0.5", true},
+      {"17\\text{ any text}", "17", true},
+      {"(r+5)(r+5)", "(r+5)^2", true},
+      {"\\frac{\\sqrt{3}}{3}", "\\frac{\\sqrt{3}}{3} \\approx 0.577", true},
+      {"\\begin{pmatrix}0&1\\\\1&0\\end{pmatrix}", "\\begin{bmatrix} 0 & 1 \\\\ 1 & 0 \\end{bmatrix}", true},
+      {"\\\\frac{1}{2}", "0.5", true},  // text escaped twice
+      {"5", "5.001", false},
+      {"odd", "\\text{oddd}", false},
+      {"E", "\\mathrm{E}*2", false},
+      {"\\sqrt{67},-\\sqrt{85}", "\\sqrt{67}", false},
+      {"\\pm 2021", "2021", false},
+      {"\\pm 2021", "\\{-2021, 2021\\}", true},
+      {"12:00", "1:00", false},
+      {"19, 46, and 82", "19, 46, \\text{ and } 82", true},
+      {"1 - \\frac{1}{\\mathrm{e}}", "1 + \\frac{1}{\\mathrm{e}}", false},
+  };
+  std::vector<Case> both;
+  for (const auto& c : pairs) {
+    both.push_back(c);
+    both.push_back({c.pred, c.gold, c.expected});
+  }
+  run_table("symmetric", both);
+}
+
 struct ResponseCase {
   const char* response;
   const char* label;

@@ -61,6 +61,10 @@ void mlp_forward(const Context& ctx, Tensor y, Tensor gu, Tensor act, const Tens
 
 }  // namespace
 
+// Buffers: what backward needs is computed straight into the saved
+// Activations (reused from the previous call when the shapes match), the rest
+// into the cache's scratch slots, so a warm call allocates nothing and no
+// activation is copied.
 void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const RaggedBatch& batch,
              const ForwardOptions& opt, ForwardResult* result, Activations* saved) {
   const ModelConfig& c = weights.config();
@@ -81,152 +85,150 @@ void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const
 
   BatchTensors bt(batch, kv.block_size());
   if (save) {
-    saved->layers.clear();
     saved->layers.resize(static_cast<size_t>(c.num_layers));
     saved->positions = bt.positions;
   }
+  Scratch& ws = kv.scratch();
+  // A buffer that backward needs (saved field f of layer activations a) or
+  // scratch slot `slot` when nothing is saved.
+  auto buf = [&](OwnedTensor* f, size_t slot, DType dt, std::initializer_list<int64_t> shape) {
+    return f != nullptr ? reuse(*f, dt, shape) : ws.get(slot, dt, shape);
+  };
+  auto field = [&](LayerActivations* a, OwnedTensor LayerActivations::*m) { return a ? &(a->*m) : nullptr; };
+  const DType f32 = DType::F32;
 
-  // Residual stream.
-  OwnedTensor x(DType::F32, {T, D});
-  k::embedding_forward(ctx, x.view(), weights.params().embed, bt.tokens.view());
+  // Residual stream entering layer 0: saved as its x_in.
+  LayerActivations* a0 = save && c.num_layers > 0 ? &saved->layers[0] : nullptr;
+  Tensor x = buf(field(a0, &LayerActivations::x_in), kSlotX, f32, {T, D});
+  k::embedding_forward(ctx, x, weights.params().embed, bt.tokens.view());
 
-  OwnedTensor normed(DType::F32, {T, D}), rstd(DType::F32, {T}), qkv(DType::F32, {T, QKV});
-  OwnedTensor q(DType::F32, {T, H, Dh}), kn(DType::F32, {T, Hkv, Dh}), vn(DType::F32, {T, Hkv, Dh});
-  OwnedTensor attn(DType::F32, {T, H * Dh}), lse(DType::F32, {T, H}), h(DType::F32, {T, D});
-  OwnedTensor ffn(DType::F32, {T, D});
   const float scale = attention_scale(c);
+  const float eps = float(c.rms_norm_eps);
   const k::AttentionBatch ab = bt.attention_batch();
+  Tensor qkv = ws.get(kSlotQkv, f32, {T, QKV});
+  Tensor kn = ws.get(kSlotK, f32, {T, Hkv, Dh}), vn = ws.get(kSlotV, f32, {T, Hkv, Dh});
+  Tensor ffn = ws.get(kSlotFfn, f32, {T, D});
 
   int64_t moe_index = 0;
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerParams& p = weights.params().layers[static_cast<size_t>(l)];
     const PackedLayer& w = weights.layer(l);
     LayerActivations* a = save ? &saved->layers[static_cast<size_t>(l)] : nullptr;
-    if (a) a->x_in = copy_of(x.view());
+    using LA = LayerActivations;
 
     // Attention block.
-    k::rmsnorm_forward(ctx, normed.view(), rstd.view(), x.view(), p.attn_norm, float(c.rms_norm_eps));
-    if (a) {
-      a->rstd1 = copy_of(rstd.view());
-      a->normed1 = copy_of(normed.view());
-    }
-    k::gemm_xwt(ctx, qkv.view(), normed.view(), w.wqkv);
-    if (c.qkv_bias) add_row_bias(ctx, qkv.view(), p.bqkv);
-    split_qkv(ctx, q.view(), kn.view(), vn.view(), qkv.view());
+    Tensor rstd1 = buf(field(a, &LA::rstd1), kSlotRstd, f32, {T});
+    Tensor normed1 = buf(field(a, &LA::normed1), kSlotNormed, f32, {T, D});
+    k::rmsnorm_forward(ctx, normed1, rstd1, x, p.attn_norm, eps);
+    k::gemm_xwt(ctx, qkv, normed1, w.wqkv);
+    if (c.qkv_bias) add_row_bias(ctx, qkv, p.bqkv);
+    Tensor q = buf(field(a, &LA::q), kSlotQ, f32, {T, H, Dh});
     if (c.qk_norm) {
       // Per-head RMSNorm over Dh on the (T*H, Dh) and (T*Hkv, Dh) views.
-      OwnedTensor q_pre = copy_of(q.view()), k_pre = copy_of(kn.view());
-      OwnedTensor rstd_q(DType::F32, {T * H}), rstd_k(DType::F32, {T * Hkv});
-      k::rmsnorm_forward(ctx, q.view().reshape({T * H, Dh}), rstd_q.view(), q_pre.view().reshape({T * H, Dh}),
-                         p.q_norm, float(c.rms_norm_eps));
-      k::rmsnorm_forward(ctx, kn.view().reshape({T * Hkv, Dh}), rstd_k.view(),
-                         k_pre.view().reshape({T * Hkv, Dh}), p.k_norm, float(c.rms_norm_eps));
-      if (a) {
-        a->q_pre = std::move(q_pre);
-        a->k_pre = std::move(k_pre);
-        a->rstd_q = std::move(rstd_q);
-        a->rstd_k = std::move(rstd_k);
-      }
+      Tensor q_pre = buf(field(a, &LA::q_pre), kSlotQPre, f32, {T, H, Dh});
+      Tensor k_pre = buf(field(a, &LA::k_pre), kSlotKPre, f32, {T, Hkv, Dh});
+      Tensor rstd_q = buf(field(a, &LA::rstd_q), kSlotRstdQ, f32, {T * H});
+      Tensor rstd_k = buf(field(a, &LA::rstd_k), kSlotRstdK, f32, {T * Hkv});
+      split_qkv(ctx, q_pre, k_pre, vn, qkv);
+      k::rmsnorm_forward(ctx, q.reshape({T * H, Dh}), rstd_q, q_pre.reshape({T * H, Dh}), p.q_norm, eps);
+      k::rmsnorm_forward(ctx, kn.reshape({T * Hkv, Dh}), rstd_k, k_pre.reshape({T * Hkv, Dh}), p.k_norm, eps);
+    } else if (a) {
+      for (OwnedTensor* f : {&a->q_pre, &a->k_pre, &a->rstd_q, &a->rstd_k}) drop(*f);
+      split_qkv(ctx, q, kn, vn, qkv);
+    } else {
+      split_qkv(ctx, q, kn, vn, qkv);
     }
-    k::rope_forward(ctx, q.view(), bt.positions_t.view(), weights.rope());
-    k::rope_forward(ctx, kn.view(), bt.positions_t.view(), weights.rope());
-    k::kv_cache_write(ctx, kv.k(l), kv.v(l), kn.view(), vn.view(), ab);
-    k::attention_forward(ctx, attn.view().reshape({T, H, Dh}), save ? lse.view() : Tensor(), q.view(), kv.k(l),
-                         kv.v(l), ab, scale);
-    if (a) {
-      a->q = copy_of(q.view());
-      a->attn = copy_of(attn.view());
-      a->lse = copy_of(lse.view());
-    }
-    // h = x + attn·Woᵀ, then normed = rmsnorm(h).
-    k::gemm_xwt(ctx, ffn.view(), attn.view(), w.wo);
-    k::add_rmsnorm_forward(ctx, normed.view(), h.view(), rstd.view(), x.view(), ffn.view(), p.mlp_norm,
-                           float(c.rms_norm_eps));
-    if (a) {
-      a->h = copy_of(h.view());
-      a->rstd2 = copy_of(rstd.view());
-      a->normed2 = copy_of(normed.view());
-    }
+    k::rope_forward(ctx, q, bt.positions_t.view(), weights.rope());
+    k::rope_forward(ctx, kn, bt.positions_t.view(), weights.rope());
+    k::kv_cache_write(ctx, kv.k(l), kv.v(l), kn, vn, ab);
+    Tensor attn = buf(field(a, &LA::attn), kSlotAttn, f32, {T, H * Dh});
+    Tensor lse = a ? reuse(a->lse, f32, {T, H}) : Tensor();
+    k::attention_forward(ctx, attn.reshape({T, H, Dh}), lse, q, kv.k(l), kv.v(l), ab, scale);
+    // h = x + attn·Woᵀ, then normed2 = rmsnorm(h).
+    k::gemm_xwt(ctx, ffn, attn, w.wo);
+    Tensor h = buf(field(a, &LA::h), kSlotH, f32, {T, D});
+    Tensor rstd2 = buf(field(a, &LA::rstd2), kSlotRstd, f32, {T});
+    Tensor normed2 = buf(field(a, &LA::normed2), kSlotNormed, f32, {T, D});
+    k::add_rmsnorm_forward(ctx, normed2, h, rstd2, x, ffn, p.mlp_norm, eps);
 
-    // FFN block: ffn = FFN(normed).
+    // FFN block: ffn = FFN(normed2).
     if (!p.is_moe) {
       const int64_t F = c.intermediate_size;
-      OwnedTensor gu(DType::F32, {T, 2 * F}), act(DType::F32, {T, F});
-      mlp_forward(ctx, ffn.view(), gu.view(), act.view(), normed.view(), w.mlp, false);
       if (a) {
-        a->gu = std::move(gu);
-        a->act = std::move(act);
+        for (OwnedTensor* f : {&a->scores, &a->topk_idx, &a->topk_w, &a->xe, &a->gu_e, &a->act_e, &a->ye, &a->gu_s,
+                               &a->act_s, &a->ys, &a->sgate})
+          drop(*f);
+        a->plan = {};
       }
+      mlp_forward(ctx, ffn, buf(field(a, &LA::gu), kSlotGu, f32, {T, 2 * F}),
+                  buf(field(a, &LA::act), kSlotAct, f32, {T, F}), normed2, w.mlp, false);
     } else {
       const int64_t E = c.num_experts, Fe = c.moe_intermediate_size;
-      OwnedTensor logits(DType::F32, {T, E}), scores(DType::F32, {T, E});
-      OwnedTensor topk_idx(DType::I32, {T, K}), topk_w(DType::F32, {T, K});
-      k::gemm_xwt(ctx, logits.view(), normed.view(), w.router);
-      OwnedTensor replay;
+      if (a) {
+        drop(a->gu);
+        drop(a->act);
+      }
+      Tensor logits = ws.get(kSlotRouter, f32, {T, E});
+      Tensor scores = buf(field(a, &LA::scores), kSlotScores, f32, {T, E});
+      Tensor topk_idx = buf(field(a, &LA::topk_idx), kSlotTopkIdx, DType::I32, {T, K});
+      Tensor topk_w = buf(field(a, &LA::topk_w), kSlotTopkW, f32, {T, K});
+      k::gemm_xwt(ctx, logits, normed2, w.router);
+      Tensor replay;
       if (opt.replay_experts != nullptr) {
-        replay = OwnedTensor(DType::I32, {T, K});
-        gather_layer_experts(replay.view(), *opt.replay_experts, moe_index, n_moe, K);
+        replay = ws.get(kSlotReplay, DType::I32, {T, K});
+        gather_layer_experts(replay, *opt.replay_experts, moe_index, n_moe, K);
       }
-      k::moe_route(ctx, topk_idx.view(), topk_w.view(), scores.view(), logits.view(), p.router_bias,
-                   replay.view(), router_config(c));
-      if (opt.record_experts) scatter_layer_experts(result->routed_experts, topk_idx.view(), moe_index, n_moe, K);
-      k::MoeDispatch plan = k::moe_plan(topk_idx.view(), static_cast<int>(E));
-      OwnedTensor xe(DType::F32, {T * K, D}), gu_e(DType::F32, {T * K, 2 * Fe}), act_e(DType::F32, {T * K, Fe}),
-          ye(DType::F32, {T * K, D});
-      k::moe_gather(ctx, xe.view(), normed.view(), plan);
-      for (int64_t e = 0; e < E; ++e) {
+      k::moe_route(ctx, topk_idx, topk_w, scores, logits, p.router_bias, replay, router_config(c));
+      if (opt.record_experts) scatter_layer_experts(result->routed_experts, topk_idx, moe_index, n_moe, K);
+      k::MoeDispatch local_plan;
+      k::MoeDispatch& plan = a ? a->plan : local_plan;
+      plan = k::moe_plan(topk_idx, static_cast<int>(E));
+      Tensor xe = buf(field(a, &LA::xe), kSlotXe, f32, {T * K, D});
+      Tensor gu_e = buf(field(a, &LA::gu_e), kSlotGu, f32, {T * K, 2 * Fe});
+      Tensor act_e = buf(field(a, &LA::act_e), kSlotAct, f32, {T * K, Fe});
+      Tensor ye = buf(field(a, &LA::ye), kSlotYe, f32, {T * K, D});
+      k::moe_gather(ctx, xe, normed2, plan);
+      for_each_expert(ctx, plan, [&](int64_t e, const Context& ectx) {
         const int64_t r0 = plan.offsets[size_t(e)], r1 = plan.offsets[size_t(e) + 1];
-        if (r0 == r1) continue;
-        mlp_forward(ctx, ye.view().slice_rows(r0, r1), gu_e.view().slice_rows(r0, r1),
-                    act_e.view().slice_rows(r0, r1), xe.view().slice_rows(r0, r1), w.experts[size_t(e)], false);
-      }
-      k::moe_combine(ctx, ffn.view(), ye.view(), topk_w.view(), plan);
+        mlp_forward(ectx, ye.slice_rows(r0, r1), gu_e.slice_rows(r0, r1), act_e.slice_rows(r0, r1),
+                    xe.slice_rows(r0, r1), w.experts[size_t(e)], false);
+      });
+      k::moe_combine(ctx, ffn, ye, topk_w, plan);
       if (c.has_shared_expert()) {
         const int64_t Fs = c.shared_expert_intermediate_size;
-        OwnedTensor gu_s(DType::F32, {T, 2 * Fs}), act_s(DType::F32, {T, Fs}), ys(DType::F32, {T, D});
-        mlp_forward(ctx, ys.view(), gu_s.view(), act_s.view(), normed.view(), w.shared, false);
-        OwnedTensor sgate;
+        Tensor gu_s = buf(field(a, &LA::gu_s), kSlotGuS, f32, {T, 2 * Fs});
+        Tensor act_s = buf(field(a, &LA::act_s), kSlotActS, f32, {T, Fs});
+        Tensor ys = buf(field(a, &LA::ys), kSlotYs, f32, {T, D});
+        mlp_forward(ctx, ys, gu_s, act_s, normed2, w.shared, false);
+        Tensor sgate;
         if (c.shared_expert_gate) {
-          sgate = OwnedTensor(DType::F32, {T});
-          shared_gate_forward(ctx, sgate.view(), normed.view(), w.shared_gate);
+          sgate = buf(field(a, &LA::sgate), kSlotSgate, f32, {T});
+          shared_gate_forward(ctx, sgate, normed2, w.shared_gate);
+        } else if (a) {
+          drop(a->sgate);
         }
-        add_shared_expert(ctx, ffn.view(), ys.view(), sgate.view());
-        if (a) {
-          a->gu_s = std::move(gu_s);
-          a->act_s = std::move(act_s);
-          a->ys = std::move(ys);
-          a->sgate = std::move(sgate);
-        }
-      }
-      if (a) {
-        a->scores = std::move(scores);
-        a->topk_idx = std::move(topk_idx);
-        a->topk_w = std::move(topk_w);
-        a->plan = std::move(plan);
-        a->xe = std::move(xe);
-        a->gu_e = std::move(gu_e);
-        a->act_e = std::move(act_e);
-        a->ye = std::move(ye);
+        add_shared_expert(ctx, ffn, ys, sgate);
+      } else if (a) {
+        for (OwnedTensor* f : {&a->gu_s, &a->act_s, &a->ys, &a->sgate}) drop(*f);
       }
       ++moe_index;
     }
-    // x = h + ffn (one f32 add per element).
-    add_into(ctx, x.view(), h.view(), ffn.view());
+    // x = h + ffn (one f32 add per element), into the next layer's saved
+    // x_in when saving (the last layer's output goes to scratch: only its
+    // logit rows are kept).
+    LayerActivations* next = a && l + 1 < c.num_layers ? &saved->layers[static_cast<size_t>(l) + 1] : nullptr;
+    x = next ? reuse(next->x_in, f32, {T, D}) : ws.get(kSlotX, f32, {T, D});
+    add_into(ctx, x, h, ffn);
   }
 
   // Final norm on the wanted rows only, then the vocabulary projection.
-  OwnedTensor rows(DType::F32, {R, D});
-  gather_rows(rows.view(), x.view(), batch.logit_rows);
-  OwnedTensor rows_normed(DType::F32, {R, D}), rstd_f(DType::F32, {R});
-  k::rmsnorm_forward(ctx, rows_normed.view(), rstd_f.view(), rows.view(), weights.params().final_norm,
-                     float(c.rms_norm_eps));
-  result->logits = OwnedTensor(DType::F32, {R, c.vocab_size});
-  if (R > 0) k::gemm_xwt(ctx, result->logits.view(), rows_normed.view(), weights.lm_head());
-  if (save) {
-    saved->x_final = std::move(rows);
-    saved->rstd_f = std::move(rstd_f);
-    saved->normed_rows = std::move(rows_normed);
-  }
+  Tensor rows = save ? reuse(saved->x_final, f32, {R, D}) : ws.get(kSlotRows, f32, {R, D});
+  gather_rows(ctx, rows, x, batch.logit_rows);
+  Tensor rows_normed = save ? reuse(saved->normed_rows, f32, {R, D}) : ws.get(kSlotRowsNormed, f32, {R, D});
+  Tensor rstd_f = save ? reuse(saved->rstd_f, f32, {R}) : ws.get(kSlotRstdF, f32, {R});
+  k::rmsnorm_forward(ctx, rows_normed, rstd_f, rows, weights.params().final_norm, eps);
+  Tensor logits = reuse(result->logits, f32, {R, c.vocab_size});
+  if (R > 0) k::gemm_xwt(ctx, logits, rows_normed, weights.lm_head());
 }
 
 }  // namespace lockstep::model

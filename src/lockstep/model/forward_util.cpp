@@ -2,12 +2,21 @@
 // its own input row only, so all of them are batch-invariant.
 #include "lockstep/model/forward_util.h"
 
+#include <algorithm>
 #include <cstring>
+#include <numeric>
 
 #include "lockstep/base/error.h"
 #include "lockstep/kernels/cpu/simd.h"
 
 namespace lockstep::model {
+
+namespace {
+// Rows per thread task for a row-wise pass over rows of `width` floats: a
+// task should move at least ~256 KB, else waking a second thread (tens of
+// microseconds) costs more than it saves (decode batches are a few rows).
+int64_t row_grain(int64_t width) { return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, width)); }
+}  // namespace
 
 BatchTensors::BatchTensors(const RaggedBatch& b, int bs) : block_size(bs) {
   const int64_t T = b.num_tokens(), S = b.num_seqs();
@@ -35,6 +44,58 @@ kernels::AttentionBatch BatchTensors::attention_batch() const {
   ab.block_table = block_table.view();
   ab.block_size = block_size;
   return ab;
+}
+
+Tensor reuse(OwnedTensor& t, DType dtype, std::initializer_list<int64_t> shape) {
+  const Tensor& v = t.view();
+  bool same = v.data != nullptr && v.dtype == dtype && v.ndim == int(shape.size());
+  int i = 0;
+  for (int64_t d : shape) same = same && v.shape[i++] == d;
+  if (!same) t = OwnedTensor(dtype, std::vector<int64_t>(shape));
+  return t.view();
+}
+
+namespace {
+// Whole experts per thread only when the busiest thread gets at most this
+// much more than an even share of the rows; past it, the idle thread costs
+// more than the wake-ups saved.
+constexpr double kExpertImbalance = 1.15;
+}  // namespace
+
+void for_each_expert(const Context& ctx, const kernels::MoeDispatch& plan,
+                     const std::function<void(int64_t, const Context&)>& fn) {
+  const int64_t E = plan.num_experts;
+  std::vector<int64_t> active;
+  int64_t total = 0;
+  for (int64_t e = 0; e < E; ++e)
+    if (plan.expert_rows(int(e)) > 0) {
+      active.push_back(e);
+      total += plan.expert_rows(int(e));
+    }
+  const int P = ctx.threads();
+  if (P > 1 && ctx.pool != nullptr && int64_t(active.size()) >= P) {
+    // Longest rows first onto the least loaded thread (ties: lower expert,
+    // lower thread): a pure function of the plan.
+    std::vector<int64_t> order = active;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return plan.expert_rows(int(a)) > plan.expert_rows(int(b)); });
+    std::vector<std::vector<int64_t>> bins(static_cast<size_t>(P));
+    std::vector<int64_t> load(static_cast<size_t>(P), 0);
+    for (int64_t e : order) {
+      const size_t t = size_t(std::min_element(load.begin(), load.end()) - load.begin());
+      bins[t].push_back(e);
+      load[t] += plan.expert_rows(int(e));
+    }
+    const int64_t busiest = *std::max_element(load.begin(), load.end());
+    if (double(busiest) <= kExpertImbalance * double(total) / double(P)) {
+      const Context solo{nullptr, ctx.seed};
+      ctx.pool->run_on_workers(P, [&](int t) {
+        for (int64_t e : bins[size_t(t)]) fn(e, solo);
+      });
+      return;
+    }
+  }
+  for (int64_t e : active) fn(e, ctx);
 }
 
 int64_t count_moe_layers(const ModelConfig& c) {
@@ -80,7 +141,7 @@ void add_row_bias(const Context& ctx, Tensor y, const Tensor& b) {
   ctx.parallel_for(T, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t)
       for (int64_t n = 0; n < N; ++n) yp[t * ys + n] = yp[t * ys + n] + bp[n];
-  });
+  }, row_grain(N));
 }
 
 void add_column_sums(const Context& ctx, Tensor db, const Tensor& dy) {
@@ -89,13 +150,22 @@ void add_column_sums(const Context& ctx, Tensor db, const Tensor& dy) {
   const float* g = dy.f32();
   float* out = db.f32();
   const int64_t gs = dy.stride[0];
-  ctx.parallel_for(N, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      float s = 0.0f;
-      for (int64_t t = 0; t < T; ++t) s = s + g[t * gs + n];
-      out[n] = out[n] + s;
+  // Columns in blocks of 64, rows in order inside a block: each column is
+  // still one sum over t = 0..T-1 in order, but every row of dy is read as a
+  // contiguous run instead of one float per cache line.
+  constexpr int64_t kBlock = 64;
+  ctx.parallel_for((N + kBlock - 1) / kBlock, [&](int64_t b0, int64_t b1) {
+    float acc[kBlock];
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n0 = b * kBlock, w = std::min(kBlock, N - n0);
+      std::fill(acc, acc + w, 0.0f);
+      for (int64_t t = 0; t < T; ++t) {
+        const float* row = g + t * gs + n0;
+        for (int64_t j = 0; j < w; ++j) acc[j] = acc[j] + row[j];
+      }
+      for (int64_t j = 0; j < w; ++j) out[n0 + j] = out[n0 + j] + acc[j];
     }
-  }, 64);
+  });
 }
 
 void split_qkv(const Context& ctx, Tensor q, Tensor k, Tensor v, const Tensor& qkv) {
@@ -110,7 +180,7 @@ void split_qkv(const Context& ctx, Tensor q, Tensor k, Tensor v, const Tensor& q
       std::memcpy(kp + t * nk, src + t * s + nq, size_t(nk) * 4);
       std::memcpy(vp + t * nk, src + t * s + nq + nk, size_t(nk) * 4);
     }
-  });
+  }, row_grain(nq + 2 * nk));
 }
 
 void join_qkv(const Context& ctx, Tensor qkv, const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -125,7 +195,7 @@ void join_qkv(const Context& ctx, Tensor qkv, const Tensor& q, const Tensor& k, 
       std::memcpy(dst + t * s + nq, kp + t * nk, size_t(nk) * 4);
       std::memcpy(dst + t * s + nq + nk, vp + t * nk, size_t(nk) * 4);
     }
-  });
+  }, row_grain(nq + 2 * nk));
 }
 
 void add_into(const Context& ctx, Tensor out, const Tensor& a, const Tensor& b) {
@@ -138,14 +208,38 @@ void add_into(const Context& ctx, Tensor out, const Tensor& a, const Tensor& b) 
     for (int64_t t = t0; t < t1; ++t)
       for (int64_t n = 0; n < N; ++n)
         o[t * out.stride[0] + n] = ap[t * a.stride[0] + n] + bp[t * b.stride[0] + n];
-  });
+  }, row_grain(N));
 }
 
 void gather_rows(Tensor out, const Tensor& x, const std::vector<int32_t>& rows) {
+  gather_rows(Context{}, out, x, rows);
+}
+
+void gather_rows(const Context& ctx, Tensor out, const Tensor& x, const std::vector<int32_t>& rows) {
   const int64_t D = x.dim(1);
   check_shape(out, {static_cast<int64_t>(rows.size()), D}, "gathered rows");
-  for (size_t r = 0; r < rows.size(); ++r)
-    std::memcpy(out.f32() + r * D, x.f32() + rows[r] * x.stride[0], size_t(D) * 4);
+  ctx.parallel_for(static_cast<int64_t>(rows.size()), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      std::memcpy(out.f32() + r * out.stride[0], x.f32() + rows[size_t(r)] * x.stride[0], size_t(D) * 4);
+  }, row_grain(D));
+}
+
+void scatter_rows(const Context& ctx, Tensor out, const Tensor& src, const std::vector<int32_t>& rows) {
+  const int64_t T = out.dim(0), D = out.dim(1);
+  check_shape(src, {static_cast<int64_t>(rows.size()), D}, "scattered rows");
+  // Rows are ascending: walk out's rows once, copying or zeroing each.
+  ctx.parallel_for(T, [&](int64_t t0, int64_t t1) {
+    size_t r = size_t(std::lower_bound(rows.begin(), rows.end(), int32_t(t0)) - rows.begin());
+    for (int64_t t = t0; t < t1; ++t) {
+      float* dst = out.f32() + t * out.stride[0];
+      if (r < rows.size() && rows[r] == t) {
+        std::memcpy(dst, src.f32() + int64_t(r) * src.stride[0], size_t(D) * 4);
+        ++r;
+      } else {
+        std::memset(dst, 0, size_t(D) * 4);
+      }
+    }
+  }, row_grain(D));
 }
 
 void gather_layer_experts(Tensor out, const std::vector<int32_t>& all, int64_t layer, int64_t n_moe, int64_t k) {
@@ -178,7 +272,7 @@ void add_shared_expert(const Context& ctx, Tensor ffn, const Tensor& ys, const T
   ctx.parallel_for(T, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t)
       for (int64_t d = 0; d < D; ++d) f[t * D + d] = f[t * D + d] + (g ? y[t * D + d] * g[t] : y[t * D + d]);
-  });
+  }, row_grain(D));
 }
 
 }  // namespace lockstep::model

@@ -1,8 +1,11 @@
 // Small pieces of the model forward/backward that are not kernels of their
-// own: batch bookkeeping, copies, bias and residual adds, routing tables.
+// own: batch bookkeeping, scratch slots and buffer reuse, the expert loop,
+// copies, bias and residual adds, routing tables.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
 #include <vector>
 
 #include "lockstep/base/thread_pool.h"
@@ -26,6 +29,79 @@ struct BatchTensors {
   int block_size;
 };
 
+// Scratch slots (KvCache::scratch()) of forward and backward. Both use the
+// same numbers: nothing forward leaves in scratch is read after it returns
+// (backward reads only the saved Activations).
+enum ScratchSlot : size_t {
+  kSlotX,        // (T, D) residual stream
+  kSlotNormed,   // (T, D)
+  kSlotRstd,     // (T)
+  kSlotQkv,      // (T, (H+2Hkv)*Dh)
+  kSlotQ,        // (T, H, Dh)
+  kSlotQPre,     // (T, H, Dh)
+  kSlotK,        // (T, Hkv, Dh)
+  kSlotKPre,     // (T, Hkv, Dh)
+  kSlotV,        // (T, Hkv, Dh)
+  kSlotRstdQ,    // (T*H)
+  kSlotRstdK,    // (T*Hkv)
+  kSlotAttn,     // (T, H*Dh)
+  kSlotH,        // (T, D)
+  kSlotFfn,      // (T, D)
+  kSlotGu,       // (T, 2F) or (T*K, 2Fe)
+  kSlotAct,      // (T, F) or (T*K, Fe)
+  kSlotRouter,   // (T, E) router logits
+  kSlotScores,   // (T, E)
+  kSlotTopkIdx,  // (T, K) i32
+  kSlotTopkW,    // (T, K)
+  kSlotReplay,   // (T, K) i32
+  kSlotXe,       // (T*K, D)
+  kSlotYe,       // (T*K, D)
+  kSlotGuS,      // (T, 2Fs)
+  kSlotActS,     // (T, Fs)
+  kSlotYs,       // (T, D)
+  kSlotSgate,    // (T) / (T, 1)
+  kSlotRows,     // (R, D)
+  kSlotRowsNormed,
+  kSlotRstdF,
+  // Backward only.
+  kSlotDx,       // (T, D)
+  kSlotDh,       // (T, D)
+  kSlotDnormed,  // (T, D)
+  kSlotDtmp,     // (T, D)
+  kSlotDattn,    // (T, H*Dh)
+  kSlotDq,       // (T, H, Dh)
+  kSlotDk,       // (T, Hkv, Dh)
+  kSlotDv,       // (T, Hkv, Dh)
+  kSlotDqPre,    // (T, H, Dh)
+  kSlotDkPre,    // (T, Hkv, Dh)
+  kSlotDqkv,     // (T, (H+2Hkv)*Dh)
+  kSlotDact,     // (N, F) per FFN
+  kSlotDgu,      // (N, 2F)
+  kSlotDye,      // (T*K, D)
+  kSlotDxe,      // (T*K, D)
+  kSlotDtopkW,   // (T, K)
+  kSlotDlog,     // (T, E)
+  kSlotDys,      // (T, D)
+  kSlotDglogit,  // (T, 1)
+};
+
+// t itself, reallocated only when its dtype or shape differs: a caller that
+// keeps an Activations or ForwardResult from call to call then allocates
+// nothing. Contents are undefined when reused (the callers overwrite them).
+Tensor reuse(OwnedTensor& t, DType dtype, std::initializer_list<int64_t> shape);
+// Releases t's memory (a saved field this layer does not use).
+inline void drop(OwnedTensor& t) { t = OwnedTensor(); }
+
+// Runs fn(e, ectx) for every expert e with rows in the dispatch plan. When
+// the pool has several threads and the experts' rows can be shared out
+// evenly, whole experts go to threads (fn then gets a single-threaded ectx:
+// one wake-up per layer instead of one per GEMM, and each expert's rows stay
+// in one core's cache); otherwise experts run one after another with ctx's
+// threads inside each kernel. Kernel results do not depend on the thread
+// count, so both ways give the same bits.
+void for_each_expert(const Context& ctx, const kernels::MoeDispatch& plan,
+                     const std::function<void(int64_t e, const Context& ectx)>& fn);
+
 int64_t count_moe_layers(const ModelConfig& c);
 kernels::RouterConfig router_config(const ModelConfig& c);
 
@@ -41,6 +117,9 @@ void join_qkv(const Context& ctx, Tensor qkv, const Tensor& q, const Tensor& k, 
 void add_into(const Context& ctx, Tensor out, const Tensor& a, const Tensor& b);
 // out (R, D) = x[rows].
 void gather_rows(Tensor out, const Tensor& x, const std::vector<int32_t>& rows);
+void gather_rows(const Context& ctx, Tensor out, const Tensor& x, const std::vector<int32_t>& rows);
+// out (T, D): rows[r] = src[r], every other row 0.
+void scatter_rows(const Context& ctx, Tensor out, const Tensor& src, const std::vector<int32_t>& rows);
 // Routing tables (T, L_moe, K) <-> one layer's (T, K).
 void gather_layer_experts(Tensor out, const std::vector<int32_t>& all, int64_t layer, int64_t n_moe, int64_t k);
 void scatter_layer_experts(std::vector<int32_t>& all, const Tensor& layer_idx, int64_t layer, int64_t n_moe,

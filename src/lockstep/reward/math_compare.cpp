@@ -154,12 +154,17 @@ struct Equation {
 bool reduce_equation(Ref r, bool is_pred, Equation* eq, Ref* only_value) {
   const Node& n = r.n();
   size_t keep = n.kids.size();
-  // x = 1/3 \approx 0.33: the approximation after an equality is dropped.
-  for (size_t k = 1; k < n.ops.size(); ++k) {
-    if (n.ops[k] == RelOp::Approx) {
+  // x = 1/3 \approx 0.33 and \frac{\sqrt3}{3} \approx 0.577: an approximation
+  // after a value is dropped (x \approx 11 alone still means x = 11).
+  for (size_t k = 0; k < n.ops.size(); ++k) {
+    if (n.ops[k] == RelOp::Approx && (k > 0 || !name_like(r.kid(0)))) {
       keep = k + 1;
       break;
     }
+  }
+  if (keep == 1) {
+    *only_value = r.kid(0);
+    return false;
   }
   if (keep >= 3) {
     if (!name_like(r.kid(0))) {

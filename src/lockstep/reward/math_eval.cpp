@@ -324,8 +324,13 @@ double ev(const Expr& e, int i, const EvalEnv& env, int depth) {
               acc = iv;
             } else if (static_cast<Fn>(n.sub) == Fn::Gcd) {
               acc = std::gcd(acc, iv);
+            } else if (acc != 0 && iv != 0) {
+              // lcm = acc / gcd * iv, computed wide: std::lcm overflow is undefined.
+              __int128 l = static_cast<__int128>(acc / std::gcd(acc, iv)) * iv;
+              if (l > static_cast<__int128>(9.0e15)) return NAN;
+              acc = static_cast<int64_t>(l);
             } else {
-              acc = (acc == 0 || iv == 0) ? 0 : std::lcm(acc, iv);
+              acc = 0;
             }
           }
           return static_cast<double>(acc);

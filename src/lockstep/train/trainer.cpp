@@ -1,6 +1,7 @@
 // Trainer: micro-batching, the logprob/loss/backward chain, optimizer steps.
 #include "lockstep/train/trainer.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "lockstep/base/error.h"
@@ -57,7 +58,6 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
                     std::vector<TokenScores>* scores) {
   const ModelConfig& c = config();
   const int bs = cfg_.kv_block_size;
-  const int64_t V = c.vocab_size;
   const int64_t n_moe = model::count_moe_layers(c), K = c.num_experts_per_tok;
   if (scores) scores->assign(seqs.size(), {});
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -68,8 +68,22 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
       LS_THROW << "sequence " << i << ": routing replay needs " << s.tokens.size() * size_t(n_moe * K)
                << " expert ids, got " << s.routed_experts.size();
   }
+  // One KV cache (and with it the forward/backward scratch), one set of saved
+  // activations and one logits buffer for all micro-batches: after the first,
+  // a micro-batch of the same size allocates nothing.
+  const auto mbs = micro_batches(seqs);
+  int64_t max_blocks_total = 1;
+  for (auto [b0, b1] : mbs) {
+    int64_t nb = 0;
+    for (size_t i = b0; i < b1; ++i) nb += int64_t((seqs[i].tokens.size() + size_t(bs) - 1) / size_t(bs));
+    max_blocks_total = std::max(max_blocks_total, nb);
+  }
+  model::KvCache kv(c, max_blocks_total, bs);
+  model::Activations acts;
+  model::ForwardResult fr;
+  OwnedTensor logp, ent, tgt, dlogp, dent;
   double total = 0;
-  for (auto [b0, b1] : micro_batches(seqs)) {
+  for (auto [b0, b1] : mbs) {
     // Build the batch: every token new, sequences on consecutive KV blocks.
     model::RaggedBatch batch;
     int32_t max_blocks = 1;
@@ -96,19 +110,20 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
       if (opt.replay) replay.insert(replay.end(), s.routed_experts.begin(), s.routed_experts.end());
     }
     const int64_t R = int64_t(targets.size());
-    model::KvCache kv(c, std::max<int32_t>(next_block, 1), bs);
     model::ForwardOptions fo;
     fo.save_activations = loss != nullptr;
     if (opt.replay) fo.replay_experts = &replay;
-    model::ForwardResult fr;
-    model::Activations acts;
     model::forward(ctx_, *weights_, kv, batch, fo, &fr, loss ? &acts : nullptr);
 
-    OwnedTensor logp(DType::F32, {R}), ent(DType::F32, {R}), tgt(DType::I32, {R});
+    model::reuse(logp, DType::F32, {R});
+    model::reuse(ent, DType::F32, {R});
+    model::reuse(tgt, DType::I32, {R});
     if (R > 0) std::memcpy(tgt.view().data, targets.data(), size_t(R) * 4);
     kernels::token_logprob_forward(ctx_, logp.view(), opt.entropy ? ent.view() : Tensor(), Tensor(), fr.logits.view(),
                                    tgt.view(), opt.temperature);
-    OwnedTensor dlogp(DType::F32, {R}), dent(DType::F32, {R});
+    // Zeroed: a loss may leave the gradient of tokens it ignores unwritten.
+    std::memset(model::reuse(dlogp, DType::F32, {R}).data, 0, size_t(R) * 4);
+    std::memset(model::reuse(dent, DType::F32, {R}).data, 0, size_t(R) * 4);
     for (size_t i = b0; i < b1; ++i) {
       const int64_t r0 = first_row[i - b0], n = seqs[i].num_targets();
       if (scores) {
@@ -122,17 +137,23 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
       }
     }
     if (!loss || R == 0) continue;
-    OwnedTensor dlogits(DType::F32, {R, V});
-    kernels::token_logprob_backward(ctx_, dlogits.view(), dlogp.view(), opt.entropy ? dent.view() : Tensor(),
-                                    fr.logits.view(), tgt.view(), opt.temperature);
-    model::backward(ctx_, *weights_, kv, batch, acts, dlogits.view(), grad_views_);
+    // The logits are not needed once their gradient is known: the kernel
+    // writes dlogits over them (it allows the aliasing), saving an (R, V) buffer.
+    Tensor dlogits = fr.logits.view();
+    kernels::token_logprob_backward(ctx_, dlogits, dlogp.view(), opt.entropy ? dent.view() : Tensor(), dlogits,
+                                    tgt.view(), opt.temperature);
+    model::backward(ctx_, *weights_, kv, batch, acts, dlogits, grad_views_);
   }
   return total;
 }
 
 OptimizerStats Trainer::step() {
   OptimizerStats s = optimizer_.step(ctx_, params_.as<float>(), grads_.as<float>());
-  std::memset(grads_.data(), 0, layout_.nbytes());
+  // Zero the gradients on every thread: a single thread does not saturate
+  // memory bandwidth on a buffer of hundreds of MB.
+  char* g = static_cast<char*>(grads_.data());
+  const int64_t n = int64_t(layout_.nbytes());
+  ctx_.parallel_for(n, [&](int64_t b0, int64_t b1) { std::memset(g + b0, 0, size_t(b1 - b0)); }, int64_t{1} << 20);
   if (!s.skipped) weights_->refresh(ctx_, weights_->version() + 1);
   return s;
 }

@@ -1,0 +1,136 @@
+// `lockstep bench train|rollout`: the throughput benchmarks of issues 3 and 5
+// as a command, printing the same tables as bench/train_bench.cpp and
+// bench/rollout_bench.cpp (the workloads live in bench_train.h / bench_rollout.h).
+#include <iostream>
+#include <sstream>
+
+#include "lockstep/base/error.h"
+#include "lockstep/cli/bench_rollout.h"
+#include "lockstep/cli/bench_train.h"
+#include "lockstep/cli/command.h"
+#include "lockstep/kernels/cpu/simd.h"
+
+namespace lockstep::cli {
+namespace {
+
+// "1,16,64" -> {1, 16, 64}.
+std::vector<int64_t> parse_list(const std::string& flag, const std::string& s) {
+  std::vector<int64_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t used = 0;
+      const int64_t v = std::stoll(item, &used);
+      if (used != item.size() || v < 1) throw std::invalid_argument("bad");
+      out.push_back(v);
+    } catch (const std::exception&) {
+      LS_THROW << "flag --" << flag << ": expected positive integers separated by commas, got '" << s << "'";
+    }
+  }
+  if (out.empty()) LS_THROW << "flag --" << flag << " is empty";
+  return out;
+}
+
+int64_t positive(const Args& args, const std::string& key, int64_t fallback) {
+  const int64_t v = args.get_int(key, fallback);
+  if (v < 1) LS_THROW << "flag --" << key << " must be >= 1, got " << v;
+  return v;
+}
+
+// The configs to run: every --config given as a comma list, or both bench models.
+std::vector<std::string> configs(const Args& args) {
+  std::vector<std::string> out;
+  if (auto c = args.maybe("config")) {
+    std::stringstream ss(*c);
+    std::string item;
+    while (std::getline(ss, item, ',')) out.push_back(item);
+  } else {
+    out = {perf::bench_config_path("moe-tiny"), perf::bench_config_path("moe-small")};
+  }
+  return out;
+}
+
+void print_machine(const perf::Peak& peak) {
+  std::cout << "machine: " << std::thread::hardware_concurrency() << " hardware threads, " << peak.threads
+            << " used, simd " << kernels::simd_target_name() << "; fp32 FMA peak at " << peak.threads
+            << " threads: " << perf::fmt("%.1f", peak.wall_gflops) << " GFLOP/s (wall), "
+            << perf::fmt("%.1f", peak.cpu_gflops) << " GFLOP/s (per CPU-s x threads)\n\n";
+}
+
+int run_train(const Args& args) {
+  args.check_known({"config", "threads", "seq-len", "seqs", "micro-batch-tokens", "steps"});
+  perf::TrainBenchOptions o;
+  o.threads = int(positive(args, "threads", 2));
+  o.seq_len = positive(args, "seq-len", 256);
+  o.seqs_per_step = positive(args, "seqs", 16);
+  o.micro_batch_tokens = positive(args, "micro-batch-tokens", 4096);
+  o.steps = positive(args, "steps", 2);
+  const perf::Peak peak = perf::measure_fma_peak(o.threads);
+  print_machine(peak);
+  perf::Table t = perf::train_table();
+  for (const auto& path : configs(args)) {
+    o.config_path = path;
+    add_row(t, perf::run_train_bench(o, peak));
+  }
+  std::cout << t.str()
+            << "\nFLOP/token = 6 x active matmul params (attention projections, router, K experts, lm_head)\n"
+               "           + 3 x 4*T*Dh*H*L attention (T = sequence length); see docs/benchmarks.md.\n";
+  return 0;
+}
+
+int run_rollout(const Args& args) {
+  args.check_known({"config", "threads", "batches", "new-tokens", "prompt-len", "prefill-prompts", "prefill-len",
+                    "grpo-prompts", "grpo-samples", "grpo-prompt-len"});
+  perf::RolloutBenchOptions o;
+  o.threads = int(positive(args, "threads", 2));
+  if (auto b = args.maybe("batches")) o.decode_batches = parse_list("batches", *b);
+  o.new_tokens = positive(args, "new-tokens", o.new_tokens);
+  o.decode_prompt_len = positive(args, "prompt-len", o.decode_prompt_len);
+  o.prefill_prompts = positive(args, "prefill-prompts", o.prefill_prompts);
+  o.prefill_len = positive(args, "prefill-len", o.prefill_len);
+  o.grpo_prompts = positive(args, "grpo-prompts", o.grpo_prompts);
+  o.grpo_samples = positive(args, "grpo-samples", o.grpo_samples);
+  o.grpo_prompt_len = positive(args, "grpo-prompt-len", o.grpo_prompt_len);
+  const perf::Peak peak = perf::measure_fma_peak(o.threads);
+  print_machine(peak);
+  std::vector<perf::RolloutBenchResult> rs;
+  for (const auto& path : configs(args)) {
+    o.config_path = path;
+    rs.push_back(perf::run_rollout_bench(o, peak));
+  }
+  std::cout << perf::rollout_tables(rs);
+  return 0;
+}
+
+int run_bench(const Args& args) {
+  const auto& pos = args.positional();
+  if (pos.empty()) LS_THROW << "bench: name a benchmark: `lockstep bench train` or `lockstep bench rollout`";
+  if (pos[0] == "train") return run_train(args);
+  if (pos[0] == "rollout") return run_rollout(args);
+  LS_THROW << "bench: unknown benchmark '" << pos[0] << "' (train, rollout)";
+}
+
+LS_REGISTER_COMMAND(Command{
+    "bench", "training and rollout throughput benchmarks",
+    "usage: lockstep bench train   [--config FILE[,FILE]] [--threads N] [--seq-len N] [--seqs N]\n"
+    "                              [--micro-batch-tokens N] [--steps N]\n"
+    "       lockstep bench rollout [--config FILE[,FILE]] [--threads N] [--batches 1,16,64,256]\n"
+    "                              [--new-tokens N] [--prompt-len N] [--prefill-prompts N]\n"
+    "                              [--prefill-len N] [--grpo-prompts N] [--grpo-samples N]\n"
+    "                              [--grpo-prompt-len N]\n\n"
+    "Runs on randomly initialised weights of the [model] in each config (default: both\n"
+    "configs/bench/moe-tiny.toml and moe-small.toml) with 2 threads unless --threads says\n"
+    "otherwise, and prints a table.\n\n"
+    "train: tokens/s of full training steps (forward + backward + clip/AdamW/repack) on\n"
+    "  --seqs sequences of --seq-len tokens per step (defaults 16 x 256), the model FLOPs per\n"
+    "  token and the fraction of the machine's fp32 FMA peak, measured in the same run.\n"
+    "rollout: decode tokens/s at each --batches size (prompts of --prompt-len tokens,\n"
+    "  --new-tokens generated each) next to the GEMM roofline (the same step's matrix products\n"
+    "  timed alone); prefill tokens/s; a GRPO-shaped workload (--grpo-prompts x --grpo-samples)\n"
+    "  with and without prefix sharing.\n"
+    "See docs/benchmarks.md for what each number means.\n",
+    {}, run_bench});
+
+}  // namespace
+}  // namespace lockstep::cli
