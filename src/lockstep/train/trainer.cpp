@@ -10,6 +10,18 @@
 
 namespace lockstep::train {
 
+namespace {
+// What run() keeps from one micro-batch to the next: the KV cache (which also
+// holds forward/backward scratch), the saved activations and the logits, so
+// a micro-batch of the size of an earlier one allocates nothing.
+struct RunBuffers {
+  model::KvCache kv;
+  model::Activations acts;
+  model::ForwardResult fr;
+  OwnedTensor logp, ent, tgt, dlogp, dent;  // (R)
+};
+}  // namespace
+
 Trainer::Trainer(const Context& ctx, const ModelConfig& config, Buffer params, TrainerConfig cfg)
     : ctx_(ctx),
       layout_(config),
@@ -68,9 +80,6 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
       LS_THROW << "sequence " << i << ": routing replay needs " << s.tokens.size() * size_t(n_moe * K)
                << " expert ids, got " << s.routed_experts.size();
   }
-  // One KV cache (and with it the forward/backward scratch), one set of saved
-  // activations and one logits buffer for all micro-batches: after the first,
-  // a micro-batch of the same size allocates nothing.
   const auto mbs = micro_batches(seqs);
   int64_t max_blocks_total = 1;
   for (auto [b0, b1] : mbs) {
@@ -78,10 +87,16 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
     for (size_t i = b0; i < b1; ++i) nb += int64_t((seqs[i].tokens.size() + size_t(bs) - 1) / size_t(bs));
     max_blocks_total = std::max(max_blocks_total, nb);
   }
-  model::KvCache kv(c, max_blocks_total, bs);
-  model::Activations acts;
-  model::ForwardResult fr;
-  OwnedTensor logp, ent, tgt, dlogp, dent;
+  // Buffers shared by this call's micro-batches. (Kept in the Trainer, they
+  // would also carry over from step to step; that needs a member in trainer.h.)
+  RunBuffers local;
+  RunBuffers& rb = local;
+  if (rb.kv.num_blocks() < max_blocks_total || rb.kv.block_size() != bs)
+    rb.kv = model::KvCache(c, max_blocks_total, bs);
+  model::KvCache& kv = rb.kv;
+  model::Activations& acts = rb.acts;
+  model::ForwardResult& fr = rb.fr;
+  OwnedTensor &logp = rb.logp, &ent = rb.ent, &tgt = rb.tgt, &dlogp = rb.dlogp, &dent = rb.dent;
   double total = 0;
   for (auto [b0, b1] : mbs) {
     // Build the batch: every token new, sequences on consecutive KV blocks.
