@@ -79,16 +79,17 @@ inline double thread_cpu_seconds() {
 }
 
 // The machine's fp32 FMA peak at some thread count, two ways:
-//   wall: FLOPs per wall second of all threads started together (the
-//         ceiling a workload's tokens/s can approach);
-//   cpu:  FLOPs per CPU second, times the thread count: what the threads
-//         reach when they hold a core, so it stays meaningful on a machine
-//         shared with other jobs (compare it with a workload's FLOPs per
-//         CPU second x threads).
+//   wall: FLOPs per wall second of all threads started together;
+//   cpu:  FLOPs per CPU second of one thread, times the thread count: what
+//         the threads reach while they hold a core.
+// On an idle machine the two agree. On a machine shared with other jobs the
+// wall figure drops with whatever else runs, the cpu one does not, so the
+// tables use the cpu figure as "the peak" (the ceiling of the hardware).
 struct Peak {
   int threads = 1;
   double wall_gflops = 0;
   double cpu_gflops = 0;
+  double gflops() const { return std::max(wall_gflops, cpu_gflops); }
 };
 
 // Threads each running register-resident FMA chains, started together; best

@@ -266,14 +266,14 @@ inline std::string rollout_tables(const std::vector<RolloutBenchResult>& rs) {
       d.add({r.model, fmt("%d", r.opt.threads), fmt("%lld", (long long)x.batch), fmt("%.0f", x.tokens_per_s),
              fmt("%.2f", x.step_ms), fmt("%.2f", x.gemm_step_ms), fmt("%.0f", x.roofline_tokens_per_s),
              fmt("%.1f%%", 100.0 * x.tokens_per_s / x.roofline_tokens_per_s), fmt("%.1f", x.gflops),
-             fmt("%.1f%%", 100.0 * x.gflops / r.peak.wall_gflops), fmt("%.0f%%", 100.0 * x.cpu_use)});
+             fmt("%.1f%%", 100.0 * x.gflops / r.peak.gflops()), fmt("%.0f%%", 100.0 * x.cpu_use)});
     const int64_t pt = r.opt.prefill_prompts * r.opt.prefill_len;
     o.add({r.model, fmt("%d", r.opt.threads),
            fmt("prefill %lldx%lld", (long long)r.opt.prefill_prompts, (long long)r.opt.prefill_len),
            fmt("%lld", (long long)pt), fmt("%lld", (long long)r.opt.prefill_prompts),
            fmt("%.2f", double(pt) / r.prefill_tokens_per_s), fmt("%.0f", r.prefill_tokens_per_s),
            fmt("prompt tok/s; %.1f GFLOP/s, %.1f%% of peak", r.prefill_gflops,
-               100.0 * r.prefill_gflops / r.peak.wall_gflops)});
+               100.0 * r.prefill_gflops / r.peak.gflops())});
     for (int shared = 1; shared >= 0; --shared) {
       const RunResult& g = shared ? r.grpo_shared : r.grpo_unshared;
       o.add({r.model, fmt("%d", r.opt.threads),
@@ -287,7 +287,7 @@ inline std::string rollout_tables(const std::vector<RolloutBenchResult>& rs) {
     }
   }
   std::string out = d.str() + "\n" + o.str();
-  for (const auto& r : rs) out += fmt("%s: peak ", r.model.c_str()) + fmt("%.1f GFLOP/s", r.peak.wall_gflops) + "\n";
+  for (const auto& r : rs) out += fmt("%s: peak ", r.model.c_str()) + fmt("%.1f GFLOP/s", r.peak.gflops()) + "\n";
   return out;
 }
 

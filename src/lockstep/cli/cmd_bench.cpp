@@ -62,10 +62,10 @@ int run_train(const Args& args) {
   args.check_known({"config", "threads", "seq-len", "seqs", "micro-batch-tokens", "steps"});
   perf::TrainBenchOptions o;
   o.threads = int(positive(args, "threads", 2));
-  o.seq_len = positive(args, "seq-len", 256);
-  o.seqs_per_step = positive(args, "seqs", 16);
-  o.micro_batch_tokens = positive(args, "micro-batch-tokens", 4096);
-  o.steps = positive(args, "steps", 2);
+  o.seq_len = positive(args, "seq-len", o.seq_len);
+  o.seqs_per_step = positive(args, "seqs", o.seqs_per_step);
+  o.micro_batch_tokens = positive(args, "micro-batch-tokens", o.micro_batch_tokens);
+  o.steps = positive(args, "steps", o.steps);
   const perf::Peak peak = perf::measure_fma_peak(o.threads);
   print_machine(peak);
   perf::Table t = perf::train_table();
@@ -123,7 +123,8 @@ LS_REGISTER_COMMAND(Command{
     "configs/bench/moe-tiny.toml and moe-small.toml) with 2 threads unless --threads says\n"
     "otherwise, and prints a table.\n\n"
     "train: tokens/s of full training steps (forward + backward + clip/AdamW/repack) on\n"
-    "  --seqs sequences of --seq-len tokens per step (defaults 16 x 256), the model FLOPs per\n"
+    "  --seqs sequences of --seq-len tokens per step (defaults 32 x 256, in micro-batches of\n"
+    "  --micro-batch-tokens 4096), the model FLOPs per\n"
     "  token and the fraction of the machine's fp32 FMA peak, measured in the same run.\n"
     "rollout: decode tokens/s at each --batches size (prompts of --prompt-len tokens,\n"
     "  --new-tokens generated each) next to the GEMM roofline (the same step's matrix products\n"
