@@ -163,6 +163,7 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
 }
 
 OptimizerStats Trainer::step() {
+  if (cfg_.grad_reduce) cfg_.grad_reduce(grads_.as<float>(), size_t(layout_.numel()));
   OptimizerStats s = optimizer_.step(ctx_, params_.as<float>(), grads_.as<float>());
   // Zero the gradients on every thread: a single thread does not saturate
   // memory bandwidth on a buffer of hundreds of MB.

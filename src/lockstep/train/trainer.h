@@ -42,6 +42,10 @@ struct TrainerConfig {
   OptimizerConfig optim;
   int64_t micro_batch_tokens = 4096;  // token budget of one forward/backward
   int kv_block_size = 16;
+  // Data parallelism (dist/data_parallel.h): when set, step() first replaces
+  // the accumulated gradients grads[0, n) by their sum over all ranks. The
+  // LossFn must then normalise by global counts (tokens of the global batch).
+  std::function<void(float* grads, size_t n)> grad_reduce;
 };
 
 struct ScoreOptions {
@@ -60,7 +64,7 @@ class Trainer {
   // summed loss; the scores of the forward are written to *scores if given.
   double accumulate(const std::vector<TrainSequence>& seqs, const LossFn& loss, const ScoreOptions& opt,
                     std::vector<TokenScores>* scores = nullptr);
-  // Clip, AdamW, zero the gradients, repack the weights, version += 1.
+  // grad_reduce (if set), clip, AdamW, zero the gradients, repack the weights, version += 1.
   OptimizerStats step();
 
   const Context& context() const { return ctx_; }

@@ -1,0 +1,37 @@
+// Weight broadcast for disaggregated rollout: the trainer root sends the flat
+// f32 parameter buffer to every rank of a communicator (trainer root +
+// rollout ranks), bucket by bucket, each bucket followed by its checksum64,
+// verified on receipt. The call is collective; it throws Error on every rank
+// when any rank's size disagrees or any bucket arrived corrupt, so no rank
+// runs on half-received weights without the others knowing.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include "lockstep/dist/communicator.h"
+
+namespace lockstep::dist {
+
+struct WeightSyncStats {
+  uint64_t version = 0;  // the root's version, now every rank's
+  size_t bytes = 0;      // payload per receiving rank
+  size_t buckets = 0;
+  double seconds = 0;    // wall time of the whole call on this rank: perf/weight_sync_s
+  double gb_per_s() const { return seconds > 0 ? double(bytes) / seconds * 1e-9 : 0; }
+};
+
+struct WeightBroadcastOptions {
+  // Bytes per bucket; 0: the communicator's bucket_bytes().
+  size_t bucket_bytes = 0;
+  // Called on receiving ranks after each bucket arrives and before it is
+  // verified (tests use it to corrupt data in flight).
+  std::function<void(size_t bucket, char* data, size_t bytes)> after_receive;
+};
+
+// root's params[0, n) to every rank of comm; `version` is read on the root.
+WeightSyncStats broadcast_weights(Communicator& comm, float* params, size_t n, uint64_t version, int root,
+                                  const WeightBroadcastOptions& opt = {});
+
+}  // namespace lockstep::dist
