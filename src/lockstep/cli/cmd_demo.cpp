@@ -1,112 +1,163 @@
-// `lockstep demo`: the embedded end-to-end run. The RL stage (issue 8) is not
-// built yet, so today the demo runs the most complete pipeline that exists
-// and says so: build a tiny MoE model and a synthetic arithmetic task, SFT it,
-// evaluate held-out problems with the rollout engine and the math verifier,
-// and check that rollout and trainer logprobs agree bit for bit.
-#include <filesystem>
+// `lockstep demo`: the embedded end-to-end run. It builds a tiny MoE model and
+// a synthetic, verifiable task (two-number addition answered in \boxed{}),
+// warms the model up with SFT, evaluates held-out problems, runs GRPO with the
+// RL loop of `lockstep rl`, evaluates again and prints a before/after table.
+// Deterministic for a given seed and thread count.
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <random>
+#include <sstream>
 
 #include "lockstep/base/error.h"
 #include "lockstep/base/timer.h"
 #include "lockstep/cli/command.h"
 #include "lockstep/cli/model_source.h"
+#include "lockstep/data/dataset.h"
 #include "lockstep/data/jsonl.h"
 #include "lockstep/model/file_util.h"
 #include "lockstep/model/pretrained.h"
-#include "lockstep/reward/reward.h"
-#include "lockstep/rollout/engine.h"
+#include "lockstep/rl/loop.h"
+#include "lockstep/rl/run_report.h"
 #include "lockstep/tokenizer/byte_level.h"
-#include "lockstep/train/mismatch.h"
 #include "lockstep/train/sft.h"
 
 namespace lockstep::cli {
 namespace {
 
 struct Problem {
+  int a = 0, b = 0;
   std::string prompt, answer;
 };
 
-std::vector<Problem> make_problems(int n, uint64_t seed, int salt) {
+constexpr int kMaxOperand = 50;
+
+// `n` addition problems a+b with a, b in [0, kMaxOperand), drawn with seed and salt,
+// none of them in `exclude` (so the held-out set stays held out).
+std::vector<Problem> make_problems(int n, uint64_t seed, int salt, const std::vector<Problem>& exclude = {}) {
   std::mt19937_64 g(seed * 1000003u + uint64_t(salt));
+  std::vector<bool> taken(size_t(kMaxOperand * kMaxOperand), false);
+  for (const auto& p : exclude) taken[size_t(p.a * kMaxOperand + p.b)] = true;
   std::vector<Problem> out;
-  for (int i = 0; i < n; ++i) {
-    const int a = int(g() % 50), b = int(g() % 50);
-    out.push_back({std::to_string(a) + "+" + std::to_string(b) + "=", std::to_string(a + b)});
+  while (int(out.size()) < n) {
+    const int a = int(g() % kMaxOperand), b = int(g() % kMaxOperand);
+    if (taken[size_t(a * kMaxOperand + b)]) continue;
+    out.push_back({a, b, std::to_string(a) + "+" + std::to_string(b) + "=", std::to_string(a + b)});
   }
   return out;
 }
 
-struct EvalFigures {
-  double pass1 = 0, truncated = 0, len_mean = 0, gap_max = 0;
-  int64_t samples = 0;
+// The SFT warm-up data comes from a teacher that often works the sum out in
+// full ("28+45: 20+40=60, 8+5=13, 60+13=73, so \\boxed{73}"): right, but far
+// longer than the 16-token answer budget of the RL and eval runs, so a model
+// that imitates it is cut off before its answer. SFT copies the habit; RL with
+// the math verifier (and DAPO's overlong penalty) has to learn to answer
+// within the budget, which the demo measures on held-out problems.
+std::string teacher_response(const Problem& p, double verbose_rate, std::mt19937_64& g) {
+  const std::string boxed = "\\boxed{" + p.answer + "}";
+  if (double(g() % 1000000) / 1e6 >= verbose_rate) return boxed;
+  const int ta = p.a / 10 * 10, tb = p.b / 10 * 10, oa = p.a % 10, ob = p.b % 10;
+  return std::to_string(p.a) + "+" + std::to_string(p.b) + ": " + std::to_string(ta) + "+" + std::to_string(tb) +
+         "=" + std::to_string(ta + tb) + ", " + std::to_string(oa) + "+" + std::to_string(ob) + "=" +
+         std::to_string(oa + ob) + ", " + std::to_string(ta + tb) + "+" + std::to_string(oa + ob) + "=" + p.answer +
+         ", so " + boxed;
+}
+
+// The RL stage's config: the same text as configs/demo/rl.toml (a test
+// checks they agree), with the model and data paths of the run directory.
+constexpr const char* kDemoRlConfig = R"(# The RL stage of `lockstep demo` (GRPO on two-number addition).
+# `lockstep demo` runs it after an SFT warm-up (into its --out directory);
+# after `make demo` the RL stage can be run again on its own, into runs/demo-rl,
+# with `lockstep rl --config configs/demo/rl.toml`.
+[model]
+path = "runs/demo/sft/checkpoints/latest"
+
+[data]
+train_file = "runs/demo/data/train.jsonl"
+eval_file = "runs/demo/data/test.jsonl"
+apply_chat_template = false
+
+[rollout]
+batch_size = 64        # prompts per step
+n = 8                  # samples per prompt (the GRPO group)
+temperature = 1.0
+max_new_tokens = 16
+kv_blocks = 4096
+block_size = 16
+precision = "f32"      # aligned mode: rollout and trainer logprobs agree bit for bit
+
+[train]
+steps = 50
+lr = 3e-4
+warmup_steps = 5
+grad_clip = 1.0
+micro_batch_tokens = 8192
+save_interval = 25
+keep_last = 2
+seed = 1
+out_dir = "runs/demo-rl"
+
+[algo]
+overlong_buffer_len = 4       # DAPO soft overlong penalty: responses past 12 tokens lose reward
+overlong_penalty_factor = 1.0
+advantage = "grpo"
+policy_loss = "ppo"
+eps_clip = 0.2
+eps_clip_high = 0.28   # clip-higher (DAPO)
+loss_agg = "token-mean"
+
+[reward]
+type = "math"
+
+[eval]
+name = "test"
+n = 8
+temperature = 1.0
+max_new_tokens = 16
+interval = 10
+
+[log]
+report_interval = 25
+samples_interval = 10
+samples_per_step = 16
+)";
+
+struct Figures {
+  double pass1 = 0, pass8 = 0, truncated = 0, len_mean = 0;
 };
 
-EvalFigures evaluate(const Context& ctx, train::Trainer& trainer, const tokenizer::Tokenizer& tok,
-                     const std::vector<Problem>& problems, int n, uint64_t seed) {
-  rollout::EngineConfig ec;
-  ec.num_blocks = 2048;
-  ec.block_size = 16;
-  ec.seed = seed;
-  // Aligned mode: the engine reads the trainer's packed f32 weights directly.
-  rollout::Engine engine(ctx, &trainer.weights(), ec);
-  std::vector<rollout::Request> reqs;
-  for (size_t i = 0; i < problems.size(); ++i) {
-    rollout::Request r;
-    r.prompt_ids = tok.encode(problems[i].prompt, false);
-    r.params.n = n;
-    r.params.temperature = 1.0f;
-    r.params.max_new_tokens = 16;
-    r.params.seed = int64_t(seed + i);
-    reqs.push_back(std::move(r));
-  }
-  auto results = engine.generate(std::move(reqs));
-  reward::RewardOptions ro;
-  ro.type = "math";
-  auto verifier = reward::make_reward(ro);
-  EvalFigures f;
-  std::vector<train::TrainSequence> seqs;
-  std::vector<std::vector<float>> rollout_lp;
-  double correct = 0, truncated = 0, len = 0;
-  for (size_t i = 0; i < results.size(); ++i)
-    for (auto& s : results[i].samples) {
-      const std::string text = tok.decode(s.output_ids, true);
-      const auto verdict = verifier->score(text, problems[i].answer);
-      correct += verdict.correct ? 1 : 0;
-      truncated += s.finish_reason == "length" ? 1 : 0;
-      len += double(s.output_ids.size());
-      train::TrainSequence t;
-      t.tokens = results[i].prompt_ids;
-      t.tokens.insert(t.tokens.end(), s.output_ids.begin(), s.output_ids.end());
-      t.prompt_len = int32_t(results[i].prompt_ids.size());
-      seqs.push_back(std::move(t));
-      rollout_lp.push_back(s.logprobs);
-      ++f.samples;
-    }
-  auto scores = trainer.score(seqs, train::ScoreOptions{});
-  std::vector<std::vector<float>> train_lp;
-  for (auto& s : scores) train_lp.push_back(s.logp);
-  f.gap_max = train::compute_mismatch(rollout_lp, train_lp).abs_diff_max;
-  f.pass1 = correct / double(f.samples);
-  f.truncated = truncated / double(f.samples);
-  f.len_mean = len / double(f.samples);
+Figures figures(const eval::EvalSummary& s) {
+  Figures f;
+  f.pass1 = s.pass_at_1;
+  auto it = s.pass_at_k.find(8);
+  f.pass8 = it != s.pass_at_k.end() ? it->second : 0.0;
+  f.truncated = s.truncated_ratio;
+  f.len_mean = s.response_len_mean;
   return f;
 }
 
+nlohmann::json figures_json(const Figures& f) {
+  return {{"pass@1", f.pass1}, {"pass@8", f.pass8}, {"truncated_ratio", f.truncated}, {"response_len_mean", f.len_mean}};
+}
+
 int run_demo(const Args& args) {
-  args.check_known({"out", "seed", "steps", "threads"});
+  args.check_known({"out", "seed", "sft-steps", "rl-steps", "threads", "precision", "print-config", "teacher-verbose-rate"});
+  if (args.flag("print-config")) {
+    std::cout << kDemoRlConfig;
+    return 0;
+  }
   const std::string out = args.get("out", "runs/demo");
   const uint64_t seed = uint64_t(args.get_int("seed", 0));
-  const int64_t steps = args.get_int("steps", 300);
+  const int64_t sft_steps = args.get_int("sft-steps", 600);
+  const std::string precision = args.get("precision", "f32");
+  const double verbose_rate = args.get_double("teacher-verbose-rate", 0.8);
   auto pool = make_pool(args.get_int("threads", 0));
   Context ctx{pool.get(), 0};
   Timer total;
-  std::cout << "lockstep demo\n"
-               "NOTE: the RL stage (GRPO, issue 8) is not built yet. This demo runs the most complete\n"
-               "pipeline that exists: tiny MoE model -> SFT on synthetic arithmetic -> held-out\n"
-               "evaluation with the rollout engine and the math verifier -> rollout/trainer alignment.\n\n";
-  std::filesystem::create_directories(out);
+  // The demo owns its directory: a previous demo run there is replaced.
+  for (const char* old : {"sft", "checkpoints", "samples", "eval", "metrics.jsonl", "report.html", "summary.json"})
+    std::filesystem::remove_all(std::filesystem::path(out) / old);
+  std::filesystem::create_directories(out + "/data");
 
   // 1. A tiny Qwen3-MoE-shaped model with the byte-level tokenizer.
   ModelConfig c;
@@ -131,57 +182,123 @@ int run_demo(const Args& args) {
   save_pretrained(model_dir, c, layout, params.as<float>());
   tokenizer::write_byte_level_tokenizer(model_dir);
   auto tok = tokenizer::Tokenizer::load(model_dir);
-  std::cout << "model: " << layout.numel() << " parameters (" << c.num_experts << " experts, top-"
-            << c.num_experts_per_tok << "), written to " << model_dir << "\n";
+  std::cout << "lockstep demo: tiny MoE (" << layout.numel() << " parameters, " << c.num_experts << " experts, top-"
+            << c.num_experts_per_tok << "), task \"a+b=\" -> \\boxed{a+b}, " << ctx.threads() << " threads\n";
 
-  // 2. The task: "a+b=" -> "\boxed{a+b}<|im_end|>", held-out test problems.
-  auto train_set = make_problems(2000, seed, 1), test_set = make_problems(64, seed, 2);
-  std::vector<train::TrainSequence> data;
-  for (const auto& p : train_set) {
+  // 2. The task, written as JSONL like any user dataset.
+  const auto test_set = make_problems(128, seed, 2), train_set = make_problems(4000, seed, 1, test_set);
+  std::mt19937_64 teacher(seed + 7);
+  auto write_set = [&](const std::string& path, const std::vector<Problem>& ps, bool with_response) {
+    std::vector<nlohmann::json> lines;
+    for (const auto& p : ps) {
+      nlohmann::json j = {{"prompt", p.prompt}, {"label", p.answer}};
+      if (with_response) j["response"] = teacher_response(p, verbose_rate, teacher);
+      lines.push_back(std::move(j));
+    }
+    data::write_jsonl_atomic(path, lines);
+  };
+  write_set(out + "/data/train.jsonl", train_set, false);
+  write_set(out + "/data/test.jsonl", test_set, false);
+  write_set(out + "/data/sft.jsonl", train_set, true);
+  data::DataConfig dc;
+  dc.apply_chat_template = false;
+  auto sft_examples = data::load_sft_examples(out + "/data/sft.jsonl", dc, tok);
+
+  // 3. SFT warm-up: the model learns the answer format and some arithmetic.
+  std::vector<train::TrainSequence> sft_data;
+  for (const auto& e : sft_examples) {
     train::TrainSequence s;
-    s.tokens = tok.encode(p.prompt, false);
-    s.prompt_len = int32_t(s.tokens.size());
-    auto r = tok.encode("\\boxed{" + p.answer + "}", false);
-    s.tokens.insert(s.tokens.end(), r.begin(), r.end());
-    s.tokens.push_back(258);
-    data.push_back(std::move(s));
+    s.tokens = e.prompt_ids;
+    s.tokens.insert(s.tokens.end(), e.response_ids.begin(), e.response_ids.end());
+    s.prompt_len = int32_t(e.prompt_ids.size());
+    sft_data.push_back(std::move(s));
   }
   train::TrainerConfig tc;
   tc.optim.lr = 3e-3;
   tc.optim.warmup_steps = 20;
-  tc.optim.decay_steps = steps;
+  tc.optim.decay_steps = sft_steps;
   tc.optim.min_lr = 3e-4;
   tc.optim.weight_decay = 0.01;
-  train::Trainer trainer(ctx, c, std::move(params), tc);
-
-  const EvalFigures before = evaluate(ctx, trainer, tok, test_set, 4, seed);
-  std::cout << "before SFT: pass@1 " << before.pass1 << "\n";
+  train::Trainer sft_trainer(ctx, c, std::move(params), tc);
   train::SftConfig sc;
-  sc.steps = steps;
+  sc.steps = sft_steps;
   sc.batch_size = 32;
   sc.seed = seed;
-  sc.log_interval = std::max<int64_t>(1, steps / 10);
+  sc.log_interval = std::max<int64_t>(1, sft_steps / 5);
   sc.keep_last = 1;
+  std::cout << "\n== SFT warm-up: " << sft_steps << " steps of 32 examples\n";
   Timer sft_timer;
-  train::run_sft(trainer, data, out + "/sft", sc, false, model_dir);
+  train::run_sft(sft_trainer, sft_data, out + "/sft", sc, false, model_dir);
   const double sft_s = sft_timer.seconds();
-  const EvalFigures after = evaluate(ctx, trainer, tok, test_set, 4, seed);
 
-  std::printf("\n%-34s %12s %12s\n", "held-out (64 problems x 4 samples)", "before SFT", "after SFT");
-  std::printf("%-34s %12.3f %12.3f\n", "pass@1", before.pass1, after.pass1);
-  std::printf("%-34s %12.3f %12.3f\n", "truncated_ratio", before.truncated, after.truncated);
-  std::printf("%-34s %12.2f %12.2f\n", "response_len_mean", before.len_mean, after.len_mean);
-  std::printf("%-34s %12.3g %12.3g\n", "max |rollout - trainer logprob|", before.gap_max, after.gap_max);
-  std::printf("\nSFT took %.1f s; total %.1f s. Run directory: %s\n", sft_s, total.seconds(), out.c_str());
-  nlohmann::json summary = {
-      {"stage", "sft (RL stage not built yet)"},
-      {"before", {{"pass@1", before.pass1}, {"truncated_ratio", before.truncated}, {"response_len_mean", before.len_mean}}},
-      {"after", {{"pass@1", after.pass1}, {"truncated_ratio", after.truncated}, {"response_len_mean", after.len_mean}}},
-      {"train_rollout_logprob_abs_diff_max", std::max(before.gap_max, after.gap_max)},
-      {"seed", seed},
-      {"sft_steps", steps}};
+  // 4. GRPO with the RL loop, starting from the SFT weights.
+  std::vector<std::string> sets = args.sets();
+  if (precision != "f32") {
+    sets.push_back("rollout.precision=\"" + precision + "\"");
+    sets.push_back("algo.rollout_is=\"token\"");  // TIS: truncated importance weights
+    sets.push_back("algo.rollout_is_mode=\"truncate\"");
+  }
+  if (args.has("rl-steps")) sets.push_back("train.steps=" + std::to_string(args.get_int("rl-steps", 50)));
+  sets.push_back("train.out_dir=\"" + out + "\"");
+  sets.push_back("model.path=\"" + out + "/sft/checkpoints/latest\"");
+  sets.push_back("data.train_file=\"" + out + "/data/train.jsonl\"");
+  sets.push_back("data.eval_file=\"" + out + "/data/test.jsonl\"");
+  toml::table root = parse_toml_with_overrides(kDemoRlConfig, "demo config", sets);
+  rl::RlConfig cfg = rl::rl_config_from_toml(root, "demo config");
+  LoadedModel m = load_model_from_config(root, "demo config", ctx);
+  TomlSection data_s(root["data"].as_table(), "demo config", "data");
+  const data::DataConfig rdc = data::data_config_from_toml(data_s);
+  data_s.finish();
+  rl::RlInputs in;
+  in.tok = &*m.tokenizer;
+  in.train = data::load_prompts(rdc.train_file, rdc, *m.tokenizer);
+  in.eval = data::load_prompts(rdc.eval_file, rdc, *m.tokenizer);
+  in.tokenizer_dir = m.dir;
+  write_file_atomic(out + "/config.toml", [&] {
+    std::ostringstream os;
+    os << root;
+    return os.str() + "\n";
+  }());
+  rl::attach_reports(in, cfg);
+  std::cout << "\n== GRPO: " << cfg.steps << " steps of " << cfg.batch_size << " prompts x "
+            << cfg.rollout.sampling.n << " samples, rollout precision " << cfg.rollout.precision
+            << (precision != "f32" ? " with TIS" : " (aligned)") << "; held-out eval: " << in.eval.size()
+            << " problems x " << cfg.eval.config.n << " samples\n";
+  train::Trainer trainer(ctx, m.config, std::move(m.params), cfg.trainer);
+  const rl::RlResult r = rl::run_rl(trainer, in, cfg, false);
+  LS_CHECK(r.first_eval && r.last_eval) << "demo: evaluation did not run";
+  const Figures before = figures(*r.first_eval), after = figures(*r.last_eval);
+
+  std::printf("\n%-36s %12s %12s %10s\n", "held-out (128 problems x 8 samples)", "after SFT", "after RL", "change");
+  auto row = [](const char* name, double a, double b) {
+    std::printf("%-36s %12.3f %12.3f %+10.3f\n", name, a, b, b - a);
+  };
+  row("pass@1", before.pass1, after.pass1);
+  row("pass@8", before.pass8, after.pass8);
+  row("truncated_ratio", before.truncated, after.truncated);
+  row("response_len_mean", before.len_mean, after.len_mean);
+  std::printf("%-36s %12.3g   (largest per-step mean; largest token |diff| %.3g)\n",
+              "train/train_rollout_logprob_abs_diff", r.max_logprob_abs_diff, r.max_logprob_abs_diff_max);
+  std::printf("\nmean seconds per RL step:");
+  for (const auto& [k, v] : r.phase_seconds) std::printf(" %s %.3f", k.c_str(), v);
+  std::printf("\nSFT %.1f s, RL %.1f s, total %.1f s. Run directory: %s (report.html, metrics.jsonl)\n", sft_s,
+              r.seconds, total.seconds(), out.c_str());
+  nlohmann::json phases = nlohmann::json::object();
+  for (const auto& [k, v] : r.phase_seconds) phases[k] = v;
+  nlohmann::json summary = {{"before", figures_json(before)},
+                            {"after", figures_json(after)},
+                            {"train_rollout_logprob_abs_diff_max", r.max_logprob_abs_diff},
+                            {"train_rollout_logprob_token_abs_diff_max", r.max_logprob_abs_diff_max},
+                            {"rollout_precision", cfg.rollout.precision},
+                            {"seed", seed},
+                            {"sft_steps", sft_steps},
+                            {"rl_steps", cfg.steps},
+                            {"sft_seconds", sft_s},
+                            {"rl_seconds", r.seconds},
+                            {"seconds_per_step", phases}};
   write_file_atomic(out + "/summary.json", summary.dump(2) + "\n");
-  if (before.gap_max != 0.0 || after.gap_max != 0.0) {
+  rl::finish_report(cfg);
+  if (cfg.rollout.precision == "f32" && r.max_logprob_abs_diff_max != 0.0) {
     std::cout << "FAIL: rollout and trainer logprobs differ in aligned mode\n";
     return 1;
   }
@@ -189,15 +306,26 @@ int run_demo(const Args& args) {
 }
 
 LS_REGISTER_COMMAND(Command{
-    "demo", "run the embedded end-to-end demo",
-    "usage: lockstep demo [--out DIR] [--seed N] [--steps N] [--threads N]\n\n"
-    "Builds a tiny MoE model (byte-level tokenizer) and a synthetic arithmetic task\n"
-    "(\"a+b=\" answered as \\boxed{a+b}), fine-tunes it with SFT, evaluates 64 held-out\n"
-    "problems x 4 samples with the rollout engine and the math verifier before and after,\n"
-    "and checks that the rollout engine's logprobs equal the trainer's bit for bit.\n"
-    "Writes DIR/model, DIR/sft (metrics.jsonl, checkpoints) and DIR/summary.json.\n"
-    "The RL stage (GRPO) is not built yet; this is the most complete pipeline today.\n",
-    {}, run_demo});
+    "demo", "run the embedded end-to-end demo (SFT warm-up, then GRPO)",
+    "usage: lockstep demo [--out DIR] [--seed N] [--sft-steps N] [--rl-steps N] [--threads N]\n"
+    "                     [--precision f32|bf16|fp8] [--teacher-verbose-rate R]\n"
+    "                     [--set section.key=value ...] [--print-config]\n\n"
+    "Builds a tiny MoE model (byte-level tokenizer) and a synthetic, verifiable task\n"
+    "(\"a+b=\" with a, b < 50, answered as \\boxed{a+b}; 4000 training prompts, 128 held-out\n"
+    "problems). The SFT warm-up data (--sft-steps, default 600) comes from a teacher that\n"
+    "usually (--teacher-verbose-rate 0.8) works the sum out in full, which teaches the\n"
+    "arithmetic but does not fit the 16-token answer budget; RL (GRPO with DAPO's overlong\n"
+    "penalty, --rl-steps, default 50) must learn to answer within it. The held-out set is\n"
+    "evaluated (8 samples each) after SFT, every 10 RL steps and at the end; the table\n"
+    "compares pass@1, pass@8, truncated ratio, response length and the train/rollout\n"
+    "logprob gap after SFT and after RL.\n"
+    "--precision bf16|fp8 runs the rollout in fast mode with TIS (token-level truncated\n"
+    "importance weights); f32 (default) is aligned mode, where the gap must be exactly 0.\n"
+    "--set overrides keys of the RL config (print it with --print-config; the same text is\n"
+    "configs/demo/rl.toml). Writes DIR/model, DIR/data, DIR/sft (SFT metrics, checkpoint),\n"
+    "DIR/metrics.jsonl, DIR/samples, DIR/eval, DIR/checkpoints, DIR/summary.json and\n"
+    "DIR/report.html. Exits 1 if aligned mode shows any train/rollout logprob difference.\n",
+    {"print-config"}, run_demo});
 
 }  // namespace
 }  // namespace lockstep::cli

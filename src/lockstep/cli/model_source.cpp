@@ -6,12 +6,20 @@
 #include "lockstep/base/error.h"
 #include "lockstep/base/toml_section.h"
 #include "lockstep/model/config_toml.h"
+#include "lockstep/model/file_util.h"
 #include "lockstep/model/pretrained.h"
 
 namespace lockstep::cli {
 
-LoadedModel load_model_dir(const std::string& dir, const Context& ctx, const std::string& chat_template) {
-  if (!std::filesystem::is_directory(dir)) LS_THROW << dir << ": not a model directory";
+LoadedModel load_model_dir(const std::string& path, const Context& ctx, const std::string& chat_template) {
+  std::string dir = path;
+  // checkpoints/latest is a file naming the newest step_N directory.
+  if (std::filesystem::is_regular_file(dir) && std::filesystem::path(dir).filename() == "latest") {
+    std::string name = read_file_text(dir);
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    dir = (std::filesystem::path(dir).parent_path() / name).string();
+  }
+  if (!std::filesystem::is_directory(dir)) LS_THROW << path << ": not a model directory";
   LoadedModel m;
   PretrainedModel p = load_pretrained(dir, &ctx);
   m.config = p.config;

@@ -26,6 +26,7 @@ struct LoadedModel {
 // [model] keys besides the architecture fields.
 inline const std::vector<std::string> kModelSourceKeys = {"path", "init_seed", "init_std", "chat_template"};
 
+// `dir` may also be a checkpoints/latest file (the step_N directory it names).
 LoadedModel load_model_dir(const std::string& dir, const Context& ctx, const std::string& chat_template = "auto");
 // From a config's [model] section.
 LoadedModel load_model_from_config(const toml::table& root, const std::string& source, const Context& ctx);

@@ -1,0 +1,339 @@
+// The RL loop end to end on a tiny random MoE model with a deterministic
+// verifier: what a run writes (metrics, samples, eval, checkpoints), the
+// alignment guarantee at every step, bit-identical resume, fast mode with
+// TIS, KL to the reference, several updates per batch, dynamic sampling and
+// the config errors.
+#include "lockstep/rl/loop.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+
+#include "lockstep/base/error.h"
+#include "lockstep/data/jsonl.h"
+#include "lockstep/metrics/metrics_logger.h"
+#include "lockstep/train/checkpoint.h"
+#include "lockstep/model/params.h"
+#include "lockstep/tokenizer/byte_level.h"
+#include "../model/model_test_util.h"
+
+namespace lockstep::rl {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Correct (reward 1) when the response has an even number of bytes.
+class EvenLength : public reward::Reward {
+ public:
+  reward::RewardResult evaluate(const reward::RewardRequest& q) const override {
+    reward::RewardResult r;
+    r.correct = q.response.size() % 2 == 0;
+    r.reward = r.correct ? 1.0 : 0.0;
+    return r;
+  }
+  std::string type() const override { return "even"; }
+};
+
+class Constant : public reward::Reward {
+ public:
+  reward::RewardResult evaluate(const reward::RewardRequest&) const override {
+    reward::RewardResult r;
+    r.reward = 0.5;
+    return r;
+  }
+  std::string type() const override { return "constant"; }
+};
+
+struct Fixture {
+  Fixture() : dir("rl-loop") {
+    tokenizer::write_byte_level_tokenizer(dir.str("tok"));
+    tok.emplace(tokenizer::Tokenizer::load(dir.str("tok")));
+    cfg.architecture = Architecture::Qwen3Moe;
+    cfg.vocab_size = 260;
+    cfg.hidden_size = 32;
+    cfg.num_layers = 2;
+    cfg.num_heads = 4;
+    cfg.num_kv_heads = 2;
+    cfg.head_dim = 8;
+    cfg.qk_norm = true;
+    cfg.num_experts = 4;
+    cfg.num_experts_per_tok = 2;
+    cfg.moe_intermediate_size = 24;
+    cfg.norm_topk_prob = true;
+    cfg.max_position_embeddings = 128;
+    cfg.eos_token_ids = {258};
+    layout.emplace(cfg);
+    init = alloc_params(*layout);
+    init_params(*layout, init.as<float>(), 5, 0.3f);
+    for (int i = 0; i < 12; ++i) {
+      data::PromptExample ex;
+      ex.line = i + 1;
+      ex.prompt_text = "question " + std::to_string(i) + ":";
+      ex.prompt_ids = tok->encode(ex.prompt_text, false);
+      ex.label = i;
+      (i < 9 ? train : eval).push_back(std::move(ex));
+    }
+  }
+
+  RlConfig config(const std::string& out) const {
+    RlConfig c;
+    c.batch_size = 3;
+    c.rollout.sampling.n = 4;
+    c.rollout.sampling.max_new_tokens = 6;
+    c.rollout.engine.num_blocks = 256;
+    c.rollout.engine.block_size = 4;
+    c.trainer.optim.lr = 1e-2;
+    c.trainer.micro_batch_tokens = 64;  // several micro-batches per step
+    c.steps = 3;
+    c.seed = 9;
+    c.save_interval = 2;
+    c.keep_last = 5;
+    c.eval.interval = 2;
+    c.eval.config.n = 2;
+    c.eval.config.sampling.max_new_tokens = 6;
+    c.reward.threads = 1;
+    c.eval.config.reward.threads = 1;
+    c.log.progress = false;
+    c.log_interval = 0;
+    c.out_dir = out;
+    return c;
+  }
+
+  RlInputs inputs(std::shared_ptr<const reward::Reward> r = std::make_shared<EvenLength>()) const {
+    RlInputs in;
+    in.tok = &*tok;
+    in.train = train;
+    in.eval = eval;
+    in.tokenizer_dir = dir.str("tok");
+    in.ref_params = init.as<float>();
+    in.reward = std::move(r);
+    return in;
+  }
+
+  std::unique_ptr<train::Trainer> trainer(const RlConfig& c) const {
+    Buffer p = alloc_params(*layout);
+    std::memcpy(p.as<float>(), init.as<float>(), layout->nbytes());
+    return std::make_unique<train::Trainer>(Context{}, cfg, std::move(p), c.trainer);
+  }
+
+  test::TempDir dir;
+  std::optional<tokenizer::Tokenizer> tok;
+  ModelConfig cfg;
+  std::optional<ParamLayout> layout;
+  Buffer init;
+  std::vector<data::PromptExample> train, eval;
+};
+
+std::vector<nlohmann::json> metrics_of(const std::string& run) {
+  int bad = 0;
+  auto m = metrics::read_metrics(run + "/metrics.jsonl", &bad);
+  EXPECT_EQ(bad, 0);
+  return m;
+}
+
+TEST(RlLoop, AlignedRunWritesMetricsSamplesEvalAndCheckpoints) {
+  Fixture f;
+  const std::string out = f.dir.str("run");
+  RlConfig c = f.config(out);
+  auto t = f.trainer(c);
+  std::vector<int64_t> seen;
+  RlInputs in = f.inputs();
+  in.on_step = [&](int64_t step, const nlohmann::json&) { seen.push_back(step); };
+  const RlResult r = run_rl(*t, in, c, false);
+  EXPECT_EQ(seen, (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(r.steps_run, 3);
+  EXPECT_EQ(t->version(), 3u);
+  ASSERT_TRUE(r.first_eval && r.last_eval);
+  EXPECT_EQ(r.first_eval_step, 0);
+  EXPECT_EQ(r.last_eval_step, 3);
+  EXPECT_EQ(r.max_logprob_abs_diff_max, 0.0);
+
+  const auto m = metrics_of(out);
+  ASSERT_EQ(m.size(), 4u);
+  EXPECT_EQ(m[0]["step"], 0);
+  EXPECT_TRUE(m[0].contains("eval/test/pass@1"));
+  EXPECT_TRUE(m[2].contains("eval/test/pass@2"));
+  for (size_t i = 1; i < m.size(); ++i) {
+    const auto& s = m[i];
+    EXPECT_EQ(s["step"], int64_t(i));
+    for (const char* k : {"rollout/reward_mean", "rollout/reward_std", "rollout/response_len_mean",
+                          "rollout/truncated_ratio", "train/pg_loss", "train/entropy", "train/grad_norm",
+                          "train/pg_clipfrac", "train/train_rollout_kl", "perf/step_time_s",
+                          "perf/rollout_time_s", "perf/train_time_s", "perf/weight_sync_s",
+                          "perf/rollout_tokens_per_s", "perf/train_tokens_per_s"})
+      EXPECT_TRUE(s.contains(k)) << "step " << i << " lacks " << k;
+    // Aligned mode: the trainer's logprobs equal the rollout's bit for bit.
+    EXPECT_EQ(s["train/train_rollout_logprob_abs_diff"].get<double>(), 0.0);
+    EXPECT_EQ(s["train/train_rollout_logprob_abs_diff_max"].get<double>(), 0.0);
+    EXPECT_EQ(s["train/train_rollout_logprob_bitwise_equal_frac"].get<double>(), 1.0);
+    EXPECT_EQ(s["train/on_policy_shortcut"], 1);
+    EXPECT_EQ(s["rollout/num_samples"], 12);
+  }
+  // Checkpoints at step 2 and 3, latest = 3, loadable with the prompt cursor.
+  EXPECT_TRUE(fs::exists(out + "/checkpoints/step_2/model.safetensors"));
+  auto latest = train::find_latest_checkpoint(out);
+  ASSERT_TRUE(latest);
+  EXPECT_EQ(latest->step, 3);
+  EXPECT_EQ(latest->state["prompt_cursor"], 9);
+  EXPECT_TRUE(fs::exists(out + "/checkpoints/step_3/tokenizer.json"));
+  // Samples and per-problem eval files.
+  auto samples = data::read_jsonl(out + "/samples/step_000001.jsonl");
+  ASSERT_FALSE(samples.empty());
+  EXPECT_TRUE(samples[0].value.contains("response"));
+  EXPECT_TRUE(samples[0].value.contains("reward"));
+  EXPECT_TRUE(samples[0].value.contains("advantage"));
+  EXPECT_EQ(data::read_jsonl(out + "/eval/step_000000.jsonl").size(), f.eval.size());
+  EXPECT_TRUE(fs::exists(out + "/eval/step_000003.jsonl"));
+  // A second fresh run into the same directory is refused (nothing is lost).
+  const auto size = fs::file_size(out + "/metrics.jsonl");
+  auto t2 = f.trainer(c);
+  test::expect_error([&] { run_rl(*t2, f.inputs(), c, false); }, {"already holds a run", "--resume"});
+  EXPECT_EQ(fs::file_size(out + "/metrics.jsonl"), size);
+}
+
+TEST(RlLoop, ResumeAfterAStopGivesTheSameWeightsBitForBit) {
+  Fixture f;
+  RlConfig full = f.config(f.dir.str("full"));
+  full.steps = 4;
+  full.save_interval = 1;
+  auto a = f.trainer(full);
+  run_rl(*a, f.inputs(), full, false);
+
+  RlConfig part = f.config(f.dir.str("part"));
+  part.steps = 2;
+  part.save_interval = 1;
+  {
+    auto b = f.trainer(part);
+    run_rl(*b, f.inputs(), part, false);
+  }
+  // A line of a step after the checkpoint (as if the run died mid-step).
+  {
+    std::ofstream os(f.dir.str("part") + "/metrics.jsonl", std::ios::app);
+    os << "{\"step\": 3, \"rollout/reward_mean\": 0.5}\n{\"step\": 4, \"trunc";
+  }
+  part.steps = 4;
+  auto b = f.trainer(part);  // fresh initial weights: resume must load the checkpoint
+  const RlResult r = run_rl(*b, f.inputs(), part, true);
+  EXPECT_EQ(r.steps_run, 2);
+  EXPECT_EQ(b->version(), a->version());
+  EXPECT_EQ(std::memcmp(a->params(), b->params(), f.layout->nbytes()), 0) << "resumed weights differ";
+  const auto m = metrics_of(f.dir.str("part"));
+  std::vector<int64_t> steps;
+  for (const auto& x : m) steps.push_back(x["step"].get<int64_t>());
+  EXPECT_EQ(steps, (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  const auto ma = metrics_of(f.dir.str("full"));
+  EXPECT_EQ(ma[4]["rollout/reward_mean"], m[4]["rollout/reward_mean"]);
+}
+
+TEST(RlLoop, FastModeReportsTheGapAndAppliesTis) {
+  Fixture f;
+  RlConfig c = f.config(f.dir.str("bf16"));
+  c.rollout.precision = "bf16";
+  c.algo.rollout_is = IsLevel::Token;
+  c.algo.rollout_is_threshold = 1.01;  // tight: some tokens get truncated
+  c.algo.routing_replay = true;
+  c.eval.interval = 0;
+  f.eval.clear();
+  auto t = f.trainer(c);
+  const RlResult r = run_rl(*t, f.inputs(), c, false);
+  EXPECT_GT(r.max_logprob_abs_diff, 0.0);
+  const auto m = metrics_of(c.out_dir);
+  ASSERT_EQ(m.size(), 3u);  // no eval set: no step 0
+  for (const auto& s : m) {
+    EXPECT_GT(s["train/train_rollout_logprob_abs_diff"].get<double>(), 0.0);
+    EXPECT_LT(s["train/train_rollout_logprob_abs_diff"].get<double>(), 0.1);
+    EXPECT_EQ(s["train/on_policy_shortcut"], 0);
+    EXPECT_TRUE(s.contains("train/tis_clipfrac"));
+    EXPECT_GT(s["perf/old_logprob_time_s"].get<double>(), 0.0);
+  }
+  double clip = 0;
+  for (const auto& s : m) clip += s["train/tis_clipfrac"].get<double>();
+  EXPECT_GT(clip, 0.0);
+}
+
+TEST(RlLoop, KlToTheReferenceAndSeveralUpdatesPerBatch) {
+  Fixture f;
+  RlConfig c = f.config(f.dir.str("kl"));
+  c.algo.kl_coef = 0.1;
+  c.algo.num_steps_per_rollout = 2;
+  c.steps = 2;
+  c.eval.interval = 0;
+  f.eval.clear();
+  auto t = f.trainer(c);
+  run_rl(*t, f.inputs(), c, false);
+  EXPECT_EQ(t->version(), 4u);  // two optimizer steps per RL step
+  const auto m = metrics_of(c.out_dir);
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_EQ(m[0]["train/num_updates"], 2);
+  // The first mini-batch runs at the reference weights (k3 = 0), the second after an update.
+  EXPECT_GT(m[0]["train/kl"].get<double>(), 0.0);
+  EXPECT_GT(m[1]["train/kl"].get<double>(), m[0]["train/kl"].get<double>());
+  EXPECT_GT(m[0]["perf/ref_logprob_time_s"].get<double>(), 0.0);
+}
+
+TEST(RlLoop, DynamicSamplingDropsGroupsThatAgree) {
+  Fixture f;
+  RlConfig c = f.config(f.dir.str("dyn"));
+  c.algo.dynamic_sampling = true;
+  c.algo.max_sampling_tries = 3;
+  c.steps = 1;
+  c.eval.interval = 0;
+  f.eval.clear();
+  auto t = f.trainer(c);
+  run_rl(*t, f.inputs(std::make_shared<Constant>()), c, false);
+  EXPECT_EQ(t->version(), 0u);  // nothing left to train on
+  const auto m = metrics_of(c.out_dir);
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_EQ(m[0]["rollout/sampling_tries"], 3);
+  EXPECT_EQ(m[0]["rollout/filtered_groups"], 9);
+  EXPECT_EQ(m[0]["train/skipped"], 1);
+
+  // With a verifier that separates samples, groups survive and the batch fills.
+  RlConfig d = f.config(f.dir.str("dyn2"));
+  d.algo.dynamic_sampling = true;
+  d.steps = 1;
+  d.eval.interval = 0;
+  auto t2 = f.trainer(d);
+  run_rl(*t2, f.inputs(), d, false);
+  const auto m2 = metrics_of(d.out_dir);
+  EXPECT_EQ(t2->version(), 1u);
+  EXPECT_LE(m2[0]["train/samples"].get<int64_t>(), 12);
+}
+
+TEST(RlConfig, ReadsSectionsAndNamesBadKeys) {
+  const std::string base =
+      "[rollout]\nbatch_size = 4\nn = 4\nmax_new_tokens = 32\n[train]\nsteps = 7\nlr = 1e-5\n"
+      "[algo]\nadvantage = \"drgrpo\"\nloss_agg = \"seq-mean-token-sum-norm\"\n[eval]\ninterval = 5\n"
+      "[reward]\ntype = \"math\"\n[log]\nreport_interval = 3\n";
+  toml::table t = parse_toml_with_overrides(base, "rl.toml", {});
+  const RlConfig c = rl_config_from_toml(t, "rl.toml");
+  EXPECT_EQ(c.batch_size, 4);
+  EXPECT_EQ(c.steps, 7);
+  EXPECT_EQ(c.algo.advantage, Advantage::DrGrpo);
+  EXPECT_EQ(c.algo.loss_agg_norm_len, 32);  // defaults to max_new_tokens
+  EXPECT_EQ(c.eval.interval, 5);
+  EXPECT_EQ(c.log.report_interval, 3);
+  EXPECT_EQ(c.out_dir, "runs/rl");
+  auto error_of = [&](const std::vector<std::string>& sets) {
+    try {
+      toml::table x = parse_toml_with_overrides(base, "rl.toml", sets);
+      rl_config_from_toml(x, "rl.toml");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of({"train.batch_size=8"}).find("batch_size"), std::string::npos);
+  EXPECT_NE(error_of({"algo.eps=0.1"}).find("eps"), std::string::npos);
+  EXPECT_NE(error_of({"rollout.n=1"}).find("n must be >= 2"), std::string::npos);
+  EXPECT_NE(error_of({"algo.overlong_buffer_len=40"}).find("overlong_buffer_len"), std::string::npos);
+  EXPECT_NE(error_of({"extra.key=1"}).find("[extra]"), std::string::npos);
+  EXPECT_NE(error_of({"log.color=true"}).find("color"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace lockstep::rl
