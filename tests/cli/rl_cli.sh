@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # lockstep demo and lockstep rl from the command line:
-#  1. configs/demo/rl.toml is the demo's RL config (`demo --print-config`);
+#  1. configs/demo/rl.toml is the demo's RL config (`demo --print-config`), and
+#     every shipped recipe passes `rl --check-config`;
 #  2. a short demo is deterministic: two runs write the same metrics (timings
 #     aside), a summary.json and a report, with a zero gap at every step;
 #  3. `lockstep rl` killed with SIGKILL mid-run, then --resume: every metrics
@@ -13,6 +14,13 @@ T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 
 "$BIN" demo --print-config | diff - "$SRC/configs/demo/rl.toml"
+for f in "$SRC"/configs/demo/*.toml "$SRC"/configs/recipes/*.toml; do
+  "$BIN" rl --check-config "$f" | grep -q ": OK"
+done
+if "$BIN" rl --check-config "$SRC/configs/demo/rl.toml" --set algo.eps_clip_c=0.5 2> "$T/err"; then
+  echo "a bad key value was accepted"; exit 1
+fi
+grep -q "eps_clip_c" "$T/err"
 
 short=(--sft-steps 40 --rl-steps 4 --threads 2 --set eval.interval=2 --set rollout.batch_size=8 --set eval.n=4)
 "$BIN" demo --out "$T/a" "${short[@]}" > "$T/a.log" 2>&1 || { cat "$T/a.log"; exit 1; }

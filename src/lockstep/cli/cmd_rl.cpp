@@ -16,8 +16,9 @@ namespace lockstep::cli {
 namespace {
 
 int run_rl_cmd(const Args& args) {
-  args.check_known({"config", "resume", "out"});
-  const std::string cfg_path = args.require("config");
+  args.check_known({"config", "resume", "out", "check-config"});
+  const bool check_only = args.has("check-config");
+  const std::string cfg_path = check_only ? args.require("check-config") : args.require("config");
   toml::table root = load_toml_with_overrides(cfg_path, args.sets());
   rl::RlConfig cfg = rl::rl_config_from_toml(root, cfg_path);
   TomlSection data_s(root["data"].as_table(), cfg_path, "data");
@@ -25,6 +26,13 @@ int run_rl_cmd(const Args& args) {
   data_s.finish();
   if (dc.train_file.empty()) LS_THROW << cfg_path << ": [data] train_file is required";
   if (args.has("out")) cfg.out_dir = args.get("out", cfg.out_dir);
+  if (check_only) {  // every section but the model's weights, which are not loaded
+    std::cout << cfg_path << ": OK (" << cfg.steps << " steps of " << cfg.batch_size << " prompts x "
+              << cfg.rollout.sampling.n << " samples; " << rl::to_string(cfg.algo.advantage) << ", "
+              << rl::to_string(cfg.algo.policy_loss) << ", " << rl::to_string(cfg.algo.loss_agg) << "; rollout "
+              << cfg.rollout.precision << "; out " << cfg.out_dir << ")" << std::endl;
+    return 0;
+  }
 
   auto pool = make_pool(cfg.threads);
   Context ctx{pool.get(), 0};
@@ -71,7 +79,8 @@ int run_rl_cmd(const Args& args) {
 
 LS_REGISTER_COMMAND(Command{
     "rl", "RL post-training (GRPO family) with rollout, rewards, eval and checkpoints",
-    "usage: lockstep rl --config FILE [--resume] [--out DIR] [--set section.key=value ...]\n\n"
+    "usage: lockstep rl --config FILE [--resume] [--out DIR] [--set section.key=value ...]\n"
+    "       lockstep rl --check-config FILE [--set ...]   (validate the config, load nothing)\n\n"
     "Each step draws [rollout] batch_size prompts from [data] train_file, samples [rollout] n\n"
     "responses to each with the rollout engine, scores them with the [reward] verifier,\n"
     "computes advantages and updates the policy ([algo]: grpo, drgrpo, rloo, reinforce++;\n"
