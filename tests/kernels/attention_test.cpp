@@ -295,6 +295,33 @@ TEST(Attention, ForwardMatchesDoubleReference) {
   }
 }
 
+// Fast-mode rollout keeps K/V in a bf16 cache: the cache rounds them on write,
+// so the output is the double reference's on the rounded K/V (q stays f32).
+TEST(Attention, Bf16CacheMatchesDoubleReferenceOnRoundedKv) {
+  ThreadPool pool(2);
+  for (uint32_t seed = 101; seed <= 112; ++seed) {
+    const RandomCase rc = random_case(seed);
+    const Context ctx{seed % 2 ? &pool : nullptr};
+    const float scale = default_scale(rc.sh) * (seed % 3 == 0 ? 3.0f : 1.0f);
+    Paged pc(rc.sh, rc.bs, lengths(rc.seqs), seed, DType::BF16);
+    fill_context(ctx, pc, rc.seqs, rc.parts);  // writes the unrounded K/V
+    const StepOut got = step(ctx, pc, rc.seqs, rc.parts, scale);
+    std::vector<std::vector<double>> outs, lses;
+    for (SeqData s : rc.seqs) {
+      for (auto* v : {&s.k, &s.v})
+        for (float& x : *v) x = round_bf16(x);
+      outs.emplace_back();
+      lses.emplace_back();
+      reference_forward(rc.sh, s, scale, outs.back(), lses.back());
+    }
+    const std::string what = "bf16 cache, seed " + std::to_string(seed) + " H=" + std::to_string(rc.sh.H) +
+                             " Hkv=" + std::to_string(rc.sh.Hkv) + " Dh=" + std::to_string(rc.sh.Dh) +
+                             " bs=" + std::to_string(rc.bs);
+    expect_close(got.out, gather_rows(outs, rc.parts, rc.sh.H * rc.sh.Dh), 2e-5, (what + " out").c_str());
+    expect_close(got.lse, gather_rows(lses, rc.parts, rc.sh.H), 2e-6, (what + " lse").c_str(), 1e-5);
+  }
+}
+
 // The kernel's inlined dot products, block loop and accumulation give exactly
 // the bits of the contract spelled out with simd.h's functions.
 TEST(Attention, ForwardFollowsTheContractBitForBit) {
@@ -310,7 +337,10 @@ TEST(Attention, ForwardFollowsTheContractBitForBit) {
   const std::vector<Fixed> fixed{
       {{2, 2, 16}, DType::F32, 1},  {{8, 2, 32}, DType::F32, 1},  {{8, 4, 64}, DType::F32, 1},
       {{4, 1, 128}, DType::F32, 1}, {{3, 1, 48}, DType::F32, 1},  {{8, 1, 8}, DType::F32, 1},
-      {{4, 2, 17}, DType::F32, 1},  {{8, 2, 32}, DType::BF16, 1}, {{4, 2, 32}, DType::F32, 1e-23f}};
+      {{4, 2, 17}, DType::F32, 1},  {{8, 2, 32}, DType::BF16, 1}, {{4, 2, 32}, DType::F32, 1e-23f},
+      // bf16 caches (fast-mode rollout) on every specialized width and the fallback.
+      {{2, 2, 16}, DType::BF16, 1}, {{8, 4, 64}, DType::BF16, 1}, {{4, 1, 128}, DType::BF16, 1},
+      {{3, 1, 48}, DType::BF16, 1}, {{8, 1, 8}, DType::BF16, 1},  {{4, 2, 6}, DType::BF16, 1}};
   for (uint32_t seed = 20; seed < 20 + fixed.size() + 4; ++seed) {
     RandomCase rc = random_case(seed);
     const size_t f = seed - 20;

@@ -59,6 +59,49 @@ void mlp_forward(const Context& ctx, Tensor y, Tensor gu, Tensor act, const Tens
   k::gemm_xwt(ctx, y, act, w.down, accumulate);
 }
 
+// The capture hook of one forward call (ForwardOptions::capture). Without a
+// hook it holds nothing and each capture point is one pointer test.
+class CapturePoints {
+ public:
+  CapturePoints(const ForwardOptions& o, const RaggedBatch& b, const std::vector<int32_t>& positions)
+      : fn_(o.capture), ids_(o.capture_ids) {
+    if (fn_ == nullptr) return;
+    LS_CHECK(ids_ == nullptr || static_cast<int64_t>(ids_->size()) == b.num_seqs())
+        << "capture_ids has " << ids_->size() << " entries, the batch " << b.num_seqs() << " sequences";
+    seq_.reserve(positions.size());
+    for (int64_t i = 0; i < b.num_seqs(); ++i) seq_.insert(seq_.end(), size_t(b.n_new[size_t(i)]), int32_t(i));
+    pos_ = positions;
+    for (int32_t r : b.logit_rows) {
+      logit_seq_.push_back(seq_[size_t(r)]);
+      logit_pos_.push_back(pos_[size_t(r)]);
+    }
+  }
+  // Hands t (rows first, the other dims flattened) to the hook; `logit_rows`:
+  // t's rows are the batch's logit rows, else all T tokens.
+  void operator()(const char* name, int64_t layer, const Tensor& t, bool logit_rows = false) const {
+    if (fn_ != nullptr) emit(name, layer, t, logit_rows);
+  }
+
+ private:
+  void emit(const char* name, int64_t layer, const Tensor& t, bool logit_rows) const {
+    int64_t cols = 1;
+    for (int i = 1; i < t.ndim; ++i) cols *= t.shape[i];
+    Captured c;
+    c.name = name;
+    c.layer = layer;
+    c.data = Tensor(t.data, t.dtype, {t.dim(0), cols});
+    c.seq = logit_rows ? logit_seq_.data() : seq_.data();
+    c.pos = logit_rows ? logit_pos_.data() : pos_.data();
+    c.seq_ids = ids_ ? ids_->data() : nullptr;
+    (*fn_)(c);
+  }
+
+  const CaptureFn* fn_;
+  const std::vector<uint64_t>* ids_;
+  std::vector<int32_t> seq_, pos_;              // (T)
+  std::vector<int32_t> logit_seq_, logit_pos_;  // (R)
+};
+
 }  // namespace
 
 // Buffers: what backward needs is computed straight into the saved
@@ -84,6 +127,7 @@ void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const
   if (opt.record_experts) result->routed_experts.assign(static_cast<size_t>(T * n_moe * K), 0);
 
   BatchTensors bt(batch, kv.block_size());
+  const CapturePoints capture(opt, batch, bt.positions);
   if (save) {
     saved->layers.resize(static_cast<size_t>(c.num_layers));
     saved->positions = bt.positions;
@@ -101,6 +145,7 @@ void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const
   LayerActivations* a0 = save && c.num_layers > 0 ? &saved->layers[0] : nullptr;
   Tensor x = buf(field(a0, &LayerActivations::x_in), kSlotX, f32, {T, D});
   k::embedding_forward(ctx, x, weights.params().embed, bt.tokens.view());
+  capture("embed", -1, x);
 
   const float scale = attention_scale(c);
   const float eps = float(c.rms_norm_eps);
@@ -120,6 +165,7 @@ void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const
     Tensor rstd1 = buf(field(a, &LA::rstd1), kSlotRstd, f32, {T});
     Tensor normed1 = buf(field(a, &LA::normed1), kSlotNormed, f32, {T, D});
     k::rmsnorm_forward(ctx, normed1, rstd1, x, p.attn_norm, eps);
+    capture("attn_norm", l, normed1);
     k::gemm_xwt(ctx, qkv, normed1, w.wqkv);
     if (c.qkv_bias) add_row_bias(ctx, qkv, p.bqkv);
     Tensor q = buf(field(a, &LA::q), kSlotQ, f32, {T, H, Dh});
@@ -140,16 +186,23 @@ void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const
     }
     k::rope_forward(ctx, q, bt.positions_t.view(), weights.rope());
     k::rope_forward(ctx, kn, bt.positions_t.view(), weights.rope());
+    capture("q", l, q);
+    capture("k", l, kn);
+    capture("v", l, vn);
     k::kv_cache_write(ctx, kv.k(l), kv.v(l), kn, vn, ab);
     Tensor attn = buf(field(a, &LA::attn), kSlotAttn, f32, {T, H * Dh});
     Tensor lse = a ? reuse(a->lse, f32, {T, H}) : Tensor();
     k::attention_forward(ctx, attn.reshape({T, H, Dh}), lse, q, kv.k(l), kv.v(l), ab, scale);
+    capture("attn", l, attn);
     // h = x + attn·Woᵀ, then normed2 = rmsnorm(h).
     k::gemm_xwt(ctx, ffn, attn, w.wo);
+    capture("attn_out", l, ffn);
     Tensor h = buf(field(a, &LA::h), kSlotH, f32, {T, D});
     Tensor rstd2 = buf(field(a, &LA::rstd2), kSlotRstd, f32, {T});
     Tensor normed2 = buf(field(a, &LA::normed2), kSlotNormed, f32, {T, D});
     k::add_rmsnorm_forward(ctx, normed2, h, rstd2, x, ffn, p.mlp_norm, eps);
+    capture("attn_residual", l, h);
+    capture("ffn_norm", l, normed2);
 
     // FFN block: ffn = FFN(normed2).
     if (!p.is_moe) {
@@ -173,12 +226,15 @@ void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const
       Tensor topk_idx = buf(field(a, &LA::topk_idx), kSlotTopkIdx, DType::I32, {T, K});
       Tensor topk_w = buf(field(a, &LA::topk_w), kSlotTopkW, f32, {T, K});
       k::gemm_xwt(ctx, logits, normed2, w.router);
+      capture("router_logits", l, logits);
       Tensor replay;
       if (opt.replay_experts != nullptr) {
         replay = ws.get(kSlotReplay, DType::I32, {T, K});
         gather_layer_experts(replay, *opt.replay_experts, moe_index, n_moe, K);
       }
       k::moe_route(ctx, topk_idx, topk_w, scores, logits, p.router_bias, replay, router_config(c));
+      capture("experts", l, topk_idx);
+      capture("expert_weights", l, topk_w);
       if (opt.record_experts) scatter_layer_experts(result->routed_experts, topk_idx, moe_index, n_moe, K);
       k::MoeDispatch local_plan;
       k::MoeDispatch& plan = a ? a->plan : local_plan;
@@ -194,12 +250,14 @@ void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const
                     xe.slice_rows(r0, r1), w.experts[size_t(e)], false);
       });
       k::moe_combine(ctx, ffn, ye, topk_w, plan);
+      capture("moe_out", l, ffn);
       if (c.has_shared_expert()) {
         const int64_t Fs = c.shared_expert_intermediate_size;
         Tensor gu_s = buf(field(a, &LA::gu_s), kSlotGuS, f32, {T, 2 * Fs});
         Tensor act_s = buf(field(a, &LA::act_s), kSlotActS, f32, {T, Fs});
         Tensor ys = buf(field(a, &LA::ys), kSlotYs, f32, {T, D});
         mlp_forward(ctx, ys, gu_s, act_s, normed2, w.shared, false);
+        capture("shared_out", l, ys);
         Tensor sgate;
         if (c.shared_expert_gate) {
           sgate = buf(field(a, &LA::sgate), kSlotSgate, f32, {T});
@@ -213,12 +271,14 @@ void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const
       }
       ++moe_index;
     }
+    capture("ffn_out", l, ffn);
     // x = h + ffn (one f32 add per element), into the next layer's saved
     // x_in when saving (the last layer's output goes to scratch: only its
     // logit rows are kept).
     LayerActivations* next = a && l + 1 < c.num_layers ? &saved->layers[static_cast<size_t>(l) + 1] : nullptr;
     x = next ? reuse(next->x_in, f32, {T, D}) : ws.get(kSlotX, f32, {T, D});
     add_into(ctx, x, h, ffn);
+    capture("residual", l, x);
   }
 
   // Final norm on the wanted rows only, then the vocabulary projection.
@@ -227,8 +287,10 @@ void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const
   Tensor rows_normed = save ? reuse(saved->normed_rows, f32, {R, D}) : ws.get(kSlotRowsNormed, f32, {R, D});
   Tensor rstd_f = save ? reuse(saved->rstd_f, f32, {R}) : ws.get(kSlotRstdF, f32, {R});
   k::rmsnorm_forward(ctx, rows_normed, rstd_f, rows, weights.params().final_norm, eps);
+  capture("final_norm", c.num_layers, rows_normed, true);
   Tensor logits = reuse(result->logits, f32, {R, c.vocab_size});
   if (R > 0) k::gemm_xwt(ctx, logits, rows_normed, weights.lm_head());
+  capture("logits", c.num_layers, logits, true);
 }
 
 }  // namespace lockstep::model

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "lockstep/base/thread_pool.h"
@@ -32,12 +33,50 @@ struct RaggedBatch {
   void validate(const ModelConfig& config, const KvCache& kv) const;
 };
 
+// One named intermediate of a forward pass, handed to ForwardOptions::capture
+// (the debug-callback idea of llama.cpp's ggml; docs/alignment.md, "Localising
+// a divergence"). Row r of `data` is the token of batch sequence seq[r] at
+// absolute position pos[r], so a decode-time row can be matched with the
+// trainer's row for the same token. Points, in the order they are reached:
+//   layer -1:  embed (T, D)
+//   layer l:   attn_norm (T, D); q (T, H*Dh) after q-norm and RoPE; k (T, Hkv*Dh)
+//              after k-norm and RoPE; v (T, Hkv*Dh) (k, v as written to the
+//              cache); attn (T, H*Dh) attention output; attn_out (T, D) its
+//              o_proj; attn_residual (T, D) x + attn_out; ffn_norm (T, D);
+//              MoE layers only: router_logits (T, E), experts (T, K) i32,
+//              expert_weights (T, K), moe_out (T, D) routed experts' sum,
+//              shared_out (T, D) shared expert before its gate [shared experts];
+//              ffn_out (T, D) the FFN's output; residual (T, D) the layer's output
+//   layer L:   final_norm (R, D) and logits (R, V), rows = the batch's logit_rows
+struct Captured {
+  const char* name = nullptr;
+  int64_t layer = 0;
+  Tensor data;                        // (rows, cols) f32 ("experts": i32), contiguous
+  const int32_t* seq = nullptr;       // (rows) index of the row's sequence in the batch
+  const int32_t* pos = nullptr;       // (rows) absolute position of the row's token
+  const uint64_t* seq_ids = nullptr;  // (S) ForwardOptions::capture_ids, or null
+
+  int64_t rows() const { return data.dim(0); }
+  int64_t cols() const { return data.dim(1); }
+  // The caller's id of row r's sequence (its batch index without capture_ids).
+  uint64_t id(int64_t r) const { return seq_ids ? seq_ids[seq[r]] : uint64_t(seq[r]); }
+};
+// Called on the forward's calling thread, between kernels. `data` is the live
+// buffer: the forward goes on with whatever the callback leaves there (tests
+// inject faults this way). The callback must not keep the pointers.
+using CaptureFn = std::function<void(const Captured&)>;
+
 struct ForwardOptions {
   bool save_activations = false;  // keep what backward needs (trainer)
   bool record_experts = false;    // fill ForwardResult::routed_experts
   // Routing replay (R3): (T, L_moe, K) experts to use instead of this router's
   // top-k; gate weights are still computed from this router's scores.
   const std::vector<int32_t>* replay_experts = nullptr;
+  // Debug hook: called with every named intermediate (Captured). Null (the
+  // default) costs one pointer test per capture point.
+  const CaptureFn* capture = nullptr;
+  // (S) the caller's id of each batch sequence, reported in Captured::seq_ids.
+  const std::vector<uint64_t>* capture_ids = nullptr;
 };
 
 struct ForwardResult {

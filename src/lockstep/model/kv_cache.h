@@ -32,11 +32,17 @@ class Scratch {
 class KvCache {
  public:
   KvCache() = default;
-  KvCache(const ModelConfig& config, int64_t num_blocks, int block_size);
+  // dtype: F32 (aligned mode and the trainer) or BF16 (fast-mode rollout: the
+  // attention kernel rounds new K/V to bf16 on write and widens them exactly
+  // on read, so the cache is half the memory and half the bytes per decode).
+  KvCache(const ModelConfig& config, int64_t num_blocks, int block_size, DType dtype = DType::F32);
 
-  // (num_blocks, block_size, Hkv, Dh) f32 views of layer `layer`.
+  // (num_blocks, block_size, Hkv, Dh) views of layer `layer`, in dtype().
   Tensor k(int64_t layer) const { return k_[static_cast<size_t>(layer)].view(); }
   Tensor v(int64_t layer) const { return v_[static_cast<size_t>(layer)].view(); }
+  DType dtype() const { return dtype_; }
+  // Copies block `src` of every layer's K and V into block `dst` (copy on write).
+  void copy_block(int64_t dst, int64_t src);
   int block_size() const { return block_size_; }
   int64_t num_blocks() const { return num_blocks_; }
   int64_t num_layers() const { return static_cast<int64_t>(k_.size()); }
@@ -51,6 +57,7 @@ class KvCache {
   std::vector<OwnedTensor> k_, v_;
   int block_size_ = 0;
   int64_t num_blocks_ = 0;
+  DType dtype_ = DType::F32;
   mutable Scratch scratch_;
 };
 

@@ -7,7 +7,6 @@
 #include "lockstep/rollout/engine.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "lockstep/base/error.h"
 #include "lockstep/base/log.h"
@@ -49,13 +48,18 @@ struct Engine::Group {
 
 namespace {
 int64_t blocks_for(int64_t tokens, int bs) { return (tokens + bs - 1) / bs; }
+
+// bf16 K/V in fast mode (EngineConfig::bf16_kv_in_fast_mode), else f32.
+DType choose_kv_dtype(const model::ModelWeights& w, const EngineConfig& c) {
+  return w.storage() != DType::F32 && c.bf16_kv_in_fast_mode ? DType::BF16 : DType::F32;
+}
 }  // namespace
 
 Engine::Engine(const Context& ctx, const model::ModelWeights* weights, EngineConfig config)
     : ctx_(ctx),
       config_(config),
       weights_(weights),
-      kv_(weights->config(), config.num_blocks, config.block_size),
+      kv_(weights->config(), config.num_blocks, config.block_size, choose_kv_dtype(*weights, config)),
       blocks_(config.num_blocks, config.block_size) {
   LS_CHECK(config.max_batch_tokens >= 1 && config.max_running >= 1 && config.max_prefill_chunk >= 1)
       << "engine limits must be >= 1";
@@ -201,6 +205,7 @@ void Engine::admit() {
     if (running > 0 && running + n_after > config_.max_running) break;
     const int bs = config_.block_size;
     bool admitted_all = true;
+    int64_t admitted = 0;
     for (Sequence* s : todo) {
       // Prefix cache: reuse full blocks of tokens[0, len-1) (at least one token
       // must be fed to get logits). Routing capture needs every token fed.
@@ -240,10 +245,17 @@ void Engine::admit() {
       s->running = true;
       s->admit_order = ++admit_counter_;
       ++running;
+      ++admitted;
     }
-    if (!admitted_all) break;
+    // Samples admitted here hold blocks and must be scheduled, and only
+    // active groups are: a partly admitted group (preempted samples coming
+    // back) becomes active, and step() re-admits the rest as blocks free up.
+    // (Left in the queue, its admitted samples held blocks without running:
+    // a deadlock, or samples cut short as if the cache were too small.)
+    if (!admitted_all && admitted == 0) break;
     active_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
+    if (!admitted_all) break;
   }
 }
 
@@ -257,11 +269,7 @@ bool Engine::ensure_block(Sequence& s) {
     // Copy on write: the block is shared with sibling samples.
     auto fresh = blocks_.allocate();
     if (!fresh) return false;
-    const size_t block_bytes = size_t(bs) * size_t(kv_.k(0).stride[1]) * sizeof(float);
-    for (int64_t l = 0; l < kv_.num_layers(); ++l) {
-      std::memcpy(kv_.k(l).f32() + *fresh * kv_.k(l).stride[0], kv_.k(l).f32() + blk * kv_.k(l).stride[0], block_bytes);
-      std::memcpy(kv_.v(l).f32() + *fresh * kv_.v(l).stride[0], kv_.v(l).f32() + blk * kv_.v(l).stride[0], block_bytes);
-    }
+    kv_.copy_block(*fresh, blk);
     blocks_.release(blk);
     s.blocks[size_t(b)] = *fresh;
     return true;
@@ -418,6 +426,12 @@ bool Engine::step() {
   for (const Work& w : work) want_routes = want_routes || w.s->group->req.return_experts;
   model::ForwardOptions fo;
   fo.record_experts = want_routes && n_moe > 0;
+  std::vector<uint64_t> capture_ids;
+  if (config_.capture) {
+    for (const Work& w : work) capture_ids.push_back(capture_key(w.s->group->id, w.s->index));
+    fo.capture = &config_.capture;
+    fo.capture_ids = &capture_ids;
+  }
   model::ForwardResult fr;
   Timer fwd;
   model::forward(ctx_, *weights_, kv_, batch, fo, &fr);

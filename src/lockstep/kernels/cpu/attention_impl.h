@@ -64,6 +64,20 @@ std::vector<int64_t> balanced_ranges(int64_t n, int threads, CostFn cost) {
   return bounds;
 }
 
+// dst (n) = src (n) bf16 widened to f32: exact (the bits move to the high
+// half), vectorized; a call per row to the scalar convert_bf16_to_f32 made a
+// bf16 cache slower to read than an f32 one.
+HWY_INLINE void widen_bf16(const bf16_t* src, float* dst, int64_t n) {
+  const D d;
+  const hn::RebindToUnsigned<D> du32;
+  const hn::Rebind<uint16_t, D> du16;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + N <= n; i += N)
+    hn::StoreU(hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, src + i)))), d, dst + i);
+  for (; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
+}
+
 // Read access to one layer's paged cache.
 struct CacheView {
   const void* k = nullptr;
@@ -84,8 +98,8 @@ struct CacheView {
     for (int i = 0; i < n; ++i) {
       const int64_t off = offset(row[b], slot, kvh);
       if (bf16) {
-        convert_bf16_to_f32(static_cast<const bf16_t*>(k) + off, kt + i * Dh, static_cast<size_t>(Dh));
-        convert_bf16_to_f32(static_cast<const bf16_t*>(v) + off, vt + i * Dh, static_cast<size_t>(Dh));
+        widen_bf16(static_cast<const bf16_t*>(k) + off, kt + i * Dh, Dh);
+        widen_bf16(static_cast<const bf16_t*>(v) + off, vt + i * Dh, Dh);
         kp[i] = kt + i * Dh;
         vp[i] = vt + i * Dh;
       } else {
