@@ -164,16 +164,8 @@ class Runner {
         stream_(in.train.size(), cfg.seed, cfg.shuffle) {
     LS_CHECK(in.tok) << "rl: no tokenizer";
     LS_CHECK(!in.train.empty()) << "rl: no training prompts";
-    const DType storage = rollout::precision_dtype(cfg.rollout.precision);
-    aligned_ = storage == DType::F32;
-    if (!aligned_) {
-      fast_weights_ = std::make_unique<model::ModelWeights>(ctx_, trainer.layout(), trainer.params(), storage,
-                                                            storage == DType::FP8E4M3 ? cfg.rollout.fp8_block : 0);
-      fast_weights_->refresh(ctx_, trainer.version());
-    }
-    rollout::EngineConfig ec = cfg.rollout.engine;
-    ec.seed = cfg.seed;
-    engine_ = std::make_unique<rollout::Engine>(ctx_, rollout_weights(), ec);
+    rollout_ = in.rollout ? in.rollout : std::make_shared<LocalRollout>(trainer, cfg.rollout, cfg.seed);
+    writer_ = in.group.writer;
     reward_ = in.reward ? in.reward : std::shared_ptr<const reward::Reward>(reward::make_reward(cfg.reward));
     scorer_ = std::make_unique<reward::BatchScorer>(reward_, reward::batch_options_for(cfg.reward));
     if (!in.eval.empty()) {
@@ -194,9 +186,6 @@ class Runner {
   RlResult run(bool resume);
 
  private:
-  const model::ModelWeights* rollout_weights() const {
-    return aligned_ ? &trainer_.weights() : fast_weights_.get();
-  }
   std::vector<Group> rollout_round(int64_t count);
   void score_groups(std::vector<Group>& groups);
   nlohmann::json update(std::vector<Group>& groups);
@@ -210,9 +199,8 @@ class Runner {
   Context ctx_;
   PromptStream stream_;
   uint64_t cursor_ = 0;  // prompts drawn so far
-  bool aligned_ = true;
-  std::unique_ptr<model::ModelWeights> fast_weights_;
-  std::unique_ptr<rollout::Engine> engine_;
+  std::shared_ptr<RolloutBackend> rollout_;
+  bool writer_ = true;
   std::shared_ptr<const reward::Reward> reward_;
   std::unique_ptr<reward::BatchScorer> scorer_;
   std::unique_ptr<eval::Evaluator> evaluator_;
@@ -244,27 +232,17 @@ std::vector<Group> Runner::rollout_round(int64_t count) {
     groups.push_back(std::move(g));
   }
   Timer t;
-  const rollout::EngineStats before = engine_->stats();
   std::vector<rollout::RequestResult> results;
   {
-    const int64_t total = count * cfg_.rollout.sampling.n;
-    ProgressBar bar("rollout", total, false);
+    ProgressBar bar("rollout", count * cfg_.rollout.sampling.n, false);
     if (!cfg_.log.progress) bar.finish();
-    std::vector<uint64_t> ids;
-    for (auto& r : reqs) ids.push_back(engine_->submit(std::move(r)));
-    std::map<uint64_t, rollout::RequestResult> done;
-    while (engine_->step()) {
-      const rollout::EngineStats s = engine_->stats();
-      bar.update(s.finished_samples - before.finished_samples, s.generated_tokens - before.generated_tokens);
-    }
-    for (auto& r : engine_->run_until_done(0)) done[r.id] = std::move(r);
-    for (uint64_t id : ids) {
-      auto it = done.find(id);
-      LS_CHECK(it != done.end()) << "rollout: request " << id << " did not finish";
-      results.push_back(std::move(it->second));
-    }
+    int64_t tokens = 0;
+    results = rollout_->generate(
+        std::move(reqs), [&](int64_t done, int64_t toks) { bar.update(done, toks); }, &tokens);
+    rollout_tokens_ += tokens;
   }
-  rollout_tokens_ += engine_->stats().generated_tokens - before.generated_tokens;
+  LS_CHECK(results.size() == groups.size()) << "rollout: " << results.size() << " results for " << groups.size()
+                                            << " requests";
   t_rollout_ += t.seconds();
   for (size_t i = 0; i < groups.size(); ++i)
     for (auto& s : results[i].samples) {
@@ -309,10 +287,7 @@ void Runner::score_groups(std::vector<Group>& groups) {
 
 double Runner::sync_weights() {
   Timer t;
-  if (!aligned_) fast_weights_->refresh(ctx_, trainer_.version());
-  // Aligned: the trainer repacked its weights in place; the engine reads
-  // them as they are (no copy) and only drops KV state built on the old ones.
-  engine_->update_weights(rollout_weights());
+  rollout_->sync(trainer_);
   return t.seconds();
 }
 
@@ -378,7 +353,7 @@ nlohmann::json Runner::update(std::vector<Group>& groups) {
   so.replay = a.routing_replay;
   // Old-policy logprobs: the on-policy shortcut reuses the rollout's when
   // they are the trainer's own bits (aligned mode, same weight version).
-  const bool shortcut = aligned_ && same_version && !a.recompute_logprobs;
+  const bool shortcut = rollout_->aligned() && same_version && !a.recompute_logprobs;
   std::vector<std::vector<float>> old_lp;
   if (shortcut) {
     old_lp = rollout_lp;
@@ -421,12 +396,20 @@ nlohmann::json Runner::update(std::vector<Group>& groups) {
   std::vector<std::vector<float>> first_lp;
   for (int64_t mb = 0; mb < n_mb; ++mb) {
     const size_t b = size_t(int64_t(seqs.size()) * mb / n_mb), e = size_t(int64_t(seqs.size()) * (mb + 1) / n_mb);
-    std::vector<train::TrainSequence> part(seqs.begin() + long(b), seqs.begin() + long(e));
     int64_t part_tokens = 0;
-    for (auto& s : part) part_tokens += s.num_targets();
+    for (size_t k = b; k < e; ++k) part_tokens += seqs[k].num_targets();
+    const int64_t part_seqs = int64_t(e - b);
+    // This trainer rank's shard [sb, se) of the mini-batch (all of it on one rank).
+    size_t sb = b, se = e;
+    if (in_.group.shard) {
+      const auto [lo, hi] = in_.group.shard(e - b);
+      sb = b + lo;
+      se = b + hi;
+    }
+    std::vector<train::TrainSequence> part(seqs.begin() + long(sb), seqs.begin() + long(se));
     const int64_t norm_len = a.loss_agg_norm_len > 0 ? a.loss_agg_norm_len : cfg_.rollout.sampling.max_new_tokens;
     train::LossFn loss = [&](size_t i, const float* logp, const float* ent, int64_t n, float* dlogp, float* dent) {
-      const size_t k = b + i;
+      const size_t k = sb + i;
       SeqLossInput li;
       li.logp = logp;
       li.entropy = ent;
@@ -435,7 +418,8 @@ nlohmann::json Runner::update(std::vector<Group>& groups) {
       li.is_weight = isw[k].empty() ? nullptr : isw[k].data();
       li.n = n;
       li.advantage = groups[items[k].g].samples[items[k].s].advantage;
-      li.token_weight = token_weight(a.loss_agg, n, part_tokens, int64_t(part.size()), norm_len);
+      // Weights from the whole mini-batch's counts: the shards' gradients sum to it.
+      li.token_weight = token_weight(a.loss_agg, n, part_tokens, part_seqs, norm_len);
       SeqLossStats st;
       const double l = sequence_loss(a, li, dlogp, dent, &st);
       tot.pg_loss += st.pg_loss / double(n_mb);
@@ -449,10 +433,15 @@ nlohmann::json Runner::update(std::vector<Group>& groups) {
     train::ScoreOptions to = so;
     to.entropy = true;  // reported every step (cheap next to the logits)
     std::vector<train::TokenScores> scores;
-    const double l = trainer_.accumulate(part, loss, to, mb == 0 ? &scores : nullptr);
-    if (mb == 0 && shortcut) {
+    double l = trainer_.accumulate(part, loss, to, mb == 0 ? &scores : nullptr);
+    if (in_.group.sum) {  // every rank must agree on skipping the step
+      std::vector<double> v = {l};
+      in_.group.sum(v);
+      l = v[0];
+    }
+    if (mb == 0 && shortcut) {  // in data parallelism: this rank's shard
       for (auto& sc : scores) first_lp.push_back(std::move(sc.logp));
-      std::vector<std::vector<float>> rl(rollout_lp.begin() + long(b), rollout_lp.begin() + long(e));
+      std::vector<std::vector<float>> rl(rollout_lp.begin() + long(sb), rollout_lp.begin() + long(se));
       mismatch = train::compute_mismatch(rl, first_lp);
     }
     tot_tokens += part_tokens;
@@ -467,6 +456,16 @@ nlohmann::json Runner::update(std::vector<Group>& groups) {
     skipped += os.skipped ? 1 : 0;
   }
   t_train_ += t.seconds();
+  if (in_.group.sum) {
+    std::vector<double> v = {tot.pg_loss, tot.kl, tot.entropy, double(tot.clipped), tot.ratio_sum, tot.approx_kl};
+    in_.group.sum(v);
+    tot.pg_loss = v[0];
+    tot.kl = v[1];
+    tot.entropy = v[2];
+    tot.clipped = int64_t(v[3]);
+    tot.ratio_sum = v[4];
+    tot.approx_kl = v[5];
+  }
   const double tt = double(std::max<int64_t>(tot_tokens, 1));
   m["train/pg_loss"] = tot.pg_loss;
   m["train/entropy"] = tot.entropy;
@@ -498,21 +497,27 @@ void Runner::run_eval(int64_t step, nlohmann::json& m, RlResult& result) {
   if (!evaluator_) return;
   Timer t;
   std::vector<eval::EvalProblemResult> per;
-  const eval::EvalSummary s = evaluator_->run(*engine_, *in_.tok, in_.eval, &per);
+  eval::GenerateFn gen = [&](std::vector<rollout::Request> reqs) {
+    return rollout_->generate(std::move(reqs), {}, nullptr);
+  };
+  const eval::EvalSummary s = evaluator_->run(gen, *in_.tok, in_.eval, &per);
   for (auto& [k, v] : eval::eval_metrics(s)) m[k] = v;
   const double secs = t.seconds();
   m["perf/eval_time_s"] = secs;
   phase_total_["eval"] += secs;
-  std::filesystem::create_directories(cfg_.out_dir + "/eval");
-  std::vector<nlohmann::json> lines;
-  for (const auto& p : per) lines.push_back(eval::problem_to_json(p));
-  data::write_jsonl_atomic(cfg_.out_dir + "/eval/" + step_name(step) + ".jsonl", lines);
+  if (writer_) {
+    std::filesystem::create_directories(cfg_.out_dir + "/eval");
+    std::vector<nlohmann::json> lines;
+    for (const auto& p : per) lines.push_back(eval::problem_to_json(p));
+    data::write_jsonl_atomic(cfg_.out_dir + "/eval/" + step_name(step) + ".jsonl", lines);
+  }
   if (!result.first_eval) {
     result.first_eval = s;
     result.first_eval_step = step;
   }
   result.last_eval = s;
   result.last_eval_step = step;
+  if (!writer_) return;
   std::cout << "eval step " << step << ": " << s.name << " pass@1 " << s.pass_at_1;
   for (auto& [k, v] : s.pass_at_k)
     if (k > 1) std::cout << ", pass@" << k << " " << v;
@@ -545,7 +550,7 @@ RlResult Runner::run(bool resume) {
   std::filesystem::create_directories(cfg_.out_dir);
   int64_t start = 0;
   const std::string metrics_path = cfg_.out_dir + "/metrics.jsonl";
-  if (!resume && std::filesystem::exists(metrics_path) && std::filesystem::file_size(metrics_path) > 0)
+  if (writer_ && !resume && std::filesystem::exists(metrics_path) && std::filesystem::file_size(metrics_path) > 0)
     LS_THROW << cfg_.out_dir << " already holds a run (" << metrics_path
              << "); continue it with --resume or choose another output directory";
   if (resume) {
@@ -554,16 +559,17 @@ RlResult Runner::run(bool resume) {
       start = info->step;
       cursor_ = info->state.value("prompt_cursor", uint64_t(0));
       sync_weights();
-      std::cout << "rl: resumed from " << info->dir << " (step " << start << ")" << std::endl;
+      if (writer_) std::cout << "rl: resumed from " << info->dir << " (step " << start << ")" << std::endl;
     } else {
       LS_LOG(Warn) << "--resume: no checkpoint in " << cfg_.out_dir << ", starting from step 0";
     }
   }
-  metrics::MetricsLogger log(cfg_.out_dir + "/metrics.jsonl", resume ? start : -1);
+  std::unique_ptr<metrics::MetricsLogger> log;
+  if (writer_) log = std::make_unique<metrics::MetricsLogger>(metrics_path, resume ? start : -1);
   if (start == 0 && evaluator_) {
     nlohmann::json m = nlohmann::json::object();
     run_eval(0, m, result);
-    log.log(0, m);
+    if (log) log->log(0, m);
     if (in_.on_step) in_.on_step(0, m);
   }
   for (int64_t step = start + 1; step <= cfg_.steps; ++step) {
@@ -642,7 +648,7 @@ RlResult Runner::run(bool resume) {
     // 7. Eval, samples.
     const bool last = step == cfg_.steps;
     if (evaluator_ && (last || (cfg_.eval.interval > 0 && step % cfg_.eval.interval == 0))) run_eval(step, m, result);
-    if (cfg_.log.samples_interval > 0 && (step % cfg_.log.samples_interval == 0 || last))
+    if (writer_ && cfg_.log.samples_interval > 0 && (step % cfg_.log.samples_interval == 0 || last))
       write_samples(step, groups.empty() ? all : groups);
     m["perf/step_time_s"] = step_timer.seconds();
     if (m.contains("train/train_rollout_logprob_abs_diff")) {
@@ -658,9 +664,9 @@ RlResult Runner::run(bool resume) {
     phase_total_["train"] += t_train_;
     phase_total_["weight_sync"] += t_sync;
     phase_total_["other"] += step_core - (t_rollout_ + t_reward_ + t_old_ + t_ref_ + t_train_ + t_sync);
-    log.log(step, m);
+    if (log) log->log(step, m);
     ++result.steps_run;
-    if (cfg_.log_interval > 0 && (step % cfg_.log_interval == 0 || last)) {
+    if (writer_ && cfg_.log_interval > 0 && (step % cfg_.log_interval == 0 || last)) {
       auto get = [&](const char* k) { return m.contains(k) && m[k].is_number() ? m[k].get<double>() : 0.0; };
       std::cout << metrics::format_console_line(step, {{"reward", get("rollout/reward_mean")},
                                                        {"acc", get("rollout/accuracy")},
@@ -674,13 +680,13 @@ RlResult Runner::run(bool resume) {
     }
     if (in_.on_step) in_.on_step(step, m);
     // Checkpoint.
-    if (last || (cfg_.save_interval > 0 && step % cfg_.save_interval == 0)) {
+    if (writer_ && (last || (cfg_.save_interval > 0 && step % cfg_.save_interval == 0))) {
       Timer ct;
       nlohmann::json state = {{"prompt_cursor", cursor_}, {"data_seed", cfg_.seed}, {"kind", "rl"}};
       train::save_checkpoint(cfg_.out_dir, step, trainer_, state, in_.tokenizer_dir, cfg_.keep_last);
       phase_total_["checkpoint"] += ct.seconds();
     }
-    if (in_.after_step) in_.after_step(step);
+    if (writer_ && in_.after_step) in_.after_step(step);
   }
   result.seconds = total.seconds();
   for (auto& [k, v] : phase_total_)

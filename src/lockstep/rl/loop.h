@@ -19,6 +19,7 @@
 #include "lockstep/eval/evaluator.h"
 #include "lockstep/reward/reward.h"
 #include "lockstep/rl/algo.h"
+#include "lockstep/rl/rollout_backend.h"
 #include "lockstep/rollout/rollout_config.h"
 #include "lockstep/tokenizer/tokenizer.h"
 #include "lockstep/train/trainer.h"
@@ -55,6 +56,18 @@ struct RlConfig {
 // Unknown keys and sections are errors naming the file.
 RlConfig rl_config_from_toml(const toml::table& root, const std::string& source);
 
+// Data parallelism over trainer ranks (dist/ fills it in; the defaults are
+// one rank). Every trainer rank runs the loop on the same samples and trains
+// on its shard of each mini-batch; the trainer's grad_reduce sums gradients.
+struct TrainerGroup {
+  // This rank's share [begin, end) of a mini-batch of n sequences.
+  std::function<std::pair<size_t, size_t>(size_t n)> shard;
+  // Sums the values element-wise over the trainer ranks, in place.
+  std::function<void(std::vector<double>&)> sum;
+  // Only the writer writes metrics, samples, eval files, checkpoints, reports.
+  bool writer = true;
+};
+
 struct RlInputs {
   const tokenizer::Tokenizer* tok = nullptr;
   std::vector<data::PromptExample> train;  // prompts with labels
@@ -64,6 +77,8 @@ struct RlInputs {
   // required when algo.kl_coef > 0.
   const float* ref_params = nullptr;
   std::shared_ptr<const reward::Reward> reward;  // null: make_reward(cfg.reward)
+  std::shared_ptr<RolloutBackend> rollout;       // null: LocalRollout (this process)
+  TrainerGroup group;
   // Sees every step's metrics (after they are written).
   std::function<void(int64_t step, const nlohmann::json& metrics)> on_step;
   // Called at the end of a step that wrote metrics (reports, tests).

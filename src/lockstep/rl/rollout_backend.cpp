@@ -1,0 +1,58 @@
+// The colocated rollout backend.
+#include "lockstep/rl/rollout_backend.h"
+
+#include <map>
+
+#include "lockstep/base/error.h"
+
+namespace lockstep::rl {
+
+LocalRollout::LocalRollout(train::Trainer& trainer, const rollout::RolloutSection& cfg, uint64_t seed)
+    : ctx_(trainer.context()) {
+  const DType storage = rollout::precision_dtype(cfg.precision);
+  aligned_ = storage == DType::F32;
+  if (!aligned_) {
+    fast_weights_ = std::make_unique<model::ModelWeights>(ctx_, trainer.layout(), trainer.params(), storage,
+                                                          storage == DType::FP8E4M3 ? cfg.fp8_block : 0);
+    fast_weights_->refresh(ctx_, trainer.version());
+  }
+  rollout::EngineConfig ec = cfg.engine;
+  ec.seed = seed;
+  engine_ = std::make_unique<rollout::Engine>(ctx_, weights(trainer), ec);
+}
+
+const model::ModelWeights* LocalRollout::weights(train::Trainer& trainer) const {
+  return aligned_ ? &trainer.weights() : fast_weights_.get();
+}
+
+std::vector<rollout::RequestResult> LocalRollout::generate(std::vector<rollout::Request> requests,
+                                                           const RolloutProgress& progress,
+                                                           int64_t* generated_tokens) {
+  const rollout::EngineStats before = engine_->stats();
+  std::vector<uint64_t> ids;
+  for (auto& r : requests) ids.push_back(engine_->submit(std::move(r)));
+  while (engine_->step()) {
+    if (!progress) continue;
+    const rollout::EngineStats s = engine_->stats();
+    progress(s.finished_samples - before.finished_samples, s.generated_tokens - before.generated_tokens);
+  }
+  std::map<uint64_t, rollout::RequestResult> done;
+  for (auto& r : engine_->run_until_done(0)) done[r.id] = std::move(r);
+  std::vector<rollout::RequestResult> out;
+  for (uint64_t id : ids) {
+    auto it = done.find(id);
+    LS_CHECK(it != done.end()) << "rollout: request " << id << " did not finish";
+    out.push_back(std::move(it->second));
+  }
+  if (generated_tokens) *generated_tokens = engine_->stats().generated_tokens - before.generated_tokens;
+  return out;
+}
+
+void LocalRollout::sync(train::Trainer& trainer) {
+  if (!aligned_) fast_weights_->refresh(ctx_, trainer.version());
+  // Aligned: the trainer repacked its weights in place; the engine reads
+  // them as they are (no copy) and only drops KV state built on the old ones.
+  engine_->update_weights(weights(trainer));
+}
+
+}  // namespace lockstep::rl
