@@ -394,6 +394,9 @@ nlohmann::json Runner::update(std::vector<Group>& groups) {
   int64_t skipped = 0;
   Timer t;
   std::vector<std::vector<float>> first_lp;
+  ProgressBar bar("train", int64_t(seqs.size()), false);
+  if (!cfg_.log.progress) bar.finish();
+  int64_t trained_seqs = 0, trained_tokens = 0;
   for (int64_t mb = 0; mb < n_mb; ++mb) {
     const size_t b = size_t(int64_t(seqs.size()) * mb / n_mb), e = size_t(int64_t(seqs.size()) * (mb + 1) / n_mb);
     int64_t part_tokens = 0;
@@ -433,7 +436,22 @@ nlohmann::json Runner::update(std::vector<Group>& groups) {
     train::ScoreOptions to = so;
     to.entropy = true;  // reported every step (cheap next to the logits)
     std::vector<train::TokenScores> scores;
-    double l = trainer_.accumulate(part, loss, to, mb == 0 ? &scores : nullptr);
+    // Micro-batch by micro-batch (the trainer's own cut, so the gradients are
+    // the same bits as one accumulate call), to drive the progress bar.
+    double l = 0;
+    for (const auto& [m0, m1] : trainer_.micro_batches(part)) {
+      std::vector<train::TrainSequence> sub(part.begin() + long(m0), part.begin() + long(m1));
+      const size_t off = m0;
+      train::LossFn sub_loss = [&, off](size_t i, const float* lp, const float* en, int64_t n, float* dl, float* de) {
+        return loss(off + i, lp, en, n, dl, de);
+      };
+      std::vector<train::TokenScores> sub_scores;
+      l += trainer_.accumulate(sub, sub_loss, to, mb == 0 ? &sub_scores : nullptr);
+      for (auto& sc : sub_scores) scores.push_back(std::move(sc));
+      trained_seqs += int64_t(m1 - m0);
+      for (size_t k = m0; k < m1; ++k) trained_tokens += int64_t(part[k].tokens.size());
+      bar.update(trained_seqs, trained_tokens);
+    }
     if (in_.group.sum) {  // every rank must agree on skipping the step
       std::vector<double> v = {l};
       in_.group.sum(v);
@@ -455,6 +473,7 @@ nlohmann::json Runner::update(std::vector<Group>& groups) {
     lr = os.lr;
     skipped += os.skipped ? 1 : 0;
   }
+  bar.finish();
   t_train_ += t.seconds();
   if (in_.group.sum) {
     std::vector<double> v = {tot.pg_loss, tot.kl, tot.entropy, double(tot.clipped), tot.ratio_sum, tot.approx_kl};
