@@ -22,6 +22,7 @@
 #include "lockstep/reward/batch.h"
 #include "lockstep/rollout/engine.h"
 #include "lockstep/train/checkpoint.h"
+#include "lockstep/train/data_order.h"
 #include "lockstep/train/mismatch.h"
 #include "lockstep/train/train_config.h"
 
@@ -39,10 +40,10 @@ RlConfig rl_config_from_toml(const toml::table& root, const std::string& source)
                << "[reward] [eval] [log])";
     if (!v.is_table()) LS_THROW << source << ": '" << key << "' must be a section";
   }
-  for (const char* unused : {"sync", "dist"})
-    if (const auto* t = root[unused].as_table(); t && !t->empty())
-      LS_THROW << source << ": [" << unused << "] is not supported by this build of `lockstep rl` yet "
-               << "(single-process colocated runs only; see docs/distributed.md)";
+  // [dist] is read by the command that launches the ranks (cli/cmd_rl.cpp).
+  if (const auto* t = root["sync"].as_table(); t && !t->empty())
+    LS_THROW << source << ": [sync] is not supported by this build of `lockstep rl` yet "
+             << "(weights go to colocated engines in memory and to rollout ranks by [dist]; see docs/distributed.md)";
   RlConfig c;
   {
     TomlSection s(root["rollout"].as_table(), source, "rollout");
@@ -107,12 +108,7 @@ PromptStream::PromptStream(size_t n, uint64_t seed, bool shuffle) : n_(n), seed_
 size_t PromptStream::at(uint64_t position) {
   const int64_t epoch = int64_t(position / n_);
   if (epoch != epoch_) {
-    perm_.resize(n_);
-    std::iota(perm_.begin(), perm_.end(), size_t(0));
-    if (shuffle_) {  // Fisher-Yates with Philox draws keyed by (seed, epoch)
-      Philox rng(mix_seed(seed_, uint64_t(epoch)));
-      for (size_t i = n_ - 1; i > 0; --i) std::swap(perm_[i], perm_[rng.u64(0, i) % (i + 1)]);
-    }
+    perm_ = train::epoch_permutation(n_, seed_, epoch, shuffle_);
     epoch_ = epoch;
   }
   return perm_[position % n_];
@@ -661,6 +657,8 @@ RlResult Runner::run(bool resume) {
     if (ref_) m["perf/ref_logprob_time_s"] = t_ref_;
     m["perf/train_time_s"] = t_train_;
     m["perf/weight_sync_s"] = t_sync;
+    if (const size_t sent = rollout_->last_sync_bytes(); sent > 0)
+      m["perf/weight_sync_gb_per_s"] = double(sent) / std::max(t_sync, 1e-9) * 1e-9;
     m["perf/rollout_tokens_per_s"] = double(rollout_tokens_) / std::max(t_rollout_, 1e-9);
     m["perf/train_tokens_per_s"] = double(train_tokens_) / std::max(t_train_ + t_old_, 1e-9);
     m["weight_version"] = trainer_.version();

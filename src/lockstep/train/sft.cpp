@@ -12,6 +12,7 @@
 #include "lockstep/base/timer.h"
 #include "lockstep/metrics/metrics_logger.h"
 #include "lockstep/train/checkpoint.h"
+#include "lockstep/train/data_order.h"
 
 namespace lockstep::train {
 
@@ -24,12 +25,7 @@ std::vector<size_t> sft_batch_indices(size_t n, int64_t batch_size, int64_t step
   for (uint64_t g = first; g < first + uint64_t(batch_size); ++g) {
     const int64_t epoch = int64_t(g / n);
     if (epoch != perm_epoch) {
-      perm.resize(n);
-      std::iota(perm.begin(), perm.end(), size_t(0));
-      if (shuffle) {  // Fisher-Yates with Philox draws keyed by (seed, epoch)
-        Philox rng(mix_seed(seed, uint64_t(epoch)));
-        for (size_t i = n - 1; i > 0; --i) std::swap(perm[i], perm[rng.u64(0, i) % (i + 1)]);
-      }
+      perm = epoch_permutation(n, seed, epoch, shuffle);
       perm_epoch = epoch;
     }
     out.push_back(perm[g % n]);
