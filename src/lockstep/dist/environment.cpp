@@ -3,6 +3,8 @@
 
 #include <mpi.h>
 
+#include <cstdlib>
+
 #include "lockstep/base/error.h"
 #include "lockstep/dist/mpi_error.h"
 
@@ -38,6 +40,11 @@ bool Environment::initialized() {
   MPI_Initialized(&init);
   MPI_Finalized(&fin);
   return init && !fin;
+}
+
+void Environment::abort_job(int code) {
+  if (initialized()) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);  // not reached under MPI; without it there is nothing to tear down
 }
 
 std::string Environment::library_version() {

@@ -22,6 +22,10 @@ class Environment {
   // "Open MPI v4.1.4, ..." as the library reports itself.
   static std::string library_version();
   static bool initialized();
+  // Ends every rank of the job at once (MPI_Abort on MPI_COMM_WORLD) with
+  // exit code `code`. For cli/ only: a rank that failed alone must not leave
+  // the others waiting in a collective until their watchdog fires.
+  [[noreturn]] static void abort_job(int code);
 
  private:
   bool owns_ = false;  // we called MPI_Init_thread, so we finalize

@@ -32,6 +32,9 @@ class RolloutBackend {
   // True when the rollout's logprobs are computed exactly as the trainer's
   // (same process or same bits, f32): the on-policy shortcut may apply.
   virtual bool aligned() const = 0;
+  // Bytes the last sync() sent over the network (0: none, e.g. colocated);
+  // the loop reports bytes / perf/weight_sync_s as perf/weight_sync_gb_per_s.
+  virtual size_t last_sync_bytes() const { return 0; }
 };
 
 // The rollout engine in this process, reading the trainer's weights: in
