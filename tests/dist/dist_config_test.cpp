@@ -34,7 +34,7 @@ TEST(DistConfig, DefaultsAndKeys) {
   EXPECT_EQ(d.rollout_ranks, 0);
   EXPECT_EQ(d.expert_parallel, 1);
   EXPECT_EQ(d.bucket_bytes(), size_t(16) << 20);
-  EXPECT_EQ(d.max_weight_staleness, 1);
+  EXPECT_EQ(d.max_weight_staleness, 0);
   EXPECT_EQ(d.timeout_s, 1800.0);
   const DistConfig c = parse(
       "[dist]\ntrainer_ranks = 6\nrollout_ranks = 2\nexpert_parallel = 3\nbucket_mb = 64\n"

@@ -244,6 +244,9 @@ int run_demo(const Args& args) {
   sets.push_back("data.train_file=\"" + out + "/data/train.jsonl\"");
   sets.push_back("data.eval_file=\"" + out + "/data/test.jsonl\"");
   toml::table root = parse_toml_with_overrides(kDemoRlConfig, "demo config", sets);
+  if (const auto* d = root["dist"].as_table(); d && !d->empty())
+    LS_THROW << "demo config: [dist] is not used by the demo (one process); run `lockstep rl` under mpirun "
+                "for a distributed run (docs/distributed.md)";
   rl::RlConfig cfg = rl::rl_config_from_toml(root, "demo config");
   LoadedModel m = load_model_from_config(root, "demo config", ctx);
   TomlSection data_s(root["data"].as_table(), "demo config", "data");

@@ -1,39 +1,51 @@
 // `lockstep rl`: RL post-training (GRPO, Dr.GRPO, DAPO, GSPO, CISPO, RLOO,
-// REINFORCE++) from a TOML config.
+// REINFORCE++) from a TOML config, in one process or as an MPI job of
+// trainer and rollout ranks ([dist], docs/distributed.md).
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 #include <sstream>
 
 #include "lockstep/base/error.h"
 #include "lockstep/cli/command.h"
 #include "lockstep/cli/model_source.h"
 #include "lockstep/data/dataset.h"
+#include "lockstep/dist/data_parallel.h"
+#include "lockstep/dist/dist_config.h"
+#include "lockstep/dist/environment.h"
+#include "lockstep/dist/role_comms.h"
 #include "lockstep/model/file_util.h"
+#include "lockstep/rl/dist_group.h"
 #include "lockstep/rl/loop.h"
+#include "lockstep/rl/mpi_rollout.h"
 #include "lockstep/rl/run_report.h"
 
 namespace lockstep::cli {
 namespace {
 
-int run_rl_cmd(const Args& args) {
-  args.check_known({"config", "resume", "out", "check-config"});
-  const bool check_only = args.has("check-config");
-  const std::string cfg_path = check_only ? args.require("check-config") : args.require("config");
-  toml::table root = load_toml_with_overrides(cfg_path, args.sets());
-  rl::RlConfig cfg = rl::rl_config_from_toml(root, cfg_path);
-  TomlSection data_s(root["data"].as_table(), cfg_path, "data");
-  data::DataConfig dc = data::data_config_from_toml(data_s);
-  data_s.finish();
-  if (dc.train_file.empty()) LS_THROW << cfg_path << ": [data] train_file is required";
-  if (args.has("out")) cfg.out_dir = args.get("out", cfg.out_dir);
-  if (check_only) {  // every section but the model's weights, which are not loaded
-    std::cout << cfg_path << ": OK (" << cfg.steps << " steps of " << cfg.batch_size << " prompts x "
-              << cfg.rollout.sampling.n << " samples; " << rl::to_string(cfg.algo.advantage) << ", "
-              << rl::to_string(cfg.algo.policy_loss) << ", " << rl::to_string(cfg.algo.loss_agg) << "; rollout "
-              << cfg.rollout.precision << "; out " << cfg.out_dir << ")" << std::endl;
-    return 0;
-  }
+// True when a launcher (mpirun, srun) started this process as a rank of a job.
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK"})
+    if (std::getenv(v)) return true;
+  return false;
+}
 
+dist::DistConfig read_dist(const toml::table& root, const std::string& path) {
+  TomlSection s(root["dist"].as_table(), path, "dist");
+  const dist::DistConfig d = dist::dist_config_from_toml(s);
+  s.finish();
+  if (d.max_weight_staleness > 0)
+    LS_THROW << path << ": [dist] max_weight_staleness = " << d.max_weight_staleness
+             << ": generating with weights older than the trainer's (rollout overlapping training) is not "
+                "implemented yet; rollout ranks always generate with the newest weights (max_weight_staleness = 0)";
+  return d;
+}
+
+// The trainer side; rc is null in a single-process run.
+int run_trainer(const Args& args, const toml::table& root, const std::string& cfg_path, const rl::RlConfig& cfg,
+                const data::DataConfig& dc, dist::RoleComms* rc) {
+  const bool writer = !rc || rc->roles.is_trainer_root();
   auto pool = make_pool(cfg.threads);
   Context ctx{pool.get(), 0};
   LoadedModel m = load_model_from_config(root, cfg_path, ctx);
@@ -55,32 +67,115 @@ int run_rl_cmd(const Args& args) {
     std::copy(m.params.as<float>(), m.params.as<float>() + ParamLayout(m.config).numel(), ref.as<float>());
     in.ref_params = ref.as<float>();
   }
-  std::filesystem::create_directories(cfg.out_dir);
-  write_file_atomic(cfg.out_dir + "/config.toml", [&] {
-    std::ostringstream os;
-    os << root;
-    return os.str() + "\n";
-  }());
-  rl::attach_reports(in, cfg);
-  std::cout << "rl: " << in.train.size() << " prompts" << (in.eval.empty() ? "" : ", ") 
-            << (in.eval.empty() ? "" : std::to_string(in.eval.size()) + " eval problems") << "; " << cfg.steps
-            << " steps of " << cfg.batch_size << " prompts x " << cfg.rollout.sampling.n << " samples ("
-            << rl::to_string(cfg.algo.advantage) << ", " << rl::to_string(cfg.algo.policy_loss) << ", rollout "
-            << cfg.rollout.precision << "), " << ctx.threads() << " threads -> " << cfg.out_dir << std::endl;
+  if (writer) {
+    std::filesystem::create_directories(cfg.out_dir);
+    write_file_atomic(cfg.out_dir + "/config.toml", [&] {
+      std::ostringstream os;
+      os << root;
+      return os.str() + "\n";
+    }());
+    rl::attach_reports(in, cfg);
+    std::cout << "rl: " << in.train.size() << " prompts" << (in.eval.empty() ? "" : ", ")
+              << (in.eval.empty() ? "" : std::to_string(in.eval.size()) + " eval problems") << "; " << cfg.steps
+              << " steps of " << cfg.batch_size << " prompts x " << cfg.rollout.sampling.n << " samples ("
+              << rl::to_string(cfg.algo.advantage) << ", " << rl::to_string(cfg.algo.policy_loss) << ", rollout "
+              << cfg.rollout.precision << "), " << ctx.threads() << " threads -> " << cfg.out_dir << std::endl;
+  }
   train::Trainer trainer(ctx, m.config, std::move(m.params), cfg.trainer);
-  const rl::RlResult r = rl::run_rl(trainer, in, cfg, args.flag("resume"));
+  std::shared_ptr<rl::MpiRollout> remote;
+  if (rc) {
+    const dist::Roles& r = rc->roles;
+    in.group = rl::make_trainer_group(rc->trainers, writer);
+    if (r.trainer_ranks > 1) dist::make_data_parallel(trainer, rc->dp);
+    if (!r.colocated) {
+      remote = std::make_shared<rl::MpiRollout>(trainer, writer ? &rc->weight_sync : nullptr, &rc->trainers,
+                                                cfg.rollout, cfg.seed);
+      in.rollout = remote;
+    } else if (r.trainer_ranks > 1) {
+      in.rollout = std::make_shared<rl::SpreadRollout>(trainer, rc->trainers, cfg.rollout, cfg.seed);
+    }
+    if (writer)
+      std::cout << "rl: MPI job of " << r.world_size << " ranks: " << r.trainer_ranks << " trainer"
+                << (r.trainer_ranks == 1 ? "" : "s (data parallel)") << ", "
+                << (r.colocated ? "colocated rollout (each trainer generates a share)"
+                                : std::to_string(r.rollout_ranks) + " rollout rank" + (r.rollout_ranks == 1 ? "" : "s"))
+                << std::endl;
+  }
+  const rl::RlResult res = rl::run_rl(trainer, in, cfg, args.flag("resume"));
+  if (remote) remote->shutdown();
+  if (!writer) return 0;
   rl::finish_report(cfg);
-  std::cout << "rl: done in " << r.seconds << " s; mean seconds per step:";
-  for (const auto& [k, v] : r.phase_seconds) std::cout << " " << k << " " << v;
+  std::cout << "rl: done in " << res.seconds << " s; mean seconds per step:";
+  for (const auto& [k, v] : res.phase_seconds) std::cout << " " << k << " " << v;
   std::cout << "\nrl: checkpoints in " << cfg.out_dir << "/checkpoints/, report " << cfg.out_dir << "/report.html"
             << std::endl;
   return 0;
 }
 
+// A rollout rank: the engine on its own copy of the weights until the trainer root says stop.
+int run_rollout_rank(const toml::table& root, const std::string& cfg_path, const rl::RlConfig& cfg,
+                     dist::RoleComms& rc) {
+  auto pool = make_pool(cfg.threads);
+  Context ctx{pool.get(), 0};
+  LoadedModel m = load_model_from_config(root, cfg_path, ctx);
+  const rl::ServeStats st =
+      rl::serve_rollout(rc.weight_sync, ctx, m.config, m.params.as<float>(), cfg.rollout, cfg.seed);
+  std::cout << "rl: " << dist::describe(rc.roles) << ": served " << st.generate_calls << " rollouts ("
+            << st.requests << " prompts, " << st.generated_tokens << " tokens, " << st.generate_seconds << " s) and "
+            << st.syncs << " weight syncs (" << st.sync_seconds << " s), last version " << st.version << std::endl;
+  return 0;
+}
+
+int run_rl_cmd(const Args& args) {
+  args.check_known({"config", "resume", "out", "check-config"});
+  const bool check_only = args.has("check-config");
+  const std::string cfg_path = check_only ? args.require("check-config") : args.require("config");
+  toml::table root = load_toml_with_overrides(cfg_path, args.sets());
+  rl::RlConfig cfg = rl::rl_config_from_toml(root, cfg_path);
+  const dist::DistConfig dcfg = read_dist(root, cfg_path);
+  TomlSection data_s(root["data"].as_table(), cfg_path, "data");
+  data::DataConfig dc = data::data_config_from_toml(data_s);
+  data_s.finish();
+  if (dc.train_file.empty()) LS_THROW << cfg_path << ": [data] train_file is required";
+  if (args.has("out")) cfg.out_dir = args.get("out", cfg.out_dir);
+  const auto* dist_t = root["dist"].as_table();
+  const bool has_dist = dist_t && !dist_t->empty();
+  if (check_only) {  // every section but the model's weights, which are not loaded
+    std::cout << cfg_path << ": OK (" << cfg.steps << " steps of " << cfg.batch_size << " prompts x "
+              << cfg.rollout.sampling.n << " samples; " << rl::to_string(cfg.algo.advantage) << ", "
+              << rl::to_string(cfg.algo.policy_loss) << ", " << rl::to_string(cfg.algo.loss_agg) << "; rollout "
+              << cfg.rollout.precision << "; out " << cfg.out_dir;
+    if (has_dist)
+      std::cout << "; dist: " << (dcfg.trainer_ranks ? std::to_string(dcfg.trainer_ranks) : std::string("all other"))
+                << " trainer + " << dcfg.rollout_ranks << " rollout ranks";
+    std::cout << ")" << std::endl;
+    return 0;
+  }
+  // A plain run (no [dist], no launcher) never touches MPI.
+  if (!has_dist && !launched_by_mpi()) return run_trainer(args, root, cfg_path, cfg, dc, nullptr);
+  dist::Environment env;
+  if (env.world_size() == 1) {
+    dist::check_implemented(dist::compute_roles(dcfg, 1, 0));  // e.g. rollout_ranks = 1 needs 2 ranks
+    return run_trainer(args, root, cfg_path, cfg, dc, nullptr);
+  }
+  try {
+    dist::RoleComms rc = dist::make_role_comms(dcfg);
+    return rc.roles.is_rollout ? run_rollout_rank(root, cfg_path, cfg, rc)
+                               : run_trainer(args, root, cfg_path, cfg, dc, &rc);
+  } catch (const std::exception& e) {
+    // The other ranks may be waiting for this one in a collective: end the
+    // whole job now instead of leaving them to their watchdog.
+    std::cerr << "lockstep rl: error on rank " << env.world_rank() << " of " << env.world_size() << ": " << e.what()
+              << std::endl;
+    dist::Environment::abort_job(2);
+  }
+}
+
 LS_REGISTER_COMMAND(Command{
     "rl", "RL post-training (GRPO family) with rollout, rewards, eval and checkpoints",
     "usage: lockstep rl --config FILE [--resume] [--out DIR] [--set section.key=value ...]\n"
-    "       lockstep rl --check-config FILE [--set ...]   (validate the config, load nothing)\n\n"
+    "       lockstep rl --check-config FILE [--set ...]   (validate the config, load nothing)\n"
+    "       mpirun -np N lockstep rl --config FILE        (trainer and rollout ranks, [dist])\n\n"
     "Each step draws [rollout] batch_size prompts from [data] train_file, samples [rollout] n\n"
     "responses to each with the rollout engine, scores them with the [reward] verifier,\n"
     "computes advantages and updates the policy ([algo]: grpo, drgrpo, rloo, reinforce++;\n"
@@ -90,7 +185,9 @@ LS_REGISTER_COMMAND(Command{
     "Writes OUT/config.toml (resolved), OUT/metrics.jsonl, OUT/samples/, OUT/eval/,\n"
     "OUT/checkpoints/step_N (Hugging Face layout + optimizer state) and OUT/report.html.\n"
     "--resume continues from OUT/checkpoints/latest (metrics lines after it are dropped).\n"
-    "Sections: [model] [data] [rollout] [train] [algo] [reward] [eval] [log]; see\n"
+    "Under mpirun/srun, [dist] trainer_ranks / rollout_ranks split the ranks into data-parallel\n"
+    "trainers and rollout ranks that receive the weights after every step (docs/distributed.md).\n"
+    "Sections: [model] [data] [rollout] [train] [algo] [reward] [eval] [log] [dist]; see\n"
     "docs/rl.md and docs/configuration.md. Recipes: configs/demo/rl.toml, configs/recipes/.\n",
     {"resume"}, run_rl_cmd});
 

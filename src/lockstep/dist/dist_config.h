@@ -19,7 +19,7 @@ struct DistConfig {
   int64_t rollout_ranks = 0;         // 0: colocated, trainer ranks also generate
   int64_t expert_parallel = 1;       // EP: trainer ranks sharing one copy of the experts
   int64_t bucket_mb = 16;            // all-reduce / broadcast bucket (MiB)
-  int64_t max_weight_staleness = 1;  // rollout may use weights this many versions old
+  int64_t max_weight_staleness = 0;  // rollout may use weights this many versions old (> 0: not implemented)
   double timeout_s = 1800;           // a collective slower than this ends the job; 0: never
 
   size_t bucket_bytes() const { return size_t(bucket_mb) << 20; }

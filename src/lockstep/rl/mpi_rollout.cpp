@@ -1,0 +1,204 @@
+// The trainer and rollout sides of rollout over MPI, and its colocated
+// data-parallel variant. Protocol on the weight_sync communicator (trainer
+// root = rank 0): the root broadcasts a Command; then
+//   kSync:     broadcast_weights from the root;
+//   kGenerate: the root sends rank q its requests (tag kTagRequests) and
+//              receives its results (tag kTagResults), in rank order;
+//   kStop:     the rollout ranks leave serve_rollout.
+#include "lockstep/rl/mpi_rollout.h"
+
+#include "lockstep/base/error.h"
+#include "lockstep/base/rng.h"
+#include "lockstep/base/timer.h"
+#include "lockstep/dist/data_parallel.h"
+#include "lockstep/dist/messages.h"
+#include "lockstep/rl/rollout_wire.h"
+
+namespace lockstep::rl {
+
+namespace {
+
+enum CommandKind : int64_t { kSync = 1, kGenerate = 2, kStop = 3 };
+struct Command {
+  int64_t kind = 0;
+};
+constexpr int kTagRequests = 7101, kTagResults = 7102;
+
+bool is_f32(const rollout::RolloutSection& cfg) { return rollout::precision_dtype(cfg.precision) == DType::F32; }
+
+// Appends b to a, moving.
+void append(std::vector<rollout::RequestResult>& a, std::vector<rollout::RequestResult>&& b) {
+  for (auto& r : b) a.push_back(std::move(r));
+}
+
+}  // namespace
+
+void fill_missing_seeds(std::vector<rollout::Request>& requests, uint64_t seed, uint64_t call) {
+  for (size_t i = 0; i < requests.size(); ++i)
+    if (requests[i].params.seed < 0)  // non-negative: a negative seed means "engine's choice"
+      requests[i].params.seed = int64_t(mix_seed(mix_seed(seed, call), i) >> 1);
+}
+
+// ---------------------------------------------------------------- MpiRollout
+
+MpiRollout::MpiRollout(train::Trainer& trainer, dist::Communicator* sync, dist::Communicator* trainers,
+                       const rollout::RolloutSection& cfg, uint64_t seed)
+    : sync_(sync), trainers_(trainers), aligned_(is_f32(cfg)), seed_(seed) {
+  if (sync_) {
+    LS_CHECK(sync_->valid() && sync_->rank() == 0) << "MpiRollout: the trainer root must be rank 0 of '"
+                                                   << sync_->name() << "'";
+    LS_CHECK(sync_->size() >= 2) << "MpiRollout: no rollout ranks in '" << sync_->name() << "'";
+  }
+  if (trainers_ && trainers_->valid() && trainers_->size() > 1) {
+    LS_CHECK((trainers_->rank() == 0) == is_root()) << "MpiRollout: trainer rank 0 must be the one holding the "
+                                                    << "weight_sync communicator";
+  }
+  MpiRollout::sync(trainer);
+}
+
+std::vector<rollout::RequestResult> MpiRollout::generate(std::vector<rollout::Request> requests,
+                                                         const RolloutProgress& progress, int64_t* generated_tokens) {
+  LS_CHECK(!stopped_) << "MpiRollout::generate after shutdown";
+  const size_t n = requests.size();
+  fill_missing_seeds(requests, seed_, calls_++);
+  std::vector<rollout::RequestResult> results;
+  int64_t tokens = 0;
+  const bool share = trainers_ && trainers_->valid() && trainers_->size() > 1;
+  if (is_root()) {
+    const int R = sync_->size() - 1;
+    Command c{kGenerate};
+    sync_->broadcast_value(c, 0);
+    // Rollout rank q gets share q - 1: contiguous, whole requests (groups).
+    const std::vector<dist::Range> shares = dist::split_even(n, R);
+    for (int q = 1; q <= R; ++q) {
+      const dist::Range s = shares[size_t(q - 1)];
+      const std::vector<rollout::Request> part(std::make_move_iterator(requests.begin() + ptrdiff_t(s.begin)),
+                                               std::make_move_iterator(requests.begin() + ptrdiff_t(s.end)));
+      dist::send_message(*sync_, encode_requests(part), q, kTagRequests);
+    }
+    for (int q = 1; q <= R; ++q) {
+      int64_t t = 0;
+      auto part = decode_results(dist::recv_message(*sync_, q, kTagResults), &t);
+      const dist::Range s = shares[size_t(q - 1)];
+      if (part.size() != s.size())
+        LS_THROW << "rollout rank " << q << " returned " << part.size() << " results for " << s.size() << " requests";
+      append(results, std::move(part));
+      tokens += t;
+    }
+    if (share) {
+      std::vector<char> all = encode_results(results, tokens);
+      dist::broadcast_message(*trainers_, all, 0);
+    }
+  } else {
+    LS_CHECK(share) << "MpiRollout on a trainer rank without the weight_sync communicator needs the trainer group";
+    std::vector<char> all;
+    dist::broadcast_message(*trainers_, all, 0);
+    results = decode_results(all, &tokens);
+    if (results.size() != n)
+      LS_THROW << "the trainer root sent " << results.size() << " rollout results for " << n << " requests "
+               << "(the trainer ranks disagree on the batch)";
+  }
+  int64_t samples = 0;
+  for (const auto& r : results) samples += int64_t(r.samples.size());
+  if (progress) progress(samples, tokens);
+  if (generated_tokens) *generated_tokens = tokens;
+  return results;
+}
+
+void MpiRollout::sync(train::Trainer& trainer) {
+  if (!is_root()) return;  // the trainer root publishes; the others hold the same weights
+  LS_CHECK(!stopped_) << "MpiRollout::sync after shutdown";
+  Command c{kSync};
+  sync_->broadcast_value(c, 0);
+  last_sync_ = dist::broadcast_weights(*sync_, trainer.params(), size_t(trainer.layout().numel()), trainer.version(),
+                                       0);
+}
+
+void MpiRollout::shutdown() {
+  if (!is_root() || stopped_) return;
+  Command c{kStop};
+  sync_->broadcast_value(c, 0);
+  stopped_ = true;
+}
+
+// ---------------------------------------------------------------- SpreadRollout
+
+SpreadRollout::SpreadRollout(train::Trainer& trainer, dist::Communicator& trainers,
+                             const rollout::RolloutSection& cfg, uint64_t seed)
+    : local_(trainer, cfg, seed), trainers_(trainers), seed_(seed) {
+  LS_CHECK(trainers_.valid()) << "SpreadRollout on a rank outside the trainer group";
+}
+
+std::vector<rollout::RequestResult> SpreadRollout::generate(std::vector<rollout::Request> requests,
+                                                            const RolloutProgress& progress,
+                                                            int64_t* generated_tokens) {
+  const size_t n = requests.size();
+  fill_missing_seeds(requests, seed_, calls_++);
+  const int P = trainers_.size(), me = trainers_.rank();
+  const std::vector<dist::Range> shares = dist::split_even(n, P);
+  const dist::Range s = shares[size_t(me)];
+  std::vector<rollout::Request> mine(std::make_move_iterator(requests.begin() + ptrdiff_t(s.begin)),
+                                     std::make_move_iterator(requests.begin() + ptrdiff_t(s.end)));
+  int64_t my_tokens = 0;
+  std::vector<char> my_bytes = encode_results(local_.generate(std::move(mine), progress, &my_tokens), my_tokens);
+  // Every rank's share to every rank, in rank order: the results come out in request order.
+  std::vector<rollout::RequestResult> results;
+  int64_t tokens = 0;
+  for (int q = 0; q < P; ++q) {
+    std::vector<char> bytes;
+    if (q == me) bytes = my_bytes;
+    dist::broadcast_message(trainers_, bytes, q);
+    int64_t t = 0;
+    auto part = decode_results(bytes, &t);
+    if (part.size() != shares[size_t(q)].size())
+      LS_THROW << "trainer rank " << q << " generated " << part.size() << " results for "
+               << shares[size_t(q)].size() << " requests";
+    append(results, std::move(part));
+    tokens += t;
+  }
+  if (generated_tokens) *generated_tokens = tokens;
+  return results;
+}
+
+// ---------------------------------------------------------------- rollout rank
+
+ServeStats serve_rollout(dist::Communicator& sync, const Context& ctx, const ModelConfig& config, float* params,
+                         const rollout::RolloutSection& cfg, uint64_t seed) {
+  LS_CHECK(sync.valid() && sync.rank() != 0) << "serve_rollout runs on rollout ranks (rank >= 1 of weight_sync)";
+  const ParamLayout layout(config);  // outlives weights, which point into it
+  const DType storage = rollout::precision_dtype(cfg.precision);
+  model::ModelWeights weights(ctx, layout, params, storage, storage == DType::FP8E4M3 ? cfg.fp8_block : 0);
+  rollout::EngineConfig ec = cfg.engine;
+  ec.seed = seed;
+  rollout::Engine engine(ctx, &weights, ec);
+  ServeStats st;
+  for (;;) {
+    Command c;
+    sync.broadcast_value(c, 0);
+    if (c.kind == kStop) return st;
+    Timer t;
+    if (c.kind == kSync) {
+      const dist::WeightSyncStats ws = dist::broadcast_weights(sync, params, size_t(layout.numel()), 0, 0);
+      weights.refresh(ctx, ws.version);  // repack the projections from the new f32 buffer
+      engine.update_weights(&weights);   // drops KV state built on the old weights
+      st.version = ws.version;
+      ++st.syncs;
+      st.sync_seconds += t.seconds();
+    } else if (c.kind == kGenerate) {
+      std::vector<rollout::Request> reqs = decode_requests(dist::recv_message(sync, 0, kTagRequests));
+      const int64_t before = engine.stats().generated_tokens;
+      st.requests += int64_t(reqs.size());
+      const std::vector<rollout::RequestResult> results = engine.generate(std::move(reqs));
+      const int64_t tokens = engine.stats().generated_tokens - before;
+      st.generated_tokens += tokens;
+      dist::send_message(sync, encode_results(results, tokens), 0, kTagResults);
+      ++st.generate_calls;
+      st.generate_seconds += t.seconds();
+    } else {
+      LS_THROW << "rollout rank " << sync.rank() << ": unknown command " << c.kind
+               << " from the trainer root (every rank must run the same lockstep build)";
+    }
+  }
+}
+
+}  // namespace lockstep::rl
