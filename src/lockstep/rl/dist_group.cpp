@@ -1,6 +1,8 @@
 // make_trainer_group: split_even shards and the rank-order sum.
 #include "lockstep/rl/dist_group.h"
 
+#include <algorithm>
+
 #include "lockstep/base/error.h"
 #include "lockstep/dist/data_parallel.h"
 
@@ -18,6 +20,11 @@ TrainerGroup make_trainer_group(dist::Communicator& trainers, bool writer) {
   };
   dist::Communicator* c = &trainers;
   g.sum = [c](std::vector<double>& v) { c->all_reduce_sum(v.data(), v.size()); };
+  g.max = [c](double x) {
+    double m = x;
+    for (double y : c->all_gather(x)) m = std::max(m, y);
+    return m;
+  };
   return g;
 }
 

@@ -453,10 +453,22 @@ nlohmann::json Runner::update(std::vector<Group>& groups) {
       in_.group.sum(v);
       l = v[0];
     }
-    if (mb == 0 && shortcut) {  // in data parallelism: this rank's shard
+    if (mb == 0 && shortcut) {
       for (auto& sc : scores) first_lp.push_back(std::move(sc.logp));
       std::vector<std::vector<float>> rl(rollout_lp.begin() + long(sb), rollout_lp.begin() + long(se));
       mismatch = train::compute_mismatch(rl, first_lp);
+      if (in_.group.sum && in_.group.max) {  // every rank's shard of the mini-batch
+        train::MismatchStats& x = *mismatch;
+        std::vector<double> v = {x.abs_diff_mean * double(x.samples), double(x.samples), x.kl_k3 * double(x.tokens),
+                                 x.bitwise_equal_frac * double(x.tokens), double(x.tokens)};
+        in_.group.sum(v);
+        x.samples = int64_t(v[1]);
+        x.tokens = int64_t(v[4]);
+        x.abs_diff_mean = v[1] > 0 ? v[0] / v[1] : 0.0;
+        x.kl_k3 = v[4] > 0 ? v[2] / v[4] : 0.0;
+        x.bitwise_equal_frac = v[4] > 0 ? v[3] / v[4] : 1.0;
+        x.abs_diff_max = in_.group.max(x.abs_diff_max);
+      }
     }
     tot_tokens += part_tokens;
     if (!std::isfinite(l)) {

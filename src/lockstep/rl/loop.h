@@ -64,6 +64,8 @@ struct TrainerGroup {
   std::function<std::pair<size_t, size_t>(size_t n)> shard;
   // Sums the values element-wise over the trainer ranks, in place.
   std::function<void(std::vector<double>&)> sum;
+  // The largest of the values over the trainer ranks.
+  std::function<double(double)> max;
   // Only the writer writes metrics, samples, eval files, checkpoints, reports.
   bool writer = true;
 };
