@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <thread>
 
 #include "lockstep/base/error.h"
 #include "lockstep/data/jsonl.h"
@@ -46,6 +47,19 @@ class Constant : public reward::Reward {
     return r;
   }
   std::string type() const override { return "constant"; }
+};
+
+// Hangs (far past the time limit) on responses of odd length.
+class Hangs : public reward::Reward {
+ public:
+  reward::RewardResult evaluate(const reward::RewardRequest& q) const override {
+    if (q.response.size() % 2 == 1) std::this_thread::sleep_for(std::chrono::seconds(3));
+    reward::RewardResult r;
+    r.correct = q.response.size() % 4 == 0;
+    r.reward = r.correct ? 1.0 : 0.0;
+    return r;
+  }
+  std::string type() const override { return "hangs"; }
 };
 
 struct Fixture {
@@ -302,6 +316,28 @@ TEST(RlLoop, DynamicSamplingDropsGroupsThatAgree) {
   const auto m2 = metrics_of(d.out_dir);
   EXPECT_EQ(t2->version(), 1u);
   EXPECT_LE(m2[0]["train/samples"].get<int64_t>(), 12);
+}
+
+TEST(RlLoop, AHangingRewardTimesOutAndIsCountedNotTrained) {
+  Fixture f;
+  RlConfig c = f.config(f.dir.str("hang"));
+  c.steps = 1;
+  c.eval.interval = 0;
+  c.reward.timeout_s = 0.2;
+  c.reward.threads = 2;
+  f.eval.clear();
+  auto t = f.trainer(c);
+  run_rl(*t, f.inputs(std::make_shared<Hangs>()), c, false);
+  const auto m = metrics_of(c.out_dir);
+  ASSERT_EQ(m.size(), 1u);
+  const int64_t failures = m[0]["rollout/reward_failures"].get<int64_t>();
+  EXPECT_GT(failures, 0);
+  EXPECT_GT(m[0]["train/samples"].get<int64_t>(), 0);
+  EXPECT_LE(m[0]["train/samples"].get<int64_t>() + failures, 12);  // failed samples are not trained on
+  auto samples = data::read_jsonl(c.out_dir + "/samples/step_000001.jsonl");
+  int nulls = 0;
+  for (const auto& r : samples) nulls += r.value["reward"].is_null() ? 1 : 0;
+  EXPECT_GT(nulls, 0);
 }
 
 TEST(RlConfig, ReadsSectionsAndNamesBadKeys) {
