@@ -49,6 +49,14 @@ for part in ("before", "after"):
 assert s["train_rollout_logprob_abs_diff_max"] == 0
 PY
 
+# Bad input: a malformed JSONL line is named by file and line, nothing is written.
+printf '{"prompt":"1+1=","label":"2"}\n{"prompt": oops\n' > "$T/bad.jsonl"
+if "$BIN" rl --config "$T/a/config.toml" --out "$T/bad" --set data.train_file="\"$T/bad.jsonl\"" 2> "$T/bad.err"; then
+  echo "a malformed training file was accepted"; exit 1
+fi
+grep -q "bad.jsonl:2" "$T/bad.err" || { cat "$T/bad.err"; exit 1; }
+test ! -e "$T/bad"
+
 # kill -9 during training, then --resume.
 run="$T/rl"
 "$BIN" rl --config "$T/a/config.toml" --out "$run" --set train.steps=40 --set train.save_interval=2 \
