@@ -283,9 +283,19 @@ TEST(RlLoop, KlToTheReferenceAndSeveralUpdatesPerBatch) {
   const auto m = metrics_of(c.out_dir);
   ASSERT_EQ(m.size(), 2u);
   EXPECT_EQ(m[0]["train/num_updates"], 2);
-  // The first mini-batch runs at the reference weights (k3 = 0), the second after an update.
+  // The first mini-batch runs at the reference weights (k3 = 0), the second
+  // after an update: the step's KL is positive, and stays so.
   EXPECT_GT(m[0]["train/kl"].get<double>(), 0.0);
-  EXPECT_GT(m[1]["train/kl"].get<double>(), m[0]["train/kl"].get<double>());
+  EXPECT_GT(m[1]["train/kl"].get<double>(), 0.0);
+  EXPECT_TRUE(std::isfinite(m[1]["train/kl"].get<double>()));
+  // One update per batch: the first step trains at the reference itself, KL exactly 0.
+  RlConfig one = f.config(f.dir.str("kl1"));
+  one.algo.kl_coef = 0.1;
+  one.steps = 1;
+  one.eval.interval = 0;
+  auto t1 = f.trainer(one);
+  run_rl(*t1, f.inputs(), one, false);
+  EXPECT_EQ(metrics_of(one.out_dir)[0]["train/kl"].get<double>(), 0.0);
   EXPECT_GT(m[0]["perf/ref_logprob_time_s"].get<double>(), 0.0);
 }
 

@@ -24,6 +24,11 @@ namespace lockstep::perf {
 struct RolloutBenchOptions {
   std::string config_path;
   int threads = 2;
+  // Weight storage of the engine: F32 is aligned mode; BF16 / FP8E4M3 are fast
+  // mode (the engine then keeps its KV cache in bf16 too). fp8 uses per-block
+  // scales of fp8_block x fp8_block (DeepSeek-V3's 128).
+  DType precision = DType::F32;
+  int64_t fp8_block = 128;
   std::vector<int64_t> decode_batches = {1, 16, 64, 256};
   int64_t decode_prompt_len = 16;
   int64_t new_tokens = 32;         // generated per sample (decode and GRPO)
@@ -247,7 +252,7 @@ inline RolloutBenchResult run_rollout_bench(const RolloutBenchOptions& opt, Peak
   r.peak = peak.wall_gflops > 0 ? peak : measure_fma_peak(opt.threads);
   ParamLayout layout(c);
   Buffer params = bench_params(layout, ctx);
-  model::ModelWeights w(ctx, layout, params.as<float>());
+  model::ModelWeights w(ctx, layout, params.as<float>(), opt.precision, opt.fp8_block);
   for (int64_t b : opt.decode_batches) r.decode.push_back(run_decode(ctx, w, opt, b));
   r.prefill_tokens_per_s = run_prefill(ctx, w, opt);
   r.prefill_gflops = r.prefill_tokens_per_s * forward_flops_per_token(c, opt.prefill_len) * 1e-9;
@@ -256,19 +261,24 @@ inline RolloutBenchResult run_rollout_bench(const RolloutBenchOptions& opt, Peak
   return r;
 }
 
+// "f32", "bf16", "fp8" (the --precision names).
+inline std::string precision_name(DType p) {
+  return p == DType::F32 ? "f32" : p == DType::BF16 ? "bf16" : "fp8";
+}
+
 // Two tables: decode by batch size (with its roofline), then prefill and GRPO.
 inline std::string rollout_tables(const std::vector<RolloutBenchResult>& rs) {
-  Table d({"model", "threads", "batch", "decode tok/s", "step ms", "GEMM-only ms", "roofline tok/s",
+  Table d({"model", "precision", "threads", "batch", "decode tok/s", "step ms", "GEMM-only ms", "roofline tok/s",
            "% of roofline", "GFLOP/s", "% of peak", "CPU use"});
-  Table o({"model", "threads", "workload", "tokens fed", "tokens generated", "seconds", "tok/s", "note"});
+  Table o({"model", "precision", "threads", "workload", "tokens fed", "tokens generated", "seconds", "tok/s", "note"});
   for (const auto& r : rs) {
     for (const auto& x : r.decode)
-      d.add({r.model, fmt("%d", r.opt.threads), fmt("%lld", (long long)x.batch), fmt("%.0f", x.tokens_per_s),
+      d.add({r.model, precision_name(r.opt.precision), fmt("%d", r.opt.threads), fmt("%lld", (long long)x.batch), fmt("%.0f", x.tokens_per_s),
              fmt("%.2f", x.step_ms), fmt("%.2f", x.gemm_step_ms), fmt("%.0f", x.roofline_tokens_per_s),
              fmt("%.1f%%", 100.0 * x.tokens_per_s / x.roofline_tokens_per_s), fmt("%.1f", x.gflops),
              fmt("%.1f%%", 100.0 * x.gflops / r.peak.gflops()), fmt("%.0f%%", 100.0 * x.cpu_use)});
     const int64_t pt = r.opt.prefill_prompts * r.opt.prefill_len;
-    o.add({r.model, fmt("%d", r.opt.threads),
+    o.add({r.model, precision_name(r.opt.precision), fmt("%d", r.opt.threads),
            fmt("prefill %lldx%lld", (long long)r.opt.prefill_prompts, (long long)r.opt.prefill_len),
            fmt("%lld", (long long)pt), fmt("%lld", (long long)r.opt.prefill_prompts),
            fmt("%.2f", double(pt) / r.prefill_tokens_per_s), fmt("%.0f", r.prefill_tokens_per_s),
@@ -276,7 +286,7 @@ inline std::string rollout_tables(const std::vector<RolloutBenchResult>& rs) {
                100.0 * r.prefill_gflops / r.peak.gflops())});
     for (int shared = 1; shared >= 0; --shared) {
       const RunResult& g = shared ? r.grpo_shared : r.grpo_unshared;
-      o.add({r.model, fmt("%d", r.opt.threads),
+      o.add({r.model, precision_name(r.opt.precision), fmt("%d", r.opt.threads),
              fmt("grpo %lldx%lld %s", (long long)r.opt.grpo_prompts, (long long)r.opt.grpo_samples,
                  shared ? "shared" : "unshared"),
              fmt("%lld", (long long)g.fed), fmt("%lld", (long long)g.generated), fmt("%.2f", g.seconds),

@@ -81,7 +81,7 @@ int run_train(const Args& args) {
 
 int run_rollout(const Args& args) {
   args.check_known({"config", "threads", "batches", "new-tokens", "prompt-len", "prefill-prompts", "prefill-len",
-                    "grpo-prompts", "grpo-samples", "grpo-prompt-len"});
+                    "grpo-prompts", "grpo-samples", "grpo-prompt-len", "precision"});
   perf::RolloutBenchOptions o;
   o.threads = int(positive(args, "threads", 2));
   if (auto b = args.maybe("batches")) o.decode_batches = parse_list("batches", *b);
@@ -92,6 +92,17 @@ int run_rollout(const Args& args) {
   o.grpo_prompts = positive(args, "grpo-prompts", o.grpo_prompts);
   o.grpo_samples = positive(args, "grpo-samples", o.grpo_samples);
   o.grpo_prompt_len = positive(args, "grpo-prompt-len", o.grpo_prompt_len);
+  if (auto p = args.maybe("precision")) {
+    if (*p == "f32") {
+      o.precision = DType::F32;
+    } else if (*p == "bf16") {
+      o.precision = DType::BF16;
+    } else if (*p == "fp8") {
+      o.precision = DType::FP8E4M3;
+    } else {
+      LS_THROW << "flag --precision: expected f32, bf16 or fp8, got '" << *p << "'";
+    }
+  }
   const perf::Peak peak = perf::measure_fma_peak(o.threads);
   print_machine(peak);
   std::vector<perf::RolloutBenchResult> rs;
@@ -118,7 +129,7 @@ LS_REGISTER_COMMAND(Command{
     "       lockstep bench rollout [--config FILE[,FILE]] [--threads N] [--batches 1,16,64,256]\n"
     "                              [--new-tokens N] [--prompt-len N] [--prefill-prompts N]\n"
     "                              [--prefill-len N] [--grpo-prompts N] [--grpo-samples N]\n"
-    "                              [--grpo-prompt-len N]\n\n"
+    "                              [--grpo-prompt-len N] [--precision f32|bf16|fp8]\n\n"
     "Runs on randomly initialised weights of the [model] in each config (default: both\n"
     "configs/bench/moe-tiny.toml and moe-small.toml) with 2 threads unless --threads says\n"
     "otherwise, and prints a table.\n\n"
@@ -129,7 +140,8 @@ LS_REGISTER_COMMAND(Command{
     "rollout: decode tokens/s at each --batches size (prompts of --prompt-len tokens,\n"
     "  --new-tokens generated each) next to the GEMM roofline (the same step's matrix products\n"
     "  timed alone); prefill tokens/s; a GRPO-shaped workload (--grpo-prompts x --grpo-samples)\n"
-    "  with and without prefix sharing.\n"
+    "  with and without prefix sharing. --precision f32 (default) is aligned mode; bf16 and fp8\n"
+    "  (128 x 128 block scales) are fast mode: weights packed in that precision, KV cache in bf16.\n"
     "See docs/benchmarks.md for what each number means.\n",
     {}, run_bench});
 

@@ -7,6 +7,7 @@
 #include "lockstep/rollout/engine.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "lockstep/base/error.h"
 #include "lockstep/base/log.h"
@@ -466,6 +467,16 @@ bool Engine::step() {
 
   Timer samp;
   const int64_t V = c.vocab_size;
+  // 1. In order: fork first tokens into their n samples, and list one draw
+  //    per live sequence (its logits row and its random number).
+  struct Draw {
+    Sequence* s;
+    const float* row;
+    double u;
+    int32_t tok = 0;
+    float logprob = 0.0f;
+  };
+  std::vector<Draw> draws;
   for (size_t r = 0; r < sampled.size(); ++r) {
     Sequence& lead = *work[sampled[r]].s;
     Group& g = *lead.group;
@@ -491,23 +502,61 @@ bool Engine::step() {
         g.seqs.push_back(std::move(q));
       }
     }
-    Tensor row_t(const_cast<float*>(row), DType::F32, {1, V});
     for (Sequence* s : targets) {
       if (s->finished) continue;
       const int64_t pos = int64_t(s->tokens.size());
       const double u = Philox(g.seed).uniform_double(sample_stream(g.seed, s->index), uint64_t(pos));
-      const int32_t tok = sample_token(row, V, p, u);
+      draws.push_back({s, row, u});
+    }
+  }
+  // 2. The choices, in parallel: each is a pure function of its row, its
+  //    params and its random number.
+  ctx_.parallel_for(int64_t(draws.size()), [&](int64_t b0, int64_t b1) {
+    for (int64_t i = b0; i < b1; ++i) {
+      Draw& d = draws[size_t(i)];
+      d.tok = sample_token(d.row, V, d.s->group->req.params, d.u);
+    }
+  });
+  // 3. Their logprobs, one kernel call per logprob temperature over the
+  //    draws' rows (per-row results: the same bits as one call per row).
+  {
+    std::vector<float> temps;
+    for (const Draw& d : draws) {
+      const float t = d.s->group->req.params.logprob_temperature();
+      if (std::find(temps.begin(), temps.end(), t) == temps.end()) temps.push_back(t);
+    }
+    for (float t : temps) {
+      std::vector<size_t> which;
+      for (size_t i = 0; i < draws.size(); ++i)
+        if (draws[i].s->group->req.params.logprob_temperature() == t) which.push_back(i);
+      const int64_t R = int64_t(which.size());
+      Buffer rows(static_cast<size_t>(R * V) * sizeof(float));
+      std::vector<int32_t> toks(static_cast<size_t>(R));
+      for (int64_t j = 0; j < R; ++j) {
+        std::memcpy(rows.as<float>() + j * V, draws[which[size_t(j)]].row, size_t(V) * sizeof(float));
+        toks[size_t(j)] = draws[which[size_t(j)]].tok;
+      }
       std::vector<float> lp;
-      token_logprobs(ctx_, row_t, {tok}, p.logprob_temperature(), &lp);
+      token_logprobs(ctx_, Tensor(rows.as<float>(), DType::F32, {R, V}), toks, t, &lp);
+      for (int64_t j = 0; j < R; ++j) draws[which[size_t(j)]].logprob = lp[size_t(j)];
+    }
+  }
+  // 4. In order: append, stream, stop.
+  for (const Draw& d : draws) {
+    Sequence* s = d.s;
+    Group& g = *s->group;
+    const SamplingParams& p = g.req.params;
+    const int32_t tok = d.tok;
+    {
       s->tokens.push_back(tok);
-      s->logprobs.push_back(lp[0]);
+      s->logprobs.push_back(d.logprob);
       if (s->t_first < 0) {
         s->t_first = g.timer.seconds();
         s->version_first = weights_->version();
       }
       s->version_last = weights_->version();
       stats_.generated_tokens += 1;
-      if (g.on_token) g.on_token(g.id, s->index, tok, lp[0]);
+      if (g.on_token) g.on_token(g.id, s->index, tok, d.logprob);
       const int64_t out_len = int64_t(s->tokens.size()) - g.prompt_len;
       bool stop = false;
       if (!p.ignore_eos)

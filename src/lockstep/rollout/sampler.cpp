@@ -33,6 +33,29 @@ int32_t sample_token(const float* logits, int64_t V, const SamplingParams& p, do
       if (logits[i] > logits[best]) best = i;
     return int32_t(best);
   }
+  const double inv_t = 1.0 / double(p.temperature);
+  // No truncation: the inverse CDF over token ids in order, no sort needed.
+  if ((p.top_k <= 0 || p.top_k >= V) && p.top_p >= 1.0f && p.min_p <= 0.0f) {
+    float mx = logits[0];
+    for (int64_t i = 1; i < V; ++i) mx = std::max(mx, logits[i]);
+    const double zmax = double(mx) * inv_t;
+    std::vector<double> w(static_cast<size_t>(V));
+    double total = 0;
+    for (int64_t i = 0; i < V; ++i) {
+      w[size_t(i)] = std::exp(double(logits[i]) * inv_t - zmax);
+      total += w[size_t(i)];
+    }
+    const double target = u * total;
+    double cum = 0;
+    int64_t last = 0;
+    for (int64_t i = 0; i < V; ++i) {
+      if (w[size_t(i)] <= 0.0) continue;
+      cum += w[size_t(i)];
+      last = i;
+      if (target < cum) return int32_t(i);
+    }
+    return int32_t(last);  // rounding: u * total beyond the summed mass
+  }
   // Candidates sorted by logit descending, ties by id (a stable order).
   std::vector<int32_t> idx(static_cast<size_t>(V));
   std::iota(idx.begin(), idx.end(), 0);
@@ -47,7 +70,6 @@ int32_t sample_token(const float* logits, int64_t V, const SamplingParams& p, do
       return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
     });
   }
-  const double inv_t = 1.0 / double(p.temperature);
   const double zmax = double(logits[idx[0]]) * inv_t;
   std::vector<double> w(static_cast<size_t>(keep));
   double total = 0;

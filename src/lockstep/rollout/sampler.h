@@ -38,8 +38,10 @@ struct SamplingParams {
 uint64_t sample_stream(uint64_t request_seed, int64_t sample_index);
 
 // Samples one token from logits (V) f32. `u` in [0, 1) is the sample's draw.
-// Ties (equal probabilities) order by lower token id; greedy picks the lowest
-// id among the maxima. Scratch is per call.
+// Without truncation (top-k, top-p, min-p off) the inverse CDF runs over token
+// ids in order; with truncation over the candidates sorted by probability,
+// ties ordered by lower id. Greedy picks the lowest id among the maxima.
+// Scratch is per call; thread-safe.
 int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p, double u);
 
 // Logprob of `token` under softmax(logits / T) for each row: the same kernel

@@ -10,17 +10,16 @@
 
 namespace lockstep::train {
 
-namespace {
-// What run() keeps from one micro-batch to the next: the KV cache (which also
-// holds forward/backward scratch), the saved activations and the logits, so
-// a micro-batch of the size of an earlier one allocates nothing.
+// What run() keeps from one micro-batch to the next, and from call to call:
+// the KV cache (which also holds forward/backward scratch), the saved
+// activations and the logits, so a micro-batch no larger than an earlier one
+// allocates nothing.
 struct RunBuffers {
   model::KvCache kv;
   model::Activations acts;
   model::ForwardResult fr;
   OwnedTensor logp, ent, tgt, dlogp, dent;  // (R)
 };
-}  // namespace
 
 Trainer::Trainer(const Context& ctx, const ModelConfig& config, Buffer params, TrainerConfig cfg)
     : ctx_(ctx),
@@ -87,10 +86,8 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
     for (size_t i = b0; i < b1; ++i) nb += int64_t((seqs[i].tokens.size() + size_t(bs) - 1) / size_t(bs));
     max_blocks_total = std::max(max_blocks_total, nb);
   }
-  // Buffers shared by this call's micro-batches. (Kept in the Trainer, they
-  // would also carry over from step to step; that needs a member in trainer.h.)
-  RunBuffers local;
-  RunBuffers& rb = local;
+  if (!buffers_) buffers_ = std::make_shared<RunBuffers>();
+  RunBuffers& rb = *buffers_;
   if (rb.kv.num_blocks() < max_blocks_total || rb.kv.block_size() != bs)
     rb.kv = model::KvCache(c, max_blocks_total, bs);
   model::KvCache& kv = rb.kv;

@@ -54,6 +54,8 @@ struct ScoreOptions {
   bool replay = false;  // use TrainSequence::routed_experts
 };
 
+struct RunBuffers;  // trainer.cpp
+
 class Trainer {
  public:
   Trainer(const Context& ctx, const ModelConfig& config, Buffer params, TrainerConfig cfg);
@@ -92,6 +94,9 @@ class Trainer {
   TrainerConfig cfg_;
   AdamW optimizer_;
   std::unique_ptr<model::ModelWeights> weights_;
+  // run()'s KV cache, saved activations and logits (trainer.cpp), kept from
+  // call to call: re-allocating them made every step fault in fresh pages.
+  std::shared_ptr<RunBuffers> buffers_;
 };
 
 }  // namespace lockstep::train

@@ -117,10 +117,37 @@ float canonical_sum(const float* x, int64_t n) { return reduce16<Op::Sum>(x, nul
 float canonical_dot(const float* a, const float* b, int64_t n) { return reduce16<Op::Dot>(a, b, n); }
 float canonical_sum_sq(const float* x, int64_t n) { return reduce16<Op::SumSq>(x, nullptr, n); }
 
-float max_reduce(const float* x, int64_t n) {
+namespace {
+float max_reduce_scalar(const float* x, int64_t n) {
   float m = x[0];
   for (int64_t i = 1; i < n; ++i) m = (x[i] > m || std::isnan(x[i])) ? x[i] : m;
   return m;
+}
+}  // namespace
+
+// The bits of the scalar definition above, vectorized where the order cannot
+// matter: a nonzero, non-NaN maximum has a single bit pattern, whichever lane
+// finds it. A zero maximum (+0 and -0 compare equal; the first one wins) or a
+// NaN anywhere (the last one wins) defers to the scalar loop.
+float max_reduce(const float* x, int64_t n) {
+  const D d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  if (n < 2 * N) return max_reduce_scalar(x, n);
+  auto m = hn::LoadU(d, x);
+  auto nan = hn::VecFromMask(d, hn::IsNaN(m));
+  int64_t i = N;
+  for (; i + N <= n; i += N) {
+    const auto v = hn::LoadU(d, x + i);
+    m = hn::Max(m, v);
+    nan = hn::Or(nan, hn::VecFromMask(d, hn::IsNaN(v)));
+  }
+  if (!hn::AllFalse(d, hn::MaskFromVec(nan))) return max_reduce_scalar(x, n);
+  float r = hn::GetLane(hn::MaxOfLanes(d, m));
+  for (; i < n; ++i) {
+    if (std::isnan(x[i])) return max_reduce_scalar(x, n);
+    r = x[i] > r ? x[i] : r;
+  }
+  return r == 0.0f ? max_reduce_scalar(x, n) : r;
 }
 
 void vexp(const float* x, float* y, int64_t n) { map<Fn::Exp>(x, y, n); }
