@@ -28,6 +28,7 @@ struct TrainBenchOptions {
   // over every parameter, repacking) is shared by the step's tokens.
   int64_t seqs_per_step = 32;       // sequences per optimizer step
   int64_t micro_batch_tokens = 4096;
+  bool recompute = false;           // TrainerConfig::recompute_activations
   int64_t steps = 2;                // measured steps, after one warm-up step
 };
 
@@ -57,6 +58,7 @@ inline TrainBenchResult run_train_bench(const TrainBenchOptions& opt, Peak peak 
   ParamLayout layout(c);
   train::TrainerConfig tc;
   tc.micro_batch_tokens = opt.micro_batch_tokens;
+  tc.recompute_activations = opt.recompute;
   tc.optim.lr = 1e-4;  // small enough that the weights stay sane over a few steps
   train::Trainer trainer(ctx, c, bench_params(layout, ctx), tc);
 

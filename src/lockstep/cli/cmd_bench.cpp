@@ -59,12 +59,13 @@ void print_machine(const perf::Peak& peak) {
 }
 
 int run_train(const Args& args) {
-  args.check_known({"config", "threads", "seq-len", "seqs", "micro-batch-tokens", "steps"});
+  args.check_known({"config", "threads", "seq-len", "seqs", "micro-batch-tokens", "steps", "recompute"});
   perf::TrainBenchOptions o;
   o.threads = int(positive(args, "threads", 2));
   o.seq_len = positive(args, "seq-len", o.seq_len);
   o.seqs_per_step = positive(args, "seqs", o.seqs_per_step);
   o.micro_batch_tokens = positive(args, "micro-batch-tokens", o.micro_batch_tokens);
+  o.recompute = args.flag("recompute");
   o.steps = positive(args, "steps", o.steps);
   const perf::Peak peak = perf::measure_fma_peak(o.threads);
   print_machine(peak);
@@ -125,7 +126,7 @@ int run_bench(const Args& args) {
 LS_REGISTER_COMMAND(Command{
     "bench", "training and rollout throughput benchmarks",
     "usage: lockstep bench train   [--config FILE[,FILE]] [--threads N] [--seq-len N] [--seqs N]\n"
-    "                              [--micro-batch-tokens N] [--steps N]\n"
+    "                              [--micro-batch-tokens N] [--steps N] [--recompute]\n"
     "       lockstep bench rollout [--config FILE[,FILE]] [--threads N] [--batches 1,16,64,256]\n"
     "                              [--new-tokens N] [--prompt-len N] [--prefill-prompts N]\n"
     "                              [--prefill-len N] [--grpo-prompts N] [--grpo-samples N]\n"
@@ -137,13 +138,14 @@ LS_REGISTER_COMMAND(Command{
     "  --seqs sequences of --seq-len tokens per step (defaults 32 x 256, in micro-batches of\n"
     "  --micro-batch-tokens 4096), the model FLOPs per\n"
     "  token and the fraction of the machine's fp32 FMA peak, measured in the same run.\n"
+    "  --recompute: activation recompute (keep only layer inputs; backward recomputes).\n"
     "rollout: decode tokens/s at each --batches size (prompts of --prompt-len tokens,\n"
     "  --new-tokens generated each) next to the GEMM roofline (the same step's matrix products\n"
     "  timed alone); prefill tokens/s; a GRPO-shaped workload (--grpo-prompts x --grpo-samples)\n"
     "  with and without prefix sharing. --precision f32 (default) is aligned mode; bf16 and fp8\n"
     "  (128 x 128 block scales) are fast mode: weights packed in that precision, KV cache in bf16.\n"
     "See docs/benchmarks.md for what each number means.\n",
-    {}, run_bench});
+    {"recompute"}, run_bench});
 
 }  // namespace
 }  // namespace lockstep::cli

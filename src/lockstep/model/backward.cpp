@@ -46,8 +46,8 @@ void zero(const Context& ctx, Tensor t) {
 }  // namespace
 
 // Temporaries live in the cache's scratch slots (see forward.cpp).
-void backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv, const RaggedBatch& batch,
-              const Activations& saved, const Tensor& dlogits, const ModelParams& grads) {
+void backward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const RaggedBatch& batch,
+              Activations& saved, const Tensor& dlogits, const ModelParams& grads) {
   const ModelConfig& c = weights.config();
   const ModelParams& p = weights.params();
   for (int32_t n : batch.n_ctx) LS_CHECK(n == 0) << "backward needs a batch with every token new (n_ctx == 0)";
@@ -80,9 +80,18 @@ void backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv
          dqkv = ws.get(kSlotDqkv, f32, {T, (H + 2 * Hkv) * Dh});
   const float scale = attention_scale(c);
 
+  // Recompute mode: the layer's forward again from its saved input, with the
+  // same kernels and routing (replay included), so the same bits.
+  ForwardOptions ro;
+  ro.replay_experts = saved.replay.empty() ? nullptr : &saved.replay;
+  ForwardResult rr;
+  const int64_t n_moe = count_moe_layers(c);
+  int64_t moe_index = n_moe;
   for (int64_t l = c.num_layers - 1; l >= 0; --l) {
     const LayerParams& w = p.layers[size_t(l)];
     const LayerParams& g = grads.layers[size_t(l)];
+    if (w.is_moe) --moe_index;
+    if (saved.recompute) recompute_layer(ctx, weights, kv, batch, bt, ro, &rr, l, moe_index, saved);
     const LayerActivations& a = saved.layers[size_t(l)];
     // x_out = h + ffn(normed2): both branches receive dx.
 
@@ -165,6 +174,12 @@ void backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv
     // normed1 = rmsnorm(x_in): dx = dh + rmsnorm_backward(dnormed).
     k::rmsnorm_backward(ctx, dtmp, g.attn_norm, dnormed, a.x_in.view(), w.attn_norm, a.rstd1.view());
     add_into(ctx, dx, dh, dtmp);
+    if (saved.recompute) {  // hand the buffers down to the next layer's recompute
+      if (l > 0)
+        pass_layer_buffers(saved.layers[size_t(l)], saved.layers[size_t(l) - 1]);
+      else
+        drop_layer(saved.layers[0]);
+    }
   }
   k::embedding_backward(ctx, grads.embed, dx, bt.tokens.view());
 }

@@ -102,6 +102,206 @@ class CapturePoints {
   std::vector<int32_t> logit_seq_, logit_pos_;  // (R)
 };
 
+// One transformer layer on x (the layer's input, T x D): attention block into
+// h (returned), FFN block into env.ffn; what backward needs goes into *a
+// (scratch when a is null). write_kv: store the layer's new keys/values (a
+// recompute for backward finds them already cached). moe_index: the layer's
+// index among MoE layers (routing replay and recording).
+struct LayerEnv {
+  const Context& ctx;
+  const ModelConfig& c;
+  const ModelWeights& weights;
+  KvCache& kv;
+  const BatchTensors& bt;
+  const k::AttentionBatch& ab;
+  const CapturePoints& capture;
+  Scratch& ws;
+  const ForwardOptions& opt;
+  ForwardResult* result;
+  Tensor qkv, kn, vn, ffn;
+};
+
+Tensor run_layer(const LayerEnv& env, int64_t l, Tensor x, LayerActivations* a, int64_t moe_index, bool write_kv) {
+  const Context& ctx = env.ctx;
+  const ModelConfig& c = env.c;
+  const ModelWeights& weights = env.weights;
+  KvCache& kv = env.kv;
+  const BatchTensors& bt = env.bt;
+  const k::AttentionBatch& ab = env.ab;
+  const CapturePoints& capture = env.capture;
+  Scratch& ws = env.ws;
+  const ForwardOptions& opt = env.opt;
+  ForwardResult* result = env.result;
+  Tensor qkv = env.qkv, kn = env.kn, vn = env.vn, ffn = env.ffn;
+  const int64_t T = bt.positions_t.view().dim(0), D = c.hidden_size, H = c.num_heads, Hkv = c.num_kv_heads,
+                Dh = c.head_dim, K = c.num_experts_per_tok, n_moe = count_moe_layers(c);
+  const float scale = attention_scale(c);
+  const float eps = float(c.rms_norm_eps);
+  const DType f32 = DType::F32;
+  auto buf = [&](OwnedTensor* f, size_t slot, DType dt, std::initializer_list<int64_t> shape) {
+    return f != nullptr ? reuse(*f, dt, shape) : ws.get(slot, dt, shape);
+  };
+  auto field = [&](LayerActivations* la, OwnedTensor LayerActivations::*m) { return la ? &(la->*m) : nullptr; };
+  const LayerParams& p = weights.params().layers[static_cast<size_t>(l)];
+  const PackedLayer& w = weights.layer(l);
+  using LA = LayerActivations;
+
+  // Attention block.
+  Tensor rstd1 = buf(field(a, &LA::rstd1), kSlotRstd, f32, {T});
+  Tensor normed1 = buf(field(a, &LA::normed1), kSlotNormed, f32, {T, D});
+  k::rmsnorm_forward(ctx, normed1, rstd1, x, p.attn_norm, eps);
+  capture("attn_norm", l, normed1);
+  k::gemm_xwt(ctx, qkv, normed1, w.wqkv);
+  if (c.qkv_bias) add_row_bias(ctx, qkv, p.bqkv);
+  Tensor q = buf(field(a, &LA::q), kSlotQ, f32, {T, H, Dh});
+  if (c.qk_norm) {
+    // Per-head RMSNorm over Dh on the (T*H, Dh) and (T*Hkv, Dh) views.
+    Tensor q_pre = buf(field(a, &LA::q_pre), kSlotQPre, f32, {T, H, Dh});
+    Tensor k_pre = buf(field(a, &LA::k_pre), kSlotKPre, f32, {T, Hkv, Dh});
+    Tensor rstd_q = buf(field(a, &LA::rstd_q), kSlotRstdQ, f32, {T * H});
+    Tensor rstd_k = buf(field(a, &LA::rstd_k), kSlotRstdK, f32, {T * Hkv});
+    split_qkv(ctx, q_pre, k_pre, vn, qkv);
+    k::rmsnorm_forward(ctx, q.reshape({T * H, Dh}), rstd_q, q_pre.reshape({T * H, Dh}), p.q_norm, eps);
+    k::rmsnorm_forward(ctx, kn.reshape({T * Hkv, Dh}), rstd_k, k_pre.reshape({T * Hkv, Dh}), p.k_norm, eps);
+  } else if (a) {
+    for (OwnedTensor* f : {&a->q_pre, &a->k_pre, &a->rstd_q, &a->rstd_k}) drop(*f);
+    split_qkv(ctx, q, kn, vn, qkv);
+  } else {
+    split_qkv(ctx, q, kn, vn, qkv);
+  }
+  k::rope_forward(ctx, q, bt.positions_t.view(), weights.rope());
+  k::rope_forward(ctx, kn, bt.positions_t.view(), weights.rope());
+  capture("q", l, q);
+  capture("k", l, kn);
+  capture("v", l, vn);
+  if (write_kv) k::kv_cache_write(ctx, kv.k(l), kv.v(l), kn, vn, ab);
+  Tensor attn = buf(field(a, &LA::attn), kSlotAttn, f32, {T, H * Dh});
+  Tensor lse = a ? reuse(a->lse, f32, {T, H}) : Tensor();
+  k::attention_forward(ctx, attn.reshape({T, H, Dh}), lse, q, kv.k(l), kv.v(l), ab, scale);
+  capture("attn", l, attn);
+  // h = x + attn·Woᵀ, then normed2 = rmsnorm(h).
+  k::gemm_xwt(ctx, ffn, attn, w.wo);
+  capture("attn_out", l, ffn);
+  Tensor h = buf(field(a, &LA::h), kSlotH, f32, {T, D});
+  Tensor rstd2 = buf(field(a, &LA::rstd2), kSlotRstd, f32, {T});
+  Tensor normed2 = buf(field(a, &LA::normed2), kSlotNormed, f32, {T, D});
+  k::add_rmsnorm_forward(ctx, normed2, h, rstd2, x, ffn, p.mlp_norm, eps);
+  capture("attn_residual", l, h);
+  capture("ffn_norm", l, normed2);
+
+  // FFN block: ffn = FFN(normed2).
+  if (!p.is_moe) {
+    const int64_t F = c.intermediate_size;
+    if (a) {
+      for (OwnedTensor* f : {&a->scores, &a->topk_idx, &a->topk_w, &a->xe, &a->gu_e, &a->act_e, &a->ye, &a->gu_s,
+                             &a->act_s, &a->ys, &a->sgate})
+        drop(*f);
+      a->plan = {};
+    }
+    mlp_forward(ctx, ffn, buf(field(a, &LA::gu), kSlotGu, f32, {T, 2 * F}),
+                buf(field(a, &LA::act), kSlotAct, f32, {T, F}), normed2, w.mlp, false);
+  } else {
+    const int64_t E = c.num_experts, Fe = c.moe_intermediate_size;
+    if (a) {
+      drop(a->gu);
+      drop(a->act);
+    }
+    Tensor logits = ws.get(kSlotRouter, f32, {T, E});
+    Tensor scores = buf(field(a, &LA::scores), kSlotScores, f32, {T, E});
+    Tensor topk_idx = buf(field(a, &LA::topk_idx), kSlotTopkIdx, DType::I32, {T, K});
+    Tensor topk_w = buf(field(a, &LA::topk_w), kSlotTopkW, f32, {T, K});
+    k::gemm_xwt(ctx, logits, normed2, w.router);
+    capture("router_logits", l, logits);
+    Tensor replay;
+    if (opt.replay_experts != nullptr) {
+      replay = ws.get(kSlotReplay, DType::I32, {T, K});
+      gather_layer_experts(replay, *opt.replay_experts, moe_index, n_moe, K);
+    }
+    k::moe_route(ctx, topk_idx, topk_w, scores, logits, p.router_bias, replay, router_config(c));
+    capture("experts", l, topk_idx);
+    capture("expert_weights", l, topk_w);
+    if (opt.record_experts) scatter_layer_experts(result->routed_experts, topk_idx, moe_index, n_moe, K);
+    k::MoeDispatch local_plan;
+    k::MoeDispatch& plan = a ? a->plan : local_plan;
+    plan = k::moe_plan(topk_idx, static_cast<int>(E));
+    Tensor xe = buf(field(a, &LA::xe), kSlotXe, f32, {T * K, D});
+    Tensor gu_e = buf(field(a, &LA::gu_e), kSlotGu, f32, {T * K, 2 * Fe});
+    Tensor act_e = buf(field(a, &LA::act_e), kSlotAct, f32, {T * K, Fe});
+    Tensor ye = buf(field(a, &LA::ye), kSlotYe, f32, {T * K, D});
+    k::moe_gather(ctx, xe, normed2, plan);
+    for_each_expert(ctx, plan, [&](int64_t e, const Context& ectx) {
+      const int64_t r0 = plan.offsets[size_t(e)], r1 = plan.offsets[size_t(e) + 1];
+      mlp_forward(ectx, ye.slice_rows(r0, r1), gu_e.slice_rows(r0, r1), act_e.slice_rows(r0, r1),
+                  xe.slice_rows(r0, r1), w.experts[size_t(e)], false);
+    });
+    k::moe_combine(ctx, ffn, ye, topk_w, plan);
+    capture("moe_out", l, ffn);
+    if (c.has_shared_expert()) {
+      const int64_t Fs = c.shared_expert_intermediate_size;
+      Tensor gu_s = buf(field(a, &LA::gu_s), kSlotGuS, f32, {T, 2 * Fs});
+      Tensor act_s = buf(field(a, &LA::act_s), kSlotActS, f32, {T, Fs});
+      Tensor ys = buf(field(a, &LA::ys), kSlotYs, f32, {T, D});
+      mlp_forward(ctx, ys, gu_s, act_s, normed2, w.shared, false);
+      capture("shared_out", l, ys);
+      Tensor sgate;
+      if (c.shared_expert_gate) {
+        sgate = buf(field(a, &LA::sgate), kSlotSgate, f32, {T});
+        shared_gate_forward(ctx, sgate, normed2, w.shared_gate);
+      } else if (a) {
+        drop(a->sgate);
+      }
+      add_shared_expert(ctx, ffn, ys, sgate);
+    } else if (a) {
+      for (OwnedTensor* f : {&a->gu_s, &a->act_s, &a->ys, &a->sgate}) drop(*f);
+    }
+  }
+  return h;
+}
+
+}  // namespace
+
+namespace {
+// Every saved field of a layer but its input x_in.
+std::vector<OwnedTensor*> recomputed_fields(LayerActivations& a) {
+  return {&a.rstd1, &a.normed1, &a.q_pre, &a.k_pre, &a.rstd_q, &a.rstd_k, &a.q, &a.attn, &a.lse,
+          &a.h, &a.rstd2, &a.normed2, &a.gu, &a.act, &a.scores, &a.topk_idx, &a.topk_w, &a.xe,
+          &a.gu_e, &a.act_e, &a.ye, &a.gu_s, &a.act_s, &a.ys, &a.sgate};
+}
+}  // namespace
+
+void drop_layer(LayerActivations& a) {
+  for (OwnedTensor* f : recomputed_fields(a)) drop(*f);
+  a.plan = {};
+}
+
+void pass_layer_buffers(LayerActivations& from, LayerActivations& to) {
+  const auto src = recomputed_fields(from), dst = recomputed_fields(to);
+  for (size_t i = 0; i < src.size(); ++i) {
+    drop(*dst[i]);
+    std::swap(*src[i], *dst[i]);
+  }
+  from.plan = {};
+}
+
+void recompute_layer(const Context& ctx, const ModelWeights& weights, KvCache& kv, const RaggedBatch& batch,
+                     const BatchTensors& bt, const ForwardOptions& opt, ForwardResult* result, int64_t l,
+                     int64_t moe_index, Activations& saved) {
+  const ModelConfig& c = weights.config();
+  const int64_t T = batch.num_tokens(), D = c.hidden_size, Hkv = c.num_kv_heads, Dh = c.head_dim;
+  const int64_t QKV = (c.num_heads + 2 * Hkv) * Dh;
+  const CapturePoints capture(opt, batch, bt.positions);
+  Scratch& ws = kv.scratch();
+  const k::AttentionBatch ab = bt.attention_batch();
+  const DType f32 = DType::F32;
+  const LayerEnv env{ctx, c, weights, kv, bt, ab, capture, ws, opt, result,
+                     ws.get(kSlotQkv, f32, {T, QKV}), ws.get(kSlotK, f32, {T, Hkv, Dh}),
+                     ws.get(kSlotV, f32, {T, Hkv, Dh}), ws.get(kSlotFfn, f32, {T, D})};
+  LayerActivations& a = saved.layers[static_cast<size_t>(l)];
+  run_layer(env, l, a.x_in.view(), &a, moe_index, false);
+}
+
+namespace {
+
 }  // namespace
 
 // Buffers: what backward needs is computed straight into the saved
@@ -131,6 +331,11 @@ void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const
   if (save) {
     saved->layers.resize(static_cast<size_t>(c.num_layers));
     saved->positions = bt.positions;
+    saved->recompute = opt.recompute;
+    if (opt.recompute && opt.replay_experts != nullptr)
+      saved->replay = *opt.replay_experts;
+    else
+      saved->replay.clear();
   }
   Scratch& ws = kv.scratch();
   // A buffer that backward needs (saved field f of layer activations a) or
@@ -147,130 +352,18 @@ void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const
   k::embedding_forward(ctx, x, weights.params().embed, bt.tokens.view());
   capture("embed", -1, x);
 
-  const float scale = attention_scale(c);
   const float eps = float(c.rms_norm_eps);
   const k::AttentionBatch ab = bt.attention_batch();
   Tensor qkv = ws.get(kSlotQkv, f32, {T, QKV});
   Tensor kn = ws.get(kSlotK, f32, {T, Hkv, Dh}), vn = ws.get(kSlotV, f32, {T, Hkv, Dh});
   Tensor ffn = ws.get(kSlotFfn, f32, {T, D});
 
+  const LayerEnv env{ctx, c, weights, kv, bt, ab, capture, ws, opt, result, qkv, kn, vn, ffn};
   int64_t moe_index = 0;
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    const LayerParams& p = weights.params().layers[static_cast<size_t>(l)];
-    const PackedLayer& w = weights.layer(l);
     LayerActivations* a = save ? &saved->layers[static_cast<size_t>(l)] : nullptr;
-    using LA = LayerActivations;
-
-    // Attention block.
-    Tensor rstd1 = buf(field(a, &LA::rstd1), kSlotRstd, f32, {T});
-    Tensor normed1 = buf(field(a, &LA::normed1), kSlotNormed, f32, {T, D});
-    k::rmsnorm_forward(ctx, normed1, rstd1, x, p.attn_norm, eps);
-    capture("attn_norm", l, normed1);
-    k::gemm_xwt(ctx, qkv, normed1, w.wqkv);
-    if (c.qkv_bias) add_row_bias(ctx, qkv, p.bqkv);
-    Tensor q = buf(field(a, &LA::q), kSlotQ, f32, {T, H, Dh});
-    if (c.qk_norm) {
-      // Per-head RMSNorm over Dh on the (T*H, Dh) and (T*Hkv, Dh) views.
-      Tensor q_pre = buf(field(a, &LA::q_pre), kSlotQPre, f32, {T, H, Dh});
-      Tensor k_pre = buf(field(a, &LA::k_pre), kSlotKPre, f32, {T, Hkv, Dh});
-      Tensor rstd_q = buf(field(a, &LA::rstd_q), kSlotRstdQ, f32, {T * H});
-      Tensor rstd_k = buf(field(a, &LA::rstd_k), kSlotRstdK, f32, {T * Hkv});
-      split_qkv(ctx, q_pre, k_pre, vn, qkv);
-      k::rmsnorm_forward(ctx, q.reshape({T * H, Dh}), rstd_q, q_pre.reshape({T * H, Dh}), p.q_norm, eps);
-      k::rmsnorm_forward(ctx, kn.reshape({T * Hkv, Dh}), rstd_k, k_pre.reshape({T * Hkv, Dh}), p.k_norm, eps);
-    } else if (a) {
-      for (OwnedTensor* f : {&a->q_pre, &a->k_pre, &a->rstd_q, &a->rstd_k}) drop(*f);
-      split_qkv(ctx, q, kn, vn, qkv);
-    } else {
-      split_qkv(ctx, q, kn, vn, qkv);
-    }
-    k::rope_forward(ctx, q, bt.positions_t.view(), weights.rope());
-    k::rope_forward(ctx, kn, bt.positions_t.view(), weights.rope());
-    capture("q", l, q);
-    capture("k", l, kn);
-    capture("v", l, vn);
-    k::kv_cache_write(ctx, kv.k(l), kv.v(l), kn, vn, ab);
-    Tensor attn = buf(field(a, &LA::attn), kSlotAttn, f32, {T, H * Dh});
-    Tensor lse = a ? reuse(a->lse, f32, {T, H}) : Tensor();
-    k::attention_forward(ctx, attn.reshape({T, H, Dh}), lse, q, kv.k(l), kv.v(l), ab, scale);
-    capture("attn", l, attn);
-    // h = x + attn·Woᵀ, then normed2 = rmsnorm(h).
-    k::gemm_xwt(ctx, ffn, attn, w.wo);
-    capture("attn_out", l, ffn);
-    Tensor h = buf(field(a, &LA::h), kSlotH, f32, {T, D});
-    Tensor rstd2 = buf(field(a, &LA::rstd2), kSlotRstd, f32, {T});
-    Tensor normed2 = buf(field(a, &LA::normed2), kSlotNormed, f32, {T, D});
-    k::add_rmsnorm_forward(ctx, normed2, h, rstd2, x, ffn, p.mlp_norm, eps);
-    capture("attn_residual", l, h);
-    capture("ffn_norm", l, normed2);
-
-    // FFN block: ffn = FFN(normed2).
-    if (!p.is_moe) {
-      const int64_t F = c.intermediate_size;
-      if (a) {
-        for (OwnedTensor* f : {&a->scores, &a->topk_idx, &a->topk_w, &a->xe, &a->gu_e, &a->act_e, &a->ye, &a->gu_s,
-                               &a->act_s, &a->ys, &a->sgate})
-          drop(*f);
-        a->plan = {};
-      }
-      mlp_forward(ctx, ffn, buf(field(a, &LA::gu), kSlotGu, f32, {T, 2 * F}),
-                  buf(field(a, &LA::act), kSlotAct, f32, {T, F}), normed2, w.mlp, false);
-    } else {
-      const int64_t E = c.num_experts, Fe = c.moe_intermediate_size;
-      if (a) {
-        drop(a->gu);
-        drop(a->act);
-      }
-      Tensor logits = ws.get(kSlotRouter, f32, {T, E});
-      Tensor scores = buf(field(a, &LA::scores), kSlotScores, f32, {T, E});
-      Tensor topk_idx = buf(field(a, &LA::topk_idx), kSlotTopkIdx, DType::I32, {T, K});
-      Tensor topk_w = buf(field(a, &LA::topk_w), kSlotTopkW, f32, {T, K});
-      k::gemm_xwt(ctx, logits, normed2, w.router);
-      capture("router_logits", l, logits);
-      Tensor replay;
-      if (opt.replay_experts != nullptr) {
-        replay = ws.get(kSlotReplay, DType::I32, {T, K});
-        gather_layer_experts(replay, *opt.replay_experts, moe_index, n_moe, K);
-      }
-      k::moe_route(ctx, topk_idx, topk_w, scores, logits, p.router_bias, replay, router_config(c));
-      capture("experts", l, topk_idx);
-      capture("expert_weights", l, topk_w);
-      if (opt.record_experts) scatter_layer_experts(result->routed_experts, topk_idx, moe_index, n_moe, K);
-      k::MoeDispatch local_plan;
-      k::MoeDispatch& plan = a ? a->plan : local_plan;
-      plan = k::moe_plan(topk_idx, static_cast<int>(E));
-      Tensor xe = buf(field(a, &LA::xe), kSlotXe, f32, {T * K, D});
-      Tensor gu_e = buf(field(a, &LA::gu_e), kSlotGu, f32, {T * K, 2 * Fe});
-      Tensor act_e = buf(field(a, &LA::act_e), kSlotAct, f32, {T * K, Fe});
-      Tensor ye = buf(field(a, &LA::ye), kSlotYe, f32, {T * K, D});
-      k::moe_gather(ctx, xe, normed2, plan);
-      for_each_expert(ctx, plan, [&](int64_t e, const Context& ectx) {
-        const int64_t r0 = plan.offsets[size_t(e)], r1 = plan.offsets[size_t(e) + 1];
-        mlp_forward(ectx, ye.slice_rows(r0, r1), gu_e.slice_rows(r0, r1), act_e.slice_rows(r0, r1),
-                    xe.slice_rows(r0, r1), w.experts[size_t(e)], false);
-      });
-      k::moe_combine(ctx, ffn, ye, topk_w, plan);
-      capture("moe_out", l, ffn);
-      if (c.has_shared_expert()) {
-        const int64_t Fs = c.shared_expert_intermediate_size;
-        Tensor gu_s = buf(field(a, &LA::gu_s), kSlotGuS, f32, {T, 2 * Fs});
-        Tensor act_s = buf(field(a, &LA::act_s), kSlotActS, f32, {T, Fs});
-        Tensor ys = buf(field(a, &LA::ys), kSlotYs, f32, {T, D});
-        mlp_forward(ctx, ys, gu_s, act_s, normed2, w.shared, false);
-        capture("shared_out", l, ys);
-        Tensor sgate;
-        if (c.shared_expert_gate) {
-          sgate = buf(field(a, &LA::sgate), kSlotSgate, f32, {T});
-          shared_gate_forward(ctx, sgate, normed2, w.shared_gate);
-        } else if (a) {
-          drop(a->sgate);
-        }
-        add_shared_expert(ctx, ffn, ys, sgate);
-      } else if (a) {
-        for (OwnedTensor* f : {&a->gu_s, &a->act_s, &a->ys, &a->sgate}) drop(*f);
-      }
-      ++moe_index;
-    }
+    const Tensor h = run_layer(env, l, x, a, moe_index, true);
+    if (weights.params().layers[static_cast<size_t>(l)].is_moe) ++moe_index;
     capture("ffn_out", l, ffn);
     // x = h + ffn (one f32 add per element), into the next layer's saved
     // x_in when saving (the last layer's output goes to scratch: only its
@@ -279,6 +372,10 @@ void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const
     x = next ? reuse(next->x_in, f32, {T, D}) : ws.get(kSlotX, f32, {T, D});
     add_into(ctx, x, h, ffn);
     capture("residual", l, x);
+    // Recompute mode: only x_in is kept; the buffers go on to the next layer
+    // (same shapes, no new allocation), and the last layer keeps them for
+    // backward, which starts there.
+    if (a && opt.recompute && next) pass_layer_buffers(*a, *next);
   }
 
   // Final norm on the wanted rows only, then the vocabulary projection.

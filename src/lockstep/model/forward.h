@@ -68,6 +68,10 @@ using CaptureFn = std::function<void(const Captured&)>;
 
 struct ForwardOptions {
   bool save_activations = false;  // keep what backward needs (trainer)
+  // With save_activations: keep only each layer's input; backward recomputes
+  // the rest one layer at a time (activation memory of one layer instead of
+  // all of them, for one more forward's work). The same bits either way.
+  bool recompute = false;
   bool record_experts = false;    // fill ForwardResult::routed_experts
   // Routing replay (R3): (T, L_moe, K) experts to use instead of this router's
   // top-k; gate weights are still computed from this router's scores.
@@ -118,7 +122,9 @@ struct LayerActivations {
 };
 
 struct Activations {
-  std::vector<LayerActivations> layers;
+  std::vector<LayerActivations> layers;  // only x_in is kept when `recompute`
+  bool recompute = false;
+  std::vector<int32_t> replay;     // the forward's replay_experts, for the recompute
   std::vector<int32_t> positions;  // (T)
   OwnedTensor x_final;             // (T, D)
   OwnedTensor rstd_f;              // (T)
@@ -135,8 +141,10 @@ void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const
 // dlogits (R, V) is the gradient of the loss w.r.t. result.logits. Gradients are
 // accumulated (+=) into `grads` (views of a flat gradient buffer with the
 // parameters' layout).
-void backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv, const RaggedBatch& batch,
-              const Activations& saved, const Tensor& dlogits, const ModelParams& grads);
+// With saved.recompute, each layer's activations are recomputed from its saved
+// input (and freed again) as backward reaches it.
+void backward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const RaggedBatch& batch,
+              Activations& saved, const Tensor& dlogits, const ModelParams& grads);
 
 // Attention softmax scale 1/sqrt(Dh), computed once in double and rounded.
 float attention_scale(const ModelConfig& c);

@@ -129,4 +129,15 @@ void shared_gate_forward(const Context& ctx, Tensor sgate, const Tensor& x, cons
 // ffn (T, D) += ys * sgate[t] (or += ys when sgate is empty).
 void add_shared_expert(const Context& ctx, Tensor ffn, const Tensor& ys, const Tensor& sgate);
 
+// Activation recompute (ForwardOptions::recompute), defined in forward.cpp:
+// drop_layer frees a layer's saved activations except its input x_in;
+// recompute_layer refills layer l's from that input (keys and values are
+// already in the cache), with opt's routing replay.
+void drop_layer(LayerActivations& a);
+// Moves `from`'s recomputed buffers (all but x_in) into `to`, for reuse.
+void pass_layer_buffers(LayerActivations& from, LayerActivations& to);
+void recompute_layer(const Context& ctx, const ModelWeights& weights, KvCache& kv, const RaggedBatch& batch,
+                     const BatchTensors& bt, const ForwardOptions& opt, ForwardResult* result, int64_t l,
+                     int64_t moe_index, Activations& saved);
+
 }  // namespace lockstep::model

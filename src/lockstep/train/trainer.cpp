@@ -124,6 +124,7 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
     const int64_t R = int64_t(targets.size());
     model::ForwardOptions fo;
     fo.save_activations = loss != nullptr;
+    fo.recompute = cfg_.recompute_activations;
     if (opt.replay) fo.replay_experts = &replay;
     model::forward(ctx_, *weights_, kv, batch, fo, &fr, loss ? &acts : nullptr);
 

@@ -41,6 +41,10 @@ using LossFn = std::function<double(size_t seq, const float* logp, const float* 
 struct TrainerConfig {
   OptimizerConfig optim;
   int64_t micro_batch_tokens = 4096;  // token budget of one forward/backward
+  // Keep only each layer's input during the forward and recompute the rest in
+  // backward, one layer at a time: activation memory of one layer instead of
+  // all, for about one more forward's work. Gradients have the same bits.
+  bool recompute_activations = false;
   int kv_block_size = 16;
   // Data parallelism (dist/data_parallel.h): when set, step() first replaces
   // the accumulated gradients grads[0, n) by their sum over all ranks. The
