@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "lockstep/cli/bench_common.h"
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
@@ -37,34 +39,9 @@ inline void set_gflops(benchmark::State& state, double flops_per_iter) {
 }
 
 namespace detail {
-// `iters` rounds of 12 independent 8-wide FMA chains: 12 chains cover two FMA
-// ports times a 4-6 cycle latency, so the loop runs at the FMA throughput limit.
-inline float fma_chains(int64_t iters) {
-#if defined(__AVX2__) && defined(__FMA__)
-  __m256 acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(static_cast<float>(i));
-  // acc = acc * m + c converges to c / (1 - m): no overflow, no subnormals.
-  const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-3f);
-  for (int64_t it = 0; it < iters; ++it) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], m, c);
-  }
-  __m256 s = acc[0];
-  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, acc[i]);
-  return _mm256_cvtss_f32(s);
-#else
-  float acc[12][8];
-  for (int i = 0; i < 12; ++i)
-    for (int j = 0; j < 8; ++j) acc[i][j] = static_cast<float>(i);
-  for (int64_t it = 0; it < iters; ++it)
-    for (int i = 0; i < 12; ++i)
-      for (int j = 0; j < 8; ++j) acc[i][j] = std::fma(acc[i][j], 0.999999f, 1e-3f);
-  float s = 0;
-  for (int i = 0; i < 12; ++i) s += acc[i][0];
-  return s;
-#endif
-}
-constexpr double kFlopsPerIter = 12 * 8 * 2;
+// The FMA-chain kernel of the peak measurement is `lockstep bench`'s own.
+using perf::detail::fma_chains;
+using perf::detail::kFlopsPerIter;
 }  // namespace detail
 
 // Measured peak fp32 throughput in GFLOP/s of `threads` threads each running
