@@ -54,7 +54,9 @@ void check_shards(const std::vector<Range>& shards, size_t n, size_t P) {
 // accumulate() of one shard with the loss seeing global indices.
 double accumulate_shard(train::Trainer& trainer, const std::vector<train::TrainSequence>& global, Range r,
                         const train::LossFn& loss, const train::ScoreOptions& opt) {
-  if (r.size() == 0) return 0;
+  // An empty shard still runs under expert parallelism: the group's ranks
+  // exchange expert rows in every micro-batch.
+  if (r.size() == 0 && trainer.expert_comm() == nullptr) return 0;
   const std::vector<train::TrainSequence> shard(global.begin() + ptrdiff_t(r.begin), global.begin() + ptrdiff_t(r.end));
   const size_t off = r.begin;
   train::LossFn shifted = [&loss, off](size_t i, const float* logp, const float* ent, int64_t n, float* dlogp,

@@ -59,14 +59,6 @@ Roles compute_roles(const DistConfig& cfg, int world_size, int world_rank) {
   return r;
 }
 
-void check_implemented(const Roles& roles) {
-  if (roles.ep_size > 1)
-    LS_THROW << "[dist] expert_parallel = " << roles.ep_size
-             << ": expert parallelism is not implemented yet; use expert_parallel = 1 (every trainer rank holds all "
-                "experts, data parallel over "
-             << roles.trainer_ranks << " ranks)";
-}
-
 std::string describe(const Roles& r) {
   std::ostringstream os;
   os << "rank " << r.world_rank << "/" << r.world_size << ": ";

@@ -17,9 +17,9 @@ namespace lockstep::dist {
 struct DistConfig {
   int64_t trainer_ranks = 0;         // 0: every rank that is not a rollout rank
   int64_t rollout_ranks = 0;         // 0: colocated, trainer ranks also generate
-  int64_t expert_parallel = 1;       // EP: trainer ranks sharing one copy of the experts
+  int64_t expert_parallel = 1;       // EP: trainer ranks that share out each MoE layer's experts
   int64_t bucket_mb = 16;            // all-reduce / broadcast bucket (MiB)
-  int64_t max_weight_staleness = 0;  // rollout may use weights this many versions old (> 0: not implemented)
+  int64_t max_weight_staleness = 0;  // > 0: rollout ranks generate one step ahead (steps; needs rollout_ranks)
   double timeout_s = 1800;           // a collective slower than this ends the job; 0: never
 
   size_t bucket_bytes() const { return size_t(bucket_mb) << 20; }
@@ -45,9 +45,6 @@ struct Roles {
 
 // Throws Error naming the [dist] key when the layout does not fit world_size.
 Roles compute_roles(const DistConfig& cfg, int world_size, int world_rank);
-// Throws Error for layouts compute_roles accepts but lockstep cannot run yet
-// (expert parallelism).
-void check_implemented(const Roles& roles);
 // One line for logs: "rank 3/8: trainer 3 (dp 3/6, ep 0/1)".
 std::string describe(const Roles& roles);
 

@@ -13,14 +13,14 @@ struct RoleComms {
   Roles roles;
   Communicator world;
   Communicator trainers;     // trainer ranks, in trainer order
-  Communicator dp;           // trainers with this rank's ep index, ordered by dp index
-  Communicator ep;           // trainers with this rank's dp index, ordered by ep index
+  Communicator dp;           // trainers with this rank's ep index, ordered by dp index (replicas of its experts)
+  Communicator ep;           // trainers with this rank's dp index, ordered by ep index (its expert-parallel group)
   Communicator rollout;      // rollout ranks (disaggregated only)
   Communicator weight_sync;  // trainer root (rank 0 here) + rollout ranks (disaggregated only)
 };
 
 // Collective over MPI_COMM_WORLD (needs a live Environment). Checks the
-// layout against the world size and refuses what is not implemented yet.
+// layout against the world size.
 RoleComms make_role_comms(const DistConfig& cfg);
 
 }  // namespace lockstep::dist

@@ -84,6 +84,7 @@ void backward(const Context& ctx, const ModelWeights& weights, KvCache& kv, cons
   // same kernels and routing (replay included), so the same bits.
   ForwardOptions ro;
   ro.replay_experts = saved.replay.empty() ? nullptr : &saved.replay;
+  ro.experts = saved.experts;
   ForwardResult rr;
   const int64_t n_moe = count_moe_layers(c);
   int64_t moe_index = n_moe;
@@ -105,15 +106,29 @@ void backward(const Context& ctx, const ModelWeights& weights, KvCache& kv, cons
       zero(ctx, dnormed);
       Tensor dye = ws.get(kSlotDye, f32, {T * K, D}), dtopk_w = ws.get(kSlotDtopkW, f32, {T, K}),
              dxe = ws.get(kSlotDxe, f32, {T * K, D});
-      Tensor dact = ws.get(kSlotDact, f32, {T * K, Fe}), dgu = ws.get(kSlotDgu, f32, {T * K, 2 * Fe});
       k::moe_combine_backward(ctx, dye, dtopk_w, dx, a.ye.view(), a.topk_w.view(), a.plan);
+      // Expert rows: this rank's own, or (expert parallelism) the group's
+      // rows of this rank's experts, whose output gradients travel the
+      // forward's route and whose input gradients travel back.
+      const bool ep = saved.experts != nullptr;
+      const kernels::MoeDispatch& rows = ep ? a.route.local : a.plan;
+      const int64_t N = ep ? a.route.num_in() : T * K;
+      Tensor dyr = dye, dxr = dxe, stage;
+      if (ep) {
+        dyr = ws.get(kSlotDyr, f32, {N, D});
+        dxr = ws.get(kSlotDxr, f32, {N, D});
+        stage = ws.get(kSlotEpStage, f32, {N, D});
+        expert_dispatch(ctx, *saved.experts, a.route, dye, dyr, stage);
+      }
+      Tensor dact = ws.get(kSlotDact, f32, {N, Fe}), dgu = ws.get(kSlotDgu, f32, {N, 2 * Fe});
       // Experts own disjoint rows of every buffer and their own gradients.
-      for_each_expert(ctx, a.plan, [&](int64_t e, const Context& ectx) {
-        const int64_t r0 = a.plan.offsets[size_t(e)], r1 = a.plan.offsets[size_t(e) + 1];
-        mlp_backward(ectx, dxe.slice_rows(r0, r1), dye.slice_rows(r0, r1), a.xe.view().slice_rows(r0, r1),
+      for_each_expert(ctx, rows, [&](int64_t e, const Context& ectx) {
+        const int64_t r0 = rows.offsets[size_t(e)], r1 = rows.offsets[size_t(e) + 1];
+        mlp_backward(ectx, dxr.slice_rows(r0, r1), dyr.slice_rows(r0, r1), a.xe.view().slice_rows(r0, r1),
                      a.gu_e.view().slice_rows(r0, r1), a.act_e.view().slice_rows(r0, r1), w.experts[size_t(e)],
                      g.experts[size_t(e)], false, dact.slice_rows(r0, r1), dgu.slice_rows(r0, r1));
       });
+      if (ep) expert_return(ctx, *saved.experts, a.route, dxr, dxe, stage);
       k::moe_gather_backward(ctx, dnormed, dxe, a.plan);
       // Router: d logits from d topk_w, then through the router projection.
       Tensor dlog = ws.get(kSlotDlog, f32, {T, E});

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "lockstep/base/error.h"
 #include "lockstep/kernels/cpu/attention.h"
@@ -197,6 +198,7 @@ Tensor run_layer(const LayerEnv& env, int64_t l, Tensor x, LayerActivations* a, 
                              &a->act_s, &a->ys, &a->sgate})
         drop(*f);
       a->plan = {};
+      a->route = {};
     }
     mlp_forward(ctx, ffn, buf(field(a, &LA::gu), kSlotGu, f32, {T, 2 * F}),
                 buf(field(a, &LA::act), kSlotAct, f32, {T, F}), normed2, w.mlp, false);
@@ -224,16 +226,39 @@ Tensor run_layer(const LayerEnv& env, int64_t l, Tensor x, LayerActivations* a, 
     k::MoeDispatch local_plan;
     k::MoeDispatch& plan = a ? a->plan : local_plan;
     plan = k::moe_plan(topk_idx, static_cast<int>(E));
-    Tensor xe = buf(field(a, &LA::xe), kSlotXe, f32, {T * K, D});
-    Tensor gu_e = buf(field(a, &LA::gu_e), kSlotGu, f32, {T * K, 2 * Fe});
-    Tensor act_e = buf(field(a, &LA::act_e), kSlotAct, f32, {T * K, Fe});
     Tensor ye = buf(field(a, &LA::ye), kSlotYe, f32, {T * K, D});
-    k::moe_gather(ctx, xe, normed2, plan);
-    for_each_expert(ctx, plan, [&](int64_t e, const Context& ectx) {
-      const int64_t r0 = plan.offsets[size_t(e)], r1 = plan.offsets[size_t(e) + 1];
-      mlp_forward(ectx, ye.slice_rows(r0, r1), gu_e.slice_rows(r0, r1), act_e.slice_rows(r0, r1),
-                  xe.slice_rows(r0, r1), w.experts[size_t(e)], false);
-    });
+    if (opt.experts == nullptr) {
+      Tensor xe = buf(field(a, &LA::xe), kSlotXe, f32, {T * K, D});
+      Tensor gu_e = buf(field(a, &LA::gu_e), kSlotGu, f32, {T * K, 2 * Fe});
+      Tensor act_e = buf(field(a, &LA::act_e), kSlotAct, f32, {T * K, Fe});
+      k::moe_gather(ctx, xe, normed2, plan);
+      for_each_expert(ctx, plan, [&](int64_t e, const Context& ectx) {
+        const int64_t r0 = plan.offsets[size_t(e)], r1 = plan.offsets[size_t(e) + 1];
+        mlp_forward(ectx, ye.slice_rows(r0, r1), gu_e.slice_rows(r0, r1), act_e.slice_rows(r0, r1),
+                    xe.slice_rows(r0, r1), w.experts[size_t(e)], false);
+      });
+    } else {
+      // Expert parallelism: this rank's rows travel to their experts' owners,
+      // the rows of this rank's experts arrive from the whole group.
+      ExpertRoute local_route;
+      ExpertRoute& route = a ? a->route : local_route;
+      route = expert_route(*opt.experts, plan, weights.experts());
+      const int64_t N = route.num_in();
+      Tensor xs = ws.get(kSlotXe, f32, {T * K, D});
+      k::moe_gather(ctx, xs, normed2, plan);
+      Tensor xr = buf(field(a, &LA::xe), kSlotXr, f32, {N, D});
+      Tensor stage = ws.get(kSlotEpStage, f32, {N, D});
+      expert_dispatch(ctx, *opt.experts, route, xs, xr, stage);
+      Tensor gu_e = buf(field(a, &LA::gu_e), kSlotGu, f32, {N, 2 * Fe});
+      Tensor act_e = buf(field(a, &LA::act_e), kSlotAct, f32, {N, Fe});
+      Tensor yr = ws.get(kSlotYr, f32, {N, D});
+      for_each_expert(ctx, route.local, [&](int64_t e, const Context& ectx) {
+        const int64_t r0 = route.local.offsets[size_t(e)], r1 = route.local.offsets[size_t(e) + 1];
+        mlp_forward(ectx, yr.slice_rows(r0, r1), gu_e.slice_rows(r0, r1), act_e.slice_rows(r0, r1),
+                    xr.slice_rows(r0, r1), w.experts[size_t(e)], false);
+      });
+      expert_return(ctx, *opt.experts, route, yr, ye, stage);
+    }
     k::moe_combine(ctx, ffn, ye, topk_w, plan);
     capture("moe_out", l, ffn);
     if (c.has_shared_expert()) {
@@ -272,6 +297,7 @@ std::vector<OwnedTensor*> recomputed_fields(LayerActivations& a) {
 void drop_layer(LayerActivations& a) {
   for (OwnedTensor* f : recomputed_fields(a)) drop(*f);
   a.plan = {};
+  a.route = {};
 }
 
 void pass_layer_buffers(LayerActivations& from, LayerActivations& to) {
@@ -281,6 +307,7 @@ void pass_layer_buffers(LayerActivations& from, LayerActivations& to) {
     std::swap(*src[i], *dst[i]);
   }
   from.plan = {};
+  from.route = {};
 }
 
 void recompute_layer(const Context& ctx, const ModelWeights& weights, KvCache& kv, const RaggedBatch& batch,
@@ -325,6 +352,16 @@ void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const
         << n_moe << "*" << K;
   }
   if (opt.record_experts) result->routed_experts.assign(static_cast<size_t>(T * n_moe * K), 0);
+  if (n_moe > 0) {
+    const ExpertShard want = opt.experts ? ExpertShard::of_rank(c.num_experts, opt.experts->size(),
+                                                                opt.experts->rank())
+                                         : ExpertShard{};
+    LS_CHECK(weights.experts() == want)
+        << "forward: the weights hold experts [" << weights.experts().first << ", "
+        << weights.experts().first + weights.experts().count << ") (count -1: all), "
+        << (opt.experts ? "this rank's expert-parallel shard is [" : "a forward without expert parallelism needs all")
+        << (opt.experts ? std::to_string(want.first) + ", " + std::to_string(want.first + want.count) + ")" : "");
+  }
 
   BatchTensors bt(batch, kv.block_size());
   const CapturePoints capture(opt, batch, bt.positions);
@@ -332,6 +369,7 @@ void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const
     saved->layers.resize(static_cast<size_t>(c.num_layers));
     saved->positions = bt.positions;
     saved->recompute = opt.recompute;
+    saved->experts = opt.experts;
     if (opt.recompute && opt.replay_experts != nullptr)
       saved->replay = *opt.replay_experts;
     else

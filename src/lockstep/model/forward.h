@@ -11,6 +11,7 @@
 
 #include "lockstep/base/thread_pool.h"
 #include "lockstep/kernels/cpu/moe.h"
+#include "lockstep/model/expert_parallel.h"
 #include "lockstep/model/kv_cache.h"
 #include "lockstep/model/weights.h"
 
@@ -81,6 +82,12 @@ struct ForwardOptions {
   const CaptureFn* capture = nullptr;
   // (S) the caller's id of each batch sequence, reported in Captured::seq_ids.
   const std::vector<uint64_t>* capture_ids = nullptr;
+  // Expert parallelism (expert_parallel.h): the EP group this rank's MoE
+  // layers exchange rows with; the weights must hold exactly this rank's
+  // expert shard. Every rank of the group must run the same number of
+  // forward (and backward) calls, an empty batch included. Null: this rank
+  // runs every expert.
+  ExpertComm* experts = nullptr;
 };
 
 struct ForwardResult {
@@ -111,10 +118,14 @@ struct LayerActivations {
   OwnedTensor topk_idx;  // (T, K) i32
   OwnedTensor topk_w;    // (T, K)
   kernels::MoeDispatch plan;
-  OwnedTensor xe;     // (T*K, D) gathered inputs
-  OwnedTensor gu_e;   // (T*K, 2Fe)
-  OwnedTensor act_e;  // (T*K, Fe)
-  OwnedTensor ye;     // (T*K, D) expert outputs
+  // The expert rows: this rank's T*K gathered rows in plan order, or with
+  // expert parallelism the N rows the group sent to this rank's experts,
+  // expert-major (route), while ye stays this rank's own T*K rows.
+  ExpertRoute route;  // expert parallelism only
+  OwnedTensor xe;     // (T*K or N, D) expert inputs
+  OwnedTensor gu_e;   // (T*K or N, 2Fe)
+  OwnedTensor act_e;  // (T*K or N, Fe)
+  OwnedTensor ye;     // (T*K, D) expert outputs of this rank's rows
   OwnedTensor gu_s;   // (T, 2Fs) shared expert
   OwnedTensor act_s;  // (T, Fs)
   OwnedTensor ys;     // (T, D) shared expert output before its gate
@@ -125,6 +136,7 @@ struct Activations {
   std::vector<LayerActivations> layers;  // only x_in is kept when `recompute`
   bool recompute = false;
   std::vector<int32_t> replay;     // the forward's replay_experts, for the recompute
+  ExpertComm* experts = nullptr;   // the forward's ForwardOptions::experts, for backward
   std::vector<int32_t> positions;  // (T)
   OwnedTensor x_final;             // (T, D)
   OwnedTensor rstd_f;              // (T)
@@ -138,6 +150,8 @@ void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const
              const ForwardOptions& options, ForwardResult* result, Activations* saved = nullptr);
 
 // Backward of forward() for a batch whose n_ctx are all 0 (the training case).
+// With expert parallelism (saved.experts) every rank of the EP group must
+// call it after the matching forward, also for a batch without logit rows.
 // dlogits (R, V) is the gradient of the loss w.r.t. result.logits. Gradients are
 // accumulated (+=) into `grads` (views of a flat gradient buffer with the
 // parameters' layout).

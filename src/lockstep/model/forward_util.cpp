@@ -169,6 +169,7 @@ void add_column_sums(const Context& ctx, Tensor db, const Tensor& dy) {
 }
 
 void split_qkv(const Context& ctx, Tensor q, Tensor k, Tensor v, const Tensor& qkv) {
+  if (qkv.dim(0) == 0) return;  // an empty batch (expert parallelism runs them)
   const int64_t T = qkv.dim(0), nq = q.numel() / T, nk = k.numel() / T;
   check_shape(qkv, {T, nq + 2 * nk}, "qkv");
   const float* src = qkv.f32();
@@ -184,6 +185,7 @@ void split_qkv(const Context& ctx, Tensor q, Tensor k, Tensor v, const Tensor& q
 }
 
 void join_qkv(const Context& ctx, Tensor qkv, const Tensor& q, const Tensor& k, const Tensor& v) {
+  if (qkv.dim(0) == 0) return;  // an empty batch (expert parallelism runs them)
   const int64_t T = qkv.dim(0), nq = q.numel() / T, nk = k.numel() / T;
   check_shape(qkv, {T, nq + 2 * nk}, "qkv");
   float* dst = qkv.f32();

@@ -63,6 +63,9 @@ enum ScratchSlot : size_t {
   kSlotRows,     // (R, D)
   kSlotRowsNormed,
   kSlotRstdF,
+  kSlotXr,       // (N, D) expert parallelism: rows received for this rank's experts
+  kSlotYr,       // (N, D) their outputs
+  kSlotEpStage,  // (N, D) all-to-all staging
   // Backward only.
   kSlotDx,       // (T, D)
   kSlotDh,       // (T, D)
@@ -83,6 +86,8 @@ enum ScratchSlot : size_t {
   kSlotDlog,     // (T, E)
   kSlotDys,      // (T, D)
   kSlotDglogit,  // (T, 1)
+  kSlotDyr,      // (N, D) expert parallelism
+  kSlotDxr,      // (N, D)
 };
 
 // t itself, reallocated only when its dtype or shape differs: a caller that

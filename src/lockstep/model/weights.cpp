@@ -1,6 +1,8 @@
 // Packing of every projection of the model for the GEMM kernels.
 #include "lockstep/model/weights.h"
 
+#include "lockstep/base/error.h"
+
 namespace lockstep::model {
 
 namespace {
@@ -15,8 +17,16 @@ void pack_into(const Context& ctx, kernels::PackedWeight& pw, const Tensor& w, D
 }  // namespace
 
 ModelWeights::ModelWeights(const Context& ctx, const ParamLayout& layout, float* params, DType storage,
-                           int64_t fp8_block)
-    : layout_(&layout), flat_(params), params_(bind(layout, params)), storage_(storage), fp8_block_(fp8_block) {
+                           int64_t fp8_block, ExpertShard experts)
+    : layout_(&layout),
+      flat_(params),
+      params_(bind(layout, params)),
+      storage_(storage),
+      fp8_block_(fp8_block),
+      experts_(experts) {
+  const int64_t E = layout.config().num_experts;
+  LS_CHECK(experts.all() || (experts.first >= 0 && experts.count >= 1 && experts.first + experts.count <= E))
+      << "expert shard [" << experts.first << ", " << experts.first + experts.count << ") of " << E << " experts";
   layers_.resize(params_.layers.size());
   pack_all(ctx, true);
   const ModelConfig& c = layout.config();
@@ -44,6 +54,7 @@ void ModelWeights::pack_all(const Context& ctx, bool fresh) {
     pack_into(ctx, q.router, p.router, DType::F32, 0, fresh);
     q.experts.resize(p.experts.size());
     for (size_t e = 0; e < p.experts.size(); ++e) {
+      if (!experts_.contains(int64_t(e))) continue;
       pack_into(ctx, q.experts[e].gate_up, p.experts[e].w_gate_up, s, b, fresh);
       pack_into(ctx, q.experts[e].down, p.experts[e].w_down, s, b, fresh);
     }

@@ -11,6 +11,7 @@
 #include "lockstep/base/thread_pool.h"
 #include "lockstep/kernels/cpu/gemm.h"
 #include "lockstep/kernels/cpu/rope.h"
+#include "lockstep/model/expert_parallel.h"
 #include "lockstep/model/params.h"
 
 namespace lockstep::model {
@@ -25,7 +26,7 @@ struct PackedLayer {
   kernels::PackedWeight wo;    // (D, H*Dh)
   PackedMlp mlp;               // dense layers
   kernels::PackedWeight router;  // (E, D), always f32
-  std::vector<PackedMlp> experts;
+  std::vector<PackedMlp> experts;  // (E); empty outside ModelWeights::experts()
   PackedMlp shared;
   kernels::PackedWeight shared_gate;  // (1, D)
 };
@@ -34,8 +35,11 @@ class ModelWeights {
  public:
   // `params` must outlive this object; it is the f32 master copy (flat buffer).
   // storage: F32 (aligned), BF16 or FP8E4M3 (fast mode; fp8_block as in pack_weight).
+  // experts: the routed experts to pack (expert parallelism packs only this
+  // rank's shard; the others stay empty and a forward must send their rows
+  // to their owners, expert_parallel.h).
   ModelWeights(const Context& ctx, const ParamLayout& layout, float* params, DType storage = DType::F32,
-               int64_t fp8_block = 0);
+               int64_t fp8_block = 0, ExpertShard experts = {});
 
   // Repacks every projection from the master copy (after an optimizer step or
   // a weight load) and sets the version.
@@ -49,6 +53,7 @@ class ModelWeights {
   const kernels::PackedWeight& lm_head() const { return lm_head_; }
   const kernels::RopeTable& rope() const { return rope_; }
   DType storage() const { return storage_; }
+  const ExpertShard& experts() const { return experts_; }
   uint64_t version() const { return version_; }
 
  private:
@@ -59,6 +64,7 @@ class ModelWeights {
   ModelParams params_;
   DType storage_;
   int64_t fp8_block_;
+  ExpertShard experts_;
   std::vector<PackedLayer> layers_;
   kernels::PackedWeight lm_head_;
   kernels::RopeTable rope_;  // cos/sin for positions [0, max_position_embeddings)

@@ -37,6 +37,16 @@ Trainer::Trainer(const Context& ctx, const ModelConfig& config, Buffer params, T
 
 void Trainer::params_changed(uint64_t version) { weights_->refresh(ctx_, version); }
 
+void Trainer::set_expert_comm(model::ExpertComm* comm) {
+  const ModelConfig& c = config();
+  model::ExpertShard shard;
+  if (comm != nullptr && c.num_experts > 0) shard = model::ExpertShard::of_rank(c.num_experts, comm->size(), comm->rank());
+  const uint64_t version = weights_->version();
+  weights_ = std::make_unique<model::ModelWeights>(ctx_, layout_, params_.as<float>(), DType::F32, 0, shard);
+  weights_->refresh(ctx_, version);
+  experts_ = c.num_experts > 0 ? comm : nullptr;
+}
+
 std::vector<std::pair<size_t, size_t>> Trainer::micro_batches(const std::vector<TrainSequence>& seqs) const {
   std::vector<std::pair<size_t, size_t>> out;
   size_t begin = 0;
@@ -79,7 +89,10 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
       LS_THROW << "sequence " << i << ": routing replay needs " << s.tokens.size() * size_t(n_moe * K)
                << " expert ids, got " << s.routed_experts.size();
   }
-  const auto mbs = micro_batches(seqs);
+  auto mbs = micro_batches(seqs);
+  // Expert parallelism: the group's ranks exchange rows in every MoE layer of
+  // every micro-batch, so all run as many as the largest (empty ones too).
+  if (experts_ != nullptr) mbs.resize(size_t(experts_->max(int64_t(mbs.size()))), {seqs.size(), seqs.size()});
   int64_t max_blocks_total = 1;
   for (auto [b0, b1] : mbs) {
     int64_t nb = 0;
@@ -126,6 +139,7 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
     fo.save_activations = loss != nullptr;
     fo.recompute = cfg_.recompute_activations;
     if (opt.replay) fo.replay_experts = &replay;
+    fo.experts = experts_;
     model::forward(ctx_, *weights_, kv, batch, fo, &fr, loss ? &acts : nullptr);
 
     model::reuse(logp, DType::F32, {R});
@@ -149,7 +163,7 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
                          opt.entropy ? dent.f32() + r0 : nullptr);
       }
     }
-    if (!loss || R == 0) continue;
+    if (!loss || (R == 0 && experts_ == nullptr)) continue;
     // The logits are not needed once their gradient is known: the kernel
     // writes dlogits over them (it allows the aliasing), saving an (R, V) buffer.
     Tensor dlogits = fr.logits.view();

@@ -82,6 +82,17 @@ class Trainer {
   uint64_t version() const { return weights_->version(); }
   AdamW& optimizer() { return optimizer_; }
   TrainerConfig& trainer_config() { return cfg_; }
+  // Expert parallelism (model/expert_parallel.h): from now on this trainer
+  // packs and runs only its shard of every MoE layer's experts (shard
+  // comm->rank() of comm->size()) and exchanges expert rows with the group's
+  // ranks; null: all experts again. The parameters, gradients and optimizer
+  // stay whole on every rank; backward writes gradients only for this rank's
+  // experts (the group's tokens), so grad_reduce must sum over every trainer
+  // rank. Every rank of the group must make the same sequence of score() and
+  // accumulate() calls (each call runs as many micro-batches as the group's
+  // largest, empty ones included). `comm` must outlive the trainer's use of it.
+  void set_expert_comm(model::ExpertComm* comm);
+  model::ExpertComm* expert_comm() const { return experts_; }
   // After params() were overwritten (checkpoint load): repack, set version.
   void params_changed(uint64_t version);
   // Token-budget micro-batches: [begin, end) index ranges into seqs.
@@ -98,6 +109,7 @@ class Trainer {
   TrainerConfig cfg_;
   AdamW optimizer_;
   std::unique_ptr<model::ModelWeights> weights_;
+  model::ExpertComm* experts_ = nullptr;
   // run()'s KV cache, saved activations and logits (trainer.cpp), kept from
   // call to call: re-allocating them made every step fault in fresh pages.
   std::shared_ptr<RunBuffers> buffers_;

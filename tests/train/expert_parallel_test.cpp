@@ -1,0 +1,273 @@
+// Expert parallelism without MPI: the ranks of an EP group are threads of
+// this process exchanging rows through shared memory (ThreadGroupComm), so
+// the routes, dispatch and return are checked in the fast suite; the MPI
+// transport is checked by tests/dist/expert_parallel_mpi.cpp.
+// - a group of one is the plain trainer, bit for bit (scores, gradients, step);
+// - in a group of 2 or 4, each rank's logprobs are the plain trainer's bits
+//   for the same sequences, its non-expert gradients too, and the experts'
+//   gradients summed over ranks match within 1e-6 relative L2;
+// - shards that do not divide the experts are refused with a clear error.
+#include <gtest/gtest.h>
+
+#include <barrier>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "lockstep/base/error.h"
+#include "lockstep/model/expert_parallel.h"
+#include "lockstep/model/params.h"
+#include "lockstep/train/trainer.h"
+#include "../common/test_util.h"
+
+namespace lockstep::train {
+namespace {
+
+// P threads' shared exchange area.
+struct ThreadGroup {
+  explicit ThreadGroup(int p)
+      : P(p), sync(p), send(size_t(p)), send_bytes(size_t(p)), values(size_t(p)) {}
+  int P;
+  std::barrier<> sync;
+  std::vector<const char*> send;
+  std::vector<std::vector<size_t>> send_bytes;
+  std::vector<int64_t> values;
+};
+
+class ThreadGroupComm final : public model::ExpertComm {
+ public:
+  ThreadGroupComm(ThreadGroup& g, int rank) : g_(g), rank_(rank) {}
+  int size() const override { return g_.P; }
+  int rank() const override { return rank_; }
+  void all_to_all_v(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+                    const std::vector<size_t>& recv_bytes) override {
+    g_.send[size_t(rank_)] = static_cast<const char*>(send);
+    g_.send_bytes[size_t(rank_)] = send_bytes;
+    g_.sync.arrive_and_wait();
+    size_t at = 0;
+    for (int q = 0; q < g_.P; ++q) {
+      const auto& qb = g_.send_bytes[size_t(q)];
+      size_t off = 0;
+      for (int r = 0; r < rank_; ++r) off += qb[size_t(r)];
+      EXPECT_EQ(qb[size_t(rank_)], recv_bytes[size_t(q)]) << "rank " << q << " sends what rank " << rank_
+                                                          << " does not expect";
+      if (recv_bytes[size_t(q)] > 0) std::memcpy(static_cast<char*>(recv) + at, g_.send[size_t(q)] + off,
+                                                 recv_bytes[size_t(q)]);
+      at += recv_bytes[size_t(q)];
+    }
+    g_.sync.arrive_and_wait();  // senders keep their buffers until every copy is done
+  }
+  int64_t max(int64_t x) override {
+    g_.values[size_t(rank_)] = x;
+    g_.sync.arrive_and_wait();
+    int64_t m = x;
+    for (int64_t v : g_.values) m = std::max(m, v);
+    g_.sync.arrive_and_wait();
+    return m;
+  }
+
+ private:
+  ThreadGroup& g_;
+  int rank_;
+};
+
+ModelConfig moe_config(int64_t experts, bool shared) {
+  ModelConfig c;
+  c.architecture = shared ? Architecture::Qwen2Moe : Architecture::Qwen3Moe;
+  c.vocab_size = 61;
+  c.hidden_size = 24;
+  c.num_layers = 3;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 6;
+  c.qk_norm = !shared;
+  c.qkv_bias = shared;
+  c.intermediate_size = 20;
+  c.num_experts = experts;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 12;
+  c.norm_topk_prob = !shared;
+  if (shared) {
+    c.n_shared_experts = 1;
+    c.shared_expert_gate = true;
+    c.shared_expert_intermediate_size = 16;
+  }
+  c.mlp_only_layers = {1};
+  c.max_position_embeddings = 64;
+  return c;
+}
+
+std::vector<TrainSequence> sequences(const ModelConfig& c, int n, int salt) {
+  std::vector<TrainSequence> out;
+  for (int s = 0; s < n; ++s) {
+    TrainSequence t;
+    const int len = 3 + (s * 7 + salt) % 17;
+    for (int i = 0; i < len; ++i) t.tokens.push_back(int32_t((i * 31 + s * 7 + salt * 3 + 1) % c.vocab_size));
+    t.prompt_len = 1 + s % 2;
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+std::unique_ptr<Trainer> make_trainer(const ModelConfig& c, int64_t budget, bool recompute = false) {
+  ParamLayout layout(c);
+  Buffer p = alloc_params(layout);
+  init_params(layout, p.as<float>(), 21, 0.2f);
+  TrainerConfig tc;
+  tc.micro_batch_tokens = budget;
+  tc.recompute_activations = recompute;
+  return std::make_unique<Trainer>(Context{}, c, std::move(p), tc);
+}
+
+const LossFn kLoss = [](size_t i, const float* logp, const float* ent, int64_t n, float* dlogp, float* dent) {
+  double l = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const float w = 0.1f * float(int64_t(i % 5) + t % 3 + 1);
+    l -= double(w) * double(logp[t]) + 0.01 * double(ent[t]);
+    dlogp[t] = -w;
+    dent[t] = -0.01f;
+  }
+  return l;
+};
+
+ScoreOptions score_options() {
+  ScoreOptions so;
+  so.entropy = true;
+  so.temperature = 0.8f;
+  return so;
+}
+
+TEST(ExpertParallel, GroupOfOneIsThePlainTrainer) {
+  for (bool recompute : {false, true}) {
+    const ModelConfig c = moe_config(4, false);
+    auto a = make_trainer(c, 30, recompute), b = make_trainer(c, 30);
+    ThreadGroup g(1);
+    ThreadGroupComm comm(g, 0);
+    a->set_expert_comm(&comm);
+    const auto seqs = sequences(c, 7, 1);
+    std::vector<TokenScores> sa, sb;
+    EXPECT_EQ(a->accumulate(seqs, kLoss, score_options(), &sa), b->accumulate(seqs, kLoss, score_options(), &sb));
+    test::expect_bits_equal(a->grads(), b->grads(), a->layout().numel(), "gradients");
+    for (size_t i = 0; i < sa.size(); ++i)
+      test::expect_bits_equal(sa[i].logp.data(), sb[i].logp.data(), int64_t(sa[i].logp.size()), "logp");
+    a->step();
+    b->step();
+    test::expect_bits_equal(a->params(), b->params(), a->layout().numel(), "params after a step");
+  }
+}
+
+// P threads, each a trainer with 1/P of the experts, each scoring and
+// training its own shard of the batch (the last shard may be empty), against
+// one plain trainer doing every shard in turn.
+void check_group(int P, const ModelConfig& c, bool recompute, bool empty_last) {
+  const auto batch = sequences(c, 4 * P + 1, P);
+  std::vector<std::pair<size_t, size_t>> shards;
+  const int parts = empty_last ? P - 1 : P;
+  for (int r = 0; r < parts; ++r) shards.emplace_back(batch.size() * size_t(r) / size_t(parts),
+                                                      batch.size() * size_t(r + 1) / size_t(parts));
+  if (empty_last) shards.emplace_back(batch.size(), batch.size());
+  auto shard_of = [&](int r) {
+    return std::vector<TrainSequence>(batch.begin() + long(shards[size_t(r)].first),
+                                      batch.begin() + long(shards[size_t(r)].second));
+  };
+  // EP ranks: different micro-batch budgets, so different micro-batch counts.
+  ThreadGroup g(P);
+  std::vector<std::unique_ptr<Trainer>> ranks;
+  std::vector<std::unique_ptr<ThreadGroupComm>> comms;
+  for (int r = 0; r < P; ++r) {
+    ranks.push_back(make_trainer(c, 16 + 11 * r, recompute));
+    comms.push_back(std::make_unique<ThreadGroupComm>(g, r));
+    ranks.back()->set_expert_comm(comms.back().get());
+  }
+  std::vector<std::vector<TokenScores>> scored(static_cast<size_t>(P)), trained(static_cast<size_t>(P));
+  std::vector<std::string> errors(static_cast<size_t>(P));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < P; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        const auto mine = shard_of(r);
+        scored[size_t(r)] = ranks[size_t(r)]->score(mine, score_options());
+        ranks[size_t(r)]->accumulate(mine, kLoss, score_options(), &trained[size_t(r)]);
+      } catch (const std::exception& e) {
+        errors[size_t(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < P; ++r) ASSERT_EQ(errors[size_t(r)], "") << "rank " << r;
+
+  const size_t n = size_t(ranks[0]->layout().numel());
+  std::vector<double> plain_sum(n, 0.0), ep_sum(n, 0.0);
+  std::unique_ptr<Trainer> plain;
+  for (int r = 0; r < P; ++r) {
+    plain = make_trainer(c, 16 + 11 * r);  // rank r's micro-batch cut
+    const auto mine = shard_of(r);
+    const auto ref = plain->score(mine, score_options());
+    std::vector<TokenScores> ref_trained;
+    plain->accumulate(mine, kLoss, score_options(), &ref_trained);
+    for (size_t i = 0; i < mine.size(); ++i) {
+      test::expect_bits_equal(scored[size_t(r)][i].logp.data(), ref[i].logp.data(), int64_t(ref[i].logp.size()),
+                              "logp (score)");
+      test::expect_bits_equal(scored[size_t(r)][i].entropy.data(), ref[i].entropy.data(),
+                              int64_t(ref[i].entropy.size()), "entropy");
+      test::expect_bits_equal(trained[size_t(r)][i].logp.data(), ref[i].logp.data(), int64_t(ref[i].logp.size()),
+                              "logp (accumulate)");
+    }
+    for (size_t i = 0; i < n; ++i) {
+      plain_sum[i] += plain->grads()[i];
+      ep_sum[i] += ranks[size_t(r)]->grads()[i];
+    }
+  }
+  std::vector<bool> is_expert(n, false);
+  for (const ParamInfo& p : plain->layout().params())
+    if (p.name.find(".mlp.experts.") != std::string::npos)
+      std::fill(is_expert.begin() + p.offset, is_expert.begin() + p.offset + p.numel, true);
+  size_t other_differ = 0;
+  double d2 = 0, r2 = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!is_expert[i]) {
+      // One rank's term plus zeros, or the same per-rank terms: the same double sum.
+      other_differ += float(ep_sum[i]) != float(plain_sum[i]);
+      continue;
+    }
+    d2 += (ep_sum[i] - plain_sum[i]) * (ep_sum[i] - plain_sum[i]);
+    r2 += plain_sum[i] * plain_sum[i];
+  }
+  EXPECT_EQ(other_differ, 0u) << "non-expert gradients differ";
+  EXPECT_GT(r2, 0.0);
+  EXPECT_LE(std::sqrt(d2 / r2), 1e-6) << "expert gradients";
+  // Each rank wrote gradients only for its own experts.
+  const int64_t per = c.num_experts / P;
+  for (int r = 0; r < P; ++r)
+    for (const ParamInfo& p : plain->layout().params()) {
+      const size_t at = p.name.find(".mlp.experts.");
+      if (at == std::string::npos) continue;
+      const int64_t e = std::stoll(p.name.substr(at + 13));
+      if (e / per == r) continue;
+      for (int64_t i = 0; i < p.numel; ++i)
+        ASSERT_EQ(ranks[size_t(r)]->grads()[p.offset + i], 0.0f) << "rank " << r << " wrote " << p.name;
+    }
+}
+
+TEST(ExpertParallel, TwoRanksKeepLogprobBits) { check_group(2, moe_config(4, false), false, false); }
+TEST(ExpertParallel, FourRanksWithSharedExpertAndAnIdleRank) { check_group(4, moe_config(8, true), false, true); }
+TEST(ExpertParallel, TwoRanksWithRecompute) { check_group(2, moe_config(6, false), true, true); }
+
+TEST(ExpertParallel, ShardsMustDivideTheExperts) {
+  const model::ExpertShard s = model::ExpertShard::of_rank(8, 4, 2);
+  EXPECT_EQ(s.first, 4);
+  EXPECT_EQ(s.count, 2);
+  EXPECT_TRUE(s.contains(5));
+  EXPECT_FALSE(s.contains(6));
+  try {
+    model::ExpertShard::of_rank(6, 4, 0);
+    FAIL() << "6 experts over 4 ranks accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("4 ranks do not divide the model's 6 experts"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace lockstep::train
