@@ -161,6 +161,14 @@ void Communicator::all_gather_bytes(const void* in, size_t bytes, void* out) {
   check_mpi(MPI_Allgather(in, count, MPI_BYTE, out, count, MPI_BYTE, comm_), "MPI_Allgather");
 }
 
+void Communicator::gather_bytes(const void* in, size_t bytes, void* out, int root) {
+  LS_CHECK(valid()) << "gather on a null communicator";
+  WatchdogScope w(watchdog_.get(), "gather", name_);
+  const int count = to_int(bytes, "gather");
+  check_mpi(MPI_Gather(in, count, MPI_BYTE, rank_ == root ? out : nullptr, count, MPI_BYTE, root, comm_),
+            "MPI_Gather");
+}
+
 std::vector<size_t> Communicator::exchange_counts(const std::vector<size_t>& send_bytes) {
   LS_CHECK(valid()) << "exchange_counts on a null communicator";
   if (send_bytes.size() != size_t(size_))

@@ -76,6 +76,9 @@ class Communicator {
     return out;
   }
 
+  // The same, received by `root` only (out may be null on other ranks).
+  void gather_bytes(const void* in, size_t bytes, void* out, int root);
+
   // send_bytes[q]: bytes this rank sends to rank q (blocks laid out in rank
   // order in `send`); returns recv_bytes[q], the bytes rank q sends here.
   std::vector<size_t> exchange_counts(const std::vector<size_t>& send_bytes);

@@ -34,10 +34,36 @@ std::vector<Range> split_by_tokens(const std::vector<train::TrainSequence>& seqs
   return out;
 }
 
-void make_data_parallel(train::Trainer& trainer, Communicator& dp) {
+void make_data_parallel(train::Trainer& trainer, Communicator& dp, Communicator* expert_replicas) {
   LS_CHECK(dp.valid()) << "make_data_parallel: this rank is not in the data-parallel group";
   Communicator* c = &dp;
-  trainer.trainer_config().grad_reduce = [c](float* grads, size_t n) { c->all_reduce_sum(grads, n); };
+  const ParamLayout& g = trainer.grad_layout();
+  if (g.all_experts()) {
+    trainer.trainer_config().grad_reduce = [c](float* grads, size_t n) { c->all_reduce_sum(grads, n); };
+    return;
+  }
+  // Runs of adjacent tensors going to the same group: (offset, floats, experts?).
+  struct Run {
+    int64_t offset, n;
+    bool experts;
+  };
+  std::vector<Run> runs;
+  for (const ParamInfo& p : g.params()) {
+    const bool e = p.name.find(".mlp.experts.") != std::string::npos;
+    if (!runs.empty() && runs.back().experts == e)
+      runs.back().n += p.numel;
+    else
+      runs.push_back({p.offset, p.numel, e});
+  }
+  Communicator* x = expert_replicas != nullptr && expert_replicas->size() > 1 ? expert_replicas : nullptr;
+  trainer.trainer_config().grad_reduce = [c, x, runs](float* grads, size_t) {
+    for (const Run& r : runs) {
+      if (!r.experts)
+        c->all_reduce_sum(grads + r.offset, size_t(r.n));
+      else if (x != nullptr)
+        x->all_reduce_sum(grads + r.offset, size_t(r.n));
+    }
+  };
 }
 
 namespace {
@@ -79,7 +105,7 @@ double emulate_dp_accumulate(train::Trainer& trainer, const std::vector<train::T
   LS_CHECK(!trainer.trainer_config().grad_reduce) << "emulate_dp_accumulate on a trainer that already reduces";
   const size_t P = shards.size();
   check_shards(shards, global_batch.size(), P);
-  const size_t n = size_t(trainer.layout().numel());
+  const size_t n = size_t(trainer.grad_layout().numel());
   float* g = trainer.grads();
   std::vector<std::vector<float>> partial(P);  // (P, numel)
   std::vector<const float*> parts(P);
@@ -125,7 +151,7 @@ train::SftStepStats sft_step_with(train::Trainer& trainer, const std::vector<tra
   st.loss = accumulate(sft_loss(n_targets));
   if (!std::isfinite(st.loss)) {
     // The global loss is the same on every rank: all skip, none waits in step().
-    std::memset(trainer.grads(), 0, trainer.layout().nbytes());
+    std::memset(trainer.grads(), 0, trainer.grad_layout().nbytes());
     st.skipped = true;
   } else {
     train::OptimizerStats os = trainer.step();

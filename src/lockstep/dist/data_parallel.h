@@ -34,7 +34,11 @@ std::vector<Range> split_by_tokens(const std::vector<train::TrainSequence>& seqs
 
 // Sets trainer's grad_reduce to dp.all_reduce_sum. `dp` must outlive every
 // later trainer.step(). A dp of size 1 leaves step() as it was.
-void make_data_parallel(train::Trainer& trainer, Communicator& dp);
+// Expert parallelism (call after Trainer::set_expert_comm): the gradients of
+// the trainer's own routed experts are summed over `expert_replicas` instead
+// (the trainer ranks holding the same experts, one per expert-parallel group;
+// null or size 1: not summed), everything else over `dp` (every trainer).
+void make_data_parallel(train::Trainer& trainer, Communicator& dp, Communicator* expert_replicas = nullptr);
 
 // Rank dp.rank() accumulates the gradient of shards[dp.rank()] of the global
 // batch. `loss` gets indices into global_batch and must normalise by global

@@ -16,6 +16,9 @@ class MpiExpertComm final : public model::ExpertComm {
     c_.all_to_all_v(send, send_bytes, recv, recv_bytes);
   }
   int64_t max(int64_t x) override { return c_.max(x); }
+  double sum(double x) override { return c_.sum(x); }
+  void all_gather(const void* in, size_t bytes, void* out) override { c_.all_gather_bytes(in, bytes, out); }
+  void gather(const void* in, size_t bytes, void* out, int root) override { c_.gather_bytes(in, bytes, out, root); }
 
  private:
   Communicator& c_;

@@ -41,6 +41,13 @@ class ExpertComm {
                             const std::vector<size_t>& recv_bytes) = 0;
   // The largest x over the group's ranks.
   virtual int64_t max(int64_t x) = 0;
+  // The sum of x over the group's ranks, in rank order (the same on every rank).
+  virtual double sum(double x) = 0;
+  // out (size() * bytes) = every rank's `bytes` of `in`, in rank order; `in`
+  // must not overlap `out`.
+  virtual void all_gather(const void* in, size_t bytes, void* out) = 0;
+  // The same, received by rank `root` only (out is ignored elsewhere).
+  virtual void gather(const void* in, size_t bytes, void* out, int root) = 0;
 };
 
 // The experts [first, first + count) of every MoE layer that a rank holds.

@@ -46,8 +46,13 @@ void ParamLayout::add(std::string name, std::vector<int64_t> shape, ParamKind ki
   numel_ += n;
 }
 
-ParamLayout::ParamLayout(const ModelConfig& c) : config_(c) {
+ParamLayout::ParamLayout(const ModelConfig& c) : ParamLayout(c, 0, -1) {}
+
+ParamLayout::ParamLayout(const ModelConfig& c, int64_t expert_first, int64_t expert_count)
+    : config_(c), expert_first_(expert_first), expert_count_(expert_count) {
   c.validate();
+  LS_CHECK(expert_count < 0 || (expert_first >= 0 && expert_count >= 1 && expert_first + expert_count <= c.num_experts))
+      << "experts [" << expert_first << ", " << expert_first + expert_count << ") of a model with " << c.num_experts;
   const int64_t V = c.vocab_size, D = c.hidden_size, Dh = c.head_dim;
   const int64_t Q = c.q_dim(), KV = c.kv_dim();
   add("model.embed_tokens.weight", {V, D}, ParamKind::Matrix);
@@ -79,10 +84,12 @@ ParamLayout::ParamLayout(const ModelConfig& c) : config_(c) {
     add(p + "mlp.gate.weight", {E, D}, ParamKind::Matrix);
     if (c.score_correction_bias) add(p + "mlp.gate.e_score_correction_bias", {E}, ParamKind::Bias);
     for (int64_t e = 0; e < E; ++e) {
+      if (!holds_expert(e)) continue;
       add(expert_prefix(i, e) + "gate_proj.weight", {Fe, D}, ParamKind::Matrix);
       add(expert_prefix(i, e) + "up_proj.weight", {Fe, D}, ParamKind::Matrix);
     }
-    for (int64_t e = 0; e < E; ++e) add(expert_prefix(i, e) + "down_proj.weight", {D, Fe}, ParamKind::Matrix);
+    for (int64_t e = 0; e < E; ++e)
+      if (holds_expert(e)) add(expert_prefix(i, e) + "down_proj.weight", {D, Fe}, ParamKind::Matrix);
     if (c.has_shared_expert()) {
       const int64_t Fs = c.shared_expert_intermediate_size;
       const std::string s = shared_prefix(c, i);
@@ -108,7 +115,9 @@ const ParamInfo& ParamLayout::at(std::string_view name) const {
 }
 
 bool ParamLayout::same_as(const ParamLayout& o) const {
-  if (numel_ != o.numel_ || params_.size() != o.params_.size()) return false;
+  if (numel_ != o.numel_ || params_.size() != o.params_.size() || expert_first_ != o.expert_first_ ||
+      expert_count_ != o.expert_count_)
+    return false;
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto &a = params_[i], &b = o.params_[i];
     if (a.name != b.name || a.shape != b.shape || a.offset != b.offset) return false;
@@ -191,15 +200,17 @@ ModelParams bind(const ParamLayout& layout, float* base) {
     const int64_t E = c.num_experts, Fe = c.moe_intermediate_size;
     L.router = b.view(p + "mlp.gate.weight");
     L.router_bias = b.view_if(c.score_correction_bias, p + "mlp.gate.e_score_correction_bias");
-    L.experts.reserve(static_cast<size_t>(E));
+    L.experts.resize(static_cast<size_t>(E));
     std::vector<Tensor> gate_up_parts, down_parts;
     for (int64_t e = 0; e < E; ++e) {
-      L.experts.push_back(b.mlp(expert_prefix(i, e)));
-      gate_up_parts.push_back(L.experts.back().w_gate_up);
-      down_parts.push_back(L.experts.back().w_down);
+      if (!layout.holds_expert(e)) continue;
+      L.experts[size_t(e)] = b.mlp(expert_prefix(i, e));
+      gate_up_parts.push_back(L.experts[size_t(e)].w_gate_up);
+      down_parts.push_back(L.experts[size_t(e)].w_down);
     }
-    L.experts_gate_up = b.fused(gate_up_parts, {E, 2 * Fe, D});
-    L.experts_down = b.fused(down_parts, {E, D, Fe});
+    const int64_t held = int64_t(gate_up_parts.size());
+    L.experts_gate_up = b.fused(gate_up_parts, {held, 2 * Fe, D});
+    L.experts_down = b.fused(down_parts, {held, D, Fe});
     if (c.has_shared_expert()) L.shared = b.mlp(shared_prefix(c, i));
     L.shared_gate = b.view_if(c.shared_expert_gate, p + "mlp.shared_expert_gate.weight");
   }

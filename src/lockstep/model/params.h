@@ -62,6 +62,10 @@ class ParamLayout {
  public:
   ParamLayout() = default;
   explicit ParamLayout(const ModelConfig& config);  // validates config
+  // Only routed experts [expert_first, expert_first + expert_count) of every
+  // MoE layer (expert parallelism: the layout of one rank's gradients and
+  // optimizer state); the other tensors as above, in the same order.
+  ParamLayout(const ModelConfig& config, int64_t expert_first, int64_t expert_count);
 
   const ModelConfig& config() const { return config_; }
   const std::vector<ParamInfo>& params() const { return params_; }
@@ -71,6 +75,13 @@ class ParamLayout {
   const ParamInfo& at(std::string_view name) const;    // Error naming it if absent
   // Same names, shapes and offsets.
   bool same_as(const ParamLayout& o) const;
+  // The routed experts this layout holds: all, or [expert_first(), +expert_count()).
+  bool all_experts() const { return expert_count_ < 0; }
+  int64_t expert_first() const { return expert_first_; }
+  int64_t expert_count() const { return expert_count_; }
+  bool holds_expert(int64_t e) const {
+    return all_experts() || (e >= expert_first_ && e < expert_first_ + expert_count_);
+  }
 
  private:
   void add(std::string name, std::vector<int64_t> shape, ParamKind kind);
@@ -79,6 +90,7 @@ class ParamLayout {
   std::vector<ParamInfo> params_;
   std::unordered_map<std::string, size_t> index_;
   int64_t numel_ = 0;
+  int64_t expert_first_ = 0, expert_count_ = -1;
 };
 
 // A tensor that is absent in this model (e.g. bq without qkv_bias) is an
@@ -113,9 +125,9 @@ struct LayerParams {
   // MoE layers:
   Tensor router;                   // (E, D)       mlp.gate.weight
   Tensor router_bias;              // (E)          e_score_correction_bias [score_correction_bias]
-  Tensor experts_gate_up;          // (E, 2Fe, D)  all experts' w_gate_up
-  Tensor experts_down;             // (E, D, Fe)   all experts' w_down
-  std::vector<MlpParams> experts;  // E views into the two above
+  Tensor experts_gate_up;          // (E, 2Fe, D)  all experts' w_gate_up (the layout's experts only)
+  Tensor experts_down;             // (E, D, Fe)   all experts' w_down (idem)
+  std::vector<MlpParams> experts;  // E views into the two above; empty for experts the layout lacks
   MlpParams shared;                // Fs = shared_expert_intermediate_size [n_shared_experts > 0]
   Tensor shared_gate;              // (1, D)       shared_expert_gate.weight [shared_expert_gate]
 };

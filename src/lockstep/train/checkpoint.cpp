@@ -38,7 +38,7 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, Trainer& t
   fs::create_directories(tmp_dir);
   save_pretrained(tmp_dir.string(), trainer.config(), trainer.layout(), trainer.params(), DType::F32);
   copy_tokenizer(tokenizer_dir, tmp_dir.string());
-  trainer.optimizer().save((tmp_dir / "optimizer.bin").string());
+  trainer.save_optimizer((tmp_dir / "optimizer.bin").string());
   state["step"] = step;
   state["weight_version"] = trainer.version();
   state["optimizer_steps"] = trainer.optimizer().steps_done();

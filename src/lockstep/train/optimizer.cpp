@@ -19,8 +19,10 @@ double lr_at(const OptimizerConfig& c, int64_t step) {
   return c.min_lr + 0.5 * (c.lr - c.min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
-AdamW::AdamW(const ParamLayout& layout, OptimizerConfig config)
-    : layout_(&layout), config_(config) {}
+AdamW::AdamW(const ParamLayout& layout, OptimizerConfig config, const ParamLayout* params)
+    : layout_(&layout), params_(params ? params : &layout), config_(config) {
+  for (const ParamInfo& info : layout.params()) param_offset_.push_back(params_->at(info.name).offset);
+}
 
 // Moments are allocated on first use, so a trainer that only scores does not
 // pay 2x the model's memory for them.
@@ -31,16 +33,17 @@ void AdamW::ensure_state() {
   }
 }
 
-OptimizerStats AdamW::step(const Context& ctx, float* params, float* grads) {
+OptimizerStats AdamW::step(const Context& ctx, float* params, float* grads, const GradNormFn& norm) {
   OptimizerStats s;
   const int64_t n = layout_->numel();
-  s.grad_norm = kernels::global_grad_norm(ctx, grads, n);
+  s.grad_norm = norm ? norm(ctx, grads) : kernels::global_grad_norm(ctx, grads, n);
   if (!std::isfinite(s.grad_norm)) {
     s.skipped = true;
     std::memset(grads, 0, size_t(n) * sizeof(float));
     return s;
   }
-  if (config_.grad_clip > 0) kernels::clip_grad_norm(ctx, grads, n, config_.grad_clip);
+  if (config_.grad_clip > 0 && s.grad_norm > config_.grad_clip)
+    kernels::scale_grads(ctx, {kernels::FloatSegment{grads, n}}, float(config_.grad_clip / s.grad_norm));
   ensure_state();
   ++step_;
   s.lr = lr_at(config_, step_);
@@ -50,9 +53,10 @@ OptimizerStats AdamW::step(const Context& ctx, float* params, float* grads) {
   p.beta2 = float(config_.beta2);
   p.eps = float(config_.eps);
   p.step = step_;
-  for (const auto& info : layout_->params()) {
+  for (size_t i = 0; i < layout_->params().size(); ++i) {
+    const ParamInfo& info = layout_->params()[i];
     p.weight_decay = info.kind == ParamKind::Matrix ? float(config_.weight_decay) : 0.0f;
-    kernels::adamw_step(ctx, params + info.offset, grads + info.offset, m_.as<float>() + info.offset,
+    kernels::adamw_step(ctx, params + param_offset_[i], grads + info.offset, m_.as<float>() + info.offset,
                         v_.as<float>() + info.offset, info.numel, p);
   }
   return s;
@@ -62,16 +66,21 @@ namespace {
 constexpr char kMagic[8] = {'L', 'S', 'A', 'D', 'A', 'M', 'W', '1'};
 }
 
-void AdamW::save(const std::string& path) {
-  ensure_state();
+void write_optimizer_state(const std::string& path, int64_t step, int64_t n, const float* m, const float* v) {
   AtomicFile f(path);
   f.write(kMagic, 8);
-  const int64_t n = layout_->numel();
-  f.write(&step_, 8);
+  f.write(&step, 8);
   f.write(&n, 8);
-  f.write(m_.data(), size_t(n) * 4);
-  f.write(v_.data(), size_t(n) * 4);
+  f.write(m, size_t(n) * 4);
+  f.write(v, size_t(n) * 4);
   f.commit();
+}
+
+void AdamW::save(const std::string& path) {
+  LS_CHECK(layout_->numel() == params_->numel())
+      << "AdamW::save: this optimizer holds part of the model's moments; gather them (write_optimizer_state)";
+  ensure_state();
+  write_optimizer_state(path, step_, layout_->numel(), m_.as<float>(), v_.as<float>());
 }
 
 void AdamW::load(const std::string& path) {
@@ -83,11 +92,25 @@ void AdamW::load(const std::string& path) {
   in.read(reinterpret_cast<char*>(&step), 8);
   in.read(reinterpret_cast<char*>(&n), 8);
   if (!in || std::memcmp(magic, kMagic, 8) != 0) LS_THROW << path << ": not a lockstep optimizer state file";
-  if (n != layout_->numel())
-    LS_THROW << path << ": optimizer state holds " << n << " parameters, the model has " << layout_->numel();
+  if (n != params_->numel())
+    LS_THROW << path << ": optimizer state holds " << n << " parameters, the model has " << params_->numel();
   ensure_state();
-  in.read(static_cast<char*>(m_.data()), std::streamsize(n) * 4);
-  in.read(static_cast<char*>(v_.data()), std::streamsize(n) * 4);
+  // Each of this optimizer's tensors from its place in the full layout
+  // (one read of each moment when the layouts are the same).
+  const std::streamoff header = 24;
+  for (int moment = 0; moment < 2; ++moment) {
+    char* dst = static_cast<char*>(moment == 0 ? m_.data() : v_.data());
+    if (layout_->numel() == n) {
+      in.seekg(header + std::streamoff(moment) * n * 4);
+      in.read(dst, std::streamsize(n) * 4);
+      continue;
+    }
+    for (size_t i = 0; i < layout_->params().size(); ++i) {
+      const ParamInfo& info = layout_->params()[i];
+      in.seekg(header + (std::streamoff(moment) * n + param_offset_[i]) * 4);
+      in.read(dst + info.offset * 4, std::streamsize(info.numel) * 4);
+    }
+  }
   if (!in) LS_THROW << path << ": truncated optimizer state";
   step_ = step;
 }

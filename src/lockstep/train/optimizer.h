@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "lockstep/base/thread_pool.h"
 #include "lockstep/model/params.h"
@@ -27,6 +29,11 @@ struct OptimizerConfig {
 // Learning rate for optimizer step `step` (1-based).
 double lr_at(const OptimizerConfig& c, int64_t step);
 
+// The global pre-clip gradient norm, when it is not simply the norm of this
+// rank's gradient buffer (expert parallelism: each rank holds only its own
+// experts' gradients).
+using GradNormFn = std::function<double(const Context& ctx, const float* grads)>;
+
 struct OptimizerStats {
   double grad_norm = 0;  // before clipping
   double lr = 0;
@@ -35,27 +42,46 @@ struct OptimizerStats {
 
 class AdamW {
  public:
-  AdamW(const ParamLayout& layout, OptimizerConfig config);
+  // `layout`: the gradients' and moments' layout. `params`: the parameters'
+  // layout when it differs (expert parallelism: every expert's parameters,
+  // this rank's experts' gradients); each tensor is found by name. Both must
+  // outlive the optimizer.
+  AdamW(const ParamLayout& layout, OptimizerConfig config, const ParamLayout* params = nullptr);
 
-  // One step on params from grads (both layout.numel() floats); grads are
-  // clipped in place. A non-finite gradient norm skips the update.
-  OptimizerStats step(const Context& ctx, float* params, float* grads);
+  // One step on params (params layout) from grads (layout.numel() floats);
+  // grads are clipped in place. A non-finite gradient norm skips the update.
+  // `norm`, if set, gives the global norm instead of this buffer's.
+  OptimizerStats step(const Context& ctx, float* params, float* grads, const GradNormFn& norm = {});
 
   int64_t steps_done() const { return step_; }
   const OptimizerConfig& config() const { return config_; }
   void set_config(const OptimizerConfig& c) { config_ = c; }
 
-  // Moments and step count, for checkpoints (raw little-endian f32 with a header).
+  // Moments and step count, for checkpoints (raw little-endian f32 with a
+  // header). A file always holds the moments of the whole model (the params
+  // layout): load() picks this optimizer's tensors out of it by name, and
+  // save() needs layout == params layout (expert parallelism gathers the
+  // moments first, write_optimizer_state).
   void save(const std::string& path);
   void load(const std::string& path);
+  // This optimizer's moments (layout.numel() floats each; allocated by now).
+  float* m() { ensure_state(); return m_.as<float>(); }
+  float* v() { ensure_state(); return v_.as<float>(); }
+  const ParamLayout& layout() const { return *layout_; }
 
  private:
   void ensure_state();
 
   const ParamLayout* layout_;
+  const ParamLayout* params_;
+  std::vector<int64_t> param_offset_;  // offset in the params layout of each of layout's tensors
   OptimizerConfig config_;
   Buffer m_, v_;
   int64_t step_ = 0;
 };
+
+// The checkpoint file of AdamW::save: `step` optimizer steps done, n
+// floats of each moment in the model's full layout.
+void write_optimizer_state(const std::string& path, int64_t step, int64_t n, const float* m, const float* v);
 
 }  // namespace lockstep::train

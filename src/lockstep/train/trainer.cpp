@@ -2,9 +2,12 @@
 #include "lockstep/train/trainer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <string>
 
 #include "lockstep/base/error.h"
+#include "lockstep/kernels/cpu/adamw.h"
 #include "lockstep/kernels/cpu/softmax.h"
 #include "lockstep/model/forward_util.h"
 
@@ -24,11 +27,12 @@ struct RunBuffers {
 Trainer::Trainer(const Context& ctx, const ModelConfig& config, Buffer params, TrainerConfig cfg)
     : ctx_(ctx),
       layout_(config),
+      glayout_(layout_),
       params_(std::move(params)),
-      grads_(layout_.nbytes()),
-      grad_views_(bind(layout_, grads_.as<float>())),
+      grads_(glayout_.nbytes()),
+      grad_views_(bind(glayout_, grads_.as<float>())),
       cfg_(cfg),
-      optimizer_(layout_, cfg.optim) {
+      optimizer_(glayout_, cfg.optim, &layout_) {
   LS_CHECK(params_.size() >= layout_.nbytes()) << "parameter buffer of " << params_.size() << " bytes, model needs "
                                                << layout_.nbytes();
   LS_CHECK(cfg_.micro_batch_tokens >= 1) << "micro_batch_tokens must be >= 1";
@@ -37,14 +41,128 @@ Trainer::Trainer(const Context& ctx, const ModelConfig& config, Buffer params, T
 
 void Trainer::params_changed(uint64_t version) { weights_->refresh(ctx_, version); }
 
+namespace {
+bool is_routed_expert(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
+
+// Adjacent (offset, n) ranges merged.
+void add_range(std::vector<std::pair<int64_t, int64_t>>& r, int64_t offset, int64_t n) {
+  if (!r.empty() && r.back().first + r.back().second == offset)
+    r.back().second += n;
+  else
+    r.emplace_back(offset, n);
+}
+
+std::vector<kernels::FloatSegment> segments(const std::vector<std::pair<int64_t, int64_t>>& r, const float* base) {
+  std::vector<kernels::FloatSegment> out;
+  for (auto [o, n] : r) out.push_back({const_cast<float*>(base) + o, n});
+  return out;
+}
+
+// Per MoE layer: where expert `e`'s gate_proj and down_proj start in `l`;
+// every expert's gate|up block, and every down block, follow in expert
+// order (model/params.h).
+struct ExpertBlocks {
+  int64_t gate_up = 0, down = 0;
+};
+std::vector<ExpertBlocks> expert_blocks(const ParamLayout& l, int64_t e) {
+  std::vector<ExpertBlocks> out;
+  const ModelConfig& c = l.config();
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    if (!c.is_moe_layer(i)) continue;
+    const std::string p = "model.layers." + std::to_string(i) + ".mlp.experts." + std::to_string(e) + ".";
+    out.push_back({l.at(p + "gate_proj.weight").offset, l.at(p + "down_proj.weight").offset});
+  }
+  return out;
+}
+}  // namespace
+
 void Trainer::set_expert_comm(model::ExpertComm* comm) {
   const ModelConfig& c = config();
+  LS_CHECK(optimizer_.steps_done() == 0) << "set_expert_comm after optimizer steps would lose the optimizer state";
   model::ExpertShard shard;
   if (comm != nullptr && c.num_experts > 0) shard = model::ExpertShard::of_rank(c.num_experts, comm->size(), comm->rank());
+  experts_ = shard.all() ? nullptr : comm;
+  glayout_ = shard.all() ? layout_ : ParamLayout(c, shard.first, shard.count);
+  grads_ = Buffer(glayout_.nbytes());
+  grad_views_ = bind(glayout_, grads_.as<float>());
+  optimizer_ = AdamW(glayout_, optimizer_.config(), &layout_);
+  own_expert_ranges_.clear();
+  shared_ranges_.clear();
+  for (const ParamInfo& p : glayout_.params())
+    add_range(is_routed_expert(p.name) ? own_expert_ranges_ : shared_ranges_, p.offset, p.numel);
+  ckpt_m_ = Buffer();
+  ckpt_v_ = Buffer();
   const uint64_t version = weights_->version();
   weights_ = std::make_unique<model::ModelWeights>(ctx_, layout_, params_.as<float>(), DType::F32, 0, shard);
   weights_->refresh(ctx_, version);
-  experts_ = c.num_experts > 0 ? comm : nullptr;
+}
+
+// sqrt(|shared|^2 + sum over the group of |own experts|^2): the shared
+// gradients are the same on every rank after grad_reduce, each expert's are
+// on one rank of the group.
+double Trainer::expert_grad_norm(const Context& ctx, const float* grads) const {
+  const double a = kernels::global_grad_norm(ctx, segments(shared_ranges_, grads));
+  const double b = kernels::global_grad_norm(ctx, segments(own_expert_ranges_, grads));
+  return std::sqrt(a * a + experts_->sum(b * b));
+}
+
+// The group's ranks' updated experts into every rank's parameters: one
+// all-gather of the gate|up blocks and one of the down blocks per MoE layer
+// (shard r's experts are block r in rank order).
+void Trainer::gather_experts() {
+  const ModelConfig& c = config();
+  const int64_t D = c.hidden_size, Fe = c.moe_intermediate_size;
+  const int64_t first = glayout_.expert_first(), count = glayout_.expert_count();
+  float* p = params_.as<float>();
+  std::vector<float> mine;
+  for (const ExpertBlocks& b : expert_blocks(layout_, 0)) {
+    for (auto [at, block] : {std::pair{b.gate_up, 2 * Fe * D}, std::pair{b.down, D * Fe}}) {
+      const float* src = p + at + first * block;
+      mine.assign(src, src + count * block);
+      experts_->all_gather(mine.data(), size_t(count * block) * sizeof(float), p + at);
+    }
+  }
+}
+
+void Trainer::prepare_checkpoint(bool writer) {
+  if (experts_ == nullptr) return;
+  if (experts_->max(writer ? 1 : 0) == 0) return;  // nobody in this group writes
+  const bool root = experts_->rank() == 0;
+  if (root) {
+    ckpt_m_ = Buffer(layout_.nbytes());
+    ckpt_v_ = Buffer(layout_.nbytes());
+  }
+  // Shared tensors: the root's own copy; experts: gathered block by block.
+  const ModelConfig& c = config();
+  const int64_t D = c.hidden_size, Fe = c.moe_intermediate_size, count = glayout_.expert_count();
+  for (int moment = 0; moment < 2; ++moment) {
+    const float* local = moment == 0 ? optimizer_.m() : optimizer_.v();
+    float* full = root ? (moment == 0 ? ckpt_m_ : ckpt_v_).as<float>() : nullptr;
+    if (root)
+      for (const ParamInfo& p : glayout_.params())
+        if (!is_routed_expert(p.name)) std::copy(local + p.offset, local + p.offset + p.numel, full + layout_.at(p.name).offset);
+    const auto full_blocks = expert_blocks(layout_, 0), own_blocks = expert_blocks(glayout_, glayout_.expert_first());
+    for (size_t l = 0; l < full_blocks.size(); ++l) {
+      const std::pair<int64_t, int64_t> parts[] = {{own_blocks[l].gate_up, full_blocks[l].gate_up},
+                                                   {own_blocks[l].down, full_blocks[l].down}};
+      const int64_t blocks[] = {2 * Fe * D, D * Fe};
+      for (int k = 0; k < 2; ++k)
+        experts_->gather(local + parts[k].first, size_t(count * blocks[k]) * sizeof(float),
+                         full ? full + parts[k].second : nullptr, 0);
+    }
+  }
+  if (!writer) {  // the root of the writer's group keeps them for save_optimizer
+    ckpt_m_ = Buffer();
+    ckpt_v_ = Buffer();
+  }
+}
+
+void Trainer::save_optimizer(const std::string& path) {
+  if (experts_ == nullptr) return optimizer_.save(path);
+  LS_CHECK(ckpt_m_.size() == layout_.nbytes()) << "save_optimizer: prepare_checkpoint(true) first (expert parallelism)";
+  write_optimizer_state(path, optimizer_.steps_done(), layout_.numel(), ckpt_m_.as<float>(), ckpt_v_.as<float>());
+  ckpt_m_ = Buffer();
+  ckpt_v_ = Buffer();
 }
 
 std::vector<std::pair<size_t, size_t>> Trainer::micro_batches(const std::vector<TrainSequence>& seqs) const {
@@ -175,12 +293,15 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
 }
 
 OptimizerStats Trainer::step() {
-  if (cfg_.grad_reduce) cfg_.grad_reduce(grads_.as<float>(), size_t(layout_.numel()));
-  OptimizerStats s = optimizer_.step(ctx_, params_.as<float>(), grads_.as<float>());
+  if (cfg_.grad_reduce) cfg_.grad_reduce(grads_.as<float>(), size_t(glayout_.numel()));
+  GradNormFn norm;
+  if (experts_) norm = [this](const Context& ctx, const float* g) { return expert_grad_norm(ctx, g); };
+  OptimizerStats s = optimizer_.step(ctx_, params_.as<float>(), grads_.as<float>(), norm);
+  if (experts_ && !s.skipped) gather_experts();
   // Zero the gradients on every thread: a single thread does not saturate
   // memory bandwidth on a buffer of hundreds of MB.
   char* g = static_cast<char*>(grads_.data());
-  const int64_t n = int64_t(layout_.nbytes());
+  const int64_t n = int64_t(glayout_.nbytes());
   ctx_.parallel_for(n, [&](int64_t b0, int64_t b1) { std::memset(g + b0, 0, size_t(b1 - b0)); }, int64_t{1} << 20);
   if (!s.skipped) weights_->refresh(ctx_, weights_->version() + 1);
   return s;

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "lockstep/base/thread_pool.h"
@@ -75,24 +77,37 @@ class Trainer {
 
   const Context& context() const { return ctx_; }
   const ModelConfig& config() const { return layout_.config(); }
-  const ParamLayout& layout() const { return layout_; }
+  const ParamLayout& layout() const { return layout_; }  // of params()
+  // Of grads() and the optimizer state: layout() itself, or with expert
+  // parallelism the same without the other ranks' experts.
+  const ParamLayout& grad_layout() const { return glayout_; }
   const model::ModelWeights& weights() const { return *weights_; }
   float* params() { return params_.as<float>(); }
   float* grads() { return grads_.as<float>(); }
   uint64_t version() const { return weights_->version(); }
   AdamW& optimizer() { return optimizer_; }
   TrainerConfig& trainer_config() { return cfg_; }
-  // Expert parallelism (model/expert_parallel.h): from now on this trainer
-  // packs and runs only its shard of every MoE layer's experts (shard
-  // comm->rank() of comm->size()) and exchanges expert rows with the group's
-  // ranks; null: all experts again. The parameters, gradients and optimizer
-  // stay whole on every rank; backward writes gradients only for this rank's
-  // experts (the group's tokens), so grad_reduce must sum over every trainer
-  // rank. Every rank of the group must make the same sequence of score() and
-  // accumulate() calls (each call runs as many micro-batches as the group's
-  // largest, empty ones included). `comm` must outlive the trainer's use of it.
+  // Expert parallelism (model/expert_parallel.h, docs/distributed.md): from
+  // now on this trainer packs and runs only its shard of every MoE layer's
+  // experts (shard comm->rank() of comm->size()), exchanges expert rows with
+  // the group's ranks, and holds gradients and AdamW moments for its own
+  // experts only (grad_layout()); null: all experts again. The f32 parameters
+  // stay whole: after each optimizer step the group's ranks all-gather their
+  // updated experts. grad_reduce must then sum the non-expert gradients over
+  // every trainer rank and the experts' over the ranks holding the same
+  // experts (dist::make_data_parallel). Every rank of the group must make the
+  // same sequence of score(), accumulate(), step() and prepare_checkpoint()
+  // calls (each score/accumulate runs as many micro-batches as the group's
+  // largest, empty ones included). Call before the first optimizer step;
+  // `comm` must outlive the trainer's use of it.
   void set_expert_comm(model::ExpertComm* comm);
   model::ExpertComm* expert_comm() const { return experts_; }
+  // Before a checkpoint: collective over the expert-parallel group (a no-op
+  // without one); the group's rank 0 gathers the whole model's AdamW moments
+  // when `writer` is set on some rank of the group.
+  void prepare_checkpoint(bool writer);
+  // Writes the optimizer state of the whole model (AdamW::save's format).
+  void save_optimizer(const std::string& path);
   // After params() were overwritten (checkpoint load): repack, set version.
   void params_changed(uint64_t version);
   // Token-budget micro-batches: [begin, end) index ranges into seqs.
@@ -102,14 +117,21 @@ class Trainer {
   double run(const std::vector<TrainSequence>& seqs, const LossFn* loss, const ScoreOptions& opt,
              std::vector<TokenScores>* scores);
 
+  double expert_grad_norm(const Context& ctx, const float* grads) const;
+  void gather_experts();
+
   Context ctx_;
-  ParamLayout layout_;
+  ParamLayout layout_, glayout_;
   Buffer params_, grads_;
   ModelParams grad_views_;
   TrainerConfig cfg_;
   AdamW optimizer_;
   std::unique_ptr<model::ModelWeights> weights_;
   model::ExpertComm* experts_ = nullptr;
+  // Expert parallelism: grad_layout() ranges of this rank's experts and of
+  // everything else (offset, floats), and the gathered moments of a checkpoint.
+  std::vector<std::pair<int64_t, int64_t>> own_expert_ranges_, shared_ranges_;
+  Buffer ckpt_m_, ckpt_v_;
   // run()'s KV cache, saved activations and logits (trainer.cpp), kept from
   // call to call: re-allocating them made every step fault in fresh pages.
   std::shared_ptr<RunBuffers> buffers_;

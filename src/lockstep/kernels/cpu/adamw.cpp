@@ -121,4 +121,8 @@ double clip_grad_norm(const Context& ctx, float* grad, int64_t n, double max_nor
   return clip_grad_norm(ctx, {FloatSegment{grad, n}}, max_norm);
 }
 
+void scale_grads(const Context& ctx, const std::vector<FloatSegment>& segments, float factor) {
+  scale_all(ctx, segments, factor);
+}
+
 }  // namespace lockstep::kernels

@@ -55,6 +55,8 @@ double global_grad_norm(const Context& ctx, const std::vector<FloatSegment>& seg
 // float(max_norm / norm); otherwise nothing is written (a NaN/inf norm is
 // left for the caller to report and skip the step). max_norm must be > 0.
 double clip_grad_norm(const Context& ctx, float* grad, int64_t n, double max_norm);
+// Every element times `factor` (one f32 multiply), as clipping does.
+void scale_grads(const Context& ctx, const std::vector<FloatSegment>& segments, float factor);
 double clip_grad_norm(const Context& ctx, const std::vector<FloatSegment>& segments, double max_norm);
 
 }  // namespace lockstep::kernels
