@@ -371,10 +371,11 @@ void check_steps(double grad_clip) {
     EXPECT_LE(double(loose), 2e-3 * double(n)) << loose << " of " << n << " weights differ by more than 1e-6";
   }
   // Checkpoint: the group's rank 0 gathers every expert's moments.
-  std::vector<std::thread> threads;
-  for (int r = 0; r < P; ++r) threads.emplace_back([&, r] { ranks[size_t(r)]->prepare_checkpoint(r == 0); });
-  for (auto& t : threads) t.join();
   const std::string path = ::testing::TempDir() + "/ep_optimizer_" + std::to_string(int(grad_clip * 100)) + ".bin";
+  std::vector<std::thread> threads;
+  for (int r = 0; r < P; ++r)
+    threads.emplace_back([&, r] { ranks[size_t(r)]->prepare_checkpoint(r == 0, path + ".gathered"); });
+  for (auto& t : threads) t.join();
   ranks[0]->save_optimizer(path);
   // A plain trainer reads the whole model's state; each rank's own part has
   // the rank's bits, shared tensors the (identical) ranks' bits.

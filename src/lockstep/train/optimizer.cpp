@@ -66,21 +66,31 @@ namespace {
 constexpr char kMagic[8] = {'L', 'S', 'A', 'D', 'A', 'M', 'W', '1'};
 }
 
-void write_optimizer_state(const std::string& path, int64_t step, int64_t n, const float* m, const float* v) {
-  AtomicFile f(path);
-  f.write(kMagic, 8);
-  f.write(&step, 8);
-  f.write(&n, 8);
-  f.write(m, size_t(n) * 4);
-  f.write(v, size_t(n) * 4);
-  f.commit();
+OptimizerStateWriter::OptimizerStateWriter(const std::string& path, int64_t step, int64_t n) : file_(path), n_(n) {
+  file_.write(kMagic, 8);
+  file_.write(&step, 8);
+  file_.write(&n, 8);
+}
+
+void OptimizerStateWriter::write(const float* data, int64_t count) {
+  LS_CHECK(written_ + count <= 2 * n_) << "optimizer state: more than 2 x " << n_ << " floats written";
+  file_.write(data, size_t(count) * 4);
+  written_ += count;
+}
+
+void OptimizerStateWriter::commit() {
+  LS_CHECK(written_ == 2 * n_) << "optimizer state: " << written_ << " of 2 x " << n_ << " floats written";
+  file_.commit();
 }
 
 void AdamW::save(const std::string& path) {
   LS_CHECK(layout_->numel() == params_->numel())
-      << "AdamW::save: this optimizer holds part of the model's moments; gather them (write_optimizer_state)";
+      << "AdamW::save: this optimizer holds part of the model's moments (Trainer::prepare_checkpoint gathers them)";
   ensure_state();
-  write_optimizer_state(path, step_, layout_->numel(), m_.as<float>(), v_.as<float>());
+  OptimizerStateWriter w(path, step_, layout_->numel());
+  w.write(m_.as<float>(), layout_->numel());
+  w.write(v_.as<float>(), layout_->numel());
+  w.commit();
 }
 
 void AdamW::load(const std::string& path) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "lockstep/base/thread_pool.h"
+#include "lockstep/model/file_util.h"
 #include "lockstep/model/params.h"
 #include "lockstep/tensor/tensor.h"
 
@@ -80,8 +81,19 @@ class AdamW {
   int64_t step_ = 0;
 };
 
-// The checkpoint file of AdamW::save: `step` optimizer steps done, n
-// floats of each moment in the model's full layout.
-void write_optimizer_state(const std::string& path, int64_t step, int64_t n, const float* m, const float* v);
+// The checkpoint file of AdamW::save, written piece by piece: `step`
+// optimizer steps done, then n floats of the first moment and n of the
+// second, in the model's full layout. Nothing appears at `path` unless
+// commit() is reached with all 2n floats written.
+class OptimizerStateWriter {
+ public:
+  OptimizerStateWriter(const std::string& path, int64_t step, int64_t n);
+  void write(const float* data, int64_t count);
+  void commit();
+
+ private:
+  AtomicFile file_;
+  int64_t n_, written_ = 0;
+};
 
 }  // namespace lockstep::train

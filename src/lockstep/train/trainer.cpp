@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <string>
 
 #include "lockstep/base/error.h"
@@ -90,8 +91,7 @@ void Trainer::set_expert_comm(model::ExpertComm* comm) {
   shared_ranges_.clear();
   for (const ParamInfo& p : glayout_.params())
     add_range(is_routed_expert(p.name) ? own_expert_ranges_ : shared_ranges_, p.offset, p.numel);
-  ckpt_m_ = Buffer();
-  ckpt_v_ = Buffer();
+  gathered_optimizer_.clear();
   const uint64_t version = weights_->version();
   weights_ = std::make_unique<model::ModelWeights>(ctx_, layout_, params_.as<float>(), DType::F32, 0, shard);
   weights_->refresh(ctx_, version);
@@ -124,45 +124,50 @@ void Trainer::gather_experts() {
   }
 }
 
-void Trainer::prepare_checkpoint(bool writer) {
+void Trainer::prepare_checkpoint(bool writer, const std::string& scratch) {
   if (experts_ == nullptr) return;
   if (experts_->max(writer ? 1 : 0) == 0) return;  // nobody in this group writes
   const bool root = experts_->rank() == 0;
-  if (root) {
-    ckpt_m_ = Buffer(layout_.nbytes());
-    ckpt_v_ = Buffer(layout_.nbytes());
-  }
-  // Shared tensors: the root's own copy; experts: gathered block by block.
+  LS_CHECK(!writer || root) << "prepare_checkpoint: the writer must be rank 0 of its expert-parallel group";
+  if (root) std::filesystem::create_directories(std::filesystem::path(scratch).parent_path());
+  // The full layout in order; a layer's routed experts are two blocks
+  // (every gate|up, then every down), each gathered from the group's shards.
   const ModelConfig& c = config();
-  const int64_t D = c.hidden_size, Fe = c.moe_intermediate_size, count = glayout_.expert_count();
+  const int64_t D = c.hidden_size, Fe = c.moe_intermediate_size, E = c.num_experts;
+  const int64_t first = glayout_.expert_first(), count = glayout_.expert_count();
+  std::unique_ptr<OptimizerStateWriter> out;
+  if (root) out = std::make_unique<OptimizerStateWriter>(scratch, optimizer_.steps_done(), layout_.numel());
+  std::vector<float> block;
   for (int moment = 0; moment < 2; ++moment) {
     const float* local = moment == 0 ? optimizer_.m() : optimizer_.v();
-    float* full = root ? (moment == 0 ? ckpt_m_ : ckpt_v_).as<float>() : nullptr;
-    if (root)
-      for (const ParamInfo& p : glayout_.params())
-        if (!is_routed_expert(p.name)) std::copy(local + p.offset, local + p.offset + p.numel, full + layout_.at(p.name).offset);
-    const auto full_blocks = expert_blocks(layout_, 0), own_blocks = expert_blocks(glayout_, glayout_.expert_first());
-    for (size_t l = 0; l < full_blocks.size(); ++l) {
-      const std::pair<int64_t, int64_t> parts[] = {{own_blocks[l].gate_up, full_blocks[l].gate_up},
-                                                   {own_blocks[l].down, full_blocks[l].down}};
-      const int64_t blocks[] = {2 * Fe * D, D * Fe};
-      for (int k = 0; k < 2; ++k)
-        experts_->gather(local + parts[k].first, size_t(count * blocks[k]) * sizeof(float),
-                         full ? full + parts[k].second : nullptr, 0);
+    for (const ParamInfo& p : layout_.params()) {
+      if (!is_routed_expert(p.name)) {
+        if (out) out->write(local + glayout_.at(p.name).offset, p.numel);
+        continue;
+      }
+      // Expert 0's gate_proj starts the layer's gate|up block, its down_proj
+      // the down block; the other experts' tensors are inside those blocks.
+      const bool gate_up = p.name.find(".experts.0.gate_proj.") != std::string::npos;
+      if (!gate_up && p.name.find(".experts.0.down_proj.") == std::string::npos) continue;
+      const int64_t per = gate_up ? 2 * Fe * D : D * Fe;
+      const std::string own = p.name.substr(0, p.name.find(".experts.0.")) + ".experts." + std::to_string(first) +
+                              (gate_up ? ".gate_proj.weight" : ".down_proj.weight");
+      if (root) block.resize(size_t(E * per));
+      experts_->gather(local + glayout_.at(own).offset, size_t(count * per) * sizeof(float), block.data(), 0);
+      if (out) out->write(block.data(), E * per);
     }
   }
-  if (!writer) {  // the root of the writer's group keeps them for save_optimizer
-    ckpt_m_ = Buffer();
-    ckpt_v_ = Buffer();
+  if (out) {
+    out->commit();
+    gathered_optimizer_ = scratch;
   }
 }
 
 void Trainer::save_optimizer(const std::string& path) {
   if (experts_ == nullptr) return optimizer_.save(path);
-  LS_CHECK(ckpt_m_.size() == layout_.nbytes()) << "save_optimizer: prepare_checkpoint(true) first (expert parallelism)";
-  write_optimizer_state(path, optimizer_.steps_done(), layout_.numel(), ckpt_m_.as<float>(), ckpt_v_.as<float>());
-  ckpt_m_ = Buffer();
-  ckpt_v_ = Buffer();
+  LS_CHECK(!gathered_optimizer_.empty()) << "save_optimizer: prepare_checkpoint(true, ...) first (expert parallelism)";
+  std::filesystem::rename(gathered_optimizer_, path);
+  gathered_optimizer_.clear();
 }
 
 std::vector<std::pair<size_t, size_t>> Trainer::micro_batches(const std::vector<TrainSequence>& seqs) const {

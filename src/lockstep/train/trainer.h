@@ -103,10 +103,12 @@ class Trainer {
   void set_expert_comm(model::ExpertComm* comm);
   model::ExpertComm* expert_comm() const { return experts_; }
   // Before a checkpoint: collective over the expert-parallel group (a no-op
-  // without one); the group's rank 0 gathers the whole model's AdamW moments
-  // when `writer` is set on some rank of the group.
-  void prepare_checkpoint(bool writer);
-  // Writes the optimizer state of the whole model (AdamW::save's format).
+  // without one). When `writer` is set on some rank of the group, its rank 0
+  // (the writer) gathers the whole model's AdamW moments layer by layer into
+  // the file `scratch` (one layer's experts in memory at a time).
+  void prepare_checkpoint(bool writer, const std::string& scratch);
+  // Writes the optimizer state of the whole model (AdamW::save's format):
+  // with expert parallelism, moves prepare_checkpoint's file to `path`.
   void save_optimizer(const std::string& path);
   // After params() were overwritten (checkpoint load): repack, set version.
   void params_changed(uint64_t version);
@@ -131,7 +133,7 @@ class Trainer {
   // Expert parallelism: grad_layout() ranges of this rank's experts and of
   // everything else (offset, floats), and the gathered moments of a checkpoint.
   std::vector<std::pair<int64_t, int64_t>> own_expert_ranges_, shared_ranges_;
-  Buffer ckpt_m_, ckpt_v_;
+  std::string gathered_optimizer_;  // prepare_checkpoint's file, until save_optimizer
   // run()'s KV cache, saved activations and logits (trainer.cpp), kept from
   // call to call: re-allocating them made every step fault in fresh pages.
   std::shared_ptr<RunBuffers> buffers_;
