@@ -1,8 +1,9 @@
 // The RL loop end to end on a tiny random MoE model with a deterministic
 // verifier: what a run writes (metrics, samples, eval, checkpoints), the
 // alignment guarantee at every step, bit-identical resume, fast mode with
-// TIS, KL to the reference, several updates per batch, dynamic sampling and
-// the config errors.
+// TIS, KL to the reference, several updates per batch, dynamic sampling,
+// rollout one step ahead of training (max_weight_staleness) and the config
+// errors.
 #include "lockstep/rl/loop.h"
 
 #include <gtest/gtest.h>
@@ -19,6 +20,8 @@
 #include "lockstep/metrics/metrics_logger.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/model/params.h"
+#include "lockstep/model/weights.h"
+#include "lockstep/rollout/engine.h"
 #include "lockstep/tokenizer/byte_level.h"
 #include "../model/model_test_util.h"
 
@@ -142,6 +145,70 @@ struct Fixture {
   std::vector<data::PromptExample> train, eval;
 };
 
+// A rollout that runs apart from the trainer, as rollout ranks do: its own
+// copy of the weights, taken at sync(), and submit/collect. It logs each call
+// with the weight version it generated with or received, and throws on the
+// calls MpiRollout would deadlock on (sync or generate while a batch is in
+// flight). It generates at submit(): the weights cannot change before
+// collect(), so the samples are those a rollout rank would return.
+class AheadRollout : public RolloutBackend {
+ public:
+  AheadRollout(train::Trainer& trainer, const RlConfig& c)
+      : ctx_(trainer.context()), layout_(trainer.config()), params_(alloc_params(layout_)),
+        weights_(ctx_, layout_, params_.as<float>()) {
+    rollout::EngineConfig ec = c.rollout.engine;
+    ec.seed = c.seed;
+    engine_ = std::make_unique<rollout::Engine>(ctx_, &weights_, ec);
+    AheadRollout::sync(trainer);
+  }
+  std::vector<rollout::RequestResult> generate(std::vector<rollout::Request> requests, const RolloutProgress&,
+                                               int64_t* generated_tokens) override {
+    LS_CHECK(!in_flight_) << "generate while a batch is in flight";
+    calls.push_back("generate " + std::to_string(weights_.version()));
+    return run(std::move(requests), generated_tokens);
+  }
+  void sync(train::Trainer& trainer) override {
+    LS_CHECK(!in_flight_) << "sync while a batch is in flight";
+    std::memcpy(params_.as<float>(), trainer.params(), layout_.nbytes());
+    weights_.refresh(ctx_, trainer.version());
+    engine_->update_weights(&weights_);
+    calls.push_back("sync " + std::to_string(trainer.version()));
+  }
+  bool aligned() const override { return true; }
+  bool can_overlap() const override { return true; }
+  void submit(std::vector<rollout::Request> requests) override {
+    LS_CHECK(!in_flight_) << "a second batch submitted";
+    calls.push_back("submit " + std::to_string(weights_.version()));
+    pending_ = run(std::move(requests), &pending_tokens_);
+    in_flight_ = true;
+  }
+  std::vector<rollout::RequestResult> collect(const RolloutProgress&, int64_t* generated_tokens) override {
+    LS_CHECK(in_flight_) << "collect without a batch";
+    in_flight_ = false;
+    calls.push_back("collect");
+    if (generated_tokens) *generated_tokens = pending_tokens_;
+    return std::move(pending_);
+  }
+
+  std::vector<std::string> calls;
+
+ private:
+  std::vector<rollout::RequestResult> run(std::vector<rollout::Request> requests, int64_t* tokens) {
+    const int64_t before = engine_->stats().generated_tokens;
+    auto out = engine_->generate(std::move(requests));
+    if (tokens) *tokens = engine_->stats().generated_tokens - before;
+    return out;
+  }
+  Context ctx_;
+  ParamLayout layout_;
+  Buffer params_;
+  model::ModelWeights weights_;
+  std::unique_ptr<rollout::Engine> engine_;
+  bool in_flight_ = false;
+  std::vector<rollout::RequestResult> pending_;
+  int64_t pending_tokens_ = 0;
+};
+
 std::vector<nlohmann::json> metrics_of(const std::string& run) {
   int bad = 0;
   auto m = metrics::read_metrics(run + "/metrics.jsonl", &bad);
@@ -185,6 +252,7 @@ TEST(RlLoop, AlignedRunWritesMetricsSamplesEvalAndCheckpoints) {
     EXPECT_EQ(s["train/train_rollout_logprob_abs_diff_max"].get<double>(), 0.0);
     EXPECT_EQ(s["train/train_rollout_logprob_bitwise_equal_frac"].get<double>(), 1.0);
     EXPECT_EQ(s["train/on_policy_shortcut"], 1);
+    EXPECT_EQ(s["rollout/weight_staleness"].get<double>(), 0.0);  // rollout and training alternate
     EXPECT_EQ(s["rollout/num_samples"], 12);
   }
   // Checkpoints at step 2 and 3, latest = 3, loadable with the prompt cursor.
@@ -348,6 +416,117 @@ TEST(RlLoop, AHangingRewardTimesOutAndIsCountedNotTrained) {
   int nulls = 0;
   for (const auto& r : samples) nulls += r.value["reward"].is_null() ? 1 : 0;
   EXPECT_GT(nulls, 0);
+}
+
+// Rollout one step ahead: step k+1's prompts are submitted before step k
+// trains and collected when step k+1 starts; only then does the rollout get
+// the weights of step k's update. Eval (steps 0, 2, 4) needs the rollout idle
+// and on the step's weights, so it collects the batch in flight first.
+TEST(RlLoop, StaleRolloutGeneratesOneStepAheadAndSyncsAfterCollect) {
+  Fixture f;
+  for (const bool with_eval : {false, true}) {
+    SCOPED_TRACE(with_eval ? "with eval" : "no eval");
+    RlConfig c = f.config(f.dir.str(with_eval ? "ahead-eval" : "ahead"));
+    c.steps = 4;
+    c.save_interval = 2;
+    c.max_weight_staleness = 1;
+    RlInputs in = f.inputs();
+    if (!with_eval) in.eval.clear();
+    auto t = f.trainer(c);
+    auto backend = std::make_shared<AheadRollout>(*t, c);
+    in.rollout = backend;
+    run_rl(*t, in, c, false);
+    EXPECT_EQ(t->version(), 4u);
+    const std::vector<std::string> no_eval = {"sync 0",    "generate 0", "submit 0", "collect", "sync 1",
+                                              "submit 1",  "collect",    "sync 2",   "submit 2", "collect",
+                                              "sync 3"};
+    const std::vector<std::string> eval = {"sync 0",   "generate 0", "generate 0", "submit 0",   "collect",
+                                           "sync 1",   "submit 1",   "collect",    "sync 2",     "generate 2",
+                                           "submit 2", "collect",    "sync 3",     "sync 4",     "generate 4"};
+    EXPECT_EQ(backend->calls, with_eval ? eval : no_eval);
+    auto m = metrics_of(c.out_dir);
+    if (with_eval) m.erase(m.begin());  // step 0: eval only
+    ASSERT_EQ(m.size(), 4u);
+    for (size_t i = 0; i < m.size(); ++i) {
+      SCOPED_TRACE("step " + std::to_string(i + 1));
+      // Step 1 is generated on the weights it trains from; every later step
+      // one step behind them: the shortcut is off and old logprobs recomputed.
+      EXPECT_EQ(m[i]["rollout/weight_staleness"].get<double>(), i == 0 ? 0.0 : 1.0);
+      EXPECT_EQ(m[i]["train/on_policy_shortcut"], i == 0 ? 1 : 0);
+      EXPECT_EQ(m[i]["weight_version"], int64_t(i + 1));
+      EXPECT_TRUE(m[i].contains("perf/rollout_wait_time_s"));
+      if (i > 0) {  // the off-policy gap
+        EXPECT_GT(m[i]["train/train_rollout_logprob_abs_diff"].get<double>(), 0.0);
+      }
+    }
+    // The checkpoint of step 2 is written while step 3's prompts are in
+    // flight: its cursor points before them (3 prompts a step).
+    std::ifstream state(c.out_dir + "/checkpoints/step_2/trainer_state.json");
+    EXPECT_EQ(nlohmann::json::parse(state)["prompt_cursor"], 6);
+    EXPECT_EQ(train::find_latest_checkpoint(c.out_dir)->state["prompt_cursor"], 12);
+  }
+}
+
+// A stale run that dies after step 2's checkpoint (step 3 in flight) resumes
+// from it: step 3's prompts are drawn again, generated on the checkpoint's
+// weights (so step 3 is on-policy), and every step appears once.
+TEST(RlLoop, StaleRolloutResumesWithThePromptsThatWereInFlight) {
+  Fixture f;
+  f.eval.clear();
+  RlConfig full = f.config(f.dir.str("full"));
+  full.steps = 4;
+  full.max_weight_staleness = 1;
+  {
+    auto t = f.trainer(full);
+    RlInputs in = f.inputs();
+    in.rollout = std::make_shared<AheadRollout>(*t, full);
+    run_rl(*t, in, full, false);
+  }
+  RlConfig part = f.config(f.dir.str("part"));
+  part.steps = 4;
+  part.save_interval = 2;
+  part.max_weight_staleness = 1;
+  {
+    auto t = f.trainer(part);
+    RlInputs in = f.inputs();
+    in.rollout = std::make_shared<AheadRollout>(*t, part);
+    in.after_step = [](int64_t step) {
+      if (step == 2) throw std::runtime_error("killed");
+    };
+    EXPECT_THROW(run_rl(*t, in, part, false), std::runtime_error);
+  }
+  auto t = f.trainer(part);
+  RlInputs in = f.inputs();
+  auto backend = std::make_shared<AheadRollout>(*t, part);
+  in.rollout = backend;
+  const RlResult r = run_rl(*t, in, part, true);
+  EXPECT_EQ(r.steps_run, 2);
+  EXPECT_EQ(t->version(), 4u);
+  EXPECT_EQ(backend->calls,
+            (std::vector<std::string>{"sync 0", "sync 2", "generate 2", "submit 2", "collect", "sync 3"}));
+  const auto m = metrics_of(part.out_dir);
+  std::vector<int64_t> steps;
+  for (const auto& x : m) steps.push_back(x["step"].get<int64_t>());
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4}));
+  EXPECT_EQ(m[2]["rollout/weight_staleness"].get<double>(), 0.0);
+  EXPECT_EQ(m[3]["rollout/weight_staleness"].get<double>(), 1.0);
+  // The same prompts as the uninterrupted run (their samples differ: other weights).
+  auto prompts = [](const std::string& file) {
+    std::vector<std::string> p;
+    for (const auto& l : data::read_jsonl(file)) p.push_back(l.value["prompt"].get<std::string>());
+    return p;
+  };
+  for (const char* s : {"/samples/step_000003.jsonl", "/samples/step_000004.jsonl"})
+    EXPECT_EQ(prompts(part.out_dir + s), prompts(full.out_dir + s)) << s;
+}
+
+TEST(RlLoop, StalenessNeedsARolloutThatCanOverlap) {
+  Fixture f;
+  RlConfig c = f.config(f.dir.str("colocated"));
+  c.max_weight_staleness = 1;
+  auto t = f.trainer(c);
+  test::expect_error([&] { run_rl(*t, f.inputs(), c, false); },
+                     {"max_weight_staleness = 1", "rollout_ranks > 0", "colocated"});
 }
 
 TEST(RlConfig, ReadsSectionsAndNamesBadKeys) {

@@ -9,11 +9,13 @@
 
 #include "lockstep/base/error.h"
 #include "lockstep/cli/command.h"
+#include "lockstep/cli/mpi_launch.h"
 #include "lockstep/cli/model_source.h"
 #include "lockstep/data/dataset.h"
 #include "lockstep/dist/data_parallel.h"
 #include "lockstep/dist/dist_config.h"
 #include "lockstep/dist/environment.h"
+#include "lockstep/dist/parallel_trainer.h"
 #include "lockstep/dist/role_comms.h"
 #include "lockstep/model/file_util.h"
 #include "lockstep/rl/dist_group.h"
@@ -24,21 +26,16 @@
 namespace lockstep::cli {
 namespace {
 
-// True when a launcher (mpirun, srun) started this process as a rank of a job.
-bool launched_by_mpi() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK"})
-    if (std::getenv(v)) return true;
-  return false;
-}
-
 dist::DistConfig read_dist(const toml::table& root, const std::string& path) {
   TomlSection s(root["dist"].as_table(), path, "dist");
   const dist::DistConfig d = dist::dist_config_from_toml(s);
   s.finish();
-  if (d.max_weight_staleness > 0)
+  // Checked here, before any rank starts: the layout alone decides it.
+  if (d.max_weight_staleness > 0 && d.rollout_ranks == 0)
     LS_THROW << path << ": [dist] max_weight_staleness = " << d.max_weight_staleness
-             << ": generating with weights older than the trainer's (rollout overlapping training) is not "
-                "implemented yet; rollout ranks always generate with the newest weights (max_weight_staleness = 0)";
+             << " needs rollout ranks ([dist] rollout_ranks > 0): with rollout_ranks = 0 the trainers generate "
+                "themselves (colocated, or a single process), so there is nothing for rollout to overlap training "
+                "with; set max_weight_staleness = 0";
   return d;
 }
 
@@ -83,10 +80,11 @@ int run_trainer(const Args& args, const toml::table& root, const std::string& cf
   }
   train::Trainer trainer(ctx, m.config, std::move(m.params), cfg.trainer);
   std::shared_ptr<rl::MpiRollout> remote;
+  std::unique_ptr<model::ExpertComm> experts;
   if (rc) {
     const dist::Roles& r = rc->roles;
     in.group = rl::make_trainer_group(rc->trainers, writer);
-    if (r.trainer_ranks > 1) dist::make_data_parallel(trainer, rc->dp);
+    experts = dist::make_parallel_trainer(trainer, *rc, cfg_path);
     if (!r.colocated) {
       remote = std::make_shared<rl::MpiRollout>(trainer, writer ? &rc->weight_sync : nullptr, &rc->trainers,
                                                 cfg.rollout, cfg.seed);
@@ -96,9 +94,17 @@ int run_trainer(const Args& args, const toml::table& root, const std::string& cf
     }
     if (writer)
       std::cout << "rl: MPI job of " << r.world_size << " ranks: " << r.trainer_ranks << " trainer"
-                << (r.trainer_ranks == 1 ? "" : "s (data parallel)") << ", "
+                << (r.trainer_ranks == 1 ? "" : "s (data parallel)")
+                << (r.ep_size > 1 ? " as " + std::to_string(r.dp_size) + " expert-parallel groups of " +
+                                        std::to_string(r.ep_size)
+                                  : "")
+                << ", "
                 << (r.colocated ? "colocated rollout (each trainer generates a share)"
                                 : std::to_string(r.rollout_ranks) + " rollout rank" + (r.rollout_ranks == 1 ? "" : "s"))
+                << (cfg.max_weight_staleness > 0 ? ", rollout one step ahead of training (max_weight_staleness = " +
+                                                       std::to_string(cfg.max_weight_staleness) +
+                                                       (cfg.max_weight_staleness > 1 ? ", runs as 1)" : ")")
+                                                 : std::string())
                 << std::endl;
   }
   const rl::RlResult res = rl::run_rl(trainer, in, cfg, args.flag("resume"));
@@ -133,6 +139,7 @@ int run_rl_cmd(const Args& args) {
   toml::table root = load_toml_with_overrides(cfg_path, args.sets());
   rl::RlConfig cfg = rl::rl_config_from_toml(root, cfg_path);
   const dist::DistConfig dcfg = read_dist(root, cfg_path);
+  cfg.max_weight_staleness = dcfg.max_weight_staleness;
   TomlSection data_s(root["data"].as_table(), cfg_path, "data");
   data::DataConfig dc = data::data_config_from_toml(data_s);
   data_s.finish();
@@ -147,7 +154,8 @@ int run_rl_cmd(const Args& args) {
               << cfg.rollout.precision << "; out " << cfg.out_dir;
     if (has_dist)
       std::cout << "; dist: " << (dcfg.trainer_ranks ? std::to_string(dcfg.trainer_ranks) : std::string("all other"))
-                << " trainer + " << dcfg.rollout_ranks << " rollout ranks";
+                << " trainer + " << dcfg.rollout_ranks << " rollout ranks"
+                << (dcfg.max_weight_staleness > 0 ? ", rollout one step ahead" : "");
     std::cout << ")" << std::endl;
     return 0;
   }
@@ -155,7 +163,7 @@ int run_rl_cmd(const Args& args) {
   if (!has_dist && !launched_by_mpi()) return run_trainer(args, root, cfg_path, cfg, dc, nullptr);
   dist::Environment env;
   if (env.world_size() == 1) {
-    dist::check_implemented(dist::compute_roles(dcfg, 1, 0));  // e.g. rollout_ranks = 1 needs 2 ranks
+    dist::compute_roles(dcfg, 1, 0);  // throws for layouts a world of one cannot hold (rollout_ranks = 1)
     return run_trainer(args, root, cfg_path, cfg, dc, nullptr);
   }
   try {
@@ -186,7 +194,8 @@ LS_REGISTER_COMMAND(Command{
     "OUT/checkpoints/step_N (Hugging Face layout + optimizer state) and OUT/report.html.\n"
     "--resume continues from OUT/checkpoints/latest (metrics lines after it are dropped).\n"
     "Under mpirun/srun, [dist] trainer_ranks / rollout_ranks split the ranks into data-parallel\n"
-    "trainers and rollout ranks that receive the weights after every step (docs/distributed.md).\n"
+    "trainers and rollout ranks that receive the weights after every step (docs/distributed.md);\n"
+    "[dist] max_weight_staleness = 1 lets the rollout ranks generate one step ahead of training.\n"
     "Sections: [model] [data] [rollout] [train] [algo] [reward] [eval] [log] [dist]; see\n"
     "docs/rl.md and docs/configuration.md. Recipes: configs/demo/rl.toml, configs/recipes/.\n",
     {"resume"}, run_rl_cmd});

@@ -1,39 +1,44 @@
 // `lockstep sft`: supervised fine-tuning from a TOML config.
 #include <filesystem>
 #include <iostream>
+#include <memory>
 #include <sstream>
 
 #include "lockstep/base/error.h"
 #include "lockstep/base/toml_section.h"
 #include "lockstep/cli/command.h"
 #include "lockstep/cli/model_source.h"
+#include "lockstep/cli/mpi_launch.h"
 #include "lockstep/data/dataset.h"
+#include "lockstep/dist/data_parallel.h"
+#include "lockstep/dist/dist_config.h"
+#include "lockstep/dist/environment.h"
+#include "lockstep/dist/parallel_trainer.h"
+#include "lockstep/dist/role_comms.h"
 #include "lockstep/model/file_util.h"
+#include "lockstep/train/sft.h"
 #include "lockstep/train/train_config.h"
 
 namespace lockstep::cli {
 namespace {
 
-int run_sft_cmd(const Args& args) {
-  args.check_known({"config", "resume", "out"});
-  const std::string cfg_path = args.require("config");
-  toml::table root = load_toml_with_overrides(cfg_path, args.sets());
-  for (const auto& [k, v] : root) {
-    const std::string key(k.str());
-    if (key != "model" && key != "data" && key != "train" && key != "log")
-      LS_THROW << cfg_path << ": section [" << key << "] is not used by sft (expected [model] [data] [train] [log])";
-  }
-  TomlSection train_s(root["train"].as_table(), cfg_path, "train");
-  train::TrainSection ts = train::train_section_from_toml(train_s);
-  train_s.finish();
-  TomlSection data_s(root["data"].as_table(), cfg_path, "data");
-  data::DataConfig dc = data::data_config_from_toml(data_s);
-  data_s.finish();
-  TomlSection log_s(root["log"].as_table(), cfg_path, "log");
-  log_s.finish();
-  if (dc.train_file.empty()) LS_THROW << cfg_path << ": [data] train_file is required";
-  if (args.has("out")) ts.out_dir = args.get("out", ts.out_dir);
+// [dist] of an sft run: trainer ranks only.
+dist::DistConfig read_dist(const toml::table& root, const std::string& path) {
+  TomlSection s(root["dist"].as_table(), path, "dist");
+  const dist::DistConfig d = dist::dist_config_from_toml(s);
+  s.finish();
+  if (d.rollout_ranks > 0)
+    LS_THROW << path << ": [dist] rollout_ranks = " << d.rollout_ranks
+             << ": sft generates nothing, every rank trains (remove rollout_ranks)";
+  if (d.max_weight_staleness > 0)
+    LS_THROW << path << ": [dist] max_weight_staleness is an rl setting; sft has no rollout (remove it)";
+  return d;
+}
 
+// The training part; rc is null in a single-process run.
+int train_sft(const Args& args, const toml::table& root, const std::string& cfg_path, train::TrainSection ts,
+              const data::DataConfig& dc, dist::RoleComms* rc) {
+  const bool writer = !rc || rc->roles.is_trainer_root();
   auto pool = make_pool(ts.threads);
   Context ctx{pool.get(), 0};
   LoadedModel m = load_model_from_config(root, cfg_path, ctx);
@@ -50,18 +55,79 @@ int run_sft_cmd(const Args& args) {
                << " tokens exceed the model's max_position_embeddings";
     seqs.push_back(std::move(s));
   }
-  std::filesystem::create_directories(ts.out_dir);
-  write_file_atomic(ts.out_dir + "/config.toml", [&] {
-    std::ostringstream os;
-    os << root;
-    return os.str() + "\n";
-  }());
-  std::cout << "sft: " << seqs.size() << " examples, " << ts.sft.steps << " steps of " << ts.sft.batch_size
-            << " sequences, " << ctx.threads() << " threads -> " << ts.out_dir << std::endl;
+  if (writer) {
+    std::filesystem::create_directories(ts.out_dir);
+    write_file_atomic(ts.out_dir + "/config.toml", [&] {
+      std::ostringstream os;
+      os << root;
+      return os.str() + "\n";
+    }());
+    std::cout << "sft: " << seqs.size() << " examples, " << ts.sft.steps << " steps of " << ts.sft.batch_size
+              << " sequences, " << ctx.threads() << " threads -> " << ts.out_dir << std::endl;
+  }
   train::Trainer trainer(ctx, m.config, std::move(m.params), ts.trainer);
-  train::run_sft(trainer, seqs, ts.out_dir, ts.sft, args.flag("resume"), m.dir);
-  std::cout << "sft: done; final checkpoint in " << ts.out_dir << "/checkpoints/" << std::endl;
+  train::SftRanks ranks;
+  std::unique_ptr<model::ExpertComm> experts;
+  if (rc) {
+    const dist::Roles& r = rc->roles;
+    experts = dist::make_parallel_trainer(trainer, *rc, cfg_path);
+    dist::Communicator* trainers = &rc->trainers;
+    ranks.step = [trainers](train::Trainer& t, const std::vector<train::TrainSequence>& batch) {
+      return dist::dp_sft_step(t, *trainers, batch);
+    };
+    ranks.writer = writer;
+    if (writer)
+      std::cout << "sft: MPI job of " << r.world_size << " data-parallel trainer ranks"
+                << (r.ep_size > 1 ? " as " + std::to_string(r.dp_size) + " expert-parallel groups of " +
+                                        std::to_string(r.ep_size)
+                                  : "")
+                << "; each step's batch is split over them by tokens" << std::endl;
+  }
+  train::run_sft(trainer, seqs, ts.out_dir, ts.sft, args.flag("resume"), m.dir, {}, ranks);
+  if (writer) std::cout << "sft: done; final checkpoint in " << ts.out_dir << "/checkpoints/" << std::endl;
   return 0;
+}
+
+int run_sft_cmd(const Args& args) {
+  args.check_known({"config", "resume", "out"});
+  const std::string cfg_path = args.require("config");
+  toml::table root = load_toml_with_overrides(cfg_path, args.sets());
+  for (const auto& [k, v] : root) {
+    const std::string key(k.str());
+    if (key != "model" && key != "data" && key != "train" && key != "log" && key != "dist")
+      LS_THROW << cfg_path << ": section [" << key
+               << "] is not used by sft (expected [model] [data] [train] [log] [dist])";
+  }
+  const dist::DistConfig dcfg = read_dist(root, cfg_path);
+  TomlSection train_s(root["train"].as_table(), cfg_path, "train");
+  train::TrainSection ts = train::train_section_from_toml(train_s);
+  train_s.finish();
+  TomlSection data_s(root["data"].as_table(), cfg_path, "data");
+  data::DataConfig dc = data::data_config_from_toml(data_s);
+  data_s.finish();
+  TomlSection log_s(root["log"].as_table(), cfg_path, "log");
+  log_s.finish();
+  if (dc.train_file.empty()) LS_THROW << cfg_path << ": [data] train_file is required";
+  if (args.has("out")) ts.out_dir = args.get("out", ts.out_dir);
+
+  const auto* dist_t = root["dist"].as_table();
+  const bool has_dist = dist_t && !dist_t->empty();
+  // A plain run (no [dist], no launcher) never touches MPI.
+  if (!has_dist && !launched_by_mpi()) return train_sft(args, root, cfg_path, ts, dc, nullptr);
+  dist::Environment env;
+  if (env.world_size() == 1) {
+    dist::compute_roles(dcfg, 1, 0);  // throws for layouts a world of one cannot hold
+    return train_sft(args, root, cfg_path, ts, dc, nullptr);
+  }
+  try {
+    dist::RoleComms rc = dist::make_role_comms(dcfg);
+    return train_sft(args, root, cfg_path, ts, dc, &rc);
+  } catch (const std::exception& e) {
+    // The other ranks may be waiting for this one in a collective: end the job.
+    std::cerr << "lockstep sft: error on rank " << env.world_rank() << " of " << env.world_size() << ": " << e.what()
+              << std::endl;
+    dist::Environment::abort_job(2);
+  }
 }
 
 LS_REGISTER_COMMAND(Command{
@@ -71,8 +137,11 @@ LS_REGISTER_COMMAND(Command{
     "prompt + response, or messages ending with the assistant's reply). Writes\n"
     "OUT/metrics.jsonl, OUT/config.toml (resolved) and OUT/checkpoints/step_N (Hugging Face\n"
     "layout + optimizer state). --resume continues from OUT/checkpoints/latest.\n"
-    "Sections: [model] (path = HF dir, or an inline architecture), [data], [train], [log];\n"
-    "see docs/configuration.md.\n",
+    "Sections: [model] (path = HF dir, or an inline architecture), [data], [train], [log],\n"
+    "[dist]; see docs/configuration.md.\n\n"
+    "Under mpirun (or with a [dist] section) every rank trains: each step's batch is split\n"
+    "over the ranks by tokens and the gradients are summed; [dist] expert_parallel splits the\n"
+    "experts (docs/distributed.md).\n",
     {"resume"}, run_sft_cmd});
 
 }  // namespace

@@ -1,5 +1,11 @@
 // The RL loop: one step is rollout -> rewards -> filters -> advantages ->
 // update(s) -> weight sync -> metrics / samples / eval / checkpoint.
+// With overlap ([dist] max_weight_staleness > 0) a step instead runs:
+// collect this step's first round (generated ahead) -> sync the weights of
+// the last update -> extra rounds (dynamic sampling) -> submit the next
+// step's first round -> rewards ... update(s) -> metrics / eval / checkpoint,
+// so the rollout generates step k+1 with the weights of step k-1 while the
+// trainer trains step k.
 #include "lockstep/rl/loop.h"
 
 #include <algorithm>
@@ -135,6 +141,16 @@ struct Group {
   std::vector<Sample> samples;
 };
 
+// The next step's first rollout round, generated while this step trains.
+struct Ahead {
+  std::vector<Group> groups;  // prompts; samples once collected
+  uint64_t cursor = 0;        // stream position of its first prompt
+  bool in_flight = true;      // submitted, results not received yet
+  Timer submitted;            // when it was submitted
+  double seconds = 0;         // submit to results: the generation span
+  int64_t tokens = 0;         // generated
+};
+
 double mean_of(const std::vector<double>& v) {
   return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / double(v.size());
 }
@@ -177,15 +193,28 @@ class Runner {
       ref_ = std::make_unique<train::Trainer>(ctx_, trainer.config(), std::move(ref), rc);
     }
     end_of_turn_ = data::end_of_turn_id(*in.tok);
+    overlap_ = cfg.max_weight_staleness > 0;
+    if (overlap_ && !rollout_->can_overlap())
+      LS_THROW << "[dist] max_weight_staleness = " << cfg.max_weight_staleness << ": the rollout runs in the "
+               << "trainer's own process (colocated), so it cannot generate while the trainer trains; rollout "
+               << "ahead of training needs rollout ranks ([dist] rollout_ranks > 0)";
+    synced_version_ = trainer.version();  // every backend starts on the trainer's weights
   }
 
   RlResult run(bool resume);
 
  private:
+  std::vector<Group> draw(int64_t count, std::vector<rollout::Request>& reqs);
+  void fill(std::vector<Group>& groups, std::vector<rollout::RequestResult> results);
   std::vector<Group> rollout_round(int64_t count);
+  void submit_ahead();
+  void collect_ahead();
+  std::vector<Group> take_ahead();
   void score_groups(std::vector<Group>& groups);
+  double staleness(const std::vector<Group>& groups, int64_t step) const;
   nlohmann::json update(std::vector<Group>& groups);
   double sync_weights();
+  double sync_if_stale();
   void run_eval(int64_t step, nlohmann::json& m, RlResult& result);
   void write_samples(int64_t step, const std::vector<Group>& groups);
 
@@ -203,14 +232,26 @@ class Runner {
   std::unique_ptr<train::Trainer> ref_;
   int32_t end_of_turn_ = -1;
   std::map<std::string, double> phase_total_;
-  // Per-step phase times.
-  double t_rollout_ = 0, t_reward_ = 0, t_old_ = 0, t_ref_ = 0, t_train_ = 0;
+  // Overlap ([dist] max_weight_staleness > 0): the batch generated ahead.
+  bool overlap_ = false;
+  std::optional<Ahead> ahead_;
+  uint64_t synced_version_ = 0;  // the weights the rollout holds
+  // Weight version -> the last step at whose end the trainer held it (the
+  // start step for the weights a run starts or resumes from): staleness is
+  // counted in steps, whatever the optimizer steps per batch.
+  std::map<uint64_t, int64_t> version_step_;
+  // Per-step phase times. t_rollout_: the trainer's time in rollout calls
+  // (generate, submit, waiting in collect); t_generate_: time the step's
+  // samples took to generate (for a batch generated ahead: submit to results).
+  double t_rollout_ = 0, t_generate_ = 0, t_wait_ = 0, t_reward_ = 0, t_old_ = 0, t_ref_ = 0, t_train_ = 0;
+  double t_sync_ = 0;
+  size_t sync_bytes_ = 0;
   int64_t rollout_tokens_ = 0, train_tokens_ = 0;
 };
 
-std::vector<Group> Runner::rollout_round(int64_t count) {
+// `count` prompts from the stream: their groups (no samples yet) and requests.
+std::vector<Group> Runner::draw(int64_t count, std::vector<rollout::Request>& reqs) {
   std::vector<Group> groups;
-  std::vector<rollout::Request> reqs;
   for (int64_t i = 0; i < count; ++i) {
     const uint64_t pos = cursor_++;
     const size_t idx = stream_.at(pos);
@@ -227,6 +268,29 @@ std::vector<Group> Runner::rollout_round(int64_t count) {
     g.prompt_ids = in_.train[idx].prompt_ids;
     groups.push_back(std::move(g));
   }
+  return groups;
+}
+
+void Runner::fill(std::vector<Group>& groups, std::vector<rollout::RequestResult> results) {
+  LS_CHECK(results.size() == groups.size()) << "rollout: " << results.size() << " results for " << groups.size()
+                                            << " requests";
+  for (size_t i = 0; i < groups.size(); ++i)
+    for (auto& s : results[i].samples) {
+      Sample x;
+      x.output_ids = std::move(s.output_ids);
+      x.rollout_logp = std::move(s.logprobs);
+      x.routed_experts = std::move(s.routed_experts);
+      x.finish_reason = s.finish_reason;
+      x.version = s.weight_version;  // the weights the engine actually used
+      x.version_end = s.weight_version_end;
+      groups[i].samples.push_back(std::move(x));
+    }
+}
+
+// One synchronous round: `count` prompts, generated now.
+std::vector<Group> Runner::rollout_round(int64_t count) {
+  std::vector<rollout::Request> reqs;
+  std::vector<Group> groups = draw(count, reqs);
   Timer t;
   std::vector<rollout::RequestResult> results;
   {
@@ -237,20 +301,54 @@ std::vector<Group> Runner::rollout_round(int64_t count) {
         std::move(reqs), [&](int64_t done, int64_t toks) { bar.update(done, toks); }, &tokens);
     rollout_tokens_ += tokens;
   }
-  LS_CHECK(results.size() == groups.size()) << "rollout: " << results.size() << " results for " << groups.size()
-                                            << " requests";
+  const double secs = t.seconds();
+  t_rollout_ += secs;
+  t_generate_ += secs;
+  fill(groups, std::move(results));
+  return groups;
+}
+
+// Overlap: the next step's first round goes to the rollout now, on the
+// weights it holds, and is collected when that step starts (or when an eval
+// needs the rollout).
+void Runner::submit_ahead() {
+  LS_CHECK(!ahead_) << "rl: a second batch submitted ahead";
+  Ahead a;
+  a.cursor = cursor_;
+  std::vector<rollout::Request> reqs;
+  a.groups = draw(cfg_.batch_size, reqs);
+  Timer t;
+  rollout_->submit(std::move(reqs));
   t_rollout_ += t.seconds();
-  for (size_t i = 0; i < groups.size(); ++i)
-    for (auto& s : results[i].samples) {
-      Sample x;
-      x.output_ids = std::move(s.output_ids);
-      x.rollout_logp = std::move(s.logprobs);
-      x.routed_experts = std::move(s.routed_experts);
-      x.finish_reason = s.finish_reason;
-      x.version = s.weight_version;
-      x.version_end = s.weight_version_end;
-      groups[i].samples.push_back(std::move(x));
-    }
+  a.submitted.reset();
+  ahead_ = std::move(a);
+}
+
+// Waits for the batch generated ahead, if it is still in flight; its samples
+// stay in ahead_ for the step that trains on them.
+void Runner::collect_ahead() {
+  if (!ahead_ || !ahead_->in_flight) return;
+  Timer t;
+  std::vector<rollout::RequestResult> results;
+  {
+    ProgressBar bar("rollout", int64_t(ahead_->groups.size()) * cfg_.rollout.sampling.n, false);
+    if (!cfg_.log.progress) bar.finish();
+    results = rollout_->collect([&](int64_t done, int64_t toks) { bar.update(done, toks); }, &ahead_->tokens);
+  }
+  const double waited = t.seconds();
+  t_rollout_ += waited;
+  t_wait_ += waited;
+  ahead_->seconds = ahead_->submitted.seconds();
+  ahead_->in_flight = false;
+  fill(ahead_->groups, std::move(results));
+}
+
+std::vector<Group> Runner::take_ahead() {
+  collect_ahead();
+  std::vector<Group> groups = std::move(ahead_->groups);
+  rollout_tokens_ += ahead_->tokens;
+  t_generate_ += ahead_->seconds;
+  ahead_.reset();
   return groups;
 }
 
@@ -284,7 +382,32 @@ void Runner::score_groups(std::vector<Group>& groups) {
 double Runner::sync_weights() {
   Timer t;
   rollout_->sync(trainer_);
-  return t.seconds();
+  synced_version_ = trainer_.version();
+  sync_bytes_ += rollout_->last_sync_bytes();
+  const double secs = t.seconds();
+  t_sync_ += secs;
+  return secs;
+}
+
+// Overlap: publishes the trainer's weights unless the rollout holds them
+// already (the first step; a step that made no update).
+double Runner::sync_if_stale() { return trainer_.version() == synced_version_ ? 0.0 : sync_weights(); }
+
+// Mean over the samples of the steps between the weights that generated them
+// and the trainer's, which are those of the end of step - 1: 0 when
+// synchronous, 1 for a batch generated one step ahead.
+double Runner::staleness(const std::vector<Group>& groups, int64_t step) const {
+  double sum = 0;
+  int64_t n = 0;
+  for (const auto& g : groups)
+    for (const auto& s : g.samples) {
+      const auto it = version_step_.find(s.version);
+      LS_CHECK(it != version_step_.end()) << "rl: a sample of weight version " << s.version
+                                          << ", which the trainer never held at the end of a step";
+      sum += double(step - 1 - it->second);
+      ++n;
+    }
+  return n ? sum / double(n) : 0.0;
 }
 
 // Advantages, old/ref logprobs, then num_steps_per_rollout optimizer steps.
@@ -435,7 +558,12 @@ nlohmann::json Runner::update(std::vector<Group>& groups) {
     // Micro-batch by micro-batch (the trainer's own cut, so the gradients are
     // the same bits as one accumulate call), to drive the progress bar.
     double l = 0;
-    for (const auto& [m0, m1] : trainer_.micro_batches(part)) {
+    auto mbs = trainer_.micro_batches(part);
+    // Expert parallelism: every training call is collective over the EP
+    // group, so every trainer makes as many (extra ones are empty).
+    if (trainer_.expert_comm() != nullptr && in_.group.max)
+      mbs.resize(size_t(in_.group.max(double(mbs.size()))), {part.size(), part.size()});
+    for (const auto& [m0, m1] : mbs) {
       std::vector<train::TrainSequence> sub(part.begin() + long(m0), part.begin() + long(m1));
       const size_t off = m0;
       train::LossFn sub_loss = [&, off](size_t i, const float* lp, const float* en, int64_t n, float* dl, float* de) {
@@ -472,7 +600,7 @@ nlohmann::json Runner::update(std::vector<Group>& groups) {
     }
     tot_tokens += part_tokens;
     if (!std::isfinite(l)) {
-      std::fill(trainer_.grads(), trainer_.grads() + trainer_.layout().numel(), 0.0f);
+      std::fill(trainer_.grads(), trainer_.grads() + trainer_.grad_layout().numel(), 0.0f);
       ++skipped;
       continue;
     }
@@ -591,6 +719,7 @@ RlResult Runner::run(bool resume) {
       LS_LOG(Warn) << "--resume: no checkpoint in " << cfg_.out_dir << ", starting from step 0";
     }
   }
+  version_step_[trainer_.version()] = start;
   std::unique_ptr<metrics::MetricsLogger> log;
   if (writer_) log = std::make_unique<metrics::MetricsLogger>(metrics_path, resume ? start : -1);
   if (start == 0 && evaluator_) {
@@ -601,14 +730,26 @@ RlResult Runner::run(bool resume) {
   }
   for (int64_t step = start + 1; step <= cfg_.steps; ++step) {
     Timer step_timer;
-    t_rollout_ = t_reward_ = t_old_ = t_ref_ = t_train_ = 0;
+    t_rollout_ = t_generate_ = t_wait_ = t_reward_ = t_old_ = t_ref_ = t_train_ = t_sync_ = 0;
+    sync_bytes_ = 0;
     rollout_tokens_ = train_tokens_ = 0;
     nlohmann::json m = nlohmann::json::object();
     // 1-3. Rollout, rewards, dynamic-sampling filter.
     std::vector<Group> groups, all;
     int64_t tries = 0, filtered = 0;
+    // Overlap: the next step's first round starts as soon as this step needs
+    // the rollout no more (never past the last step), so it generates while
+    // this step scores and trains.
+    auto submit_next = [&] {
+      if (overlap_ && step < cfg_.steps && !ahead_) submit_ahead();
+    };
     while (int64_t(groups.size()) < cfg_.batch_size && tries < cfg_.algo.max_sampling_tries) {
-      auto round = rollout_round(cfg_.batch_size - int64_t(groups.size()));
+      // Overlap: the first round was generated ahead (none on the first step
+      // of a run); then the rollout is idle and gets the last update's weights
+      // before it generates anything else.
+      auto round = tries == 0 && ahead_ ? take_ahead() : rollout_round(cfg_.batch_size - int64_t(groups.size()));
+      if (tries == 0 && overlap_) sync_if_stale();
+      if (!cfg_.algo.dynamic_sampling) submit_next();  // no more rounds this step
       score_groups(round);
       ++tries;
       for (auto& g : round) {
@@ -652,6 +793,8 @@ RlResult Runner::run(bool resume) {
     m["rollout/filtered_groups"] = filtered;
     m["rollout/prompts_drawn"] = int64_t(all.size());
     if (int64_t(groups.size()) > cfg_.batch_size) groups.resize(size_t(cfg_.batch_size));
+    submit_next();  // after dynamic sampling's extra rounds, which draw prompts first
+    m["rollout/weight_staleness"] = staleness(groups.empty() ? all : groups, step);
     // 4-5. Advantages and update(s).
     if (groups.empty()) {
       LS_LOG(Warn) << "rl step " << step << ": every group was filtered (rewards all agree) after " << tries
@@ -660,8 +803,20 @@ RlResult Runner::run(bool resume) {
     } else {
       m.update(update(groups));
     }
-    // 6. Weight sync.
-    const double t_sync = sync_weights();
+    version_step_[trainer_.version()] = step;
+    if (version_step_.size() > 64) version_step_.erase(version_step_.begin());  // versions only grow
+    // 6. Weight sync. Overlap: the rollout is generating the next batch and
+    // takes the new weights after it (next step), unless an eval needs it
+    // idle and on this step's weights now.
+    const bool last = step == cfg_.steps;
+    const bool eval_now = evaluator_ && (last || (cfg_.eval.interval > 0 && step % cfg_.eval.interval == 0));
+    if (!overlap_) {
+      sync_weights();
+    } else if (eval_now) {
+      collect_ahead();
+      sync_if_stale();
+    }
+    const double t_sync = t_sync_;
     const double step_core = step_timer.seconds();
     m["perf/rollout_time_s"] = t_rollout_;
     m["perf/reward_time_s"] = t_reward_;
@@ -669,14 +824,13 @@ RlResult Runner::run(bool resume) {
     if (ref_) m["perf/ref_logprob_time_s"] = t_ref_;
     m["perf/train_time_s"] = t_train_;
     m["perf/weight_sync_s"] = t_sync;
-    if (const size_t sent = rollout_->last_sync_bytes(); sent > 0)
-      m["perf/weight_sync_gb_per_s"] = double(sent) / std::max(t_sync, 1e-9) * 1e-9;
-    m["perf/rollout_tokens_per_s"] = double(rollout_tokens_) / std::max(t_rollout_, 1e-9);
+    if (sync_bytes_ > 0) m["perf/weight_sync_gb_per_s"] = double(sync_bytes_) / std::max(t_sync, 1e-9) * 1e-9;
+    if (overlap_) m["perf/rollout_wait_time_s"] = t_wait_;
+    m["perf/rollout_tokens_per_s"] = double(rollout_tokens_) / std::max(t_generate_, 1e-9);
     m["perf/train_tokens_per_s"] = double(train_tokens_) / std::max(t_train_ + t_old_, 1e-9);
     m["weight_version"] = trainer_.version();
     // 7. Eval, samples.
-    const bool last = step == cfg_.steps;
-    if (evaluator_ && (last || (cfg_.eval.interval > 0 && step % cfg_.eval.interval == 0))) run_eval(step, m, result);
+    if (eval_now) run_eval(step, m, result);
     if (writer_ && cfg_.log.samples_interval > 0 && (step % cfg_.log.samples_interval == 0 || last))
       write_samples(step, groups.empty() ? all : groups);
     m["perf/step_time_s"] = step_timer.seconds();
@@ -709,14 +863,22 @@ RlResult Runner::run(bool resume) {
     }
     if (in_.on_step) in_.on_step(step, m);
     // Checkpoint.
-    if (writer_ && (last || (cfg_.save_interval > 0 && step % cfg_.save_interval == 0))) {
+    const bool save_now = last || (cfg_.save_interval > 0 && step % cfg_.save_interval == 0);
+    // Expert parallelism: every trainer of the writer's group sends its
+    // experts' optimizer state (a collective; nothing otherwise).
+    if (save_now) trainer_.prepare_checkpoint(writer_, cfg_.out_dir + "/checkpoints/optimizer.gathered");
+    if (writer_ && save_now) {
       Timer ct;
-      nlohmann::json state = {{"prompt_cursor", cursor_}, {"data_seed", cfg_.seed}, {"kind", "rl"}};
+      // Prompts generated ahead are not trained on yet: the cursor points
+      // before them, so --resume draws them again (on the saved weights).
+      const uint64_t cursor = ahead_ ? ahead_->cursor : cursor_;
+      nlohmann::json state = {{"prompt_cursor", cursor}, {"data_seed", cfg_.seed}, {"kind", "rl"}};
       train::save_checkpoint(cfg_.out_dir, step, trainer_, state, in_.tokenizer_dir, cfg_.keep_last);
       phase_total_["checkpoint"] += ct.seconds();
     }
     if (writer_ && in_.after_step) in_.after_step(step);
   }
+  LS_CHECK(!ahead_) << "rl: a batch generated ahead of the last step";
   result.seconds = total.seconds();
   for (auto& [k, v] : phase_total_)
     result.phase_seconds.push_back({k, result.steps_run ? v / double(result.steps_run) : 0.0});

@@ -1,7 +1,8 @@
-// The RL loop of DESIGN.md section 3, colocated in one process: prompts ->
-// rollout (n samples each) -> rewards -> filters -> advantages -> trainer
-// update(s) -> weight sync -> metrics, samples, eval, checkpoint, report.
-// `lockstep rl` and `lockstep demo` both run it.
+// The RL loop of DESIGN.md section 3: prompts -> rollout (n samples each) ->
+// rewards -> filters -> advantages -> trainer update(s) -> weight sync ->
+// metrics, samples, eval, checkpoint, report. `lockstep rl` and `lockstep
+// demo` both run it; the rollout backend decides where samples come from
+// (this process or rollout ranks, which may run one step ahead).
 #pragma once
 
 #include <cstdint>
@@ -50,6 +51,11 @@ struct RlConfig {
   LogConfig log;
   std::string out_dir = "runs/rl";
   int64_t threads = 0;
+  // [dist] max_weight_staleness (the command that reads [dist] sets it). > 0:
+  // the rollout generates the next step's first round while the trainer
+  // trains on this one (one batch ahead, so values above 1 run as 1); needs a
+  // backend that can_overlap() (rollout ranks).
+  int64_t max_weight_staleness = 0;
 };
 
 // Reads every section but [model] and [data] (which the caller reads).

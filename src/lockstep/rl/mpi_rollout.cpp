@@ -5,6 +5,10 @@
 //   kGenerate: the root sends rank q its requests (tag kTagRequests) and
 //              receives its results (tag kTagResults), in rank order;
 //   kStop:     the rollout ranks leave serve_rollout.
+// The root may train between sending the requests (submit) and receiving the
+// results (collect); a rollout rank then waits in its send. It never reads a
+// command before its results are received, which is why the root must collect
+// before it sends another command.
 #include "lockstep/rl/mpi_rollout.h"
 
 #include "lockstep/base/error.h"
@@ -58,28 +62,44 @@ MpiRollout::MpiRollout(train::Trainer& trainer, dist::Communicator* sync, dist::
 
 std::vector<rollout::RequestResult> MpiRollout::generate(std::vector<rollout::Request> requests,
                                                          const RolloutProgress& progress, int64_t* generated_tokens) {
-  LS_CHECK(!stopped_) << "MpiRollout::generate after shutdown";
+  submit(std::move(requests));
+  return collect(progress, generated_tokens);
+}
+
+void MpiRollout::submit(std::vector<rollout::Request> requests) {
+  LS_CHECK(!stopped_) << "MpiRollout::submit after shutdown";
+  LS_CHECK(!in_flight_) << "MpiRollout: a second batch submitted before the first was collected";
   const size_t n = requests.size();
   fill_missing_seeds(requests, seed_, calls_++);
+  in_flight_ = true;
+  in_flight_n_ = n;
+  if (!is_root()) return;  // the other trainer ranks receive the results from the root in collect()
+  const int R = sync_->size() - 1;
+  Command c{kGenerate};
+  sync_->broadcast_value(c, 0);
+  // Rollout rank q gets share q - 1: contiguous, whole requests (groups).
+  in_flight_shares_ = dist::split_even(n, R);
+  for (int q = 1; q <= R; ++q) {
+    const dist::Range s = in_flight_shares_[size_t(q - 1)];
+    const std::vector<rollout::Request> part(std::make_move_iterator(requests.begin() + ptrdiff_t(s.begin)),
+                                             std::make_move_iterator(requests.begin() + ptrdiff_t(s.end)));
+    dist::send_message(*sync_, encode_requests(part), q, kTagRequests);
+  }
+}
+
+std::vector<rollout::RequestResult> MpiRollout::collect(const RolloutProgress& progress, int64_t* generated_tokens) {
+  LS_CHECK(in_flight_) << "MpiRollout::collect without a submitted batch";
+  in_flight_ = false;
+  const size_t n = in_flight_n_;
   std::vector<rollout::RequestResult> results;
   int64_t tokens = 0;
   const bool share = trainers_ && trainers_->valid() && trainers_->size() > 1;
   if (is_root()) {
     const int R = sync_->size() - 1;
-    Command c{kGenerate};
-    sync_->broadcast_value(c, 0);
-    // Rollout rank q gets share q - 1: contiguous, whole requests (groups).
-    const std::vector<dist::Range> shares = dist::split_even(n, R);
-    for (int q = 1; q <= R; ++q) {
-      const dist::Range s = shares[size_t(q - 1)];
-      const std::vector<rollout::Request> part(std::make_move_iterator(requests.begin() + ptrdiff_t(s.begin)),
-                                               std::make_move_iterator(requests.begin() + ptrdiff_t(s.end)));
-      dist::send_message(*sync_, encode_requests(part), q, kTagRequests);
-    }
     for (int q = 1; q <= R; ++q) {
       int64_t t = 0;
       auto part = decode_results(dist::recv_message(*sync_, q, kTagResults), &t);
-      const dist::Range s = shares[size_t(q - 1)];
+      const dist::Range s = in_flight_shares_[size_t(q - 1)];
       if (part.size() != s.size())
         LS_THROW << "rollout rank " << q << " returned " << part.size() << " results for " << s.size() << " requests";
       append(results, std::move(part));
@@ -106,6 +126,8 @@ std::vector<rollout::RequestResult> MpiRollout::generate(std::vector<rollout::Re
 }
 
 void MpiRollout::sync(train::Trainer& trainer) {
+  LS_CHECK(!in_flight_) << "MpiRollout::sync while a batch is in flight (collect it first: the rollout ranks "
+                        << "take no weights before they have sent their results)";
   if (!is_root()) return;  // the trainer root publishes; the others hold the same weights
   LS_CHECK(!stopped_) << "MpiRollout::sync after shutdown";
   Command c{kSync};
@@ -116,6 +138,7 @@ void MpiRollout::sync(train::Trainer& trainer) {
 
 void MpiRollout::shutdown() {
   if (!is_root() || stopped_) return;
+  LS_CHECK(!in_flight_) << "MpiRollout::shutdown while a batch is in flight (collect it first)";
   Command c{kStop};
   sync_->broadcast_value(c, 0);
   stopped_ = true;

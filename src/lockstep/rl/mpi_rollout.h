@@ -5,6 +5,8 @@
 //   results in request order and broadcasts them to the other trainer ranks;
 //   sync() broadcasts the trainer's weights (dist::broadcast_weights:
 //   bucketed, versioned, checksummed). Other trainer ranks only receive.
+//   submit() sends the requests and returns, collect() gathers the results:
+//   the rollout ranks generate while the trainers train.
 // - SpreadRollout (colocated, several trainer ranks): every trainer rank's
 //   own engine generates a share of the requests on its (identical) weights
 //   and the shares are exchanged, so every rank sees every result.
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "lockstep/dist/communicator.h"
+#include "lockstep/dist/data_parallel.h"
 #include "lockstep/dist/weight_broadcast.h"
 #include "lockstep/rl/rollout_backend.h"
 
@@ -33,9 +36,19 @@ class MpiRollout : public RolloutBackend {
   // rollout ranks never generate from weights they loaded themselves.
   MpiRollout(train::Trainer& trainer, dist::Communicator* sync, dist::Communicator* trainers,
              const rollout::RolloutSection& cfg, uint64_t seed);
+  // submit() then collect().
   std::vector<rollout::RequestResult> generate(std::vector<rollout::Request> requests, const RolloutProgress& progress,
                                                int64_t* generated_tokens) override;
   void sync(train::Trainer& trainer) override;
+  // Root: the generate command and every rollout rank's share of the
+  // requests; returns once they are sent. A rollout rank sends its results
+  // before it reads another command, so collect() must come before the next
+  // sync() or generate() (they would wait for ranks that wait for the root).
+  bool can_overlap() const override { return true; }
+  void submit(std::vector<rollout::Request> requests) override;
+  // Root: receives the results in rank (= request) order, then broadcasts
+  // them to the other trainer ranks, which only receive.
+  std::vector<rollout::RequestResult> collect(const RolloutProgress& progress, int64_t* generated_tokens) override;
   // The rollout ranks run the trainer's f32 kernels on the same bits.
   bool aligned() const override { return aligned_; }
   size_t last_sync_bytes() const override { return last_sync_.bytes; }
@@ -53,6 +66,10 @@ class MpiRollout : public RolloutBackend {
   uint64_t calls_ = 0;
   bool stopped_ = false;
   dist::WeightSyncStats last_sync_;
+  // The batch in flight: its request count and (root) each rollout rank's share.
+  bool in_flight_ = false;
+  size_t in_flight_n_ = 0;
+  std::vector<dist::Range> in_flight_shares_;
 };
 
 class SpreadRollout : public RolloutBackend {

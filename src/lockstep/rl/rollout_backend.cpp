@@ -7,11 +7,23 @@
 
 namespace lockstep::rl {
 
+void RolloutBackend::submit(std::vector<rollout::Request>) {
+  LS_THROW << "this rollout backend generates in the trainer's process and cannot run while it trains "
+           << "(submit needs can_overlap())";
+}
+
+std::vector<rollout::RequestResult> RolloutBackend::collect(const RolloutProgress&, int64_t*) {
+  LS_THROW << "this rollout backend cannot overlap training: nothing was submitted (collect needs can_overlap())";
+}
+
 LocalRollout::LocalRollout(train::Trainer& trainer, const rollout::RolloutSection& cfg, uint64_t seed)
     : ctx_(trainer.context()) {
   const DType storage = rollout::precision_dtype(cfg.precision);
   aligned_ = storage == DType::F32;
-  if (!aligned_) {
+  // An expert-parallel trainer packs only its experts: the engine then packs
+  // its own f32 copy of all of them (the same bits, so still aligned).
+  own_weights_ = !aligned_ || !trainer.weights().experts().all();
+  if (own_weights_) {
     fast_weights_ = std::make_unique<model::ModelWeights>(ctx_, trainer.layout(), trainer.params(), storage,
                                                           storage == DType::FP8E4M3 ? cfg.fp8_block : 0);
     fast_weights_->refresh(ctx_, trainer.version());
@@ -22,7 +34,7 @@ LocalRollout::LocalRollout(train::Trainer& trainer, const rollout::RolloutSectio
 }
 
 const model::ModelWeights* LocalRollout::weights(train::Trainer& trainer) const {
-  return aligned_ ? &trainer.weights() : fast_weights_.get();
+  return own_weights_ ? fast_weights_.get() : &trainer.weights();
 }
 
 std::vector<rollout::RequestResult> LocalRollout::generate(std::vector<rollout::Request> requests,
@@ -49,7 +61,7 @@ std::vector<rollout::RequestResult> LocalRollout::generate(std::vector<rollout::
 }
 
 void LocalRollout::sync(train::Trainer& trainer) {
-  if (!aligned_) fast_weights_->refresh(ctx_, trainer.version());
+  if (own_weights_) fast_weights_->refresh(ctx_, trainer.version());
   // Aligned: the trainer repacked its weights in place; the engine reads
   // them as they are (no copy) and only drops KV state built on the old ones.
   engine_->update_weights(weights(trainer));

@@ -2,7 +2,9 @@
 // rollout backend: generate a batch of requests (results in request order),
 // and take the trainer's new weights. LocalRollout is the colocated engine in
 // this process; a distributed backend (rollout ranks over MPI) implements the
-// same interface.
+// same interface, and also the asynchronous submit/collect pair that lets the
+// rollout generate the next batch while the trainer trains
+// ([dist] max_weight_staleness > 0).
 #pragma once
 
 #include <cstdint>
@@ -35,6 +37,18 @@ class RolloutBackend {
   // Bytes the last sync() sent over the network (0: none, e.g. colocated);
   // the loop reports bytes / perf/weight_sync_s as perf/weight_sync_gb_per_s.
   virtual size_t last_sync_bytes() const { return 0; }
+
+  // Overlap. A backend that can_overlap() starts a batch with submit() and
+  // returns at once; collect() waits for that batch and returns its results
+  // as generate() would. The batch is generated with the weights of the last
+  // sync() before submit(), whatever the trainer does meanwhile. At most one
+  // batch is in flight, and while it is neither generate() nor sync() may be
+  // called: collect() first. Only a rollout that runs outside the trainer's
+  // process (rollout ranks) can overlap; the others keep these defaults, and
+  // submit/collect on them are errors.
+  virtual bool can_overlap() const { return false; }
+  virtual void submit(std::vector<rollout::Request> requests);
+  virtual std::vector<rollout::RequestResult> collect(const RolloutProgress& progress, int64_t* generated_tokens);
 };
 
 // The rollout engine in this process, reading the trainer's weights: in
@@ -54,7 +68,8 @@ class LocalRollout : public RolloutBackend {
   const model::ModelWeights* weights(train::Trainer& trainer) const;
   Context ctx_;
   bool aligned_ = true;
-  std::unique_ptr<model::ModelWeights> fast_weights_;
+  bool own_weights_ = false;  // fast mode, or an expert-parallel trainer
+  std::unique_ptr<model::ModelWeights> fast_weights_;  // own_weights_: this engine's packed copy
   std::unique_ptr<rollout::Engine> engine_;
 };
 

@@ -5,6 +5,7 @@
 #include <iostream>
 #include <numeric>
 #include <cstring>
+#include <memory>
 
 #include "lockstep/base/error.h"
 #include "lockstep/base/log.h"
@@ -67,8 +68,9 @@ SftStepStats sft_step(Trainer& trainer, const std::vector<TrainSequence>& batch)
 
 void run_sft(Trainer& trainer, const std::vector<TrainSequence>& data, const std::string& run_dir,
              const SftConfig& cfg, bool resume, const std::string& tokenizer_dir,
-             const std::function<void(const SftStepStats&)>& on_step) {
+             const std::function<void(const SftStepStats&)>& on_step, const SftRanks& ranks) {
   if (data.empty()) LS_THROW << "SFT dataset is empty";
+  const bool writer = ranks.writer;
   int64_t start = 0;
   if (resume) {
     if (auto info = find_latest_checkpoint(run_dir)) {
@@ -78,28 +80,33 @@ void run_sft(Trainer& trainer, const std::vector<TrainSequence>& data, const std
       LS_LOG(Warn) << "--resume: no checkpoint in " << run_dir << ", starting from step 0";
     }
   }
-  metrics::MetricsLogger log(run_dir + "/metrics.jsonl", resume ? start : -1);
+  std::unique_ptr<metrics::MetricsLogger> log;
+  if (writer) log = std::make_unique<metrics::MetricsLogger>(run_dir + "/metrics.jsonl", resume ? start : -1);
   for (int64_t step = start + 1; step <= cfg.steps; ++step) {
     std::vector<TrainSequence> batch;
     for (size_t i : sft_batch_indices(data.size(), cfg.batch_size, step, cfg.seed, cfg.shuffle)) batch.push_back(data[i]);
-    SftStepStats st = sft_step(trainer, batch);
+    SftStepStats st = ranks.step ? ranks.step(trainer, batch) : sft_step(trainer, batch);
     st.step = step;
-    log.log(step, {{"train/loss", st.loss},
-                   {"train/grad_norm", st.grad_norm},
-                   {"train/lr", st.lr},
-                   {"train/skipped", st.skipped},
-                   {"perf/train_tokens_per_s", st.tokens_per_s},
-                   {"train/tokens", st.tokens}});
-    if (cfg.log_interval > 0 && (step % cfg.log_interval == 0 || step == cfg.steps)) {
-      std::cout << metrics::format_console_line(step, {{"loss", st.loss},
-                                                       {"grad_norm", st.grad_norm},
-                                                       {"lr", st.lr},
-                                                       {"tok/s", st.tokens_per_s}})
-                << (st.skipped ? " | SKIPPED (non-finite)" : "") << std::endl;
+    const bool save = step == cfg.steps || (cfg.save_interval > 0 && step % cfg.save_interval == 0);
+    // Expert parallelism: the writer's group gathers the optimizer state (a collective).
+    if (save) trainer.prepare_checkpoint(writer, run_dir + "/checkpoints/optimizer.gathered");
+    if (writer) {
+      log->log(step, {{"train/loss", st.loss},
+                     {"train/grad_norm", st.grad_norm},
+                     {"train/lr", st.lr},
+                     {"train/skipped", st.skipped},
+                     {"perf/train_tokens_per_s", st.tokens_per_s},
+                     {"train/tokens", st.tokens}});
+      if (cfg.log_interval > 0 && (step % cfg.log_interval == 0 || step == cfg.steps)) {
+        std::cout << metrics::format_console_line(step, {{"loss", st.loss},
+                                                         {"grad_norm", st.grad_norm},
+                                                         {"lr", st.lr},
+                                                         {"tok/s", st.tokens_per_s}})
+                  << (st.skipped ? " | SKIPPED (non-finite)" : "") << std::endl;
+      }
     }
     if (on_step) on_step(st);
-    const bool save = step == cfg.steps || (cfg.save_interval > 0 && step % cfg.save_interval == 0);
-    if (save) {
+    if (writer && save) {
       nlohmann::json state = {{"data_seed", cfg.seed}, {"data_position", step * cfg.batch_size}};
       save_checkpoint(run_dir, step, trainer, state, tokenizer_dir, cfg.keep_last);
     }

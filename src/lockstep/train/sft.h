@@ -40,11 +40,18 @@ std::vector<size_t> sft_batch_indices(size_t n, int64_t batch_size, int64_t step
 // The SFT loss for one step over `batch`: mean over all response tokens.
 SftStepStats sft_step(Trainer& trainer, const std::vector<TrainSequence>& batch);
 
+// How run_sft runs on several trainer ranks (dist::dp_sft_step): every rank
+// passes the same data and calls run_sft; `step` trains one global batch.
+struct SftRanks {
+  std::function<SftStepStats(Trainer&, const std::vector<TrainSequence>& batch)> step;  // empty: sft_step
+  bool writer = true;  // only the writer writes metrics, console lines and checkpoints
+};
+
 // Runs steps [start_step + 1, cfg.steps], writing run_dir/metrics.jsonl and
 // checkpoints. resume: continue from run_dir's latest checkpoint if any.
 // on_step (may be empty) sees every step's stats.
 void run_sft(Trainer& trainer, const std::vector<TrainSequence>& data, const std::string& run_dir,
              const SftConfig& cfg, bool resume, const std::string& tokenizer_dir,
-             const std::function<void(const SftStepStats&)>& on_step = {});
+             const std::function<void(const SftStepStats&)>& on_step = {}, const SftRanks& ranks = {});
 
 }  // namespace lockstep::train
