@@ -352,6 +352,23 @@ TEST(Report, SftWarmupAddsALossChart) {
   EXPECT_NE(svg.find("data-points=\"2\""), std::string::npos);
 }
 
+TEST(Report, RolloutAheadAddsAStalenessChart) {
+  TempDir tmp;
+  const fs::path run = tmp.path() / "run";
+  make_full_run(run);
+  EXPECT_TRUE(chart_svg(read(write_report(run.string(), "").path), "rollout_ahead").empty())
+      << "a synchronous run has no staleness chart";
+  write(run / "metrics.jsonl",
+        "{\"step\": 1, \"rollout/weight_staleness\": 0, \"perf/rollout_wait_time_s\": 0.5}\n"
+        "{\"step\": 2, \"rollout/weight_staleness\": 1, \"perf/rollout_wait_time_s\": 0.0}\n"
+        "{\"step\": 3, \"rollout/weight_staleness\": 1, \"perf/rollout_wait_time_s\": 0.1}\n");
+  const ReportResult r = write_report(run.string(), "");
+  const std::string svg = chart_svg(read(r.path), "rollout_ahead");
+  ASSERT_FALSE(svg.empty());
+  EXPECT_FALSE(is_nodata(svg));
+  EXPECT_NE(svg.find("data-points=\"3\""), std::string::npos);
+}
+
 TEST(Report, AtomicWriteToOutPath) {
   TempDir tmp;
   const fs::path run = tmp.path() / "run";

@@ -195,6 +195,17 @@ std::vector<Chart> build_charts(const MetricTable& m, const MetricTable* sft) {
     charts.push_back(std::move(c));
   }
 
+  // Only in runs whose rollout generated ahead of training ([dist]
+  // max_weight_staleness > 0): how stale the samples were and how long the
+  // trainer still waited for them.
+  if (m.has("perf/rollout_wait_time_s")) {
+    Chart c = chart("rollout_ahead", "Rollout ahead of training", "steps / seconds",
+                    {"rollout/weight_staleness", "perf/rollout_wait_time_s"});
+    c.lines.push_back(line(m, "rollout/weight_staleness", "staleness (steps)"));
+    c.lines.push_back(line(m, "perf/rollout_wait_time_s", "trainer waited (s)", true));
+    charts.push_back(std::move(c));
+  }
+
   {
     Chart c = chart("throughput", "Throughput", "tokens/s",
                     {"perf/rollout_tokens_per_s", "perf/train_tokens_per_s"});
