@@ -20,6 +20,7 @@
 #include "lockstep/base/error.h"
 #include "lockstep/model/expert_parallel.h"
 #include "lockstep/model/params.h"
+#include "lockstep/model/pretrained.h"
 #include "lockstep/train/trainer.h"
 #include "../common/test_util.h"
 
@@ -235,12 +236,12 @@ void check_group(int P, const ModelConfig& c, bool recompute, bool empty_last) {
   for (int r = 0; r < P; ++r) ASSERT_EQ(errors[size_t(r)], "") << "rank " << r;
 
   // Gradients: each rank holds its own experts' only.
-  const ParamLayout& full = ranks[0]->layout();
+  const ParamLayout& full = ranks[0]->model_layout();
   const size_t n = size_t(full.numel());
   const int64_t per = c.num_experts / P;
   std::vector<double> plain_sum(n, 0.0), ep_sum(n, 0.0);
   for (int r = 0; r < P; ++r) {
-    const ParamLayout& g = ranks[size_t(r)]->grad_layout();
+    const ParamLayout& g = ranks[size_t(r)]->layout();
     EXPECT_EQ(g.expert_first(), per * r);
     EXPECT_EQ(g.expert_count(), per);
     for (const ParamInfo& p : full.params()) {
@@ -319,7 +320,7 @@ void check_steps(double grad_clip) {
     // One EP group: the non-expert gradients are summed over it, the
     // experts' are whole on their owner already.
     ThreadGroupComm* comm = comms.back().get();
-    const ParamLayout* gl = &ranks.back()->grad_layout();
+    const ParamLayout* gl = &ranks.back()->layout();
     ranks.back()->trainer_config().grad_reduce = [comm, gl](float* grads, size_t) {
       for (const ParamInfo& p : gl->params())
         if (p.name.find(".mlp.experts.") == std::string::npos) comm->all_reduce_sum(grads + p.offset, size_t(p.numel));
@@ -335,12 +336,16 @@ void check_steps(double grad_clip) {
                                         batch.begin() + long(batch.size() * size_t(r + 1) / P));
     };
     std::vector<std::thread> threads;
+    std::vector<std::vector<float>> whole_model(P, std::vector<float>(n));
     for (int r = 0; r < P; ++r)
       threads.emplace_back([&, r] {
         ranks[size_t(r)]->accumulate(shard_of(r), kLoss, score_options());
         stats[size_t(r)] = ranks[size_t(r)]->step();
+        // Each rank holds its own experts only: the group assembles the model.
+        ranks[size_t(r)]->gather_model(whole_model[size_t(r)].data(), true);
       });
     for (auto& t : threads) t.join();
+    EXPECT_LT(ranks[0]->layout().numel(), int64_t(n)) << "rank 0 holds every expert's parameters";
     // The plain trainer on the ranks' summed gradients (rank order, double).
     std::vector<double> sum(n, 0.0);
     for (int r = 0; r < P; ++r) {
@@ -355,11 +360,11 @@ void check_steps(double grad_clip) {
     }
     EXPECT_EQ(stats[0].grad_norm, stats[1].grad_norm) << "step " << step;
     EXPECT_NEAR(stats[0].grad_norm, ps.grad_norm, 1e-6 * ps.grad_norm) << "step " << step;
-    test::expect_bits_equal(ranks[0]->params(), ranks[1]->params(), int64_t(n), "ranks' parameters");
+    test::expect_bits_equal(whole_model[0].data(), whole_model[1].data(), int64_t(n), "ranks' assembled models");
     double dmax = 0;
     size_t loose = 0;
     for (size_t i = 0; i < n; ++i) {
-      const double d = std::fabs(double(ranks[0]->params()[i]) - plain->params()[i]);
+      const double d = std::fabs(double(whole_model[0][i]) - plain->params()[i]);
       dmax = std::max(dmax, d);
       loose += d > 1e-6;
     }
@@ -383,7 +388,7 @@ void check_steps(double grad_clip) {
   whole->optimizer().load(path);
   EXPECT_EQ(whole->optimizer().steps_done(), 2);
   for (int r = 0; r < P; ++r) {
-    const ParamLayout& gl = ranks[size_t(r)]->grad_layout();
+    const ParamLayout& gl = ranks[size_t(r)]->layout();
     for (const ParamInfo& p : gl.params()) {
       const int64_t at = plain->layout().at(p.name).offset;
       test::expect_bits_equal(whole->optimizer().m() + at, ranks[size_t(r)]->optimizer().m() + p.offset, p.numel,
@@ -402,6 +407,22 @@ void check_steps(double grad_clip) {
 
 TEST(ExpertParallel, StepsAndCheckpointWithoutClipping) { check_steps(0.0); }
 TEST(ExpertParallel, StepsAndCheckpointWithClipping) { check_steps(0.05); }
+
+TEST(ExpertParallel, ShardLayoutLoadsItsExpertsFromAWholeCheckpoint) {
+  const ModelConfig c = moe_config(4, false);
+  const ParamLayout whole(c), mine(c, 2, 2);
+  Buffer p = alloc_params(whole);
+  init_params(whole, p.as<float>(), 5, 0.2f);
+  const std::string dir = ::testing::TempDir() + "/ep_whole_model";
+  save_pretrained(dir, c, whole, p.as<float>(), DType::F32);
+  Buffer q = alloc_params(mine);
+  load_params(dir, mine, q.as<float>());  // the other experts' tensors are not "unexpected"
+  EXPECT_LT(mine.numel(), whole.numel());
+  for (const ParamInfo& t : mine.params())
+    test::expect_bits_equal(q.as<float>() + t.offset, p.as<float>() + whole.at(t.name).offset, t.numel, "tensor");
+  EXPECT_EQ(mine.find("model.layers.0.mlp.experts.1.up_proj.weight"), nullptr);
+  EXPECT_NE(mine.find("model.layers.0.mlp.experts.3.up_proj.weight"), nullptr);
+}
 
 TEST(ExpertParallel, ShardsMustDivideTheExperts) {
   const model::ExpertShard s = model::ExpertShard::of_rank(8, 4, 2);

@@ -37,7 +37,7 @@ std::vector<Range> split_by_tokens(const std::vector<train::TrainSequence>& seqs
 void make_data_parallel(train::Trainer& trainer, Communicator& dp, Communicator* expert_replicas) {
   LS_CHECK(dp.valid()) << "make_data_parallel: this rank is not in the data-parallel group";
   Communicator* c = &dp;
-  const ParamLayout& g = trainer.grad_layout();
+  const ParamLayout& g = trainer.layout();
   if (g.all_experts()) {
     trainer.trainer_config().grad_reduce = [c](float* grads, size_t n) { c->all_reduce_sum(grads, n); };
     return;
@@ -105,7 +105,7 @@ double emulate_dp_accumulate(train::Trainer& trainer, const std::vector<train::T
   LS_CHECK(!trainer.trainer_config().grad_reduce) << "emulate_dp_accumulate on a trainer that already reduces";
   const size_t P = shards.size();
   check_shards(shards, global_batch.size(), P);
-  const size_t n = size_t(trainer.grad_layout().numel());
+  const size_t n = size_t(trainer.layout().numel());
   float* g = trainer.grads();
   std::vector<std::vector<float>> partial(P);  // (P, numel)
   std::vector<const float*> parts(P);
@@ -151,7 +151,7 @@ train::SftStepStats sft_step_with(train::Trainer& trainer, const std::vector<tra
   st.loss = accumulate(sft_loss(n_targets));
   if (!std::isfinite(st.loss)) {
     // The global loss is the same on every rank: all skip, none waits in step().
-    std::memset(trainer.grads(), 0, trainer.grad_layout().nbytes());
+    std::memset(trainer.grads(), 0, trainer.layout().nbytes());
     st.skipped = true;
   } else {
     train::OptimizerStats os = trainer.step();

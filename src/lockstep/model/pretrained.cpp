@@ -56,13 +56,21 @@ void save_params(const std::string& dir, const ParamLayout& layout, const float*
   write_safetensors_sharded(dir, tensors, dtype, max_shard_bytes);
 }
 
+namespace {
+// A routed expert's tensor that a layout of some experts only (expert
+// parallelism) leaves to another rank.
+bool other_rank_expert(const std::string& name, const ParamLayout& layout) {
+  return !layout.all_experts() && name.find(".mlp.experts.") != std::string::npos;
+}
+}  // namespace
+
 void load_params(const std::string& path, const ParamLayout& layout, float* base, const Context* ctx) {
   SafetensorsCheckpoint ckpt(path);
   const ModelConfig& c = layout.config();
   // Check names and shapes first: fail before touching the buffer.
   std::vector<std::string> extras;
   for (const std::string& name : ckpt.names())
-    if (!layout.find(name) && !tolerated_extra(name, c)) extras.push_back(name);
+    if (!layout.find(name) && !tolerated_extra(name, c) && !other_rank_expert(name, layout)) extras.push_back(name);
   if (!extras.empty()) {
     std::ostringstream os;
     for (size_t i = 0; i < extras.size() && i < 5; ++i) os << (i ? ", " : "") << "'" << extras[i] << "'";

@@ -26,8 +26,9 @@ void save_params(const std::string& dir, const ParamLayout& layout, const float*
 // file: a missing tensor; a tensor whose shape differs (expected and actual
 // shapes); an unexpected extra tensor (it would mean the file and the config
 // describe different models), except lm_head.weight when the embeddings are
-// tied and rotary_emb.inv_freq buffers; plus every file-level check of
-// SafetensorsFile. ctx (may be null) spreads tensors over threads.
+// tied, rotary_emb.inv_freq buffers, and (for a layout of some experts only,
+// expert parallelism) the other experts' tensors; plus every file-level check
+// of SafetensorsFile. ctx (may be null) spreads tensors over threads.
 void load_params(const std::string& path, const ParamLayout& layout, float* base,
                  const Context* ctx = nullptr);
 

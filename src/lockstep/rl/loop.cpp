@@ -186,8 +186,8 @@ class Runner {
     }
     if (cfg.algo.kl_coef > 0) {
       LS_CHECK(in.ref_params) << "rl: [algo] kl_coef > 0 needs the reference model's parameters";
-      Buffer ref = alloc_params(trainer.layout());
-      std::copy(in.ref_params, in.ref_params + trainer.layout().numel(), ref.as<float>());
+      Buffer ref = alloc_params(trainer.model_layout());
+      std::copy(in.ref_params, in.ref_params + trainer.model_layout().numel(), ref.as<float>());
       train::TrainerConfig rc;
       rc.micro_batch_tokens = cfg.trainer.micro_batch_tokens;
       ref_ = std::make_unique<train::Trainer>(ctx_, trainer.config(), std::move(ref), rc);
@@ -600,7 +600,7 @@ nlohmann::json Runner::update(std::vector<Group>& groups) {
     }
     tot_tokens += part_tokens;
     if (!std::isfinite(l)) {
-      std::fill(trainer_.grads(), trainer_.grads() + trainer_.grad_layout().numel(), 0.0f);
+      std::fill(trainer_.grads(), trainer_.grads() + trainer_.layout().numel(), 0.0f);
       ++skipped;
       continue;
     }

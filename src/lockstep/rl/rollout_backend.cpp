@@ -20,11 +20,17 @@ LocalRollout::LocalRollout(train::Trainer& trainer, const rollout::RolloutSectio
     : ctx_(trainer.context()) {
   const DType storage = rollout::precision_dtype(cfg.precision);
   aligned_ = storage == DType::F32;
-  // An expert-parallel trainer packs only its experts: the engine then packs
-  // its own f32 copy of all of them (the same bits, so still aligned).
-  own_weights_ = !aligned_ || !trainer.weights().experts().all();
+  // An expert-parallel trainer holds only its experts: the engine keeps the
+  // whole model, all-gathered from the trainer's group at every sync (in f32
+  // the same bits as the trainer's, so still aligned).
+  own_weights_ = !aligned_ || trainer.expert_comm() != nullptr;
+  if (trainer.expert_comm() != nullptr) {
+    model_ = Buffer(trainer.model_layout().nbytes());
+    trainer.gather_model(model_.as<float>(), true);
+  }
   if (own_weights_) {
-    fast_weights_ = std::make_unique<model::ModelWeights>(ctx_, trainer.layout(), trainer.params(), storage,
+    float* params = model_.size() ? model_.as<float>() : trainer.params();
+    fast_weights_ = std::make_unique<model::ModelWeights>(ctx_, trainer.model_layout(), params, storage,
                                                           storage == DType::FP8E4M3 ? cfg.fp8_block : 0);
     fast_weights_->refresh(ctx_, trainer.version());
   }
@@ -61,6 +67,7 @@ std::vector<rollout::RequestResult> LocalRollout::generate(std::vector<rollout::
 }
 
 void LocalRollout::sync(train::Trainer& trainer) {
+  if (model_.size()) trainer.gather_model(model_.as<float>(), true);  // collective over the trainer's EP group
   if (own_weights_) fast_weights_->refresh(ctx_, trainer.version());
   // Aligned: the trainer repacked its weights in place; the engine reads
   // them as they are (no copy) and only drops KV state built on the old ones.

@@ -69,6 +69,7 @@ class LocalRollout : public RolloutBackend {
   Context ctx_;
   bool aligned_ = true;
   bool own_weights_ = false;  // fast mode, or an expert-parallel trainer
+  Buffer model_;              // expert parallelism: the whole model's f32 parameters
   std::unique_ptr<model::ModelWeights> fast_weights_;  // own_weights_: this engine's packed copy
   std::unique_ptr<rollout::Engine> engine_;
 };

@@ -36,7 +36,7 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, Trainer& t
   std::error_code ec;
   fs::remove_all(tmp_dir, ec);
   fs::create_directories(tmp_dir);
-  save_pretrained(tmp_dir.string(), trainer.config(), trainer.layout(), trainer.params(), DType::F32);
+  save_pretrained(tmp_dir.string(), trainer.config(), trainer.model_layout(), trainer.checkpoint_params(), DType::F32);
   copy_tokenizer(tokenizer_dir, tmp_dir.string());
   trainer.save_optimizer((tmp_dir / "optimizer.bin").string());
   state["step"] = step;
@@ -91,7 +91,7 @@ std::optional<CheckpointInfo> find_latest_checkpoint(const std::string& run_dir)
 
 CheckpointInfo load_checkpoint(const CheckpointInfo& info, Trainer& trainer) {
   ModelConfig saved = load_hf_config((fs::path(info.dir) / "config.json").string());
-  if (!(ParamLayout(saved).same_as(trainer.layout())))
+  if (!(ParamLayout(saved).same_as(trainer.model_layout())))
     LS_THROW << info.dir << ": checkpoint model does not match the configured model";
   load_params(info.dir, trainer.layout(), trainer.params(), &trainer.context());
   trainer.optimizer().load((fs::path(info.dir) / "optimizer.bin").string());

@@ -19,9 +19,9 @@ double lr_at(const OptimizerConfig& c, int64_t step) {
   return c.min_lr + 0.5 * (c.lr - c.min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
-AdamW::AdamW(const ParamLayout& layout, OptimizerConfig config, const ParamLayout* params)
-    : layout_(&layout), params_(params ? params : &layout), config_(config) {
-  for (const ParamInfo& info : layout.params()) param_offset_.push_back(params_->at(info.name).offset);
+AdamW::AdamW(const ParamLayout& layout, OptimizerConfig config, const ParamLayout* model)
+    : layout_(&layout), model_(model ? model : &layout), config_(config) {
+  for (const ParamInfo& info : layout.params()) model_offset_.push_back(model_->at(info.name).offset);
 }
 
 // Moments are allocated on first use, so a trainer that only scores does not
@@ -53,10 +53,9 @@ OptimizerStats AdamW::step(const Context& ctx, float* params, float* grads, cons
   p.beta2 = float(config_.beta2);
   p.eps = float(config_.eps);
   p.step = step_;
-  for (size_t i = 0; i < layout_->params().size(); ++i) {
-    const ParamInfo& info = layout_->params()[i];
+  for (const auto& info : layout_->params()) {
     p.weight_decay = info.kind == ParamKind::Matrix ? float(config_.weight_decay) : 0.0f;
-    kernels::adamw_step(ctx, params + param_offset_[i], grads + info.offset, m_.as<float>() + info.offset,
+    kernels::adamw_step(ctx, params + info.offset, grads + info.offset, m_.as<float>() + info.offset,
                         v_.as<float>() + info.offset, info.numel, p);
   }
   return s;
@@ -84,7 +83,7 @@ void OptimizerStateWriter::commit() {
 }
 
 void AdamW::save(const std::string& path) {
-  LS_CHECK(layout_->numel() == params_->numel())
+  LS_CHECK(layout_->numel() == model_->numel())
       << "AdamW::save: this optimizer holds part of the model's moments (Trainer::prepare_checkpoint gathers them)";
   ensure_state();
   OptimizerStateWriter w(path, step_, layout_->numel());
@@ -102,8 +101,8 @@ void AdamW::load(const std::string& path) {
   in.read(reinterpret_cast<char*>(&step), 8);
   in.read(reinterpret_cast<char*>(&n), 8);
   if (!in || std::memcmp(magic, kMagic, 8) != 0) LS_THROW << path << ": not a lockstep optimizer state file";
-  if (n != params_->numel())
-    LS_THROW << path << ": optimizer state holds " << n << " parameters, the model has " << params_->numel();
+  if (n != model_->numel())
+    LS_THROW << path << ": optimizer state holds " << n << " parameters, the model has " << model_->numel();
   ensure_state();
   // Each of this optimizer's tensors from its place in the full layout
   // (one read of each moment when the layouts are the same).
@@ -117,7 +116,7 @@ void AdamW::load(const std::string& path) {
     }
     for (size_t i = 0; i < layout_->params().size(); ++i) {
       const ParamInfo& info = layout_->params()[i];
-      in.seekg(header + (std::streamoff(moment) * n + param_offset_[i]) * 4);
+      in.seekg(header + (std::streamoff(moment) * n + model_offset_[i]) * 4);
       in.read(dst + info.offset * 4, std::streamsize(info.numel) * 4);
     }
   }

@@ -43,15 +43,15 @@ struct OptimizerStats {
 
 class AdamW {
  public:
-  // `layout`: the gradients' and moments' layout. `params`: the parameters'
-  // layout when it differs (expert parallelism: every expert's parameters,
-  // this rank's experts' gradients); each tensor is found by name. Both must
-  // outlive the optimizer.
-  AdamW(const ParamLayout& layout, OptimizerConfig config, const ParamLayout* params = nullptr);
+  // `layout`: the parameters', gradients' and moments' layout. `model`: the
+  // whole model's layout, which checkpoint files use, when it differs (expert
+  // parallelism: this rank holds only its own experts); tensors are matched
+  // by name. Both must outlive the optimizer.
+  AdamW(const ParamLayout& layout, OptimizerConfig config, const ParamLayout* model = nullptr);
 
-  // One step on params (params layout) from grads (layout.numel() floats);
-  // grads are clipped in place. A non-finite gradient norm skips the update.
-  // `norm`, if set, gives the global norm instead of this buffer's.
+  // One step on params from grads (both layout.numel() floats); grads are
+  // clipped in place. A non-finite gradient norm skips the update. `norm`,
+  // if set, gives the global norm instead of this buffer's.
   OptimizerStats step(const Context& ctx, float* params, float* grads, const GradNormFn& norm = {});
 
   int64_t steps_done() const { return step_; }
@@ -59,10 +59,9 @@ class AdamW {
   void set_config(const OptimizerConfig& c) { config_ = c; }
 
   // Moments and step count, for checkpoints (raw little-endian f32 with a
-  // header). A file always holds the moments of the whole model (the params
-  // layout): load() picks this optimizer's tensors out of it by name, and
-  // save() needs layout == params layout (expert parallelism gathers the
-  // moments first, write_optimizer_state).
+  // header). A file always holds the moments of the whole model: load() picks
+  // this optimizer's tensors out of it by name, and save() needs layout ==
+  // model (expert parallelism assembles the file with OptimizerStateWriter).
   void save(const std::string& path);
   void load(const std::string& path);
   // This optimizer's moments (layout.numel() floats each; allocated by now).
@@ -74,8 +73,8 @@ class AdamW {
   void ensure_state();
 
   const ParamLayout* layout_;
-  const ParamLayout* params_;
-  std::vector<int64_t> param_offset_;  // offset in the params layout of each of layout's tensors
+  const ParamLayout* model_;
+  std::vector<int64_t> model_offset_;  // offset in the model layout of each of layout's tensors
   OptimizerConfig config_;
   Buffer m_, v_;
   int64_t step_ = 0;

@@ -54,7 +54,7 @@ SftStepStats sft_step(Trainer& trainer, const std::vector<TrainSequence>& batch)
   };
   st.loss = trainer.accumulate(batch, loss, ScoreOptions{});
   if (!std::isfinite(st.loss)) {
-    std::memset(trainer.grads(), 0, trainer.grad_layout().nbytes());
+    std::memset(trainer.grads(), 0, trainer.layout().nbytes());
     st.skipped = true;
   } else {
     OptimizerStats os = trainer.step();

@@ -27,13 +27,13 @@ struct RunBuffers {
 
 Trainer::Trainer(const Context& ctx, const ModelConfig& config, Buffer params, TrainerConfig cfg)
     : ctx_(ctx),
-      layout_(config),
-      glayout_(layout_),
+      model_layout_(config),
+      layout_(model_layout_),
       params_(std::move(params)),
-      grads_(glayout_.nbytes()),
-      grad_views_(bind(glayout_, grads_.as<float>())),
+      grads_(layout_.nbytes()),
+      grad_views_(bind(layout_, grads_.as<float>())),
       cfg_(cfg),
-      optimizer_(glayout_, cfg.optim, &layout_) {
+      optimizer_(layout_, cfg.optim) {
   LS_CHECK(params_.size() >= layout_.nbytes()) << "parameter buffer of " << params_.size() << " bytes, model needs "
                                                << layout_.nbytes();
   LS_CHECK(cfg_.micro_batch_tokens >= 1) << "micro_batch_tokens must be >= 1";
@@ -59,38 +59,35 @@ std::vector<kernels::FloatSegment> segments(const std::vector<std::pair<int64_t,
   return out;
 }
 
-// Per MoE layer: where expert `e`'s gate_proj and down_proj start in `l`;
-// every expert's gate|up block, and every down block, follow in expert
-// order (model/params.h).
-struct ExpertBlocks {
-  int64_t gate_up = 0, down = 0;
-};
-std::vector<ExpertBlocks> expert_blocks(const ParamLayout& l, int64_t e) {
-  std::vector<ExpertBlocks> out;
-  const ModelConfig& c = l.config();
-  for (int64_t i = 0; i < c.num_layers; ++i) {
-    if (!c.is_moe_layer(i)) continue;
-    const std::string p = "model.layers." + std::to_string(i) + ".mlp.experts." + std::to_string(e) + ".";
-    out.push_back({l.at(p + "gate_proj.weight").offset, l.at(p + "down_proj.weight").offset});
-  }
-  return out;
-}
 }  // namespace
 
 void Trainer::set_expert_comm(model::ExpertComm* comm) {
   const ModelConfig& c = config();
   LS_CHECK(optimizer_.steps_done() == 0) << "set_expert_comm after optimizer steps would lose the optimizer state";
+  LS_CHECK(layout_.all_experts() || comm == experts_)
+      << "set_expert_comm: this trainer already holds only some experts; build it again from the whole model";
   model::ExpertShard shard;
   if (comm != nullptr && c.num_experts > 0) shard = model::ExpertShard::of_rank(c.num_experts, comm->size(), comm->rank());
   experts_ = shard.all() ? nullptr : comm;
-  glayout_ = shard.all() ? layout_ : ParamLayout(c, shard.first, shard.count);
-  grads_ = Buffer(glayout_.nbytes());
-  grad_views_ = bind(glayout_, grads_.as<float>());
-  optimizer_ = AdamW(glayout_, optimizer_.config(), &layout_);
+  if (!shard.all()) {
+    // Keep this rank's tensors only: the other experts' parameters go.
+    ParamLayout mine(c, shard.first, shard.count);
+    Buffer p(mine.nbytes());
+    for (const ParamInfo& q : mine.params()) {
+      const float* from = params_.as<float>() + layout_.at(q.name).offset;
+      std::copy(from, from + q.numel, p.as<float>() + q.offset);
+    }
+    layout_ = std::move(mine);
+    params_ = std::move(p);
+  }
+  grads_ = Buffer(layout_.nbytes());
+  grad_views_ = bind(layout_, grads_.as<float>());
+  optimizer_ = AdamW(layout_, optimizer_.config(), &model_layout_);
   own_expert_ranges_.clear();
   shared_ranges_.clear();
-  for (const ParamInfo& p : glayout_.params())
+  for (const ParamInfo& p : layout_.params())
     add_range(is_routed_expert(p.name) ? own_expert_ranges_ : shared_ranges_, p.offset, p.numel);
+  model_params_ = Buffer();
   gathered_optimizer_.clear();
   const uint64_t version = weights_->version();
   weights_ = std::make_unique<model::ModelWeights>(ctx_, layout_, params_.as<float>(), DType::F32, 0, shard);
@@ -106,22 +103,64 @@ double Trainer::expert_grad_norm(const Context& ctx, const float* grads) const {
   return std::sqrt(a * a + experts_->sum(b * b));
 }
 
-// The group's ranks' updated experts into every rank's parameters: one
-// all-gather of the gate|up blocks and one of the down blocks per MoE layer
-// (shard r's experts are block r in rank order).
-void Trainer::gather_experts() {
+// In model-layout order, a MoE layer's routed experts are two blocks: every
+// expert's gate|up rows, then every expert's down rows (model/params.h), and
+// shard r's experts are part r of each, so one gather per block assembles it.
+void Trainer::assemble(const float* local, bool all, const std::function<void(const float*, int64_t)>& emit) {
+  const bool receiver = all || experts_->rank() == 0;
   const ModelConfig& c = config();
-  const int64_t D = c.hidden_size, Fe = c.moe_intermediate_size;
-  const int64_t first = glayout_.expert_first(), count = glayout_.expert_count();
-  float* p = params_.as<float>();
-  std::vector<float> mine;
-  for (const ExpertBlocks& b : expert_blocks(layout_, 0)) {
-    for (auto [at, block] : {std::pair{b.gate_up, 2 * Fe * D}, std::pair{b.down, D * Fe}}) {
-      const float* src = p + at + first * block;
-      mine.assign(src, src + count * block);
-      experts_->all_gather(mine.data(), size_t(count * block) * sizeof(float), p + at);
+  const int64_t D = c.hidden_size, Fe = c.moe_intermediate_size, E = c.num_experts;
+  const int64_t first = layout_.expert_first(), count = layout_.expert_count();
+  std::vector<float> block;
+  for (const ParamInfo& p : model_layout_.params()) {
+    if (!is_routed_expert(p.name)) {
+      if (receiver) emit(local + layout_.at(p.name).offset, p.numel);
+      continue;
     }
+    // Expert 0's gate_proj starts the layer's gate|up block, its down_proj
+    // the down block; the other experts' tensors are inside those blocks.
+    const bool gate_up = p.name.find(".experts.0.gate_proj.") != std::string::npos;
+    if (!gate_up && p.name.find(".experts.0.down_proj.") == std::string::npos) continue;
+    const int64_t per = gate_up ? 2 * Fe * D : D * Fe;
+    const std::string own = p.name.substr(0, p.name.find(".experts.0.")) + ".experts." + std::to_string(first) +
+                            (gate_up ? ".gate_proj.weight" : ".down_proj.weight");
+    const float* mine = local + layout_.at(own).offset;
+    const size_t bytes = size_t(count * per) * sizeof(float);
+    if (receiver) block.resize(size_t(E * per));
+    if (all)
+      experts_->all_gather(mine, bytes, block.data());
+    else
+      experts_->gather(mine, bytes, block.data(), 0);
+    if (receiver) emit(block.data(), E * per);
   }
+}
+
+void Trainer::gather_model(float* out, bool all) {
+  if (experts_ == nullptr) {
+    std::copy(params_.as<float>(), params_.as<float>() + layout_.numel(), out);
+    return;
+  }
+  int64_t at = 0;
+  assemble(params_.as<float>(), all, [&](const float* d, int64_t n) {
+    std::copy(d, d + n, out + at);
+    at += n;
+  });
+}
+
+const float* Trainer::model_params(bool want) {
+  if (experts_ == nullptr) return params_.as<float>();
+  if (experts_->max(want ? 1 : 0) == 0) return nullptr;
+  const bool root = experts_->rank() == 0;
+  if (root && model_params_.size() != model_layout_.nbytes()) model_params_ = Buffer(model_layout_.nbytes());
+  gather_model(root ? model_params_.as<float>() : nullptr, false);
+  return root ? model_params_.as<float>() : nullptr;
+}
+
+const float* Trainer::checkpoint_params() const {
+  if (experts_ == nullptr) return params_.as<float>();
+  LS_CHECK(model_params_.size() == model_layout_.nbytes())
+      << "checkpoint_params: prepare_checkpoint(true, ...) first (expert parallelism)";
+  return model_params_.as<float>();
 }
 
 void Trainer::prepare_checkpoint(bool writer, const std::string& scratch) {
@@ -129,34 +168,12 @@ void Trainer::prepare_checkpoint(bool writer, const std::string& scratch) {
   if (experts_->max(writer ? 1 : 0) == 0) return;  // nobody in this group writes
   const bool root = experts_->rank() == 0;
   LS_CHECK(!writer || root) << "prepare_checkpoint: the writer must be rank 0 of its expert-parallel group";
+  model_params(true);
   if (root) std::filesystem::create_directories(std::filesystem::path(scratch).parent_path());
-  // The full layout in order; a layer's routed experts are two blocks
-  // (every gate|up, then every down), each gathered from the group's shards.
-  const ModelConfig& c = config();
-  const int64_t D = c.hidden_size, Fe = c.moe_intermediate_size, E = c.num_experts;
-  const int64_t first = glayout_.expert_first(), count = glayout_.expert_count();
   std::unique_ptr<OptimizerStateWriter> out;
-  if (root) out = std::make_unique<OptimizerStateWriter>(scratch, optimizer_.steps_done(), layout_.numel());
-  std::vector<float> block;
-  for (int moment = 0; moment < 2; ++moment) {
-    const float* local = moment == 0 ? optimizer_.m() : optimizer_.v();
-    for (const ParamInfo& p : layout_.params()) {
-      if (!is_routed_expert(p.name)) {
-        if (out) out->write(local + glayout_.at(p.name).offset, p.numel);
-        continue;
-      }
-      // Expert 0's gate_proj starts the layer's gate|up block, its down_proj
-      // the down block; the other experts' tensors are inside those blocks.
-      const bool gate_up = p.name.find(".experts.0.gate_proj.") != std::string::npos;
-      if (!gate_up && p.name.find(".experts.0.down_proj.") == std::string::npos) continue;
-      const int64_t per = gate_up ? 2 * Fe * D : D * Fe;
-      const std::string own = p.name.substr(0, p.name.find(".experts.0.")) + ".experts." + std::to_string(first) +
-                              (gate_up ? ".gate_proj.weight" : ".down_proj.weight");
-      if (root) block.resize(size_t(E * per));
-      experts_->gather(local + glayout_.at(own).offset, size_t(count * per) * sizeof(float), block.data(), 0);
-      if (out) out->write(block.data(), E * per);
-    }
-  }
+  if (root) out = std::make_unique<OptimizerStateWriter>(scratch, optimizer_.steps_done(), model_layout_.numel());
+  for (const float* moment : {optimizer_.m(), optimizer_.v()})
+    assemble(moment, false, [&](const float* d, int64_t n) { out->write(d, n); });
   if (out) {
     out->commit();
     gathered_optimizer_ = scratch;
@@ -298,15 +315,14 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
 }
 
 OptimizerStats Trainer::step() {
-  if (cfg_.grad_reduce) cfg_.grad_reduce(grads_.as<float>(), size_t(glayout_.numel()));
+  if (cfg_.grad_reduce) cfg_.grad_reduce(grads_.as<float>(), size_t(layout_.numel()));
   GradNormFn norm;
   if (experts_) norm = [this](const Context& ctx, const float* g) { return expert_grad_norm(ctx, g); };
   OptimizerStats s = optimizer_.step(ctx_, params_.as<float>(), grads_.as<float>(), norm);
-  if (experts_ && !s.skipped) gather_experts();
   // Zero the gradients on every thread: a single thread does not saturate
   // memory bandwidth on a buffer of hundreds of MB.
   char* g = static_cast<char*>(grads_.data());
-  const int64_t n = int64_t(glayout_.nbytes());
+  const int64_t n = int64_t(layout_.nbytes());
   ctx_.parallel_for(n, [&](int64_t b0, int64_t b1) { std::memset(g + b0, 0, size_t(b1 - b0)); }, int64_t{1} << 20);
   if (!s.skipped) weights_->refresh(ctx_, weights_->version() + 1);
   return s;

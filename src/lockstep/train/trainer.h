@@ -76,11 +76,12 @@ class Trainer {
   OptimizerStats step();
 
   const Context& context() const { return ctx_; }
-  const ModelConfig& config() const { return layout_.config(); }
-  const ParamLayout& layout() const { return layout_; }  // of params()
-  // Of grads() and the optimizer state: layout() itself, or with expert
-  // parallelism the same without the other ranks' experts.
-  const ParamLayout& grad_layout() const { return glayout_; }
+  const ModelConfig& config() const { return model_layout_.config(); }
+  // The layout of params(), grads() and the optimizer state: the model's, or
+  // with expert parallelism the model's without the other ranks' experts.
+  const ParamLayout& layout() const { return layout_; }
+  // The whole model's layout (checkpoints, the weight broadcast).
+  const ParamLayout& model_layout() const { return model_layout_; }
   const model::ModelWeights& weights() const { return *weights_; }
   float* params() { return params_.as<float>(); }
   float* grads() { return grads_.as<float>(); }
@@ -88,28 +89,41 @@ class Trainer {
   AdamW& optimizer() { return optimizer_; }
   TrainerConfig& trainer_config() { return cfg_; }
   // Expert parallelism (model/expert_parallel.h, docs/distributed.md): from
-  // now on this trainer packs and runs only its shard of every MoE layer's
-  // experts (shard comm->rank() of comm->size()), exchanges expert rows with
-  // the group's ranks, and holds gradients and AdamW moments for its own
-  // experts only (grad_layout()); null: all experts again. The f32 parameters
-  // stay whole: after each optimizer step the group's ranks all-gather their
-  // updated experts. grad_reduce must then sum the non-expert gradients over
-  // every trainer rank and the experts' over the ranks holding the same
+  // now on this trainer holds, packs and runs only its shard of every MoE
+  // layer's experts (shard comm->rank() of comm->size()): its parameters,
+  // gradients and AdamW moments cover the other tensors and its own experts
+  // (layout()), and it exchanges expert rows with the group's ranks; null:
+  // all experts again. grad_reduce must then sum the non-expert gradients
+  // over every trainer rank and the experts' over the ranks holding the same
   // experts (dist::make_data_parallel). Every rank of the group must make the
-  // same sequence of score(), accumulate(), step() and prepare_checkpoint()
-  // calls (each score/accumulate runs as many micro-batches as the group's
-  // largest, empty ones included). Call before the first optimizer step;
-  // `comm` must outlive the trainer's use of it.
+  // same sequence of score(), accumulate(), step(), gather_model() and
+  // prepare_checkpoint() calls (each score/accumulate runs as many
+  // micro-batches as the group's largest, empty ones included). Call before
+  // the first optimizer step; `comm` must outlive the trainer's use of it.
   void set_expert_comm(model::ExpertComm* comm);
   model::ExpertComm* expert_comm() const { return experts_; }
+  // The whole model's f32 parameters (model_layout()) into `out`: on every
+  // rank of the expert-parallel group (all), or on its rank 0 only (out may
+  // be null elsewhere). Collective over the group; without expert
+  // parallelism a copy of params().
+  void gather_model(float* out, bool all);
+  // The whole model's parameters on the group's rank 0, assembled by
+  // gather_model into a buffer this trainer keeps, when `want` is set on some
+  // rank of the group (collective); params() itself without expert
+  // parallelism. Null where nothing is assembled.
+  const float* model_params(bool want);
   // Before a checkpoint: collective over the expert-parallel group (a no-op
   // without one). When `writer` is set on some rank of the group, its rank 0
-  // (the writer) gathers the whole model's AdamW moments layer by layer into
-  // the file `scratch` (one layer's experts in memory at a time).
+  // (the writer) assembles the model (model_params) and gathers the whole
+  // model's AdamW moments layer by layer into the file `scratch` (one layer's
+  // experts in memory at a time).
   void prepare_checkpoint(bool writer, const std::string& scratch);
   // Writes the optimizer state of the whole model (AdamW::save's format):
   // with expert parallelism, moves prepare_checkpoint's file to `path`.
   void save_optimizer(const std::string& path);
+  // The parameters a checkpoint saves (model_layout()): params(), or with
+  // expert parallelism those prepare_checkpoint assembled.
+  const float* checkpoint_params() const;
   // After params() were overwritten (checkpoint load): repack, set version.
   void params_changed(uint64_t version);
   // Token-budget micro-batches: [begin, end) index ranges into seqs.
@@ -120,20 +134,27 @@ class Trainer {
              std::vector<TokenScores>* scores);
 
   double expert_grad_norm(const Context& ctx, const float* grads) const;
-  void gather_experts();
+  // Walks the model layout in order and hands `emit` the whole model's
+  // values of a buffer laid out as layout() (params, a moment): shared
+  // tensors from `local`, each MoE layer's expert blocks gathered from the
+  // group. Collective; emit is called on the group's rank 0 only (all: on
+  // every rank, from an all-gather).
+  void assemble(const float* local, bool all, const std::function<void(const float*, int64_t)>& emit);
 
   Context ctx_;
-  ParamLayout layout_, glayout_;
+  ParamLayout model_layout_, layout_;
   Buffer params_, grads_;
   ModelParams grad_views_;
   TrainerConfig cfg_;
   AdamW optimizer_;
   std::unique_ptr<model::ModelWeights> weights_;
   model::ExpertComm* experts_ = nullptr;
-  // Expert parallelism: grad_layout() ranges of this rank's experts and of
-  // everything else (offset, floats), and the gathered moments of a checkpoint.
+  // Expert parallelism: layout() ranges of this rank's experts and of
+  // everything else (offset, floats); the assembled model (group rank 0);
+  // prepare_checkpoint's optimizer file, until save_optimizer.
   std::vector<std::pair<int64_t, int64_t>> own_expert_ranges_, shared_ranges_;
-  std::string gathered_optimizer_;  // prepare_checkpoint's file, until save_optimizer
+  Buffer model_params_;
+  std::string gathered_optimizer_;
   // run()'s KV cache, saved activations and logits (trainer.cpp), kept from
   // call to call: re-allocating them made every step fault in fresh pages.
   std::shared_ptr<RunBuffers> buffers_;
