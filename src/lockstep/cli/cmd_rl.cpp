@@ -195,7 +195,8 @@ LS_REGISTER_COMMAND(Command{
     "--resume continues from OUT/checkpoints/latest (metrics lines after it are dropped).\n"
     "Under mpirun/srun, [dist] trainer_ranks / rollout_ranks split the ranks into data-parallel\n"
     "trainers and rollout ranks that receive the weights after every step (docs/distributed.md);\n"
-    "[dist] max_weight_staleness = 1 lets the rollout ranks generate one step ahead of training.\n"
+    "[dist] max_weight_staleness = 1 lets the rollout ranks generate one step ahead of training;\n"
+    "[dist] expert_parallel = N splits each MoE layer's experts over groups of N trainers.\n"
     "Sections: [model] [data] [rollout] [train] [algo] [reward] [eval] [log] [dist]; see\n"
     "docs/rl.md and docs/configuration.md. Recipes: configs/demo/rl.toml, configs/recipes/.\n",
     {"resume"}, run_rl_cmd});
