@@ -12,7 +12,10 @@
 #  3. checkpoints hold the whole model and optimizer state: an EP run stopped
 #     after step 2 and resumed with EP ends bit-identical to the uninterrupted
 #     run; the same checkpoint resumes without expert parallelism too;
-#  4. refused: expert_parallel that does not divide the model's experts.
+#  4. refused: expert_parallel that does not divide the model's experts;
+#  5. SIGKILL of the second trainer (a member of the root's expert group, in
+#     the middle of all-to-alls) ends the job within 30 s; the last
+#     checkpoint is whole and a single-process --resume finishes from it.
 # usage: rl_ep_test.sh MPIEXEC LOCKSTEP_BINARY
 source "$(dirname "$0")/mpi_test_lib.sh"
 
@@ -89,4 +92,23 @@ if timeout -k 5 60 "${MPI[@]}" -np 3 "$BIN" rl --config "$T/rl.toml" --out "$T/b
     --set dist.expert_parallel=3 > "$T/bad.log" 2>&1; then fail "expert_parallel = 3 with 4 experts was accepted"; fi
 grep -q "\[dist\] expert_parallel = 3 needs a MoE model whose experts it divides; the model has 4 experts" "$T/bad.log" \
   || { cat "$T/bad.log"; fail "bad: no clear error"; }
+
+run="$T/killed"
+timeout -k 5 60 "${MPI[@]}" -np 3 "$BIN" rl --config "$T/rl.toml" --out "$run" --set dist.rollout_ranks=1 \
+  --set dist.expert_parallel=2 --set train.steps=100000 --set train.save_interval=2 --set eval.interval=0 \
+  > "$T/killed.log" 2>&1 &
+launcher=$!
+kill_rank_after_checkpoint "$launcher" 1 "$run" "$T/killed.log"
+kill_time=$(date +%s)
+rc=0
+wait "$launcher" || rc=$?
+elapsed=$(( $(date +%s) - kill_time ))
+[ "$rc" -ne 0 ] || fail "the job returned 0 after an expert-parallel trainer was killed"
+[ "$elapsed" -lt 30 ] || fail "the job took ${elapsed} s to end after the kill"
+last=$(cat "$run/checkpoints/latest")
+step=${last#step_}
+"$BIN" rl --config "$T/rl.toml" --out "$run" --resume --set train.steps=$((step + 1)) --set eval.interval=0 \
+  --set dist.timeout_s=0 > "$T/resume.log" 2>&1 || { cat "$T/resume.log"; fail "resume from $last"; }
+grep -q "resumed from" "$T/resume.log" || fail "did not resume"
+echo "killed EP trainer: job ended (rc $rc) ${elapsed} s after the kill; one process resumed from $last"
 echo PASS
