@@ -4,6 +4,7 @@
 // anything is sent.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -38,6 +39,36 @@ TEST(WeightBroadcast, EveryRankReceivesTheRootsWeightsAndVersion) {
     EXPECT_GT(s.seconds, 0.0);
     ASSERT_EQ(std::memcmp(w.data(), expect.data(), n * 4), 0) << "rank " << world.rank() << " root " << root;
   }
+}
+
+// The root streams its weights in pieces of every size (smaller than a
+// bucket, across bucket edges, several buckets at once, empty); receivers
+// run the usual broadcast_weights and get the same bits and bucket count.
+TEST(WeightBroadcast, StreamedPiecesArriveAsOneBuffer) {
+  Communicator world = Communicator::world(60);
+  const size_t n = 300'007;
+  const std::vector<float> expect = weights(n, 99);
+  WeightBroadcastOptions opt;
+  opt.bucket_bytes = 64 << 10;
+  WeightSyncStats s;
+  std::vector<float> w(n, -1.0f);
+  if (world.rank() == 0) {
+    WeightBroadcaster out(world, n, 23, 0, opt);
+    std::mt19937 g(5);
+    size_t at = 0;
+    while (at < n) {
+      const size_t piece = std::min<size_t>(n - at, g() % 3 == 0 ? g() % 70'000 : g() % 5'000);
+      out.push(expect.data() + at, piece);
+      at += piece;
+    }
+    s = out.finish();
+    w = expect;
+  } else {
+    s = broadcast_weights(world, w.data(), n, 0, 0, opt);
+  }
+  EXPECT_EQ(s.version, 23u);
+  EXPECT_EQ(s.buckets, (n * 4 + (64 << 10) - 1) / (64 << 10));
+  ASSERT_EQ(std::memcmp(w.data(), expect.data(), n * 4), 0) << "rank " << world.rank();
 }
 
 TEST(WeightBroadcast, CorruptBucketIsAnErrorOnEveryRank) {

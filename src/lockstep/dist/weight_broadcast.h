@@ -9,7 +9,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <vector>
 
+#include "lockstep/base/timer.h"
 #include "lockstep/dist/communicator.h"
 
 namespace lockstep::dist {
@@ -33,5 +35,29 @@ struct WeightBroadcastOptions {
 // root's params[0, n) to every rank of comm; `version` is read on the root.
 WeightSyncStats broadcast_weights(Communicator& comm, float* params, size_t n, uint64_t version, int root,
                                   const WeightBroadcastOptions& opt = {});
+
+// The root's side of broadcast_weights fed piece by piece, for weights the
+// root does not hold in one buffer (expert parallelism assembles them layer
+// by layer): the receivers call broadcast_weights as usual. push() the n
+// floats in order (full buckets go out as they fill), then finish(). The
+// constructor and finish() are collective with the receivers.
+class WeightBroadcaster {
+ public:
+  WeightBroadcaster(Communicator& comm, size_t n, uint64_t version, int root, const WeightBroadcastOptions& opt = {});
+  void push(const float* data, size_t count);
+  WeightSyncStats finish();
+
+ private:
+  void send_bucket();
+
+  Communicator& comm_;
+  size_t n_, pushed_ = 0;
+  uint64_t version_;
+  int root_;
+  uint64_t bucket_ = 0;
+  std::vector<char> buf_;  // the bucket being filled
+  size_t buckets_ = 0;
+  Timer timer_;
+};
 
 }  // namespace lockstep::dist

@@ -128,16 +128,16 @@ std::vector<rollout::RequestResult> MpiRollout::collect(const RolloutProgress& p
 void MpiRollout::sync(train::Trainer& trainer) {
   LS_CHECK(!in_flight_) << "MpiRollout::sync while a batch is in flight (collect it first: the rollout ranks "
                         << "take no weights before they have sent their results)";
-  // Expert parallelism: the trainer root's group assembles the whole model
-  // on the root (a collective over the group; the others get null).
-  const float* weights = trainer.model_params(is_root());
-  if (!is_root()) return;  // the trainer root publishes; the others hold the same weights
+  // The trainer root publishes; the others hold the same weights, except
+  // with expert parallelism, where the root's group streams the model to it
+  // layer by layer (a collective over the group) while it broadcasts.
+  if (!is_root()) return trainer.stream_model(false, {});
   LS_CHECK(!stopped_) << "MpiRollout::sync after shutdown";
   Command c{kSync};
   sync_->broadcast_value(c, 0);
-  // The root only sends: broadcast_weights does not write its buffer.
-  last_sync_ = dist::broadcast_weights(*sync_, const_cast<float*>(weights), size_t(trainer.model_layout().numel()),
-                                       trainer.version(), 0);
+  dist::WeightBroadcaster out(*sync_, size_t(trainer.model_layout().numel()), trainer.version(), 0);
+  trainer.stream_model(true, [&](const float* d, int64_t n) { out.push(d, size_t(n)); });
+  last_sync_ = out.finish();
 }
 
 void MpiRollout::shutdown() {

@@ -147,13 +147,13 @@ void Trainer::gather_model(float* out, bool all) {
   });
 }
 
-const float* Trainer::model_params(bool want) {
-  if (experts_ == nullptr) return params_.as<float>();
-  if (experts_->max(want ? 1 : 0) == 0) return nullptr;
-  const bool root = experts_->rank() == 0;
-  if (root && model_params_.size() != model_layout_.nbytes()) model_params_ = Buffer(model_layout_.nbytes());
-  gather_model(root ? model_params_.as<float>() : nullptr, false);
-  return root ? model_params_.as<float>() : nullptr;
+void Trainer::stream_model(bool want, const std::function<void(const float*, int64_t)>& emit) {
+  if (experts_ == nullptr) {
+    if (want) emit(params_.as<float>(), layout_.numel());
+    return;
+  }
+  if (experts_->max(want ? 1 : 0) == 0) return;
+  assemble(params_.as<float>(), false, emit);
 }
 
 const float* Trainer::checkpoint_params() const {
@@ -168,7 +168,8 @@ void Trainer::prepare_checkpoint(bool writer, const std::string& scratch) {
   if (experts_->max(writer ? 1 : 0) == 0) return;  // nobody in this group writes
   const bool root = experts_->rank() == 0;
   LS_CHECK(!writer || root) << "prepare_checkpoint: the writer must be rank 0 of its expert-parallel group";
-  model_params(true);
+  if (root && model_params_.size() != model_layout_.nbytes()) model_params_ = Buffer(model_layout_.nbytes());
+  gather_model(root ? model_params_.as<float>() : nullptr, false);
   if (root) std::filesystem::create_directories(std::filesystem::path(scratch).parent_path());
   std::unique_ptr<OptimizerStateWriter> out;
   if (root) out = std::make_unique<OptimizerStateWriter>(scratch, optimizer_.steps_done(), model_layout_.numel());
@@ -185,6 +186,7 @@ void Trainer::save_optimizer(const std::string& path) {
   LS_CHECK(!gathered_optimizer_.empty()) << "save_optimizer: prepare_checkpoint(true, ...) first (expert parallelism)";
   std::filesystem::rename(gathered_optimizer_, path);
   gathered_optimizer_.clear();
+  model_params_ = Buffer();  // the model was saved before (save_checkpoint)
 }
 
 std::vector<std::pair<size_t, size_t>> Trainer::micro_batches(const std::vector<TrainSequence>& seqs) const {

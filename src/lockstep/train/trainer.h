@@ -96,8 +96,8 @@ class Trainer {
   // all experts again. grad_reduce must then sum the non-expert gradients
   // over every trainer rank and the experts' over the ranks holding the same
   // experts (dist::make_data_parallel). Every rank of the group must make the
-  // same sequence of score(), accumulate(), step(), gather_model() and
-  // prepare_checkpoint() calls (each score/accumulate runs as many
+  // same sequence of score(), accumulate(), step(), gather_model(),
+  // stream_model() and prepare_checkpoint() calls (each score/accumulate runs as many
   // micro-batches as the group's largest, empty ones included). Call before
   // the first optimizer step; `comm` must outlive the trainer's use of it.
   void set_expert_comm(model::ExpertComm* comm);
@@ -107,19 +107,20 @@ class Trainer {
   // be null elsewhere). Collective over the group; without expert
   // parallelism a copy of params().
   void gather_model(float* out, bool all);
-  // The whole model's parameters on the group's rank 0, assembled by
-  // gather_model into a buffer this trainer keeps, when `want` is set on some
-  // rank of the group (collective); params() itself without expert
-  // parallelism. Null where nothing is assembled.
-  const float* model_params(bool want);
+  // The whole model's parameters in model_layout() order, piece by piece, to
+  // `emit` on the group's rank 0, when `want` is set on some rank of the
+  // group (collective over it; one MoE layer's experts in memory at a time).
+  // Without expert parallelism: emit(params(), all) on this rank if `want`.
+  void stream_model(bool want, const std::function<void(const float*, int64_t)>& emit);
   // Before a checkpoint: collective over the expert-parallel group (a no-op
   // without one). When `writer` is set on some rank of the group, its rank 0
-  // (the writer) assembles the model (model_params) and gathers the whole
-  // model's AdamW moments layer by layer into the file `scratch` (one layer's
-  // experts in memory at a time).
+  // (the writer) assembles the model (kept until save_optimizer) and gathers
+  // the whole model's AdamW moments layer by layer into the file `scratch`
+  // (one layer's experts in memory at a time).
   void prepare_checkpoint(bool writer, const std::string& scratch);
   // Writes the optimizer state of the whole model (AdamW::save's format):
-  // with expert parallelism, moves prepare_checkpoint's file to `path`.
+  // with expert parallelism, moves prepare_checkpoint's file to `path` and
+  // frees the assembled model.
   void save_optimizer(const std::string& path);
   // The parameters a checkpoint saves (model_layout()): params(), or with
   // expert parallelism those prepare_checkpoint assembled.
@@ -150,8 +151,8 @@ class Trainer {
   std::unique_ptr<model::ModelWeights> weights_;
   model::ExpertComm* experts_ = nullptr;
   // Expert parallelism: layout() ranges of this rank's experts and of
-  // everything else (offset, floats); the assembled model (group rank 0);
-  // prepare_checkpoint's optimizer file, until save_optimizer.
+  // everything else (offset, floats); the model and optimizer file that
+  // prepare_checkpoint assembled (group rank 0), until save_optimizer.
   std::vector<std::pair<int64_t, int64_t>> own_expert_ranges_, shared_ranges_;
   Buffer model_params_;
   std::string gathered_optimizer_;
