@@ -33,3 +33,29 @@ kill_rank_after_checkpoint() {
   [ -f "$run/checkpoints/latest" ] || { kill "$launcher" 2>/dev/null; cat "$log"; fail "no checkpoint"; }
   kill -9 "$victim"
 }
+
+# kill_midrun_and_resume WHAT NP RANK [--set ...]: runs `lockstep rl` on
+# $T/rl.toml as an NP-rank job with the given settings (a checkpoint every 2
+# steps, no eval), SIGKILLs world rank RANK once a checkpoint after step_2
+# exists, checks that the job ends with a non-zero code within 30 s, and
+# that one process resumes from the last checkpoint for one more step.
+kill_midrun_and_resume() {
+  local what=$1 np=$2 rank=$3
+  shift 3
+  local run="$T/killed-$np-$rank" launcher kill_time rc=0 elapsed last step
+  timeout -k 5 60 "${MPI[@]}" -np "$np" "$BIN" rl --config "$T/rl.toml" --out "$run" "$@" \
+    --set train.steps=100000 --set train.save_interval=2 --set eval.interval=0 > "$run.log" 2>&1 &
+  launcher=$!
+  kill_rank_after_checkpoint "$launcher" "$rank" "$run" "$run.log"
+  kill_time=$(date +%s)
+  wait "$launcher" || rc=$?
+  elapsed=$(( $(date +%s) - kill_time ))
+  [ "$rc" -ne 0 ] || fail "the job returned 0 after its $what was killed"
+  [ "$elapsed" -lt 30 ] || fail "the job took ${elapsed} s to end after the $what was killed"
+  last=$(cat "$run/checkpoints/latest")
+  step=${last#step_}
+  "$BIN" rl --config "$T/rl.toml" --out "$run" --resume --set train.steps=$((step + 1)) --set eval.interval=0 \
+    --set dist.timeout_s=0 > "$run.resume.log" 2>&1 || { cat "$run.resume.log"; fail "resume from $last"; }
+  grep -q "resumed from" "$run.resume.log" || fail "did not resume from $last"
+  echo "killed $what: job ended (rc $rc) ${elapsed} s after the kill; one process resumed from $last"
+}

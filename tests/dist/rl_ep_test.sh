@@ -93,22 +93,5 @@ if timeout -k 5 60 "${MPI[@]}" -np 3 "$BIN" rl --config "$T/rl.toml" --out "$T/b
 grep -q "\[dist\] expert_parallel = 3 needs a MoE model whose experts it divides; the model has 4 experts" "$T/bad.log" \
   || { cat "$T/bad.log"; fail "bad: no clear error"; }
 
-run="$T/killed"
-timeout -k 5 60 "${MPI[@]}" -np 3 "$BIN" rl --config "$T/rl.toml" --out "$run" --set dist.rollout_ranks=1 \
-  --set dist.expert_parallel=2 --set train.steps=100000 --set train.save_interval=2 --set eval.interval=0 \
-  > "$T/killed.log" 2>&1 &
-launcher=$!
-kill_rank_after_checkpoint "$launcher" 1 "$run" "$T/killed.log"
-kill_time=$(date +%s)
-rc=0
-wait "$launcher" || rc=$?
-elapsed=$(( $(date +%s) - kill_time ))
-[ "$rc" -ne 0 ] || fail "the job returned 0 after an expert-parallel trainer was killed"
-[ "$elapsed" -lt 30 ] || fail "the job took ${elapsed} s to end after the kill"
-last=$(cat "$run/checkpoints/latest")
-step=${last#step_}
-"$BIN" rl --config "$T/rl.toml" --out "$run" --resume --set train.steps=$((step + 1)) --set eval.interval=0 \
-  --set dist.timeout_s=0 > "$T/resume.log" 2>&1 || { cat "$T/resume.log"; fail "resume from $last"; }
-grep -q "resumed from" "$T/resume.log" || fail "did not resume"
-echo "killed EP trainer: job ended (rc $rc) ${elapsed} s after the kill; one process resumed from $last"
+kill_midrun_and_resume "expert-parallel trainer" 3 1 --set dist.rollout_ranks=1 --set dist.expert_parallel=2
 echo PASS

@@ -89,22 +89,5 @@ grep -q "rollout_ranks = 2 leaves no trainer rank" "$T/bad2.log" || { cat "$T/ba
 
 # SIGKILL the rollout rank mid-run: the launcher ends the job, the last
 # checkpoint stays whole.
-run="$T/killed"
-start=$(date +%s)
-timeout -k 5 60 "${MPI[@]}" -np 2 "$BIN" rl --config "$T/rl.toml" --out "$run" --set dist.rollout_ranks=1 \
-  --set train.steps=100000 --set train.save_interval=2 --set eval.interval=0 > "$T/killed.log" 2>&1 &
-launcher=$!
-kill_rank_after_checkpoint "$launcher" 1 "$run" "$T/killed.log"
-kill_time=$(date +%s)
-rc=0
-wait "$launcher" || rc=$?
-elapsed=$(( $(date +%s) - kill_time ))
-[ "$rc" -ne 0 ] || fail "the job returned 0 after its rollout rank was killed"
-[ "$elapsed" -lt 30 ] || fail "the job took ${elapsed} s to end after the kill"
-last=$(cat "$run/checkpoints/latest")
-step=${last#step_}
-"$BIN" rl --config "$T/rl.toml" --out "$run" --resume --set train.steps=$((step + 1)) --set eval.interval=0 \
-  --set dist.timeout_s=0 > "$T/resume.log" 2>&1 || { cat "$T/resume.log"; fail "resume from $last"; }
-grep -q "resumed from" "$T/resume.log" || fail "did not resume"
-echo "killed rollout rank: job ended (rc $rc) ${elapsed} s after the kill, resumed from $last"
-echo "PASS ($(( $(date +%s) - start )) s for the fault part)"
+kill_midrun_and_resume "rollout rank" 2 1 --set dist.rollout_ranks=1
+echo PASS
