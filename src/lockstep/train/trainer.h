@@ -92,14 +92,16 @@ class Trainer {
   // now on this trainer holds, packs and runs only its shard of every MoE
   // layer's experts (shard comm->rank() of comm->size()): its parameters,
   // gradients and AdamW moments cover the other tensors and its own experts
-  // (layout()), and it exchanges expert rows with the group's ranks; null:
-  // all experts again. grad_reduce must then sum the non-expert gradients
-  // over every trainer rank and the experts' over the ranks holding the same
-  // experts (dist::make_data_parallel). Every rank of the group must make the
-  // same sequence of score(), accumulate(), step(), gather_model(),
-  // stream_model() and prepare_checkpoint() calls (each score/accumulate runs as many
-  // micro-batches as the group's largest, empty ones included). Call before
-  // the first optimizer step; `comm` must outlive the trainer's use of it.
+  // (layout()), and it exchanges expert rows with the group's ranks (null:
+  // no expert parallelism). A trainer that gave up experts cannot take them
+  // back. grad_reduce must then sum the
+  // non-expert gradients over every trainer rank and the experts' over the
+  // ranks holding the same experts (dist::make_data_parallel). Every rank of
+  // the group must make the same sequence of score(), accumulate(), step(),
+  // gather_model(), stream_model() and prepare_checkpoint() calls (each
+  // score/accumulate runs as many micro-batches as the group's largest,
+  // empty ones included). Call before the first optimizer step; `comm` must
+  // outlive the trainer's use of it.
   void set_expert_comm(model::ExpertComm* comm);
   model::ExpertComm* expert_comm() const { return experts_; }
   // The whole model's f32 parameters (model_layout()) into `out`: on every
