@@ -14,7 +14,6 @@
 #include "lockstep/data/dataset.h"
 #include "lockstep/dist/data_parallel.h"
 #include "lockstep/dist/dist_config.h"
-#include "lockstep/dist/environment.h"
 #include "lockstep/dist/parallel_trainer.h"
 #include "lockstep/dist/role_comms.h"
 #include "lockstep/model/file_util.h"
@@ -159,24 +158,10 @@ int run_rl_cmd(const Args& args) {
     std::cout << ")" << std::endl;
     return 0;
   }
-  // A plain run (no [dist], no launcher) never touches MPI.
-  if (!has_dist && !launched_by_mpi()) return run_trainer(args, root, cfg_path, cfg, dc, nullptr);
-  dist::Environment env;
-  if (env.world_size() == 1) {
-    dist::compute_roles(dcfg, 1, 0);  // throws for layouts a world of one cannot hold (rollout_ranks = 1)
-    return run_trainer(args, root, cfg_path, cfg, dc, nullptr);
-  }
-  try {
-    dist::RoleComms rc = dist::make_role_comms(dcfg);
-    return rc.roles.is_rollout ? run_rollout_rank(root, cfg_path, cfg, rc)
-                               : run_trainer(args, root, cfg_path, cfg, dc, &rc);
-  } catch (const std::exception& e) {
-    // The other ranks may be waiting for this one in a collective: end the
-    // whole job now instead of leaving them to their watchdog.
-    std::cerr << "lockstep rl: error on rank " << env.world_rank() << " of " << env.world_size() << ": " << e.what()
-              << std::endl;
-    dist::Environment::abort_job(2);
-  }
+  return run_as_job("rl", dcfg, has_dist, [&](dist::RoleComms* rc) {
+    if (rc && rc->roles.is_rollout) return run_rollout_rank(root, cfg_path, cfg, *rc);
+    return run_trainer(args, root, cfg_path, cfg, dc, rc);
+  });
 }
 
 LS_REGISTER_COMMAND(Command{

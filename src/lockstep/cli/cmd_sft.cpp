@@ -12,7 +12,6 @@
 #include "lockstep/data/dataset.h"
 #include "lockstep/dist/data_parallel.h"
 #include "lockstep/dist/dist_config.h"
-#include "lockstep/dist/environment.h"
 #include "lockstep/dist/parallel_trainer.h"
 #include "lockstep/dist/role_comms.h"
 #include "lockstep/model/file_util.h"
@@ -112,22 +111,7 @@ int run_sft_cmd(const Args& args) {
 
   const auto* dist_t = root["dist"].as_table();
   const bool has_dist = dist_t && !dist_t->empty();
-  // A plain run (no [dist], no launcher) never touches MPI.
-  if (!has_dist && !launched_by_mpi()) return train_sft(args, root, cfg_path, ts, dc, nullptr);
-  dist::Environment env;
-  if (env.world_size() == 1) {
-    dist::compute_roles(dcfg, 1, 0);  // throws for layouts a world of one cannot hold
-    return train_sft(args, root, cfg_path, ts, dc, nullptr);
-  }
-  try {
-    dist::RoleComms rc = dist::make_role_comms(dcfg);
-    return train_sft(args, root, cfg_path, ts, dc, &rc);
-  } catch (const std::exception& e) {
-    // The other ranks may be waiting for this one in a collective: end the job.
-    std::cerr << "lockstep sft: error on rank " << env.world_rank() << " of " << env.world_size() << ": " << e.what()
-              << std::endl;
-    dist::Environment::abort_job(2);
-  }
+  return run_as_job("sft", dcfg, has_dist, [&](dist::RoleComms* rc) { return train_sft(args, root, cfg_path, ts, dc, rc); });
 }
 
 LS_REGISTER_COMMAND(Command{

@@ -1,8 +1,12 @@
-// launched_by_mpi (mpi_launch.h).
+// launched_by_mpi and run_as_job (mpi_launch.h).
 #include "lockstep/cli/mpi_launch.h"
 
 #include <cstdlib>
+#include <exception>
 #include <initializer_list>
+#include <iostream>
+
+#include "lockstep/dist/environment.h"
 
 namespace lockstep::cli {
 
@@ -10,6 +14,27 @@ bool launched_by_mpi() {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK"})
     if (std::getenv(v)) return true;
   return false;
+}
+
+int run_as_job(const char* cmd, const dist::DistConfig& d, bool has_dist,
+               const std::function<int(dist::RoleComms*)>& body) {
+  // A plain run (no [dist], no launcher) never touches MPI.
+  if (!has_dist && !launched_by_mpi()) return body(nullptr);
+  dist::Environment env;
+  if (env.world_size() == 1) {
+    dist::compute_roles(d, 1, 0);  // throws for layouts a world of one cannot hold (rollout_ranks = 1)
+    return body(nullptr);
+  }
+  try {
+    dist::RoleComms rc = dist::make_role_comms(d);
+    return body(&rc);
+  } catch (const std::exception& e) {
+    // The other ranks may be waiting for this one in a collective: end the
+    // whole job now instead of leaving them to their watchdog.
+    std::cerr << "lockstep " << cmd << ": error on rank " << env.world_rank() << " of " << env.world_size() << ": "
+              << e.what() << std::endl;
+    dist::Environment::abort_job(2);
+  }
 }
 
 }  // namespace lockstep::cli

@@ -1,11 +1,24 @@
-// Whether this process is a rank of a job a launcher started (mpirun, srun):
-// Open MPI's OMPI_COMM_WORLD_SIZE, PMIx's PMIX_RANK or PMI's PMI_SIZE/PMI_RANK
-// in the environment. Commands that can run as MPI jobs (rl, sft) start MPI
-// only then or when their config has a [dist] section.
+// How a command that can run as an MPI job (rl, sft) starts: MPI only when a
+// launcher (mpirun, srun) started this process (Open MPI's
+// OMPI_COMM_WORLD_SIZE, PMIx's PMIX_RANK or PMI's PMI_SIZE/PMI_RANK in the
+// environment) or the config has a non-empty [dist] section.
 #pragma once
+
+#include <functional>
+
+#include "lockstep/dist/dist_config.h"
+#include "lockstep/dist/role_comms.h"
 
 namespace lockstep::cli {
 
 bool launched_by_mpi();
+
+// Runs `body` as this process's part of the job: body(nullptr) without MPI
+// (no launcher and no [dist]) or in a world of one rank (after checking that
+// the layout fits one rank); otherwise body(&roles) on every rank. An error
+// on a rank prints "lockstep CMD: error on rank R of W: ..." and ends the
+// whole job at once (MPI_Abort), so no rank is left waiting in a collective.
+int run_as_job(const char* cmd, const dist::DistConfig& d, bool has_dist,
+               const std::function<int(dist::RoleComms*)>& body);
 
 }  // namespace lockstep::cli
