@@ -25,10 +25,8 @@
 namespace lockstep::cli {
 namespace {
 
-dist::DistConfig read_dist(const toml::table& root, const std::string& path) {
-  TomlSection s(root["dist"].as_table(), path, "dist");
-  const dist::DistConfig d = dist::dist_config_from_toml(s);
-  s.finish();
+dist::DistConfig read_dist(const toml::table& root, const std::string& path, bool* present) {
+  const dist::DistConfig d = read_dist_section(root, path, present);
   // Checked here, before any rank starts: the layout alone decides it.
   if (d.max_weight_staleness > 0 && d.rollout_ranks == 0)
     LS_THROW << path << ": [dist] max_weight_staleness = " << d.max_weight_staleness
@@ -137,15 +135,14 @@ int run_rl_cmd(const Args& args) {
   const std::string cfg_path = check_only ? args.require("check-config") : args.require("config");
   toml::table root = load_toml_with_overrides(cfg_path, args.sets());
   rl::RlConfig cfg = rl::rl_config_from_toml(root, cfg_path);
-  const dist::DistConfig dcfg = read_dist(root, cfg_path);
+  bool has_dist = false;
+  const dist::DistConfig dcfg = read_dist(root, cfg_path, &has_dist);
   cfg.max_weight_staleness = dcfg.max_weight_staleness;
   TomlSection data_s(root["data"].as_table(), cfg_path, "data");
   data::DataConfig dc = data::data_config_from_toml(data_s);
   data_s.finish();
   if (dc.train_file.empty()) LS_THROW << cfg_path << ": [data] train_file is required";
   if (args.has("out")) cfg.out_dir = args.get("out", cfg.out_dir);
-  const auto* dist_t = root["dist"].as_table();
-  const bool has_dist = dist_t && !dist_t->empty();
   if (check_only) {  // every section but the model's weights, which are not loaded
     std::cout << cfg_path << ": OK (" << cfg.steps << " steps of " << cfg.batch_size << " prompts x "
               << cfg.rollout.sampling.n << " samples; " << rl::to_string(cfg.algo.advantage) << ", "

@@ -22,10 +22,8 @@ namespace lockstep::cli {
 namespace {
 
 // [dist] of an sft run: trainer ranks only.
-dist::DistConfig read_dist(const toml::table& root, const std::string& path) {
-  TomlSection s(root["dist"].as_table(), path, "dist");
-  const dist::DistConfig d = dist::dist_config_from_toml(s);
-  s.finish();
+dist::DistConfig read_dist(const toml::table& root, const std::string& path, bool* present) {
+  const dist::DistConfig d = read_dist_section(root, path, present);
   if (d.rollout_ranks > 0)
     LS_THROW << path << ": [dist] rollout_ranks = " << d.rollout_ranks
              << ": sft generates nothing, every rank trains (remove rollout_ranks)";
@@ -97,7 +95,8 @@ int run_sft_cmd(const Args& args) {
       LS_THROW << cfg_path << ": section [" << key
                << "] is not used by sft (expected [model] [data] [train] [log] [dist])";
   }
-  const dist::DistConfig dcfg = read_dist(root, cfg_path);
+  bool has_dist = false;
+  const dist::DistConfig dcfg = read_dist(root, cfg_path, &has_dist);
   TomlSection train_s(root["train"].as_table(), cfg_path, "train");
   train::TrainSection ts = train::train_section_from_toml(train_s);
   train_s.finish();
@@ -109,8 +108,6 @@ int run_sft_cmd(const Args& args) {
   if (dc.train_file.empty()) LS_THROW << cfg_path << ": [data] train_file is required";
   if (args.has("out")) ts.out_dir = args.get("out", ts.out_dir);
 
-  const auto* dist_t = root["dist"].as_table();
-  const bool has_dist = dist_t && !dist_t->empty();
   return run_as_job("sft", dcfg, has_dist, [&](dist::RoleComms* rc) { return train_sft(args, root, cfg_path, ts, dc, rc); });
 }
 

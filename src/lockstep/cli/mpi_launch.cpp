@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <iostream>
 
+#include "lockstep/base/toml_section.h"
 #include "lockstep/dist/environment.h"
 
 namespace lockstep::cli {
@@ -14,6 +15,15 @@ bool launched_by_mpi() {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK"})
     if (std::getenv(v)) return true;
   return false;
+}
+
+dist::DistConfig read_dist_section(const toml::table& root, const std::string& path, bool* present) {
+  const auto* t = root["dist"].as_table();
+  if (present) *present = t && !t->empty();
+  TomlSection s(t, path, "dist");
+  const dist::DistConfig d = dist::dist_config_from_toml(s);
+  s.finish();
+  return d;
 }
 
 int run_as_job(const char* cmd, const dist::DistConfig& d, bool has_dist,

@@ -5,6 +5,9 @@
 #pragma once
 
 #include <functional>
+#include <string>
+
+#include <toml++/toml.h>
 
 #include "lockstep/dist/dist_config.h"
 #include "lockstep/dist/role_comms.h"
@@ -12,6 +15,10 @@
 namespace lockstep::cli {
 
 bool launched_by_mpi();
+
+// The [dist] section of a command's config (all defaults when absent;
+// errors name `path` and the key); *present: it has at least one key.
+dist::DistConfig read_dist_section(const toml::table& root, const std::string& path, bool* present);
 
 // Runs `body` as this process's part of the job: body(nullptr) without MPI
 // (no launcher and no [dist]) or in a world of one rank (after checking that
