@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "lockstep/cli/bench_common.h"
+#include "lockstep/bench/common.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>

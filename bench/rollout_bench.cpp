@@ -1,4 +1,4 @@
-// Rollout-engine throughput (issue 5) on moe-tiny and moe-small at 2 threads:
+// Rollout-engine throughput on moe-tiny and moe-small at 2 threads:
 // decode tokens/s at batch 1, 16, 64, 256 beside the GEMM roofline (the same
 // step's matrix products timed alone), prefill tokens/s, and a GRPO-shaped
 // workload (64 prompts x 8 samples) with and without prefix sharing. One
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "lockstep/cli/bench_rollout.h"
+#include "lockstep/bench/rollout.h"
 
 namespace lockstep::perf {
 namespace {

@@ -1,4 +1,4 @@
-// Training throughput (issue 3): full training steps (forward + backward +
+// Training throughput: full training steps (forward + backward +
 // AdamW) on 256-token sequences of moe-tiny and moe-small at 2 threads, as
 // tokens/s, model FLOPs per token and the fraction of the FMA peak measured in
 // the same run. One benchmark iteration is one whole measurement (a warm-up
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "lockstep/cli/bench_train.h"
+#include "lockstep/bench/train.h"
 
 namespace lockstep::perf {
 namespace {

@@ -15,7 +15,7 @@ PACKAGES=(
   libtomlplusplus-dev   # TOML configs
   libcpp-httplib-dev    # HTTP server and client
   libssl-dev zlib1g-dev libbrotli-dev  # cpp-httplib's link dependencies
-  openmpi-bin libopenmpi-dev  # scale-out (dist/)
+  openmpi-bin libopenmpi-dev  # scale-out (comm/)
   python3               # small helper scripts in tests
   chromium fonts-dejavu-core  # headless browser test of the HTML run report (tests/cli/report_chromium.sh)
 )

@@ -17,7 +17,7 @@
 #include "lockstep/base/error.h"
 #include "lockstep/eval/eval_config.h"
 #include "lockstep/eval/pass_at_k.h"
-#include "lockstep/eval/report.h"
+#include "lockstep/eval/eval_output.h"
 #include "lockstep/model/params.h"
 #include "lockstep/model/weights.h"
 #include "lockstep/tokenizer/byte_level.h"

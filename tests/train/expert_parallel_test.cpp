@@ -1,7 +1,7 @@
 // Expert parallelism without MPI: the ranks of an EP group are threads of
 // this process exchanging rows through shared memory (ThreadGroupComm), so
 // the routes, dispatch and return are checked in the fast suite; the MPI
-// transport is checked by tests/dist/expert_parallel_mpi.cpp.
+// transport is checked by tests/parallel/expert_parallel_mpi.cpp.
 // - a group of one is the plain trainer, bit for bit (scores, gradients, step);
 // - in a group of 2 or 4, each rank's logprobs are the plain trainer's bits
 //   for the same sequences, its non-expert gradients too, and the experts'

@@ -1,6 +1,6 @@
 // Counter-based RNG (Philox4x32-10, Salmon et al. 2011). A draw is a pure
 // function of (seed, stream, counter): a sample's random numbers never depend
-// on what else shares its batch or thread (DESIGN.md section 4).
+// on what else shares its batch or thread (docs/architecture.md section 4).
 #pragma once
 
 #include <array>

@@ -109,4 +109,8 @@ int default_thread_count() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
+std::unique_ptr<ThreadPool> make_pool(int64_t threads) {
+  return std::make_unique<ThreadPool>(threads > 0 ? int(threads) : default_thread_count());
+}
+
 }  // namespace lockstep

@@ -1,12 +1,13 @@
 // A fixed pool of worker threads with a static parallel-for, and the Context
 // passed to every kernel. Threads only ever split independent outputs, and the
 // partition is a pure function of (n, number of threads), so results never
-// depend on the thread count (DESIGN.md section 4).
+// depend on the thread count (docs/architecture.md section 4).
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -67,5 +68,8 @@ struct Context {
 
 // Default thread count: LOCKSTEP_THREADS if set, else the hardware concurrency.
 int default_thread_count();
+// A pool of `threads` workers, or default_thread_count() when threads <= 0
+// (the --threads flag of every command).
+std::unique_ptr<ThreadPool> make_pool(int64_t threads);
 
 }  // namespace lockstep

@@ -1,6 +1,6 @@
 // Typed reading of one TOML section with errors that name the file and the
 // key, and a final check that rejects keys nobody read (unknown keys are
-// errors, DESIGN.md section 6). Every [section] parser builds on this.
+// errors, docs/architecture.md section 6). Every [section] parser builds on this.
 #pragma once
 
 #include <cstdint>

@@ -5,8 +5,8 @@
 #include <sstream>
 
 #include "lockstep/base/error.h"
-#include "lockstep/cli/bench_rollout.h"
-#include "lockstep/cli/bench_train.h"
+#include "lockstep/bench/rollout.h"
+#include "lockstep/bench/train.h"
 #include "lockstep/cli/command.h"
 #include "lockstep/kernels/cpu/simd.h"
 

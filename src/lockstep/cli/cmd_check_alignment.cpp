@@ -7,7 +7,7 @@
 
 #include "lockstep/base/error.h"
 #include "lockstep/cli/command.h"
-#include "lockstep/cli/model_source.h"
+#include "lockstep/model/model_source.h"
 #include "lockstep/cli/rollout_flags.h"
 #include "lockstep/data/dataset.h"
 #include "lockstep/data/jsonl.h"

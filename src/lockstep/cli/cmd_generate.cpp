@@ -7,7 +7,7 @@
 #include "lockstep/base/progress.h"
 #include "lockstep/base/timer.h"
 #include "lockstep/cli/command.h"
-#include "lockstep/cli/model_source.h"
+#include "lockstep/model/model_source.h"
 #include "lockstep/cli/rollout_flags.h"
 #include "lockstep/data/jsonl.h"
 #include "lockstep/rollout/rollout_config.h"

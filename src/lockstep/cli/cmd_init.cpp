@@ -5,7 +5,7 @@
 #include "lockstep/base/error.h"
 #include "lockstep/base/toml_section.h"
 #include "lockstep/cli/command.h"
-#include "lockstep/cli/model_source.h"
+#include "lockstep/model/model_source.h"
 #include "lockstep/model/pretrained.h"
 #include "lockstep/tokenizer/byte_level.h"
 

@@ -10,23 +10,23 @@
 #include "lockstep/base/error.h"
 #include "lockstep/cli/command.h"
 #include "lockstep/cli/mpi_launch.h"
-#include "lockstep/cli/model_source.h"
+#include "lockstep/model/model_source.h"
 #include "lockstep/data/dataset.h"
-#include "lockstep/dist/data_parallel.h"
-#include "lockstep/dist/dist_config.h"
-#include "lockstep/dist/parallel_trainer.h"
-#include "lockstep/dist/role_comms.h"
-#include "lockstep/model/file_util.h"
+#include "lockstep/parallel/data_parallel.h"
+#include "lockstep/parallel/dist_config.h"
+#include "lockstep/parallel/parallel_trainer.h"
+#include "lockstep/parallel/role_comms.h"
+#include "lockstep/base/file_util.h"
 #include "lockstep/rl/dist_group.h"
 #include "lockstep/rl/loop.h"
 #include "lockstep/rl/mpi_rollout.h"
-#include "lockstep/rl/run_report.h"
+#include "lockstep/rl/report_hook.h"
 
 namespace lockstep::cli {
 namespace {
 
-dist::DistConfig read_dist(const toml::table& root, const std::string& path, bool* present) {
-  const dist::DistConfig d = read_dist_section(root, path, present);
+parallel::DistConfig read_dist(const toml::table& root, const std::string& path, bool* present) {
+  const parallel::DistConfig d = read_dist_section(root, path, present);
   // Checked here, before any rank starts: the layout alone decides it.
   if (d.max_weight_staleness > 0 && d.rollout_ranks == 0)
     LS_THROW << path << ": [dist] max_weight_staleness = " << d.max_weight_staleness
@@ -38,7 +38,7 @@ dist::DistConfig read_dist(const toml::table& root, const std::string& path, boo
 
 // The trainer side; rc is null in a single-process run.
 int run_trainer(const Args& args, const toml::table& root, const std::string& cfg_path, const rl::RlConfig& cfg,
-                const data::DataConfig& dc, dist::RoleComms* rc) {
+                const data::DataConfig& dc, parallel::RoleComms* rc) {
   const bool writer = !rc || rc->roles.is_trainer_root();
   auto pool = make_pool(cfg.threads);
   Context ctx{pool.get(), 0};
@@ -79,9 +79,9 @@ int run_trainer(const Args& args, const toml::table& root, const std::string& cf
   std::shared_ptr<rl::MpiRollout> remote;
   std::unique_ptr<model::ExpertComm> experts;
   if (rc) {
-    const dist::Roles& r = rc->roles;
+    const parallel::Roles& r = rc->roles;
     in.group = rl::make_trainer_group(rc->trainers, writer);
-    experts = dist::make_parallel_trainer(trainer, *rc, cfg_path);
+    experts = parallel::make_parallel_trainer(trainer, *rc, cfg_path);
     if (!r.colocated) {
       remote = std::make_shared<rl::MpiRollout>(trainer, writer ? &rc->weight_sync : nullptr, &rc->trainers,
                                                 cfg.rollout, cfg.seed);
@@ -117,13 +117,13 @@ int run_trainer(const Args& args, const toml::table& root, const std::string& cf
 
 // A rollout rank: the engine on its own copy of the weights until the trainer root says stop.
 int run_rollout_rank(const toml::table& root, const std::string& cfg_path, const rl::RlConfig& cfg,
-                     dist::RoleComms& rc) {
+                     parallel::RoleComms& rc) {
   auto pool = make_pool(cfg.threads);
   Context ctx{pool.get(), 0};
   LoadedModel m = load_model_from_config(root, cfg_path, ctx);
   const rl::ServeStats st =
       rl::serve_rollout(rc.weight_sync, ctx, m.config, m.params.as<float>(), cfg.rollout, cfg.seed);
-  std::cout << "rl: " << dist::describe(rc.roles) << ": served " << st.generate_calls << " rollouts ("
+  std::cout << "rl: " << parallel::describe(rc.roles) << ": served " << st.generate_calls << " rollouts ("
             << st.requests << " prompts, " << st.generated_tokens << " tokens, " << st.generate_seconds << " s) and "
             << st.syncs << " weight syncs (" << st.sync_seconds << " s), last version " << st.version << std::endl;
   return 0;
@@ -136,7 +136,7 @@ int run_rl_cmd(const Args& args) {
   toml::table root = load_toml_with_overrides(cfg_path, args.sets());
   rl::RlConfig cfg = rl::rl_config_from_toml(root, cfg_path);
   bool has_dist = false;
-  const dist::DistConfig dcfg = read_dist(root, cfg_path, &has_dist);
+  const parallel::DistConfig dcfg = read_dist(root, cfg_path, &has_dist);
   cfg.max_weight_staleness = dcfg.max_weight_staleness;
   TomlSection data_s(root["data"].as_table(), cfg_path, "data");
   data::DataConfig dc = data::data_config_from_toml(data_s);
@@ -155,7 +155,7 @@ int run_rl_cmd(const Args& args) {
     std::cout << ")" << std::endl;
     return 0;
   }
-  return run_as_job("rl", dcfg, has_dist, [&](dist::RoleComms* rc) {
+  return run_as_job("rl", dcfg, has_dist, [&](parallel::RoleComms* rc) {
     if (rc && rc->roles.is_rollout) return run_rollout_rank(root, cfg_path, cfg, *rc);
     return run_trainer(args, root, cfg_path, cfg, dc, rc);
   });

@@ -7,7 +7,7 @@
 #include "lockstep/base/error.h"
 #include "lockstep/base/timer.h"
 #include "lockstep/cli/command.h"
-#include "lockstep/cli/model_source.h"
+#include "lockstep/model/model_source.h"
 #include "lockstep/data/jsonl.h"
 #include "lockstep/train/trainer.h"
 

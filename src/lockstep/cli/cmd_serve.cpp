@@ -11,9 +11,9 @@
 #include "lockstep/base/error.h"
 #include "lockstep/base/log.h"
 #include "lockstep/cli/command.h"
-#include "lockstep/cli/model_source.h"
+#include "lockstep/model/model_source.h"
 #include "lockstep/cli/rollout_flags.h"
-#include "lockstep/cli/serve_server.h"
+#include "lockstep/serve/server.h"
 #include "lockstep/rollout/rollout_config.h"
 
 namespace lockstep::cli {

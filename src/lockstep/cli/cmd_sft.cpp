@@ -7,14 +7,14 @@
 #include "lockstep/base/error.h"
 #include "lockstep/base/toml_section.h"
 #include "lockstep/cli/command.h"
-#include "lockstep/cli/model_source.h"
+#include "lockstep/model/model_source.h"
 #include "lockstep/cli/mpi_launch.h"
 #include "lockstep/data/dataset.h"
-#include "lockstep/dist/data_parallel.h"
-#include "lockstep/dist/dist_config.h"
-#include "lockstep/dist/parallel_trainer.h"
-#include "lockstep/dist/role_comms.h"
-#include "lockstep/model/file_util.h"
+#include "lockstep/parallel/data_parallel.h"
+#include "lockstep/parallel/dist_config.h"
+#include "lockstep/parallel/parallel_trainer.h"
+#include "lockstep/parallel/role_comms.h"
+#include "lockstep/base/file_util.h"
 #include "lockstep/train/sft.h"
 #include "lockstep/train/train_config.h"
 
@@ -22,8 +22,8 @@ namespace lockstep::cli {
 namespace {
 
 // [dist] of an sft run: trainer ranks only.
-dist::DistConfig read_dist(const toml::table& root, const std::string& path, bool* present) {
-  const dist::DistConfig d = read_dist_section(root, path, present);
+parallel::DistConfig read_dist(const toml::table& root, const std::string& path, bool* present) {
+  const parallel::DistConfig d = read_dist_section(root, path, present);
   if (d.rollout_ranks > 0)
     LS_THROW << path << ": [dist] rollout_ranks = " << d.rollout_ranks
              << ": sft generates nothing, every rank trains (remove rollout_ranks)";
@@ -34,7 +34,7 @@ dist::DistConfig read_dist(const toml::table& root, const std::string& path, boo
 
 // The training part; rc is null in a single-process run.
 int train_sft(const Args& args, const toml::table& root, const std::string& cfg_path, train::TrainSection ts,
-              const data::DataConfig& dc, dist::RoleComms* rc) {
+              const data::DataConfig& dc, parallel::RoleComms* rc) {
   const bool writer = !rc || rc->roles.is_trainer_root();
   auto pool = make_pool(ts.threads);
   Context ctx{pool.get(), 0};
@@ -66,11 +66,11 @@ int train_sft(const Args& args, const toml::table& root, const std::string& cfg_
   train::SftRanks ranks;
   std::unique_ptr<model::ExpertComm> experts;
   if (rc) {
-    const dist::Roles& r = rc->roles;
-    experts = dist::make_parallel_trainer(trainer, *rc, cfg_path);
-    dist::Communicator* trainers = &rc->trainers;
+    const parallel::Roles& r = rc->roles;
+    experts = parallel::make_parallel_trainer(trainer, *rc, cfg_path);
+    comm::Communicator* trainers = &rc->trainers;
     ranks.step = [trainers](train::Trainer& t, const std::vector<train::TrainSequence>& batch) {
-      return dist::dp_sft_step(t, *trainers, batch);
+      return parallel::dp_sft_step(t, *trainers, batch);
     };
     ranks.writer = writer;
     if (writer)
@@ -96,7 +96,7 @@ int run_sft_cmd(const Args& args) {
                << "] is not used by sft (expected [model] [data] [train] [log] [dist])";
   }
   bool has_dist = false;
-  const dist::DistConfig dcfg = read_dist(root, cfg_path, &has_dist);
+  const parallel::DistConfig dcfg = read_dist(root, cfg_path, &has_dist);
   TomlSection train_s(root["train"].as_table(), cfg_path, "train");
   train::TrainSection ts = train::train_section_from_toml(train_s);
   train_s.finish();
@@ -108,7 +108,7 @@ int run_sft_cmd(const Args& args) {
   if (dc.train_file.empty()) LS_THROW << cfg_path << ": [data] train_file is required";
   if (args.has("out")) ts.out_dir = args.get("out", ts.out_dir);
 
-  return run_as_job("sft", dcfg, has_dist, [&](dist::RoleComms* rc) { return train_sft(args, root, cfg_path, ts, dc, rc); });
+  return run_as_job("sft", dcfg, has_dist, [&](parallel::RoleComms* rc) { return train_sft(args, root, cfg_path, ts, dc, rc); });
 }
 
 LS_REGISTER_COMMAND(Command{

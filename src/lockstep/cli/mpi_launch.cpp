@@ -7,7 +7,7 @@
 #include <iostream>
 
 #include "lockstep/base/toml_section.h"
-#include "lockstep/dist/environment.h"
+#include "lockstep/comm/environment.h"
 
 namespace lockstep::cli {
 
@@ -17,33 +17,33 @@ bool launched_by_mpi() {
   return false;
 }
 
-dist::DistConfig read_dist_section(const toml::table& root, const std::string& path, bool* present) {
+parallel::DistConfig read_dist_section(const toml::table& root, const std::string& path, bool* present) {
   const auto* t = root["dist"].as_table();
   if (present) *present = t && !t->empty();
   TomlSection s(t, path, "dist");
-  const dist::DistConfig d = dist::dist_config_from_toml(s);
+  const parallel::DistConfig d = parallel::dist_config_from_toml(s);
   s.finish();
   return d;
 }
 
-int run_as_job(const char* cmd, const dist::DistConfig& d, bool has_dist,
-               const std::function<int(dist::RoleComms*)>& body) {
+int run_as_job(const char* cmd, const parallel::DistConfig& d, bool has_dist,
+               const std::function<int(parallel::RoleComms*)>& body) {
   // A plain run (no [dist], no launcher) never touches MPI.
   if (!has_dist && !launched_by_mpi()) return body(nullptr);
-  dist::Environment env;
+  comm::Environment env;
   if (env.world_size() == 1) {
-    dist::compute_roles(d, 1, 0);  // throws for layouts a world of one cannot hold (rollout_ranks = 1)
+    parallel::compute_roles(d, 1, 0);  // throws for layouts a world of one cannot hold (rollout_ranks = 1)
     return body(nullptr);
   }
   try {
-    dist::RoleComms rc = dist::make_role_comms(d);
+    parallel::RoleComms rc = parallel::make_role_comms(d);
     return body(&rc);
   } catch (const std::exception& e) {
     // The other ranks may be waiting for this one in a collective: end the
     // whole job now instead of leaving them to their watchdog.
     std::cerr << "lockstep " << cmd << ": error on rank " << env.world_rank() << " of " << env.world_size() << ": "
               << e.what() << std::endl;
-    dist::Environment::abort_job(2);
+    comm::Environment::abort_job(2);
   }
 }
 

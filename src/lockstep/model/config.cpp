@@ -8,7 +8,7 @@
 #include <set>
 
 #include "lockstep/base/error.h"
-#include "lockstep/model/file_util.h"
+#include "lockstep/base/file_util.h"
 
 namespace lockstep {
 

@@ -36,7 +36,7 @@ enum class RouterScoring {
 };
 const char* router_scoring_name(RouterScoring s);  // "softmax" | "sigmoid"
 
-// Dimension letters (STYLE.md): V vocab, D width, L layers, H query heads,
+// Dimension letters (docs/architecture.md section 10): V vocab, D width, L layers, H query heads,
 // Hkv key/value heads, Dh head width, F dense FFN width, E experts, K top-k,
 // Fe expert FFN width, Fs shared-expert FFN width.
 // The TOML [model] keys are exactly these field names (docs/model.md).

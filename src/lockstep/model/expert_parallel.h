@@ -10,14 +10,14 @@
 //
 // Why the logprobs keep their bits: an expert's GEMMs compute each output row
 // as one FMA chain over the reduction dimension, whatever other rows share
-// the call (DESIGN.md section 4), so a row's expert output does not depend on
+// the call (docs/architecture.md section 4), so a row's expert output does not depend on
 // which rank computed it or next to which rows; combine then runs on the
 // token's own rank in slot order. Only the experts' weight gradients change
 // order: the owner sums over the rows of every rank of its group in one chain,
 // where EP = 1 sums each rank's rows and then adds the ranks' partials.
 //
 // The model does not depend on MPI: ExpertComm is the transport an EP group
-// needs, implemented over MPI by dist::make_expert_comm.
+// needs, implemented over MPI by parallel::make_expert_comm.
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,4 @@
-// The one forward function both engines call (DESIGN.md principle 1): a
+// The one forward function both engines call (docs/architecture.md principle 1): a
 // ragged batch of sequences, each with some cached context and some new
 // tokens. The trainer's forward is this function with every token new (and
 // activations saved for backward); decode is this function with one new

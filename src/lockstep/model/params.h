@@ -1,4 +1,4 @@
-// Model parameters as ONE flat f32 buffer (DESIGN.md principle 3): ParamLayout
+// Model parameters as ONE flat f32 buffer (docs/architecture.md principle 3): ParamLayout
 // is the name table (Hugging Face tensor names, shapes, offsets), and bind()
 // lays typed per-layer Tensor views over any buffer of the layout's size, so
 // the same layout serves parameters, gradients and AdamW moments.

@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "lockstep/base/error.h"
-#include "lockstep/model/file_util.h"
+#include "lockstep/base/file_util.h"
 #include "lockstep/model/safetensors.h"
 
 namespace lockstep {

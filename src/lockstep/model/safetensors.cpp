@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lockstep/base/error.h"
-#include "lockstep/model/file_util.h"
+#include "lockstep/base/file_util.h"
 
 namespace lockstep {
 

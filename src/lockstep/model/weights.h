@@ -2,7 +2,7 @@
 // embedding are views of the f32 master parameters; every projection is
 // packed for the GEMM kernels in a storage precision: f32 in aligned mode
 // (rollout and trainer then read the same packed bits), bf16 or fp8 in fast
-// mode (rollout only). The router always stays f32 (DESIGN.md section 4).
+// mode (rollout only). The router always stays f32 (docs/architecture.md section 4).
 #pragma once
 
 #include <cstdint>

@@ -15,7 +15,7 @@
 #include <sstream>
 
 #include "lockstep/base/error.h"
-#include "lockstep/model/file_util.h"
+#include "lockstep/base/file_util.h"
 #include "lockstep/report/charts.h"
 #include "lockstep/report/run_data.h"
 #include "lockstep/report/svg.h"

@@ -4,21 +4,21 @@
 #include <algorithm>
 
 #include "lockstep/base/error.h"
-#include "lockstep/dist/data_parallel.h"
+#include "lockstep/parallel/data_parallel.h"
 
 namespace lockstep::rl {
 
-TrainerGroup make_trainer_group(dist::Communicator& trainers, bool writer) {
+TrainerGroup make_trainer_group(comm::Communicator& trainers, bool writer) {
   LS_CHECK(trainers.valid()) << "make_trainer_group on a rank outside the trainer group";
   TrainerGroup g;
   g.writer = writer;
   if (trainers.size() == 1) return g;
   const int P = trainers.size(), r = trainers.rank();
   g.shard = [P, r](size_t n) {
-    const dist::Range s = dist::split_even(n, P)[size_t(r)];
+    const parallel::Range s = parallel::split_even(n, P)[size_t(r)];
     return std::pair<size_t, size_t>(s.begin, s.end);
   };
-  dist::Communicator* c = &trainers;
+  comm::Communicator* c = &trainers;
   g.sum = [c](std::vector<double>& v) { c->all_reduce_sum(v.data(), v.size()); };
   g.max = [c](double x) {
     double m = x;

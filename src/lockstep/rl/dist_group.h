@@ -1,15 +1,15 @@
 // The RL loop's TrainerGroup over the trainer ranks of an MPI job: each rank
 // trains on its contiguous, equal-count shard of every mini-batch
-// (dist::split_even), small vectors are summed in rank order, and one rank
+// (parallel::split_even), small vectors are summed in rank order, and one rank
 // writes the run's files.
 #pragma once
 
-#include "lockstep/dist/communicator.h"
+#include "lockstep/comm/communicator.h"
 #include "lockstep/rl/loop.h"
 
 namespace lockstep::rl {
 
 // `trainers` must outlive the group. One trainer: no shard, no sum.
-TrainerGroup make_trainer_group(dist::Communicator& trainers, bool writer);
+TrainerGroup make_trainer_group(comm::Communicator& trainers, bool writer);
 
 }  // namespace lockstep::rl

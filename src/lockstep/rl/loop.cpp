@@ -22,7 +22,7 @@
 #include "lockstep/base/rng.h"
 #include "lockstep/base/timer.h"
 #include "lockstep/data/jsonl.h"
-#include "lockstep/eval/report.h"
+#include "lockstep/eval/eval_output.h"
 #include "lockstep/metrics/metrics_logger.h"
 #include "lockstep/model/weights.h"
 #include "lockstep/reward/batch.h"

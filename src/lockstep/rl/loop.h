@@ -1,4 +1,4 @@
-// The RL loop of DESIGN.md section 3: prompts -> rollout (n samples each) ->
+// The RL loop of docs/architecture.md section 3: prompts -> rollout (n samples each) ->
 // rewards -> filters -> advantages -> trainer update(s) -> weight sync ->
 // metrics, samples, eval, checkpoint, report. `lockstep rl` and `lockstep
 // demo` both run it; the rollout backend decides where samples come from
@@ -62,7 +62,7 @@ struct RlConfig {
 // Unknown keys and sections are errors naming the file.
 RlConfig rl_config_from_toml(const toml::table& root, const std::string& source);
 
-// Data parallelism over trainer ranks (dist/ fills it in; the defaults are
+// Data parallelism over trainer ranks (parallel/ fills it in; the defaults are
 // one rank). Every trainer rank runs the loop on the same samples and trains
 // on its shard of each mini-batch; the trainer's grad_reduce sums gradients.
 struct TrainerGroup {

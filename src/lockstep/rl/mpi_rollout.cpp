@@ -14,8 +14,8 @@
 #include "lockstep/base/error.h"
 #include "lockstep/base/rng.h"
 #include "lockstep/base/timer.h"
-#include "lockstep/dist/data_parallel.h"
-#include "lockstep/dist/messages.h"
+#include "lockstep/parallel/data_parallel.h"
+#include "lockstep/comm/messages.h"
 #include "lockstep/rl/rollout_wire.h"
 
 namespace lockstep::rl {
@@ -45,7 +45,7 @@ void fill_missing_seeds(std::vector<rollout::Request>& requests, uint64_t seed, 
 
 // ---------------------------------------------------------------- MpiRollout
 
-MpiRollout::MpiRollout(train::Trainer& trainer, dist::Communicator* sync, dist::Communicator* trainers,
+MpiRollout::MpiRollout(train::Trainer& trainer, comm::Communicator* sync, comm::Communicator* trainers,
                        const rollout::RolloutSection& cfg, uint64_t seed)
     : sync_(sync), trainers_(trainers), aligned_(is_f32(cfg)), seed_(seed) {
   if (sync_) {
@@ -78,12 +78,12 @@ void MpiRollout::submit(std::vector<rollout::Request> requests) {
   Command c{kGenerate};
   sync_->broadcast_value(c, 0);
   // Rollout rank q gets share q - 1: contiguous, whole requests (groups).
-  in_flight_shares_ = dist::split_even(n, R);
+  in_flight_shares_ = parallel::split_even(n, R);
   for (int q = 1; q <= R; ++q) {
-    const dist::Range s = in_flight_shares_[size_t(q - 1)];
+    const parallel::Range s = in_flight_shares_[size_t(q - 1)];
     const std::vector<rollout::Request> part(std::make_move_iterator(requests.begin() + ptrdiff_t(s.begin)),
                                              std::make_move_iterator(requests.begin() + ptrdiff_t(s.end)));
-    dist::send_message(*sync_, encode_requests(part), q, kTagRequests);
+    comm::send_message(*sync_, encode_requests(part), q, kTagRequests);
   }
 }
 
@@ -98,8 +98,8 @@ std::vector<rollout::RequestResult> MpiRollout::collect(const RolloutProgress& p
     const int R = sync_->size() - 1;
     for (int q = 1; q <= R; ++q) {
       int64_t t = 0;
-      auto part = decode_results(dist::recv_message(*sync_, q, kTagResults), &t);
-      const dist::Range s = in_flight_shares_[size_t(q - 1)];
+      auto part = decode_results(comm::recv_message(*sync_, q, kTagResults), &t);
+      const parallel::Range s = in_flight_shares_[size_t(q - 1)];
       if (part.size() != s.size())
         LS_THROW << "rollout rank " << q << " returned " << part.size() << " results for " << s.size() << " requests";
       append(results, std::move(part));
@@ -107,12 +107,12 @@ std::vector<rollout::RequestResult> MpiRollout::collect(const RolloutProgress& p
     }
     if (share) {
       std::vector<char> all = encode_results(results, tokens);
-      dist::broadcast_message(*trainers_, all, 0);
+      comm::broadcast_message(*trainers_, all, 0);
     }
   } else {
     LS_CHECK(share) << "MpiRollout on a trainer rank without the weight_sync communicator needs the trainer group";
     std::vector<char> all;
-    dist::broadcast_message(*trainers_, all, 0);
+    comm::broadcast_message(*trainers_, all, 0);
     results = decode_results(all, &tokens);
     if (results.size() != n)
       LS_THROW << "the trainer root sent " << results.size() << " rollout results for " << n << " requests "
@@ -135,7 +135,7 @@ void MpiRollout::sync(train::Trainer& trainer) {
   LS_CHECK(!stopped_) << "MpiRollout::sync after shutdown";
   Command c{kSync};
   sync_->broadcast_value(c, 0);
-  dist::WeightBroadcaster out(*sync_, size_t(trainer.model_layout().numel()), trainer.version(), 0);
+  parallel::WeightBroadcaster out(*sync_, size_t(trainer.model_layout().numel()), trainer.version(), 0);
   trainer.stream_model(true, [&](const float* d, int64_t n) { out.push(d, size_t(n)); });
   last_sync_ = out.finish();
 }
@@ -150,7 +150,7 @@ void MpiRollout::shutdown() {
 
 // ---------------------------------------------------------------- SpreadRollout
 
-SpreadRollout::SpreadRollout(train::Trainer& trainer, dist::Communicator& trainers,
+SpreadRollout::SpreadRollout(train::Trainer& trainer, comm::Communicator& trainers,
                              const rollout::RolloutSection& cfg, uint64_t seed)
     : local_(trainer, cfg, seed), trainers_(trainers), seed_(seed) {
   LS_CHECK(trainers_.valid()) << "SpreadRollout on a rank outside the trainer group";
@@ -162,8 +162,8 @@ std::vector<rollout::RequestResult> SpreadRollout::generate(std::vector<rollout:
   const size_t n = requests.size();
   fill_missing_seeds(requests, seed_, calls_++);
   const int P = trainers_.size(), me = trainers_.rank();
-  const std::vector<dist::Range> shares = dist::split_even(n, P);
-  const dist::Range s = shares[size_t(me)];
+  const std::vector<parallel::Range> shares = parallel::split_even(n, P);
+  const parallel::Range s = shares[size_t(me)];
   std::vector<rollout::Request> mine(std::make_move_iterator(requests.begin() + ptrdiff_t(s.begin)),
                                      std::make_move_iterator(requests.begin() + ptrdiff_t(s.end)));
   int64_t my_tokens = 0;
@@ -174,7 +174,7 @@ std::vector<rollout::RequestResult> SpreadRollout::generate(std::vector<rollout:
   for (int q = 0; q < P; ++q) {
     std::vector<char> bytes;
     if (q == me) bytes = my_bytes;
-    dist::broadcast_message(trainers_, bytes, q);
+    comm::broadcast_message(trainers_, bytes, q);
     int64_t t = 0;
     auto part = decode_results(bytes, &t);
     if (part.size() != shares[size_t(q)].size())
@@ -189,7 +189,7 @@ std::vector<rollout::RequestResult> SpreadRollout::generate(std::vector<rollout:
 
 // ---------------------------------------------------------------- rollout rank
 
-ServeStats serve_rollout(dist::Communicator& sync, const Context& ctx, const ModelConfig& config, float* params,
+ServeStats serve_rollout(comm::Communicator& sync, const Context& ctx, const ModelConfig& config, float* params,
                          const rollout::RolloutSection& cfg, uint64_t seed) {
   LS_CHECK(sync.valid() && sync.rank() != 0) << "serve_rollout runs on rollout ranks (rank >= 1 of weight_sync)";
   const ParamLayout layout(config);  // outlives weights, which point into it
@@ -205,20 +205,20 @@ ServeStats serve_rollout(dist::Communicator& sync, const Context& ctx, const Mod
     if (c.kind == kStop) return st;
     Timer t;
     if (c.kind == kSync) {
-      const dist::WeightSyncStats ws = dist::broadcast_weights(sync, params, size_t(layout.numel()), 0, 0);
+      const parallel::WeightSyncStats ws = parallel::broadcast_weights(sync, params, size_t(layout.numel()), 0, 0);
       weights.refresh(ctx, ws.version);  // repack the projections from the new f32 buffer
       engine.update_weights(&weights);   // drops KV state built on the old weights
       st.version = ws.version;
       ++st.syncs;
       st.sync_seconds += t.seconds();
     } else if (c.kind == kGenerate) {
-      std::vector<rollout::Request> reqs = decode_requests(dist::recv_message(sync, 0, kTagRequests));
+      std::vector<rollout::Request> reqs = decode_requests(comm::recv_message(sync, 0, kTagRequests));
       const int64_t before = engine.stats().generated_tokens;
       st.requests += int64_t(reqs.size());
       const std::vector<rollout::RequestResult> results = engine.generate(std::move(reqs));
       const int64_t tokens = engine.stats().generated_tokens - before;
       st.generated_tokens += tokens;
-      dist::send_message(sync, encode_results(results, tokens), 0, kTagResults);
+      comm::send_message(sync, encode_results(results, tokens), 0, kTagResults);
       ++st.generate_calls;
       st.generate_seconds += t.seconds();
     } else {

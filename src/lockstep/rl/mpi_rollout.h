@@ -3,7 +3,7 @@
 // - MpiRollout (disaggregated): on the trainer root it sends each rollout
 //   rank a contiguous share of the requests (whole groups), gathers the
 //   results in request order and broadcasts them to the other trainer ranks;
-//   sync() broadcasts the trainer's weights (dist::broadcast_weights:
+//   sync() broadcasts the trainer's weights (parallel::broadcast_weights:
 //   bucketed, versioned, checksummed). Other trainer ranks only receive.
 //   submit() sends the requests and returns, collect() gathers the results:
 //   the rollout ranks generate while the trainers train.
@@ -20,9 +20,9 @@
 #include <memory>
 #include <vector>
 
-#include "lockstep/dist/communicator.h"
-#include "lockstep/dist/data_parallel.h"
-#include "lockstep/dist/weight_broadcast.h"
+#include "lockstep/comm/communicator.h"
+#include "lockstep/parallel/data_parallel.h"
+#include "lockstep/parallel/weight_broadcast.h"
 #include "lockstep/rl/rollout_backend.h"
 
 namespace lockstep::rl {
@@ -34,7 +34,7 @@ class MpiRollout : public RolloutBackend {
   // `trainers`: the trainer ranks (null or size 1: a single trainer). Both
   // must outlive this object. The trainer root sends its weights at once, so
   // rollout ranks never generate from weights they loaded themselves.
-  MpiRollout(train::Trainer& trainer, dist::Communicator* sync, dist::Communicator* trainers,
+  MpiRollout(train::Trainer& trainer, comm::Communicator* sync, comm::Communicator* trainers,
              const rollout::RolloutSection& cfg, uint64_t seed);
   // submit() then collect().
   std::vector<rollout::RequestResult> generate(std::vector<rollout::Request> requests, const RolloutProgress& progress,
@@ -52,30 +52,30 @@ class MpiRollout : public RolloutBackend {
   // The rollout ranks run the trainer's f32 kernels on the same bits.
   bool aligned() const override { return aligned_; }
   size_t last_sync_bytes() const override { return last_sync_.bytes; }
-  const dist::WeightSyncStats& last_sync() const { return last_sync_; }
+  const parallel::WeightSyncStats& last_sync() const { return last_sync_; }
   // Trainer root: tells the rollout ranks to leave serve_rollout. Call once,
   // after the run; a no-op on other trainer ranks.
   void shutdown();
 
  private:
   bool is_root() const { return sync_ != nullptr; }
-  dist::Communicator* sync_;
-  dist::Communicator* trainers_;
+  comm::Communicator* sync_;
+  comm::Communicator* trainers_;
   bool aligned_;
   uint64_t seed_;
   uint64_t calls_ = 0;
   bool stopped_ = false;
-  dist::WeightSyncStats last_sync_;
+  parallel::WeightSyncStats last_sync_;
   // The batch in flight: its request count and (root) each rollout rank's share.
   bool in_flight_ = false;
   size_t in_flight_n_ = 0;
-  std::vector<dist::Range> in_flight_shares_;
+  std::vector<parallel::Range> in_flight_shares_;
 };
 
 class SpreadRollout : public RolloutBackend {
  public:
   // `trainers` must outlive this object.
-  SpreadRollout(train::Trainer& trainer, dist::Communicator& trainers, const rollout::RolloutSection& cfg,
+  SpreadRollout(train::Trainer& trainer, comm::Communicator& trainers, const rollout::RolloutSection& cfg,
                 uint64_t seed);
   std::vector<rollout::RequestResult> generate(std::vector<rollout::Request> requests, const RolloutProgress& progress,
                                                int64_t* generated_tokens) override;
@@ -84,7 +84,7 @@ class SpreadRollout : public RolloutBackend {
 
  private:
   LocalRollout local_;
-  dist::Communicator& trainers_;
+  comm::Communicator& trainers_;
   uint64_t seed_;
   uint64_t calls_ = 0;
 };
@@ -99,7 +99,7 @@ struct ServeStats {
 // model's f32 buffer, ParamLayout(config); overwritten by every weight
 // broadcast) in the precision of `cfg`, then serves the trainer root's
 // commands until it sends stop.
-ServeStats serve_rollout(dist::Communicator& sync, const Context& ctx, const ModelConfig& config, float* params,
+ServeStats serve_rollout(comm::Communicator& sync, const Context& ctx, const ModelConfig& config, float* params,
                          const rollout::RolloutSection& cfg, uint64_t seed);
 
 // Gives requests without a sampling seed one derived from (seed, call, index),

@@ -1,6 +1,6 @@
 // The rollout engine: continuous batching over a paged KV cache with shared
 // prefixes, seeded sampling, and the log-probability of every sampled token
-// (DESIGN.md sections 3-4). It calls the same model::forward as the trainer,
+// (docs/architecture.md sections 3-4). It calls the same model::forward as the trainer,
 // so in aligned mode its logprobs equal the trainer's bit for bit.
 #pragma once
 

@@ -7,7 +7,7 @@
 
 #include "lockstep/base/error.h"
 #include "lockstep/base/log.h"
-#include "lockstep/model/file_util.h"
+#include "lockstep/base/file_util.h"
 #include "lockstep/model/pretrained.h"
 
 namespace fs = std::filesystem;

@@ -8,7 +8,7 @@
 
 #include "lockstep/base/error.h"
 #include "lockstep/kernels/cpu/adamw.h"
-#include "lockstep/model/file_util.h"
+#include "lockstep/base/file_util.h"
 
 namespace lockstep::train {
 

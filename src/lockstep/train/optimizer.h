@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "lockstep/base/thread_pool.h"
-#include "lockstep/model/file_util.h"
+#include "lockstep/base/file_util.h"
 #include "lockstep/model/params.h"
 #include "lockstep/tensor/tensor.h"
 

@@ -40,7 +40,7 @@ std::vector<size_t> sft_batch_indices(size_t n, int64_t batch_size, int64_t step
 // The SFT loss for one step over `batch`: mean over all response tokens.
 SftStepStats sft_step(Trainer& trainer, const std::vector<TrainSequence>& batch);
 
-// How run_sft runs on several trainer ranks (dist::dp_sft_step): every rank
+// How run_sft runs on several trainer ranks (parallel::dp_sft_step): every rank
 // passes the same data and calls run_sft; `step` trains one global batch.
 struct SftRanks {
   std::function<SftStepStats(Trainer&, const std::vector<TrainSequence>& batch)> step;  // empty: sft_step

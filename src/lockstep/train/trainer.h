@@ -48,7 +48,7 @@ struct TrainerConfig {
   // all, for about one more forward's work. Gradients have the same bits.
   bool recompute_activations = false;
   int kv_block_size = 16;
-  // Data parallelism (dist/data_parallel.h): when set, step() first replaces
+  // Data parallelism (parallel/data_parallel.h): when set, step() first replaces
   // the accumulated gradients grads[0, n) by their sum over all ranks. The
   // LossFn must then normalise by global counts (tokens of the global batch).
   std::function<void(float* grads, size_t n)> grad_reduce;
@@ -96,7 +96,7 @@ class Trainer {
   // no expert parallelism). A trainer that gave up experts cannot take them
   // back. grad_reduce must then sum the
   // non-expert gradients over every trainer rank and the experts' over the
-  // ranks holding the same experts (dist::make_data_parallel). Every rank of
+  // ranks holding the same experts (parallel::make_data_parallel). Every rank of
   // the group must make the same sequence of score(), accumulate(), step(),
   // gather_model(), stream_model() and prepare_checkpoint() calls (each
   // score/accumulate runs as many micro-batches as the group's largest,

@@ -1,6 +1,6 @@
 // AdamW on flat f32 buffers, the global gradient norm and norm clipping.
 // Everything is elementwise or reduced in fixed chunks, so results do not
-// depend on the thread count (DESIGN.md section 4, "Flat buffers").
+// depend on the thread count (docs/architecture.md section 4, "Flat buffers").
 #pragma once
 
 #include <cstdint>

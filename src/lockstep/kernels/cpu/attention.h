@@ -1,6 +1,6 @@
 // Causal grouped-query attention over a paged KV cache: the cache write, the
 // forward (decode, chunked prefill and the trainer are the same call) and the
-// backward of the training case. Numerics contract: DESIGN.md section 4 and below.
+// backward of the training case. Numerics contract: docs/architecture.md section 4 and below.
 #pragma once
 
 #include <cstdint>

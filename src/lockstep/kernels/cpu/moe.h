@@ -3,7 +3,7 @@
 // scaled weights, routing replay) as in Hugging Face Qwen3-MoE and DeepSeek-V3,
 // and a DeepEP-style dispatch handle that gather and combine share.
 //
-// Numerics (DESIGN.md section 4): the router runs in fp32; top-k ties break to
+// Numerics (docs/architecture.md section 4): the router runs in fp32; top-k ties break to
 // the lower expert index; everything is computed per token, so a token's
 // routing, weights and combined output do not depend on the other tokens in
 // the batch or on the thread count.

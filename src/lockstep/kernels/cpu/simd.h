@@ -1,5 +1,5 @@
 // Canonical reductions and elementwise math shared by every CPU kernel.
-// DESIGN.md section 4: a vector reduction uses 16 partial accumulators
+// docs/architecture.md section 4: a vector reduction uses 16 partial accumulators
 // (element i goes to lane i mod 16, in index order) combined by a fixed tree
 // (lane j += lane j+8, then +4, +2, +1), whatever the SIMD width. exp, log,
 // sigmoid and silu are the project's own (Highway polynomial) implementations;

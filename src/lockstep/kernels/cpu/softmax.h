@@ -1,7 +1,7 @@
 // Softmax, log-softmax and per-token log-probability/entropy over rows of
 // logits with a temperature. token_logprob_forward is THE logprob function:
 // the rollout sampler and the trainer both call it, so their logprobs agree
-// bit for bit (DESIGN.md section 4).
+// bit for bit (docs/architecture.md section 4).
 #pragma once
 
 #include "lockstep/base/thread_pool.h"

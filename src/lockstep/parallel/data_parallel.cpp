@@ -1,0 +1,183 @@
+// Data-parallel sharding, accumulation and the SFT step over a dp group.
+#include "lockstep/parallel/data_parallel.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "lockstep/base/error.h"
+#include "lockstep/base/timer.h"
+#include "lockstep/comm/reduce_order.h"
+
+namespace lockstep::parallel {
+
+std::vector<Range> split_even(size_t n, int P) {
+  LS_CHECK(P >= 1) << "P=" << P;
+  std::vector<Range> out(static_cast<size_t>(P));
+  for (size_t r = 0; r < size_t(P); ++r) out[r] = {n * r / size_t(P), n * (r + 1) / size_t(P)};
+  return out;
+}
+
+std::vector<Range> split_by_tokens(const std::vector<train::TrainSequence>& seqs, int P) {
+  LS_CHECK(P >= 1) << "P=" << P;
+  uint64_t total = 0;
+  for (const auto& s : seqs) total += s.tokens.size();
+  std::vector<Range> out(static_cast<size_t>(P));
+  size_t i = 0;
+  uint64_t cum = 0;
+  for (size_t r = 0; r < size_t(P); ++r) {
+    out[r].begin = i;
+    // Integer arithmetic: the split must not depend on floating-point rounding.
+    const uint64_t target = total * (r + 1) / uint64_t(P);
+    while (i < seqs.size() && (cum < target || r + 1 == size_t(P))) cum += seqs[i++].tokens.size();
+    out[r].end = i;
+  }
+  return out;
+}
+
+void make_data_parallel(train::Trainer& trainer, comm::Communicator& dp, comm::Communicator* expert_replicas) {
+  LS_CHECK(dp.valid()) << "make_data_parallel: this rank is not in the data-parallel group";
+  comm::Communicator* c = &dp;
+  const ParamLayout& g = trainer.layout();
+  if (g.all_experts()) {
+    trainer.trainer_config().grad_reduce = [c](float* grads, size_t n) { c->all_reduce_sum(grads, n); };
+    return;
+  }
+  // Runs of adjacent tensors going to the same group: (offset, floats, experts?).
+  struct Run {
+    int64_t offset, n;
+    bool experts;
+  };
+  std::vector<Run> runs;
+  for (const ParamInfo& p : g.params()) {
+    const bool e = p.name.find(".mlp.experts.") != std::string::npos;
+    if (!runs.empty() && runs.back().experts == e)
+      runs.back().n += p.numel;
+    else
+      runs.push_back({p.offset, p.numel, e});
+  }
+  comm::Communicator* x = expert_replicas != nullptr && expert_replicas->size() > 1 ? expert_replicas : nullptr;
+  trainer.trainer_config().grad_reduce = [c, x, runs](float* grads, size_t) {
+    for (const Run& r : runs) {
+      if (!r.experts)
+        c->all_reduce_sum(grads + r.offset, size_t(r.n));
+      else if (x != nullptr)
+        x->all_reduce_sum(grads + r.offset, size_t(r.n));
+    }
+  };
+}
+
+namespace {
+void check_shards(const std::vector<Range>& shards, size_t n, size_t P) {
+  if (shards.size() != P) LS_THROW << shards.size() << " shards for a data-parallel group of " << P << " ranks";
+  size_t next = 0;
+  for (const Range& r : shards) {
+    if (r.begin != next || r.end < r.begin) LS_THROW << "data-parallel shards must tile [0, " << n << ") in order";
+    next = r.end;
+  }
+  if (next != n) LS_THROW << "data-parallel shards cover [0, " << next << "), the batch has " << n << " sequences";
+}
+
+// accumulate() of one shard with the loss seeing global indices.
+double accumulate_shard(train::Trainer& trainer, const std::vector<train::TrainSequence>& global, Range r,
+                        const train::LossFn& loss, const train::ScoreOptions& opt) {
+  // An empty shard still runs under expert parallelism: the group's ranks
+  // exchange expert rows in every micro-batch.
+  if (r.size() == 0 && trainer.expert_comm() == nullptr) return 0;
+  const std::vector<train::TrainSequence> shard(global.begin() + ptrdiff_t(r.begin), global.begin() + ptrdiff_t(r.end));
+  const size_t off = r.begin;
+  train::LossFn shifted = [&loss, off](size_t i, const float* logp, const float* ent, int64_t n, float* dlogp,
+                                       float* dent) { return loss(i + off, logp, ent, n, dlogp, dent); };
+  return trainer.accumulate(shard, shifted, opt);
+}
+}  // namespace
+
+double dp_accumulate(train::Trainer& trainer, comm::Communicator& dp, const std::vector<train::TrainSequence>& global_batch,
+                     const std::vector<Range>& shards, const train::LossFn& loss, const train::ScoreOptions& opt) {
+  LS_CHECK(dp.valid()) << "dp_accumulate: this rank is not in the data-parallel group";
+  check_shards(shards, global_batch.size(), size_t(dp.size()));
+  const double local = accumulate_shard(trainer, global_batch, shards[size_t(dp.rank())], loss, opt);
+  return dp.sum(local);
+}
+
+double emulate_dp_accumulate(train::Trainer& trainer, const std::vector<train::TrainSequence>& global_batch,
+                             const std::vector<Range>& shards, const train::LossFn& loss,
+                             const train::ScoreOptions& opt) {
+  LS_CHECK(!trainer.trainer_config().grad_reduce) << "emulate_dp_accumulate on a trainer that already reduces";
+  const size_t P = shards.size();
+  check_shards(shards, global_batch.size(), P);
+  const size_t n = size_t(trainer.layout().numel());
+  float* g = trainer.grads();
+  std::vector<std::vector<float>> partial(P);  // (P, numel)
+  std::vector<const float*> parts(P);
+  std::vector<double> losses(P);
+  std::vector<const double*> loss_parts(P);
+  for (size_t r = 0; r < P; ++r) {
+    losses[r] = accumulate_shard(trainer, global_batch, shards[r], loss, opt);
+    partial[r].assign(g, g + n);
+    std::memset(g, 0, n * sizeof(float));
+    parts[r] = partial[r].data();
+    loss_parts[r] = &losses[r];
+  }
+  comm::sum_in_rank_order(parts.data(), int(P), n, g);
+  double total = 0;
+  comm::sum_in_rank_order(loss_parts.data(), int(P), 1, &total);
+  return total;
+}
+
+train::LossFn sft_loss(int64_t n_targets) {
+  LS_CHECK(n_targets > 0) << "SFT batch has no response tokens";
+  const double inv = 1.0 / double(n_targets);
+  return [inv](size_t, const float* logp, const float*, int64_t n, float* dlogp, float*) {
+    double l = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      l -= double(logp[i]) * inv;
+      dlogp[i] = float(-inv);
+    }
+    return l;
+  };
+}
+
+namespace {
+template <typename Accumulate>
+train::SftStepStats sft_step_with(train::Trainer& trainer, const std::vector<train::TrainSequence>& batch,
+                                  const Accumulate& accumulate) {
+  Timer timer;
+  train::SftStepStats st;
+  int64_t n_targets = 0;
+  for (const auto& s : batch) {
+    n_targets += s.num_targets();
+    st.tokens += int64_t(s.tokens.size());
+  }
+  st.loss = accumulate(sft_loss(n_targets));
+  if (!std::isfinite(st.loss)) {
+    // The global loss is the same on every rank: all skip, none waits in step().
+    std::memset(trainer.grads(), 0, trainer.layout().nbytes());
+    st.skipped = true;
+  } else {
+    train::OptimizerStats os = trainer.step();
+    st.grad_norm = os.grad_norm;
+    st.lr = os.lr;
+    st.skipped = os.skipped;
+  }
+  st.tokens_per_s = double(st.tokens) / std::max(timer.seconds(), 1e-9);
+  return st;
+}
+}  // namespace
+
+train::SftStepStats dp_sft_step(train::Trainer& trainer, comm::Communicator& dp,
+                                const std::vector<train::TrainSequence>& global_batch) {
+  const std::vector<Range> shards = split_by_tokens(global_batch, dp.size());
+  return sft_step_with(trainer, global_batch, [&](const train::LossFn& loss) {
+    return dp_accumulate(trainer, dp, global_batch, shards, loss, train::ScoreOptions{});
+  });
+}
+
+train::SftStepStats emulated_dp_sft_step(train::Trainer& trainer, int P,
+                                         const std::vector<train::TrainSequence>& global_batch) {
+  const std::vector<Range> shards = split_by_tokens(global_batch, P);
+  return sft_step_with(trainer, global_batch, [&](const train::LossFn& loss) {
+    return emulate_dp_accumulate(trainer, global_batch, shards, loss, train::ScoreOptions{});
+  });
+}
+
+}  // namespace lockstep::parallel

@@ -1,0 +1,71 @@
+// Data-parallel training: every rank of a dp comm::Communicator holds the same
+// weights and optimizer state, trains on its shard of the global batch, and
+// Trainer::step() sums the gradients over ranks (TrainerConfig::grad_reduce)
+// before clipping and AdamW, so all ranks take the same step.
+//
+// Equivalence (docs/distributed.md, tests/parallel/data_parallel_mpi.cpp):
+// - P ranks == emulate_dp_accumulate with the same P shards in one process,
+//   bit for bit (same per-shard gradients, same comm::sum_in_rank_order);
+// - P ranks vs the plain single-rank accumulate: equal up to floating-point
+//   reassociation of the gradient sum (per-shard partials are added instead
+//   of one running sum), a relative gradient difference of ~1e-7.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "lockstep/comm/communicator.h"
+#include "lockstep/train/sft.h"
+#include "lockstep/train/trainer.h"
+
+namespace lockstep::parallel {
+
+struct Range {
+  size_t begin = 0, end = 0;
+  size_t size() const { return end - begin; }
+};
+
+// Contiguous shards of n items, equal counts: shard r = [n*r/P, n*(r+1)/P).
+std::vector<Range> split_even(size_t n, int P);
+// Contiguous shards with about equal token counts: shard r ends at the first
+// sequence where the cumulative token count reaches total*(r+1)/P. Pure
+// function of the lengths, so every rank computes the same split.
+std::vector<Range> split_by_tokens(const std::vector<train::TrainSequence>& seqs, int P);
+
+// Sets trainer's grad_reduce to dp.all_reduce_sum. `dp` must outlive every
+// later trainer.step(). A dp of size 1 leaves step() as it was.
+// Expert parallelism (call after Trainer::set_expert_comm): the gradients of
+// the trainer's own routed experts are summed over `expert_replicas` instead
+// (the trainer ranks holding the same experts, one per expert-parallel group;
+// null or size 1: not summed), everything else over `dp` (every trainer).
+void make_data_parallel(train::Trainer& trainer, comm::Communicator& dp, comm::Communicator* expert_replicas = nullptr);
+
+// Rank dp.rank() accumulates the gradient of shards[dp.rank()] of the global
+// batch. `loss` gets indices into global_batch and must normalise by global
+// counts. Returns the global loss (sum over ranks in rank order; the same on
+// every rank). The gradients are summed over ranks by the next step().
+double dp_accumulate(train::Trainer& trainer, comm::Communicator& dp, const std::vector<train::TrainSequence>& global_batch,
+                     const std::vector<Range>& shards, const train::LossFn& loss, const train::ScoreOptions& opt);
+
+// The same in one process, for any number of shards: accumulates each shard
+// from zero gradients, then leaves comm::sum_in_rank_order of the per-shard
+// gradients in trainer.grads(). Needs zero gradients on entry (as after
+// step()) and no grad_reduce on the trainer. Returns the loss like dp_accumulate.
+double emulate_dp_accumulate(train::Trainer& trainer, const std::vector<train::TrainSequence>& global_batch,
+                             const std::vector<Range>& shards, const train::LossFn& loss,
+                             const train::ScoreOptions& opt);
+
+// Mean token cross-entropy over the response tokens of a batch holding
+// n_targets of them, as train::sft_step uses: dloss/dlogp = -1/n_targets.
+train::LossFn sft_loss(int64_t n_targets);
+
+// train::sft_step for a data-parallel group: every rank passes the same
+// global batch, trains on its shard (split_by_tokens) and the loss is the
+// global mean. A non-finite global loss skips the step on every rank.
+train::SftStepStats dp_sft_step(train::Trainer& trainer, comm::Communicator& dp,
+                                const std::vector<train::TrainSequence>& global_batch);
+// dp_sft_step of a P-rank group, emulated in one process (bit-identical).
+train::SftStepStats emulated_dp_sft_step(train::Trainer& trainer, int P,
+                                         const std::vector<train::TrainSequence>& global_batch);
+
+}  // namespace lockstep::parallel
