@@ -8,6 +8,7 @@
 #include "lockstep/parallel/weight_broadcast.h"
 
 int main(int argc, char** argv) {
+  using namespace lockstep;
   using namespace lockstep::parallel;
   comm::Environment env(&argc, &argv);
   const size_t n = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : size_t(115'000'000);

@@ -16,7 +16,7 @@
 #include "lockstep/comm/environment.h"
 
 int main(int argc, char** argv) {
-  using namespace lockstep::parallel;
+  using namespace lockstep;
   comm::Environment env(&argc, &argv);
   const std::string mode = argc > 1 ? argv[1] : "ok";
   comm::Communicator world = comm::Communicator::world(mode == "hang" ? 3.0 : 0.0);

@@ -1,6 +1,6 @@
 // `lockstep bench train|rollout`: the throughput benchmarks of issues 3 and 5
 // as a command, printing the same tables as bench/train_bench.cpp and
-// bench/rollout_bench.cpp (the workloads live in bench_train.h / bench_rollout.h).
+// bench/rollout_bench.cpp (the workloads live in src/lockstep/bench/).
 #include <iostream>
 #include <sstream>
 

@@ -1,7 +1,7 @@
 // The wire formats of `lockstep serve`: parsing SGLang /generate and OpenAI
 // /v1/completions, /v1/chat/completions bodies into one GenJob (every field
 // type-checked, unknown keys rejected), and turning finished samples into
-// their JSON answers. No sockets or threads here; serve_server.cpp does those.
+// their JSON answers. No sockets or threads here; server.cpp does those.
 #pragma once
 
 #include <cstdint>

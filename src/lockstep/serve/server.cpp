@@ -1,6 +1,6 @@
 // ApiServer: model loading, routes, authentication, error bodies, the admin
 // endpoints (health, model info, weight updates, cache flush, metrics) and
-// graceful shutdown. The generation endpoints live in serve_generate.cpp.
+// graceful shutdown. The generation endpoints live in generate.cpp.
 #include <malloc.h>
 #include <sys/socket.h>
 

@@ -1,5 +1,5 @@
-// Internals of ApiServer shared by serve_server.cpp (lifecycle, admin
-// endpoints, metrics) and serve_generate.cpp (the generation endpoints).
+// Internals of ApiServer shared by server.cpp (lifecycle, admin
+// endpoints, metrics) and generate.cpp (the generation endpoints).
 #pragma once
 
 #include <httplib.h>
@@ -69,20 +69,20 @@ struct Inflight {
 struct ApiServer::Impl {
   Impl(const Context& ctx, ServerOptions options);
 
-  // --- lifecycle (serve_server.cpp)
+  // --- lifecycle (server.cpp)
   void install_routes();
   void housekeeping_loop();
   void abort_sweep(Inflight& f);  // aborts every known id of f not aborted yet
   void abort_all_inflight();
 
   // --- endpoints
-  void handle_generation(Api api, const httplib::Request& req, httplib::Response& res);  // serve_generate.cpp
+  void handle_generation(Api api, const httplib::Request& req, httplib::Response& res);  // generate.cpp
   void handle_health_generate(httplib::Response& res);
   void handle_model_info(httplib::Response& res);
   void handle_update_weights(const httplib::Request& req, httplib::Response& res);
   void handle_metrics(httplib::Response& res);
 
-  // --- generation helpers (serve_generate.cpp)
+  // --- generation helpers (generate.cpp)
   std::shared_ptr<Inflight> submit(const GenJob& job);
   std::vector<rollout::RequestResult> wait_all(Inflight& f);
   std::vector<SampleOutput> outputs_of(const GenJob& job,
