@@ -296,202 +296,229 @@ std::string utf8_prefix(std::string_view s, size_t max_bytes) {
   return std::string(s.substr(0, n));
 }
 
-RenderedChart render_chart(const Chart& c) {
-  // 1. What is drawable.
+namespace {
+
+// A band's finite points in x order.
+struct BandPts {
+  std::vector<double> x, lo, hi;
+};
+
+// Everything of a chart that can be drawn, and the data ranges it spans.
+struct Drawable {
   std::vector<std::vector<Point>> lines;  // (lines) finite points in x order, decimated
-  for (const auto& l : c.lines) lines.push_back(decimate(finite_sorted(l.points)));
-  struct BandPts {
-    std::vector<double> x, lo, hi;
-  };
-  std::vector<BandPts> bands;
-  for (const auto& b : c.bands) {
-    std::vector<std::pair<double, std::pair<double, double>>> v;
-    const size_t n = std::min({b.x.size(), b.lo.size(), b.hi.size()});
-    for (size_t i = 0; i < n; ++i)
-      if (finite(b.x[i]) && finite(b.lo[i]) && finite(b.hi[i])) v.push_back({b.x[i], {b.lo[i], b.hi[i]}});
-    std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& bb) { return a.first < bb.first; });
-    BandPts bp;
-    for (const auto& [x, r] : v) {
-      bp.x.push_back(x);
-      bp.lo.push_back(r.first);
-      bp.hi.push_back(r.second);
-    }
-    bands.push_back(std::move(bp));
-  }
-  const Stack stack = build_stack(c.stacked);
-
+  std::vector<BandPts> bands;             // (bands)
+  Stack stack;
   Range xr, yr;
-  int drawn = 0;
-  for (const auto& l : lines) {
-    for (const auto& p : l) xr.add(p.x), yr.add(p.y);
-    drawn += !l.empty();
-  }
-  for (const auto& b : bands) {
-    for (size_t i = 0; i < b.x.size(); ++i) xr.add(b.x[i]), yr.add(b.lo[i]), yr.add(b.hi[i]);
-    drawn += !b.x.empty();
-  }
-  if (!stack.cum.empty()) {
-    for (double x : stack.x) xr.add(x);
-    yr.add(0);
-    for (const auto& layer : stack.cum)
-      for (double v : layer) yr.add(v);
-    drawn += int(stack.cum.size());
-  }
-  if (drawn == 0 || xr.empty() || yr.empty()) return render_no_data(c);
+  int drawn = 0;  // lines + bands + layers with at least one finite point
+};
 
-  // 2. Colours and legend.
+BandPts finite_band(const Band& b) {
+  std::vector<std::pair<double, std::pair<double, double>>> v;
+  const size_t n = std::min({b.x.size(), b.lo.size(), b.hi.size()});
+  for (size_t i = 0; i < n; ++i)
+    if (finite(b.x[i]) && finite(b.lo[i]) && finite(b.hi[i])) v.push_back({b.x[i], {b.lo[i], b.hi[i]}});
+  std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& bb) { return a.first < bb.first; });
+  BandPts bp;
+  for (const auto& [x, r] : v) {
+    bp.x.push_back(x);
+    bp.lo.push_back(r.first);
+    bp.hi.push_back(r.second);
+  }
+  return bp;
+}
+
+Drawable collect_drawable(const Chart& c) {
+  Drawable d;
+  for (const auto& l : c.lines) d.lines.push_back(decimate(finite_sorted(l.points)));
+  for (const auto& b : c.bands) d.bands.push_back(finite_band(b));
+  d.stack = build_stack(c.stacked);
+  for (const auto& l : d.lines) {
+    for (const auto& p : l) d.xr.add(p.x), d.yr.add(p.y);
+    d.drawn += !l.empty();
+  }
+  for (const auto& b : d.bands) {
+    for (size_t i = 0; i < b.x.size(); ++i) d.xr.add(b.x[i]), d.yr.add(b.lo[i]), d.yr.add(b.hi[i]);
+    d.drawn += !b.x.empty();
+  }
+  if (!d.stack.cum.empty()) {
+    for (double x : d.stack.x) d.xr.add(x);
+    d.yr.add(0);
+    for (const auto& layer : d.stack.cum)
+      for (double v : layer) d.yr.add(v);
+    d.drawn += int(d.stack.cum.size());
+  }
+  return d;
+}
+
+// Colours of every drawn series, in palette order: stacked layers, then
+// lines; the legend lists layers, bands, then lines.
+struct Styles {
+  std::vector<LegendEntry> legend;
+  std::vector<std::string> layer_color;  // (stack layers)
+  std::vector<std::string> line_color;   // (lines); empty for an empty line
+  std::vector<std::string> band_color;   // (bands); empty for an empty band
+};
+
+Styles assign_styles(const Chart& c, const Drawable& d) {
+  Styles st;
   int next_color = 0;
   auto pick = [&](const std::string& explicit_color) {
     if (!explicit_color.empty()) return explicit_color;
     return std::string(kPalette[next_color++ % kPaletteSize]);
   };
-  std::vector<LegendEntry> legend;
-  std::vector<std::string> layer_color;
-  for (size_t l : stack.layer_of) {
-    layer_color.push_back(pick(c.stacked[l].color));
-    legend.push_back({c.stacked[l].name, layer_color.back(), LegendEntry::kArea});
+  for (size_t l : d.stack.layer_of) {
+    st.layer_color.push_back(pick(c.stacked[l].color));
+    st.legend.push_back({c.stacked[l].name, st.layer_color.back(), LegendEntry::kArea});
   }
-  std::vector<std::string> line_color(lines.size());
-  for (size_t i = 0; i < lines.size(); ++i)
-    if (!lines[i].empty()) line_color[i] = pick(c.lines[i].color);
-  std::vector<std::string> band_color(bands.size());
-  for (size_t i = 0; i < bands.size(); ++i) {
-    if (bands[i].x.empty()) continue;
-    band_color[i] = c.bands[i].color.empty() ? kPalette[0] : c.bands[i].color;
-    legend.push_back({c.bands[i].name, band_color[i], LegendEntry::kBand});
+  st.line_color.resize(d.lines.size());
+  for (size_t i = 0; i < d.lines.size(); ++i)
+    if (!d.lines[i].empty()) st.line_color[i] = pick(c.lines[i].color);
+  st.band_color.resize(d.bands.size());
+  for (size_t i = 0; i < d.bands.size(); ++i) {
+    if (d.bands[i].x.empty()) continue;
+    st.band_color[i] = c.bands[i].color.empty() ? kPalette[0] : c.bands[i].color;
+    st.legend.push_back({c.bands[i].name, st.band_color[i], LegendEntry::kBand});
   }
-  for (size_t i = 0; i < lines.size(); ++i)
-    if (!lines[i].empty())
-      legend.push_back(
-          {c.lines[i].name, line_color[i], c.lines[i].dashed ? LegendEntry::kDashed : LegendEntry::kLine});
+  for (size_t i = 0; i < d.lines.size(); ++i)
+    if (!d.lines[i].empty())
+      st.legend.push_back(
+          {c.lines[i].name, st.line_color[i], c.lines[i].dashed ? LegendEntry::kDashed : LegendEntry::kLine});
+  return st;
+}
 
-  const double plot_bottom = kTop + kPlotH;
-  const double legend_top = plot_bottom + 46;
-  struct Placed {
-    double x, y;
-  };
-  std::vector<Placed> legend_pos;
-  {
-    double x = kLeft, y = legend_top;
-    for (const auto& e : legend) {
-      const double w = 26 + kCharW * double(e.name.size()) + 14;
-      if (x > kLeft && x + w > kWidth - kRight) {
-        x = kLeft;
-        y += kLegendRow;
-      }
-      legend_pos.push_back({x, y});
-      x += w;
+struct Placed {
+  double x, y;
+};
+
+// Legend entries flow left to right below the plot, wrapping at the width.
+std::vector<Placed> place_legend(const std::vector<LegendEntry>& legend, double legend_top) {
+  std::vector<Placed> pos;
+  double x = kLeft, y = legend_top;
+  for (const auto& e : legend) {
+    const double w = 26 + kCharW * double(e.name.size()) + 14;
+    if (x > kLeft && x + w > kWidth - kRight) {
+      x = kLeft;
+      y += kLegendRow;
     }
+    pos.push_back({x, y});
+    x += w;
   }
-  const double height = (legend_pos.empty() ? plot_bottom + 40 : legend_pos.back().y + 10);
+  return pos;
+}
 
-  // 3. Scales.
-  const Ticks xt = nice_ticks(xr.lo, xr.hi, 6, c.integer_x);
-  const Ticks yt = nice_ticks(yr.lo, yr.hi, 5, false);
-  const double plot_w = kWidth - kLeft - kRight;
-  auto sx = [&](double x) { return kLeft + (clamp_value(x) - xt.lo) / (xt.hi - xt.lo) * plot_w; };
-  auto sy = [&](double y) { return plot_bottom - (clamp_value(y) - yt.lo) / (yt.hi - yt.lo) * kPlotH; };
+// Data to pixel coordinates.
+struct Frame {
+  Ticks xt, yt;
+  double plot_bottom = kTop + kPlotH;
+  double plot_w = kWidth - kLeft - kRight;
+  double sx(double x) const { return kLeft + (clamp_value(x) - xt.lo) / (xt.hi - xt.lo) * plot_w; }
+  double sy(double y) const { return plot_bottom - (clamp_value(y) - yt.lo) / (yt.hi - yt.lo) * kPlotH; }
+};
 
-  std::string s = svg_open(c, height, "chart", drawn);
-  s.reserve(4096);
-
-  // 4. Grid and axes.
+void draw_axes(std::string& s, const Chart& c, const Frame& f) {
   s += "<g class=\"grid\" stroke=\"#e6e6e6\" stroke-width=\"1\">";
-  for (double v : yt.values)
-    s += "<line x1=\"" + num(kLeft) + "\" x2=\"" + num(kWidth - kRight) + "\" y1=\"" + num(sy(v)) +
-         "\" y2=\"" + num(sy(v)) + "\"/>";
-  for (double v : xt.values)
-    s += "<line x1=\"" + num(sx(v)) + "\" x2=\"" + num(sx(v)) + "\" y1=\"" + num(kTop) + "\" y2=\"" +
-         num(plot_bottom) + "\"/>";
+  for (double v : f.yt.values)
+    s += "<line x1=\"" + num(kLeft) + "\" x2=\"" + num(kWidth - kRight) + "\" y1=\"" + num(f.sy(v)) +
+         "\" y2=\"" + num(f.sy(v)) + "\"/>";
+  for (double v : f.xt.values)
+    s += "<line x1=\"" + num(f.sx(v)) + "\" x2=\"" + num(f.sx(v)) + "\" y1=\"" + num(kTop) + "\" y2=\"" +
+         num(f.plot_bottom) + "\"/>";
   s += "</g>";
   s += "<g class=\"axis\" fill=\"#444\">";
-  const double y_abs = std::max(std::abs(yt.lo), std::abs(yt.hi));
-  const double x_abs = std::max(std::abs(xt.lo), std::abs(xt.hi));
-  for (double v : yt.values)
-    s += "<text x=\"" + num(kLeft - 6) + "\" y=\"" + num(sy(v) + 4) + "\" text-anchor=\"end\">" +
-         html_escape(format_tick(v, yt.step, y_abs)) + "</text>";
-  for (double v : xt.values)
-    s += "<text x=\"" + num(sx(v)) + "\" y=\"" + num(plot_bottom + 16) + "\" text-anchor=\"middle\">" +
-         html_escape(format_tick(v, xt.step, x_abs)) + "</text>";
-  s += "<text x=\"" + num(kLeft + plot_w / 2) + "\" y=\"" + num(plot_bottom + 33) +
+  const double y_abs = std::max(std::abs(f.yt.lo), std::abs(f.yt.hi));
+  const double x_abs = std::max(std::abs(f.xt.lo), std::abs(f.xt.hi));
+  for (double v : f.yt.values)
+    s += "<text x=\"" + num(kLeft - 6) + "\" y=\"" + num(f.sy(v) + 4) + "\" text-anchor=\"end\">" +
+         html_escape(format_tick(v, f.yt.step, y_abs)) + "</text>";
+  for (double v : f.xt.values)
+    s += "<text x=\"" + num(f.sx(v)) + "\" y=\"" + num(f.plot_bottom + 16) + "\" text-anchor=\"middle\">" +
+         html_escape(format_tick(v, f.xt.step, x_abs)) + "</text>";
+  s += "<text x=\"" + num(kLeft + f.plot_w / 2) + "\" y=\"" + num(f.plot_bottom + 33) +
        "\" text-anchor=\"middle\" fill=\"#222\">" + html_escape(c.x_label) + "</text>";
   const double ymid = kTop + kPlotH / 2;
   s += "<text x=\"14\" y=\"" + num(ymid) + "\" transform=\"rotate(-90 14 " + num(ymid) +
        ")\" text-anchor=\"middle\" fill=\"#222\">" + html_escape(c.y_label) + "</text>";
   s += "</g>";
-  s += "<rect x=\"" + num(kLeft) + "\" y=\"" + num(kTop) + "\" width=\"" + num(plot_w) + "\" height=\"" +
+  s += "<rect x=\"" + num(kLeft) + "\" y=\"" + num(kTop) + "\" width=\"" + num(f.plot_w) + "\" height=\"" +
        num(kPlotH) + "\" fill=\"none\" stroke=\"#999\"/>";
+}
 
-  // 5. Stacked areas (a lone x is drawn as a narrow bar, else it has no width).
+// Stacked areas (a lone x is drawn as a narrow bar, else it has no width).
+void draw_stack(std::string& s, const Chart& c, const Drawable& d, const Styles& st, const Frame& f) {
+  const Stack& stack = d.stack;
   for (size_t l = 0; l < stack.cum.size(); ++l) {
     std::vector<double> px;
     std::vector<size_t> idx;
-    for (size_t i = 0; i < stack.x.size(); ++i) px.push_back(sx(stack.x[i])), idx.push_back(i);
+    for (size_t i = 0; i < stack.x.size(); ++i) px.push_back(f.sx(stack.x[i])), idx.push_back(i);
     if (px.size() == 1) {
       px = {px[0] - 5, px[0] + 5};
       idx = {0, 0};
     }
-    std::string d;
+    std::string path;
     for (size_t i = 0; i < px.size(); ++i)
-      d += (i ? "L" : "M") + num(px[i]) + "," + num(sy(stack.cum[l][idx[i]]));
+      path += (i ? "L" : "M") + num(px[i]) + "," + num(f.sy(stack.cum[l][idx[i]]));
     for (size_t i = px.size(); i-- > 0;)
-      d += "L" + num(px[i]) + "," + num(sy(l == 0 ? 0.0 : stack.cum[l - 1][idx[i]]));
-    d += "Z";
+      path += "L" + num(px[i]) + "," + num(f.sy(l == 0 ? 0.0 : stack.cum[l - 1][idx[i]]));
+    path += "Z";
     const auto& layer = c.stacked[stack.layer_of[l]];
-    s += "<path class=\"series area\" d=\"" + d + "\" fill=\"" + layer_color[l] +
-         "\" fill-opacity=\"0.75\" stroke=\"" + layer_color[l] + "\" stroke-width=\"0.5\"><title>" +
+    s += "<path class=\"series area\" d=\"" + path + "\" fill=\"" + st.layer_color[l] +
+         "\" fill-opacity=\"0.75\" stroke=\"" + st.layer_color[l] + "\" stroke-width=\"0.5\"><title>" +
          html_escape(layer.name) + "</title></path>";
   }
+}
 
-  // 6. Bands.
-  for (size_t b = 0; b < bands.size(); ++b) {
-    const auto& bp = bands[b];
+void draw_bands(std::string& s, const Chart& c, const Drawable& d, const Styles& st, const Frame& f) {
+  for (size_t b = 0; b < d.bands.size(); ++b) {
+    const auto& bp = d.bands[b];
     if (bp.x.empty()) continue;
-    std::string d;
+    std::string path;
     if (bp.x.size() == 1) {
       // One step: a short vertical bar from lo to hi.
-      d = "M" + num(sx(bp.x[0]) - 4) + "," + num(sy(bp.hi[0])) + "L" + num(sx(bp.x[0]) + 4) + "," +
-          num(sy(bp.hi[0])) + "L" + num(sx(bp.x[0]) + 4) + "," + num(sy(bp.lo[0])) + "L" +
-          num(sx(bp.x[0]) - 4) + "," + num(sy(bp.lo[0])) + "Z";
+      path = "M" + num(f.sx(bp.x[0]) - 4) + "," + num(f.sy(bp.hi[0])) + "L" + num(f.sx(bp.x[0]) + 4) + "," +
+             num(f.sy(bp.hi[0])) + "L" + num(f.sx(bp.x[0]) + 4) + "," + num(f.sy(bp.lo[0])) + "L" +
+             num(f.sx(bp.x[0]) - 4) + "," + num(f.sy(bp.lo[0])) + "Z";
     } else {
       for (size_t i = 0; i < bp.x.size(); ++i)
-        d += (i ? "L" : "M") + num(sx(bp.x[i])) + "," + num(sy(bp.hi[i]));
-      for (size_t i = bp.x.size(); i-- > 0;) d += "L" + num(sx(bp.x[i])) + "," + num(sy(bp.lo[i]));
-      d += "Z";
+        path += (i ? "L" : "M") + num(f.sx(bp.x[i])) + "," + num(f.sy(bp.hi[i]));
+      for (size_t i = bp.x.size(); i-- > 0;) path += "L" + num(f.sx(bp.x[i])) + "," + num(f.sy(bp.lo[i]));
+      path += "Z";
     }
-    s += "<path class=\"series band\" d=\"" + d + "\" fill=\"" + band_color[b] +
+    s += "<path class=\"series band\" d=\"" + path + "\" fill=\"" + st.band_color[b] +
          "\" fill-opacity=\"0.2\" stroke=\"none\"><title>" + html_escape(c.bands[b].name) + "</title></path>";
   }
+}
 
-  // 7. Lines, with a tooltip per point when the series is short.
-  for (size_t i = 0; i < lines.size(); ++i) {
-    const auto& pts = lines[i];
+// Lines, with a tooltip per point when the series is short.
+void draw_lines(std::string& s, const Chart& c, const Drawable& d, const Styles& st, const Frame& f) {
+  for (size_t i = 0; i < d.lines.size(); ++i) {
+    const auto& pts = d.lines[i];
     if (pts.empty()) continue;
     const auto& line = c.lines[i];
     const std::string name = html_escape(line.name);
-    std::string d;
+    std::string path;
     for (size_t k = 0; k < pts.size(); ++k)
-      d += (k ? "L" : "M") + num(sx(pts[k].x)) + "," + num(sy(pts[k].y));
+      path += (k ? "L" : "M") + num(f.sx(pts[k].x)) + "," + num(f.sy(pts[k].y));
     s += "<g class=\"series line\" data-name=\"" + name + "\" data-points=\"" + std::to_string(pts.size()) +
          "\">";
-    s += "<path d=\"" + d + "\" fill=\"none\" stroke=\"" + line_color[i] + "\" stroke-width=\"1.8\"" +
+    s += "<path d=\"" + path + "\" fill=\"none\" stroke=\"" + st.line_color[i] + "\" stroke-width=\"1.8\"" +
          (line.dashed ? " stroke-dasharray=\"5 3\"" : "") + " stroke-linejoin=\"round\"><title>" + name +
          " (last: " + html_escape(format_value(pts.back().y)) + ")</title></path>";
     if (pts.size() <= kMaxMarkers) {
       const std::string r = pts.size() == 1 ? "3.5" : "2.4";
       for (const auto& p : pts)
-        s += "<circle class=\"marker\" cx=\"" + num(sx(p.x)) + "\" cy=\"" + num(sy(p.y)) + "\" r=\"" + r +
-             "\" fill=\"" + line_color[i] + "\"><title>" + name + " | " + html_escape(c.x_label) + " " +
+        s += "<circle class=\"marker\" cx=\"" + num(f.sx(p.x)) + "\" cy=\"" + num(f.sy(p.y)) + "\" r=\"" + r +
+             "\" fill=\"" + st.line_color[i] + "\"><title>" + name + " | " + html_escape(c.x_label) + " " +
              html_escape(format_value(p.x)) + ": " + html_escape(format_value(p.y)) + "</title></circle>";
     }
     s += "</g>";
   }
+}
 
-  // 8. Legend.
+void draw_legend(std::string& s, const std::vector<LegendEntry>& legend, const std::vector<Placed>& pos) {
   s += "<g class=\"legend\">";
   for (size_t i = 0; i < legend.size(); ++i) {
     const auto& e = legend[i];
-    const double x = legend_pos[i].x, y = legend_pos[i].y;
+    const double x = pos[i].x, y = pos[i].y;
     if (e.kind == LegendEntry::kArea || e.kind == LegendEntry::kBand) {
       s += "<rect x=\"" + num(x) + "\" y=\"" + num(y - 8) + "\" width=\"20\" height=\"10\" fill=\"" +
            e.color + "\" fill-opacity=\"" + (e.kind == LegendEntry::kBand ? "0.3" : "0.75") + "\"/>";
@@ -503,8 +530,30 @@ RenderedChart render_chart(const Chart& c) {
     s += "<text x=\"" + num(x + 26) + "\" y=\"" + num(y) + "\" fill=\"#333\">" + html_escape(e.name) +
          "</text>";
   }
-  s += "</g></svg>";
-  return {s, drawn, true};
+  s += "</g>";
+}
+
+}  // namespace
+
+RenderedChart render_chart(const Chart& c) {
+  const Drawable d = collect_drawable(c);
+  if (d.drawn == 0 || d.xr.empty() || d.yr.empty()) return render_no_data(c);
+  const Styles st = assign_styles(c, d);
+  Frame f;
+  const std::vector<Placed> legend_pos = place_legend(st.legend, f.plot_bottom + 46);
+  const double height = (legend_pos.empty() ? f.plot_bottom + 40 : legend_pos.back().y + 10);
+  f.xt = nice_ticks(d.xr.lo, d.xr.hi, 6, c.integer_x);
+  f.yt = nice_ticks(d.yr.lo, d.yr.hi, 5, false);
+
+  std::string s = svg_open(c, height, "chart", d.drawn);
+  s.reserve(4096);
+  draw_axes(s, c, f);
+  draw_stack(s, c, d, st, f);
+  draw_bands(s, c, d, st, f);
+  draw_lines(s, c, d, st, f);
+  draw_legend(s, st.legend, legend_pos);
+  s += "</svg>";
+  return {s, d.drawn, true};
 }
 
 }  // namespace lockstep::report
