@@ -77,9 +77,10 @@ std::vector<std::string> sorted_eval_names(const MetricTable& m) {
   return out;
 }
 
-std::vector<Chart> build_charts(const MetricTable& m, const MetricTable* sft) {
-  std::vector<Chart> charts;
+namespace {
 
+// What the rollouts looked like: reward, eval pass rates, truncation, length.
+void add_rollout_charts(const MetricTable& m, std::vector<Chart>& charts) {
   {
     Chart c = chart("reward", "Reward (rollout)", "reward", {"rollout/reward_mean", "rollout/reward_std"});
     if (m.has("rollout/reward_mean") && m.has("rollout/reward_std")) {
@@ -130,7 +131,11 @@ std::vector<Chart> build_charts(const MetricTable& m, const MetricTable* sft) {
       c.lines.push_back(line(m, name, "eval " + set + " mean"));
     charts.push_back(std::move(c));
   }
+}
 
+// The trainer's view: the train/rollout gap, KL, clipping, entropy, gradient
+// norm, loss, learning rate.
+void add_train_charts(const MetricTable& m, std::vector<Chart>& charts) {
   {
     Chart c = chart("logprob_gap", "Train vs rollout logprob gap |Δ logp|", "|Δ logp| (nats)",
                     {"train/train_rollout_logprob_abs_diff", "train/train_rollout_logprob_abs_diff_max"});
@@ -178,7 +183,10 @@ std::vector<Chart> build_charts(const MetricTable& m, const MetricTable* sft) {
     c.lines.push_back(line(m, "train/lr", "lr"));
     charts.push_back(std::move(c));
   }
+}
 
+// Where the time went: step phases, rollout-ahead staleness, throughput.
+void add_perf_charts(const MetricTable& m, std::vector<Chart>& charts) {
   {
     Chart c = chart("step_time", "Step time by phase", "seconds",
                     {"perf/rollout_time_s", "perf/reward_time_s", "perf/train_time_s", "perf/weight_sync_s",
@@ -213,7 +221,15 @@ std::vector<Chart> build_charts(const MetricTable& m, const MetricTable* sft) {
     c.lines.push_back(line(m, "perf/train_tokens_per_s", "training"));
     charts.push_back(std::move(c));
   }
+}
 
+}  // namespace
+
+std::vector<Chart> build_charts(const MetricTable& m, const MetricTable* sft) {
+  std::vector<Chart> charts;
+  add_rollout_charts(m, charts);
+  add_train_charts(m, charts);
+  add_perf_charts(m, charts);
   if (sft) {
     Chart c = chart("sft_loss", "SFT warm-up loss (sft/metrics.jsonl)", "loss", {"train/loss"});
     c.no_data_hint = "not in sft/metrics.jsonl: train/loss";
