@@ -165,14 +165,19 @@ TEST(GemmPack, UnpackGivesTheStoredValues) {
       } else if (s.dtype == DType::BF16) {
         for (size_t i = 0; i < wd.size(); ++i) want[i] = round_bf16(wd[i]);
       } else {
-        // Independent recomputation: scale = absmax / 448 per block, q = e4m3(w / scale).
+        // Independent recomputation: scale = the smallest power of two with
+        // absmax / scale <= 448, per block; q = e4m3(w / scale).
         const int64_t bn = s.block ? s.block : N, bk = s.block ? s.block : K;
         for (int64_t n = 0; n < N; ++n)
           for (int64_t k = 0; k < K; ++k) {
             float amax = 0;
             for (int64_t i = n / bn * bn; i < std::min(N, n / bn * bn + bn); ++i)
               for (int64_t j = k / bk * bk; j < std::min(K, k / bk * bk + bk); ++j) amax = std::max(amax, std::fabs(wd[i * K + j]));
-            const float scale = amax > 0 ? amax / 448.0f : 1.0f;
+            float scale = 1.0f;
+            if (amax > 0) {
+              scale = std::ldexp(1.0f, -126);
+              while (amax / scale > 448.0f) scale *= 2.0f;
+            }
             EXPECT_EQ(pw.fp8_scale(n, k), scale);
             want[n * K + k] = fp8_to_f32(f32_to_fp8(wd[n * K + k] / scale, true)) * scale;
           }
@@ -247,7 +252,7 @@ TEST(GemmPack, RejectsWhatFp8CannotHold) {
     EXPECT_NE(std::string(e.what()).find("(2, 1)"), std::string::npos) << e.what();
   }
   EXPECT_NO_THROW(pack_weight(ctx, w.t(), DType::BF16));
-  w.at(2, 1) = 2e5f;  // absmax / 448 >= 256
+  w.at(2, 1) = 2e5f;  // needs a scale of 512 > 2^7
   EXPECT_THROW(pack_weight(ctx, w.t(), DType::FP8E4M3), Error);
   EXPECT_THROW(pack_weight(ctx, w.t(), DType::I32), Error);
   Mat w2(4, 5);

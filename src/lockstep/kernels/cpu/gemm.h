@@ -43,9 +43,10 @@ struct PackedWeight {
 // Packs w (N,K) f32 or bf16 (row stride allowed) into `storage` (F32, BF16 or
 // FP8E4M3). f32 -> bf16 rounds to nearest even; bf16 -> f32 is exact. For fp8,
 // `fp8_block` = 0 uses one scale for the tensor, b > 0 one per (b x b) block;
-// scale = absmax / 448 (1 for an all-zero block), q = e4m3(w / scale) saturated.
+// scale = the smallest power of two with absmax / scale <= 448 (fp8_pow2_scale;
+// 1 for an all-zero block), q = e4m3(w / scale) saturated.
 // Throws Error on NaN/inf weights in fp8 (e4m3 cannot hold them) or an absmax
-// of 2^8 * 448 or more (the kernels need scale < 256).
+// above 2^7 * 448 (the kernels need scale < 256).
 PackedWeight pack_weight(const Context& ctx, const Tensor& w, DType storage, int64_t fp8_block = 0);
 
 // Packs an already-quantized checkpoint weight: w (N,K) fp8, scales (NB, KB) f32

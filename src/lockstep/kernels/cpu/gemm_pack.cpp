@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "lockstep/kernels/cpu/gemm.h"
+#include "lockstep/kernels/cpu/fp8_quant.h"
 #include "lockstep/kernels/cpu/gemm_microkernel.h"
 
 namespace lockstep::kernels {
@@ -165,10 +166,10 @@ void compute_fp8_scales(const Context& ctx, const PackedWeight& pw, const Tensor
         }
       for (int64_t kb = 0; kb < KB; ++kb) {
         const float amax = bs[nb * KB + kb];
-        const float scale = amax > 0.0f ? amax / kFp8E4M3Max : 1.0f;
+        const float scale = fp8_pow2_scale(amax);
         if (!(scale < kMaxFp8Scale))
           LS_THROW << "pack_weight: fp8 block (" << nb << ", " << kb << ") of " << w.shape_str() << " has absmax "
-                   << amax << "; the kernels support absmax < " << kMaxFp8Scale * kFp8E4M3Max;
+                   << amax << "; the kernels support absmax <= " << kMaxFp8Scale / 2 * kFp8E4M3Max;
         bs[nb * KB + kb] = scale;
       }
     }
