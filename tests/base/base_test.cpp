@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "lockstep/base/error.h"
@@ -13,27 +14,76 @@
 
 namespace lockstep {
 
-TEST(Check, PassingCheckDoesNothing) { EXPECT_NO_THROW({ LS_CHECK(1 + 1 == 2) << "never built"; }); }
+// The message of the Error `f` throws; a test failure if it throws none.
+template <typename F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no Error thrown";
+  return "";
+}
+
+TEST(Check, PassingCheckDoesNothing) {
+  int evaluated = 0, hinted = 0;
+  auto hint = [&] { return ++hinted; };
+  EXPECT_NO_THROW({ LS_CHECK(++evaluated == 1) << "never built " << hint(); });
+  EXPECT_EQ(evaluated, 1);  // the condition once
+  EXPECT_EQ(hinted, 0);     // the message not at all
+}
 
 TEST(Check, FailingCheckThrowsWithMessage) {
-  try {
+  bool reached = false;
+  int evaluated = 0;
+  const std::string msg = error_of([&] {
     int n = 3;
-    LS_CHECK(n == 4) << "n=" << n;
-    FAIL() << "LS_CHECK did not throw";
-  } catch (const Error& e) {
-    std::string msg = e.what();
-    EXPECT_NE(msg.find("n == 4"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("n=3"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("base_test.cpp"), std::string::npos) << msg;
+    LS_CHECK(++evaluated && n == 4) << "n=" << n;
+    reached = true;
+  });
+  EXPECT_FALSE(reached) << "the statement after a failing check ran";
+  EXPECT_EQ(evaluated, 1);
+  EXPECT_NE(msg.find("check failed: ++evaluated && n == 4: n=3"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("base_test.cpp:"), std::string::npos) << msg;
+  // Without a hint: the condition alone, no trailing separator.
+  const std::string bare = error_of([] { LS_CHECK(1 > 2); });
+  EXPECT_EQ(bare.substr(bare.find("check failed")), "check failed: 1 > 2");
+  EXPECT_THROW(LS_CHECK(false) << "x", Error);
+}
+
+TEST(Check, CheckIsOneStatementInsideIfElse) {
+  // The macro's own if/else must not capture a following `else`.
+  int taken = 0;
+  for (bool outer : {true, false}) {
+    if (outer)
+      LS_CHECK(true) << "fine";
+    else
+      ++taken;
   }
+  EXPECT_EQ(taken, 1);
+  bool reached = false;
+  EXPECT_THROW(
+      {
+        if (taken == 1)
+          LS_CHECK(taken == 0) << "taken=" << taken;
+        else
+          reached = true;
+        reached = true;
+      },
+      Error);
+  EXPECT_FALSE(reached);
 }
 
 TEST(Check, ThrowMacroCarriesText) {
-  try {
-    LS_THROW << "data.jsonl:" << 7 << ": missing field 'prompt'";
-  } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "data.jsonl:7: missing field 'prompt'");
-  }
+  bool reached = false;
+  EXPECT_EQ(error_of([&] {
+              LS_THROW << "data.jsonl:" << 7 << ": missing field 'prompt'";
+              reached = true;
+            }),
+            "data.jsonl:7: missing field 'prompt'");
+  EXPECT_FALSE(reached) << "the statement after LS_THROW ran";
+  EXPECT_THROW(LS_THROW << "", Error);
 }
 
 TEST(Log, ParsesLevels) {

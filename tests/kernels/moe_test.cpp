@@ -11,6 +11,7 @@
 #include <functional>
 #include <numeric>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -319,8 +320,15 @@ TEST(MoeRoute, ReplayUsesTheGivenExpertsAndRecomputesWeights) {
     const Routed got = run_route(ctx, logits, T, &bias, &replay, cfg);
     EXPECT_EQ(got.idx, replay);
     expect_close(got.w, ref_route(logits, T, nullptr, replay.data(), cfg).w, 2e-6, "replayed topk_w");
-    // Replaying the router's own choice reproduces its weights bit for bit.
+    // The random sets are not the router's own: else the checks above would
+    // pass with the replay ignored.
     const Routed own = run_route(ctx, logits, T, &bias, nullptr, cfg);
+    int64_t differ = 0;
+    for (int64_t t = 0; t < T; ++t)
+      differ += std::set<int32_t>(replay.begin() + t * K, replay.begin() + (t + 1) * K) !=
+                std::set<int32_t>(own.idx.begin() + t * K, own.idx.begin() + (t + 1) * K);
+    EXPECT_GT(differ, T / 2);
+    // Replaying the router's own choice reproduces its weights bit for bit.
     const Routed again = run_route(ctx, logits, T, nullptr, &own.idx, cfg);
     EXPECT_EQ(again.idx, own.idx);
     expect_bits_equal(again.w.data(), own.w.data(), T * K, "replayed own choice");

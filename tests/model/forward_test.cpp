@@ -1,12 +1,14 @@
 // Tests of the model forward/backward: finite-difference gradients of the
 // whole model (dense and MoE, router included), and the alignment property
 // at model level: a token's logits are bit-identical whether its sequence is
-// prefilled whole, in chunks, decoded token by token, or batched with others.
+// prefilled whole, in chunks, decoded token by token, or batched with others;
+// and routing replay, with experts the router would not choose.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <set>
 
 #include "common/test_util.h"
 #include "lockstep/model/forward.h"
@@ -218,6 +220,60 @@ TEST(ModelForward, RoutingReplayReproducesRecordedRouting) {
   forward(f.ctx, *f.weights, kv2, b, o, &r2);
   EXPECT_EQ(r1.routed_experts, r2.routed_experts);
   test::expect_bits_equal(r1.logits.f32(), r2.logits.f32(), r1.logits.numel(), "replayed logits");
+}
+
+// Replayed experts that the router would not pick must be the ones used. The
+// reference is the same Dots1 model with its score-correction bias raised on
+// exactly those experts: the bias decides the selection only, never the gate
+// weights, so that model's own routing is the replay, with the same weights.
+TEST(ModelForward, RoutingReplayUsesTheReplayedExpertsNotTheRoutersChoice) {
+  ModelConfig c = tiny_moe(true);
+  c.num_layers = 3;  // layer 0 dense, layers 1 and 2 MoE
+  const int64_t n_moe = 2, K = 2;
+  Fixture f(c);
+  // Per MoE layer, the replayed pair in the order the raised bias ranks them.
+  const int32_t forced[2][2] = {{2, 3}, {3, 0}};
+  Buffer forced_buf = alloc_params(f.layout);
+  std::memcpy(forced_buf.data(), f.buf.data(), f.layout.nbytes());
+  for (int m = 0; m < n_moe; ++m) {
+    const ParamInfo& p =
+        f.layout.at("model.layers." + std::to_string(m + 1) + ".mlp.gate.e_score_correction_bias");
+    forced_buf.as<float>()[p.offset + forced[m][0]] += 100.0f;
+    forced_buf.as<float>()[p.offset + forced[m][1]] += 50.0f;
+  }
+  ModelWeights forced_weights(f.ctx, f.layout, forced_buf.as<float>());
+
+  auto b =
+      full_batch({random_tokens(10, int(c.vocab_size), 4), random_tokens(7, int(c.vocab_size), 5)}, 4, 8);
+  const int64_t T = int64_t(b.tokens.size());
+  std::vector<int32_t> replay;  // (T, L_moe, K)
+  for (int64_t t = 0; t < T; ++t)
+    for (int m = 0; m < n_moe; ++m) replay.insert(replay.end(), forced[m], forced[m] + K);
+
+  ForwardOptions rec;
+  rec.record_experts = true;
+  ForwardResult own, want, got;
+  KvCache kv1(c, 64, 4), kv2(c, 64, 4), kv3(c, 64, 4);
+  forward(f.ctx, *f.weights, kv1, b, rec, &own);
+  forward(f.ctx, forced_weights, kv2, b, rec, &want);
+  ASSERT_EQ(want.routed_experts, replay) << "the raised bias should select the replayed experts";
+  // The router's own sets differ from the replayed ones for most (token, layer).
+  int64_t differ = 0;
+  for (int64_t i = 0; i < T * n_moe; ++i) {
+    std::set<int32_t> a(own.routed_experts.begin() + i * K, own.routed_experts.begin() + (i + 1) * K);
+    differ += a != std::set<int32_t>(replay.begin() + i * K, replay.begin() + (i + 1) * K);
+  }
+  EXPECT_GT(differ, T * n_moe / 2) << "the replay should disagree with the router";
+
+  ForwardOptions o = rec;
+  o.replay_experts = &replay;
+  forward(f.ctx, *f.weights, kv3, b, o, &got);
+  EXPECT_EQ(got.routed_experts, replay);
+  test::expect_bits_equal(got.logits.f32(), want.logits.f32(), got.logits.numel(),
+                          "replayed vs forced logits");
+  int64_t changed = 0;
+  for (int64_t i = 0; i < got.logits.numel(); ++i) changed += got.logits.f32()[i] != own.logits.f32()[i];
+  EXPECT_GT(changed, got.logits.numel() / 2) << "replay should change the logits of an un-replayed forward";
 }
 
 TEST(ModelForward, BadBatchesAreRejectedWithAMessage) {

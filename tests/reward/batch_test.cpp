@@ -5,7 +5,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -42,6 +44,31 @@ std::vector<RewardRequest> requests(const std::vector<std::string>& responses) {
 }
 
 void sleep_s(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
+
+// Holds stuck samples until the test opens it, so that a sample is stuck
+// however slow the machine is (and the limits can be generous). Capped at
+// 60 s so that a failing test cannot block forever.
+struct Gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  void wait() {
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait_for(lk, std::chrono::seconds(60), [&] { return open; });
+  }
+  void release() {
+    std::lock_guard<std::mutex> lk(mu);
+    open = true;
+    cv.notify_all();
+  }
+};
+
+// Waits (60 s at most) until `n` calls have finished.
+bool wait_for_count(const std::atomic<int>& count, int n) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (count.load() < n && std::chrono::steady_clock::now() < deadline) sleep_s(0.01);
+  return count.load() >= n;
+}
 
 TEST(Batch, ResultsInOrderWithStats) {
   auto reward = std::make_shared<FnReward>([](const RewardRequest& r) {
@@ -93,9 +120,10 @@ TEST(Batch, ExceptionsAndFailuresAreCountedNotScoredWrong) {
 }
 
 TEST(Batch, SlowSampleTimesOutOthersFinish) {
+  auto gate = std::make_shared<Gate>();
   auto finished = std::make_shared<std::atomic<int>>(0);
-  auto reward = std::make_shared<FnReward>([finished](const RewardRequest& r) {
-    if (r.response == "slow") sleep_s(1.0);
+  auto reward = std::make_shared<FnReward>([gate, finished](const RewardRequest& r) {
+    if (r.response == "slow") gate->wait();
     ++*finished;
     RewardResult out;
     out.reward = 1;
@@ -104,49 +132,69 @@ TEST(Batch, SlowSampleTimesOutOthersFinish) {
   std::vector<std::string> texts = {"slow"};
   for (int i = 0; i < 30; ++i) texts.push_back("fast");
   {
-    // One thread: a replacement worker takes the queue while the stuck one sleeps.
-    // (Limits are generous against scheduling delays on a loaded machine.)
-    BatchScorer scorer(reward, BatchOptions{1, 0.4, 5.0});
+    // One thread: a replacement worker takes the queue while the stuck one
+    // waits. A fast sample takes microseconds, its limit is 2 s; the slow one
+    // is held until score() returns, so it times out on any machine.
+    BatchScorer scorer(reward, BatchOptions{1, 2.0, 60.0});
     BatchStats stats;
     auto results = scorer.score(requests(texts), &stats);
+    ASSERT_EQ(results.size(), texts.size());
     EXPECT_EQ(results[0].failure, "timeout");
     for (size_t i = 1; i < results.size(); ++i) EXPECT_FALSE(results[i].failed()) << i;
     EXPECT_EQ(stats.timeouts, 1);
     EXPECT_EQ(stats.failures, 1);
-    // The destructor waits (grace 5 s) for the stuck worker, which finishes in 1 s.
+    EXPECT_EQ(finished->load(), 30);  // the slow one is still held
+    gate->release();
+    // The destructor waits (grace 60 s) for the stuck worker, now free.
   }
   EXPECT_EQ(finished->load(), 31);  // the late result was computed, and dropped
 }
 
+// The destructor must not wait for workers stuck in timed-out samples: they
+// are held until after it returns, so a destructor that joined them would
+// only return when the gate's 60 s cap ran out, with their calls finished.
 TEST(Batch, DestroyingWithStuckWorkerDoesNotHang) {
-  auto reward = std::make_shared<FnReward>([](const RewardRequest&) {
-    sleep_s(0.5);
+  auto gate = std::make_shared<Gate>();
+  auto started = std::make_shared<std::atomic<int>>(0), finished = std::make_shared<std::atomic<int>>(0);
+  auto reward = std::make_shared<FnReward>([gate, started, finished](const RewardRequest&) {
+    ++*started;
+    gate->wait();
+    ++*finished;
     return RewardResult{};
   });
-  auto t0 = std::chrono::steady_clock::now();
   {
     BatchScorer scorer(reward, BatchOptions{2, 0.05, 0.05});
-    auto results = scorer.score(requests({"a", "b", "c"}));
+    BatchStats stats;
+    auto results = scorer.score(requests({"a", "b", "c"}), &stats);
+    ASSERT_EQ(results.size(), 3u);
     for (const auto& r : results) EXPECT_EQ(r.failure, "timeout");
+    EXPECT_EQ(stats.timeouts, 3);
+    EXPECT_EQ(started->load(), 3);  // each sample ran, on a worker of its own
   }  // detaches the stuck workers after the 0.05 s grace
-  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("scored 3 stuck samples and destroyed the scorer in %.3f s\n", s);
+  EXPECT_EQ(finished->load(), 0) << "the destructor waited for the stuck workers";
   // Let the detached workers finish before the process exits (tidier under ASan).
-  sleep_s(0.6);
+  gate->release();
+  EXPECT_TRUE(wait_for_count(*finished, 3));
 }
 
 TEST(Batch, ReplacesStuckWorkersUpToTheCap) {
-  auto reward = std::make_shared<FnReward>([](const RewardRequest& r) {
-    if (r.response == "slow") sleep_s(1.0);
+  auto gate = std::make_shared<Gate>();
+  auto reward = std::make_shared<FnReward>([gate](const RewardRequest& r) {
+    if (r.response == "slow") gate->wait();
     return RewardResult{};
   });
   std::vector<std::string> texts;
   for (int i = 0; i < 4; ++i) texts.push_back("slow");
   for (int i = 0; i < 40; ++i) texts.push_back("fast");
-  BatchScorer scorer(reward, BatchOptions{2, 0.4, 3.0});
+  // Two threads, four samples stuck until score() returns: the fast ones
+  // finish only because replacements take them (limit 1 s, for microseconds).
+  BatchScorer scorer(reward, BatchOptions{2, 1.0, 60.0});
   BatchStats stats;
   auto results = scorer.score(requests(texts), &stats);
+  gate->release();
+  ASSERT_EQ(results.size(), texts.size());
   EXPECT_EQ(stats.timeouts, 4);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(results[i].failure, "timeout") << i;
   for (size_t i = 4; i < results.size(); ++i) EXPECT_FALSE(results[i].failed()) << i;
 }
 

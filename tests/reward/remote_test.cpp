@@ -7,6 +7,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "lockstep/base/error.h"
@@ -34,8 +36,11 @@ class TestServer {
     svr_.Post("/bare", [](const httplib::Request&, httplib::Response& res) {
       res.set_content("0.75", "application/json");
     });
-    svr_.Post("/slow", [](const httplib::Request&, httplib::Response& res) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(700));
+    // Answers only when the server stops (60 s at most): slower than any
+    // time limit, however loaded the machine.
+    svr_.Post("/slow", [this](const httplib::Request&, httplib::Response& res) {
+      std::unique_lock<std::mutex> lk(slow_mu_);
+      slow_cv_.wait_for(lk, std::chrono::seconds(60), [this] { return stopping_; });
       res.set_content("1", "application/json");
     });
     svr_.Post("/fail500", [this](const httplib::Request&, httplib::Response& res) {
@@ -75,6 +80,11 @@ class TestServer {
     for (int i = 0; i < 500 && !svr_.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   ~TestServer() {
+    {
+      std::lock_guard<std::mutex> lk(slow_mu_);
+      stopping_ = true;
+    }
+    slow_cv_.notify_all();
     svr_.stop();
     thread_.join();
   }
@@ -84,6 +94,9 @@ class TestServer {
 
  private:
   httplib::Server svr_;
+  std::mutex slow_mu_;
+  std::condition_variable slow_cv_;
+  bool stopping_ = false;
   std::thread thread_;
   int port_ = 0;
 };

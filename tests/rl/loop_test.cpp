@@ -56,7 +56,7 @@ class Constant : public reward::Reward {
 class Hangs : public reward::Reward {
  public:
   reward::RewardResult evaluate(const reward::RewardRequest& q) const override {
-    if (q.response.size() % 2 == 1) std::this_thread::sleep_for(std::chrono::seconds(3));
+    if (q.response.size() % 2 == 1) std::this_thread::sleep_for(std::chrono::seconds(10));
     reward::RewardResult r;
     r.correct = q.response.size() % 4 == 0;
     r.reward = r.correct ? 1.0 : 0.0;
@@ -401,7 +401,7 @@ TEST(RlLoop, AHangingRewardTimesOutAndIsCountedNotTrained) {
   RlConfig c = f.config(f.dir.str("hang"));
   c.steps = 1;
   c.eval.interval = 0;
-  c.reward.timeout_s = 0.2;
+  c.reward.timeout_s = 1.0;  // 10x under the hang, and far above a normal reward
   c.reward.threads = 2;
   f.eval.clear();
   auto t = f.trainer(c);

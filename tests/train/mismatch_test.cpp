@@ -1,8 +1,10 @@
 // Mismatch metrics: hand-computed values, and the fast-mode promises — a
 // bf16/fp8 rollout has a gap > 0, and routing replay makes the trainer use
-// exactly the rollout's experts (router disagreement 0).
+// exactly the rollout's experts (router disagreement 0); replayed experts
+// that the router would not choose are the ones the trainer uses.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -59,7 +61,84 @@ ModelConfig tiny_moe() {
   c.max_position_embeddings = 256;
   return c;
 }
+
+// Dots1-style: sigmoid router with a score-correction bias, which decides the
+// selection only (never the gate weights).
+ModelConfig tiny_dots1() {
+  ModelConfig c = tiny_moe();
+  c.architecture = Architecture::Dots1;
+  c.num_layers = 3;
+  c.num_experts = 4;
+  c.router_scoring = RouterScoring::Sigmoid;
+  c.score_correction_bias = true;
+  c.routed_scaling_factor = 2.5;
+  c.n_shared_experts = 1;
+  c.shared_expert_intermediate_size = 16;
+  c.intermediate_size = 40;
+  c.first_k_dense_replace = 1;  // layers 1 and 2 are MoE
+  return c;
+}
 }  // namespace
+
+// The trainer must score and differentiate with the replayed experts, not
+// its router's. Reference: the same weights with the score-correction bias
+// raised on the replayed experts, so that its own routing is the replay with
+// unchanged gate weights; logprobs and gradients must have the same bits.
+TEST(Replay, TrainerUsesTheReplayedExpertsNotItsRoutersChoice) {
+  const ModelConfig c = tiny_dots1();
+  ParamLayout layout(c);
+  Buffer params = alloc_params(layout), forced = alloc_params(layout);
+  init_params(layout, params.as<float>(), 11, 0.3f);
+  std::memcpy(forced.data(), params.data(), layout.nbytes());
+  const int32_t pair[2][2] = {{1, 2}, {3, 0}};  // per MoE layer, in the raised bias's order
+  for (int m = 0; m < 2; ++m) {
+    const ParamInfo& p =
+        layout.at("model.layers." + std::to_string(m + 1) + ".mlp.gate.e_score_correction_bias");
+    forced.as<float>()[p.offset + pair[m][0]] += 100.0f;
+    forced.as<float>()[p.offset + pair[m][1]] += 50.0f;
+  }
+  Trainer a(Context{}, c, std::move(params), {}), b(Context{}, c, std::move(forced), {});
+  std::vector<TrainSequence> seqs;
+  for (int s = 0; s < 4; ++s) {
+    TrainSequence t;
+    for (int i = 0; i < 9 + 3 * s; ++i) t.tokens.push_back(int32_t((i * 13 + s * 5 + 2) % c.vocab_size));
+    t.prompt_len = 2;
+    for (size_t i = 0; i < t.tokens.size(); ++i)
+      for (int m = 0; m < 2; ++m) t.routed_experts.insert(t.routed_experts.end(), pair[m], pair[m] + 2);
+    seqs.push_back(std::move(t));
+  }
+  // The replay is b's own routing, and not a's.
+  int64_t differ = 0;
+  for (const auto& s : seqs) {
+    ASSERT_EQ(trainer_routing(Context{}, b.weights(), s.tokens, nullptr), s.routed_experts);
+    const auto own = trainer_routing(Context{}, a.weights(), s.tokens, nullptr);
+    for (size_t i = 0; i < own.size(); i += 2)
+      differ += std::minmax(own[i], own[i + 1]) != std::minmax(s.routed_experts[i], s.routed_experts[i + 1]);
+  }
+  EXPECT_GT(differ, 20) << "the replay should disagree with a's router";
+
+  LossFn loss = [](size_t, const float* logp, const float*, int64_t n, float* dlogp, float*) {
+    double l = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      l -= double(logp[t]);
+      dlogp[t] = -1.0f;
+    }
+    return l;
+  };
+  ScoreOptions replay, plain;
+  replay.replay = true;
+  std::vector<TokenScores> sa, sb;
+  EXPECT_EQ(a.accumulate(seqs, loss, replay, &sa), b.accumulate(seqs, loss, plain, &sb));
+  for (size_t i = 0; i < seqs.size(); ++i)
+    ASSERT_EQ(0, std::memcmp(sa[i].logp.data(), sb[i].logp.data(), sa[i].logp.size() * 4))
+        << "sequence " << i;
+  ASSERT_EQ(0, std::memcmp(a.grads(), b.grads(), size_t(a.layout().numel()) * 4)) << "gradients differ";
+  const auto own = a.score(seqs, plain);
+  int64_t changed = 0, n = 0;
+  for (size_t i = 0; i < seqs.size(); ++i)
+    for (size_t t = 0; t < own[i].logp.size(); ++t, ++n) changed += own[i].logp[t] != sa[i].logp[t];
+  EXPECT_GT(changed, n / 2) << "replay should change the logprobs of an un-replayed score";
+}
 
 TEST(FastMode, LowPrecisionRolloutHasAGapAndReplayRemovesRouterDisagreement) {
   ModelConfig c = tiny_moe();

@@ -70,7 +70,12 @@ void check(const ModelConfig& c, bool replay) {
   Trainer a(Context{}, c, std::move(p0), normal), b(Context{}, c, std::move(p1), recompute);
   auto seqs = sequences(c);
   if (replay)
-    for (auto& s : seqs) s.routed_experts = trainer_routing(Context{}, a.weights(), s.tokens, nullptr);
+    for (auto& s : seqs) {
+      // Experts the router would not choose (each of its own shifted by one),
+      // so that a recompute which routed afresh would give other bits.
+      s.routed_experts = trainer_routing(Context{}, a.weights(), s.tokens, nullptr);
+      for (auto& e : s.routed_experts) e = int32_t((e + 1) % c.num_experts);
+    }
   LossFn loss = [](size_t i, const float* logp, const float* ent, int64_t n, float* dlogp, float* dent) {
     double l = 0;
     for (int64_t t = 0; t < n; ++t) {
@@ -91,6 +96,15 @@ void check(const ModelConfig& c, bool replay) {
   test::expect_bits_equal(a.grads(), b.grads(), a.layout().numel(), "gradients");
   for (size_t i = 0; i < sa.size(); ++i)
     test::expect_bits_equal(sa[i].logp.data(), sb[i].logp.data(), int64_t(sa[i].logp.size()), "logp");
+  if (replay) {  // and the replay is used at all
+    ScoreOptions plain = so;
+    plain.replay = false;
+    const auto own = a.score(seqs, plain);
+    int64_t changed = 0, n = 0;
+    for (size_t i = 0; i < sa.size(); ++i)
+      for (size_t t = 0; t < sa[i].logp.size(); ++t, ++n) changed += sa[i].logp[t] != own[i].logp[t];
+    EXPECT_GT(changed, n / 2) << "replayed experts should change the logprobs";
+  }
   // And the next step (optimizer, repack) stays identical.
   a.step();
   b.step();

@@ -8,16 +8,11 @@
 #pragma once
 
 #include <cstdint>
-#include <random>
 #include <string>
 #include <vector>
 
-#include "lockstep/base/thread_pool.h"
-#include "lockstep/base/timer.h"
 #include "lockstep/bench/common.h"
-#include "lockstep/kernels/cpu/gemm.h"
 #include "lockstep/model/weights.h"
-#include "lockstep/rollout/engine.h"
 
 namespace lockstep::perf {
 
@@ -31,24 +26,24 @@ struct RolloutBenchOptions {
   int64_t fp8_block = 128;
   std::vector<int64_t> decode_batches = {1, 16, 64, 256};
   int64_t decode_prompt_len = 16;
-  int64_t new_tokens = 32;         // generated per sample (decode and GRPO)
+  int64_t new_tokens = 32;  // generated per sample (decode and GRPO)
   int64_t prefill_prompts = 16;
   int64_t prefill_len = 256;
   int64_t grpo_prompts = 64;
   int64_t grpo_samples = 8;
   int64_t grpo_prompt_len = 64;
-  double roofline_seconds = 0.3;   // time spent timing each roofline
+  double roofline_seconds = 0.3;  // time spent timing each roofline
 };
 
 // Engine-level numbers of one decode batch size.
 struct DecodeResult {
   int64_t batch = 0;
-  double tokens_per_s = 0;    // generated tokens / time of pure decode steps
-  double step_ms = 0;         // mean pure decode step
-  double gemm_step_ms = 0;    // the same step's GEMMs alone
+  double tokens_per_s = 0;  // generated tokens / time of pure decode steps
+  double step_ms = 0;       // mean pure decode step
+  double gemm_step_ms = 0;  // the same step's GEMMs alone
   double roofline_tokens_per_s = 0;
-  double gflops = 0;          // model GFLOP/s of the decode steps (forward_flops_per_token)
-  double cpu_use = 0;         // CPU seconds / (wall seconds x threads) of the decode steps
+  double gflops = 0;   // model GFLOP/s of the decode steps (forward_flops_per_token)
+  double cpu_use = 0;  // CPU seconds / (wall seconds x threads) of the decode steps
 };
 
 struct RunResult {
@@ -67,238 +62,29 @@ struct RolloutBenchResult {
   RunResult grpo_shared, grpo_unshared;
 };
 
-namespace detail {
-
-inline std::vector<int32_t> random_prompt(int64_t n, int64_t vocab, std::mt19937& g) {
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  for (auto& t : p) t = int32_t(g() % uint32_t(vocab));
-  return p;
-}
-
-inline rollout::Request make_request(std::vector<int32_t> prompt, int64_t n, int64_t max_new, int64_t seed) {
-  rollout::Request r;
-  r.prompt_ids = std::move(prompt);
-  r.params.temperature = 1.0f;
-  r.params.n = n;
-  r.params.max_new_tokens = max_new;
-  r.params.ignore_eos = true;  // fixed lengths: every sample generates max_new tokens
-  r.params.seed = seed;
-  return r;
-}
-
-inline int64_t blocks_needed(int64_t seqs, int64_t tokens, int bs) { return seqs * ((tokens + bs - 1) / bs + 1) + 16; }
-
-// Runs the engine step by step until idle. Returns the time of all steps and,
-// in *decode_s / *decode_tokens, of the steps that were pure decodes (every
-// token fed produced a token).
-inline RunResult drive(rollout::Engine& e, double* decode_s = nullptr, int64_t* decode_tokens = nullptr,
-                       int64_t* decode_steps = nullptr, double* decode_cpu_s = nullptr) {
-  RunResult r;
-  rollout::EngineStats before = e.stats();
-  const rollout::EngineStats start = before;
-  for (;;) {
-    Timer t;
-    const double c0 = process_cpu_seconds();
-    const bool busy = e.step();
-    const double dt = t.seconds(), dc = process_cpu_seconds() - c0;
-    const rollout::EngineStats now = e.stats();
-    r.seconds += dt;
-    const int64_t fed = now.prompt_tokens - before.prompt_tokens, gen = now.generated_tokens - before.generated_tokens;
-    if (decode_s && fed > 0 && fed == gen) {
-      *decode_s += dt;
-      *decode_tokens += gen;
-      ++*decode_steps;
-      *decode_cpu_s += dc;
-    }
-    before = now;
-    if (!busy) break;
-  }
-  r.generated = before.generated_tokens - start.generated_tokens;
-  r.fed = before.prompt_tokens - start.prompt_tokens;
-  return r;
-}
-
-// Seconds per decode step of `batch` sequences for the step's GEMMs alone:
-// every layer's qkv, o, router and expert products (the batch's B*K expert
-// rows spread evenly over the E experts, as a random router spreads them) and
-// lm_head, with the engine's packed weights and thread pool.
-inline double gemm_step_seconds(const Context& ctx, const model::ModelWeights& w, int64_t batch, double seconds) {
-  namespace k = lockstep::kernels;
-  const ModelConfig& c = w.config();
-  const int64_t B = batch, D = c.hidden_size, QKV = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
-  const int64_t E = c.num_experts, K = c.num_experts_per_tok;
-  std::vector<float> x(size_t(std::max<int64_t>(B * std::max<int64_t>(K, 1), 1) *
-                              std::max({D, QKV, c.q_dim(), 2 * c.moe_intermediate_size, 2 * c.intermediate_size,
-                                        2 * c.shared_expert_intermediate_size})),
-                       0.01f);
-  std::vector<float> y(x.size() + size_t(B * c.vocab_size));
-  auto gemm = [&](int64_t rows, const k::PackedWeight& pw) {
-    if (rows == 0) return;
-    k::gemm_xwt(ctx, Tensor(y.data(), DType::F32, {rows, pw.n}), Tensor(x.data(), DType::F32, {rows, pw.k}), pw);
-  };
-  auto mlp = [&](int64_t rows, const model::PackedMlp& m) {
-    gemm(rows, m.gate_up);
-    gemm(rows, m.down);
-  };
-  auto one_step = [&] {
-    for (int64_t l = 0; l < c.num_layers; ++l) {
-      const model::PackedLayer& pl = w.layer(l);
-      gemm(B, pl.wqkv);
-      gemm(B, pl.wo);
-      if (c.is_moe_layer(l)) {
-        gemm(B, pl.router);
-        for (int64_t e = 0; e < E; ++e) mlp(B * K * (e + 1) / E - B * K * e / E, pl.experts[size_t(e)]);
-        if (c.has_shared_expert()) mlp(B, pl.shared);
-      } else {
-        mlp(B, pl.mlp);
-      }
-    }
-    gemm(B, w.lm_head());
-  };
-  one_step();  // warm
-  int64_t n = 0;
-  Timer t;
-  do {
-    one_step();
-    ++n;
-  } while (t.seconds() < seconds);
-  return t.seconds() / double(n);
-}
-
-}  // namespace detail
-
 // Decode throughput at one batch size: `batch` requests of decode_prompt_len
 // random tokens, each generating new_tokens tokens.
-inline DecodeResult run_decode(const Context& ctx, const model::ModelWeights& w, const RolloutBenchOptions& opt,
-                               int64_t batch) {
-  const ModelConfig& c = w.config();
-  rollout::EngineConfig ec;
-  ec.block_size = 16;
-  ec.num_blocks = detail::blocks_needed(batch, opt.decode_prompt_len + opt.new_tokens, ec.block_size);
-  ec.max_running = batch;
-  ec.max_batch_tokens = std::max<int64_t>(2048, batch * opt.decode_prompt_len);
-  ec.prefix_cache = false;
-  rollout::Engine e(ctx, &w, ec);
-  std::mt19937 g{static_cast<uint32_t>(batch)};
-  for (int64_t i = 0; i < batch; ++i)
-    e.submit(detail::make_request(detail::random_prompt(opt.decode_prompt_len, c.vocab_size, g), 1, opt.new_tokens, i));
-  double ds = 0, dc = 0;
-  int64_t dt = 0, steps = 0;
-  detail::drive(e, &ds, &dt, &steps, &dc);
-  DecodeResult r;
-  r.batch = batch;
-  r.tokens_per_s = double(dt) / ds;
-  r.cpu_use = dc / (ds * ctx.threads());
-  r.step_ms = 1e3 * ds / double(std::max<int64_t>(steps, 1));
-  r.gemm_step_ms = 1e3 * detail::gemm_step_seconds(ctx, w, batch, opt.roofline_seconds);
-  r.roofline_tokens_per_s = double(batch) / (r.gemm_step_ms * 1e-3);
-  // Mean context of a decode step: the prompt plus half the generated tokens.
-  const int64_t ctx_len = opt.decode_prompt_len + opt.new_tokens / 2;
-  r.gflops = r.tokens_per_s * forward_flops_per_token(c, ctx_len) * 1e-9;
-  return r;
-}
+DecodeResult run_decode(const Context& ctx, const model::ModelWeights& w, const RolloutBenchOptions& opt,
+                        int64_t batch);
 
-// Prefill throughput: prompts of prefill_len tokens, one new token each.
-inline double run_prefill(const Context& ctx, const model::ModelWeights& w, const RolloutBenchOptions& opt) {
-  const ModelConfig& c = w.config();
-  rollout::EngineConfig ec;
-  ec.block_size = 16;
-  ec.num_blocks = detail::blocks_needed(opt.prefill_prompts, opt.prefill_len + 1, ec.block_size);
-  ec.max_running = opt.prefill_prompts;
-  ec.prefix_cache = false;
-  rollout::Engine e(ctx, &w, ec);
-  std::mt19937 g(99);
-  for (int64_t i = 0; i < opt.prefill_prompts; ++i)
-    e.submit(detail::make_request(detail::random_prompt(opt.prefill_len, c.vocab_size, g), 1, 1, i));
-  const RunResult r = detail::drive(e);
-  return double(opt.prefill_prompts * opt.prefill_len) / r.seconds;
-}
+// Prefill throughput (prompt tokens/s): prompts of prefill_len tokens, one new token each.
+double run_prefill(const Context& ctx, const model::ModelWeights& w, const RolloutBenchOptions& opt);
 
 // GRPO-shaped: grpo_prompts prompts, grpo_samples samples each. Shared: one
 // request per prompt with n samples (the samples share the prompt's KV blocks)
 // and the prefix cache on. Unshared: one request per sample, prefix cache off,
 // so every sample prefills its own copy of the prompt.
-inline RunResult run_grpo(const Context& ctx, const model::ModelWeights& w, const RolloutBenchOptions& opt,
-                          bool shared) {
-  const ModelConfig& c = w.config();
-  const int64_t samples = opt.grpo_prompts * opt.grpo_samples;
-  rollout::EngineConfig ec;
-  ec.block_size = 16;
-  ec.num_blocks = detail::blocks_needed(samples, opt.grpo_prompt_len + opt.new_tokens, ec.block_size);
-  ec.max_running = samples;
-  ec.max_batch_tokens = 4096;
-  ec.prefix_cache = shared;
-  rollout::Engine e(ctx, &w, ec);
-  std::mt19937 g(5);
-  for (int64_t i = 0; i < opt.grpo_prompts; ++i) {
-    auto p = detail::random_prompt(opt.grpo_prompt_len, c.vocab_size, g);
-    if (shared) {
-      e.submit(detail::make_request(p, opt.grpo_samples, opt.new_tokens, i));
-    } else {
-      for (int64_t s = 0; s < opt.grpo_samples; ++s)
-        e.submit(detail::make_request(p, 1, opt.new_tokens, i * opt.grpo_samples + s));
-    }
-  }
-  return detail::drive(e);
-}
+RunResult run_grpo(const Context& ctx, const model::ModelWeights& w, const RolloutBenchOptions& opt,
+                   bool shared);
 
-inline RolloutBenchResult run_rollout_bench(const RolloutBenchOptions& opt, Peak peak = {}) {
-  RolloutBenchResult r;
-  r.model = model_name(opt.config_path);
-  r.opt = opt;
-  const ModelConfig c = model_config_from_toml_file(opt.config_path);
-  ThreadPool pool(opt.threads);
-  Context ctx{&pool, 0};
-  r.peak = peak.wall_gflops > 0 ? peak : measure_fma_peak(opt.threads);
-  ParamLayout layout(c);
-  Buffer params = bench_params(layout, ctx);
-  model::ModelWeights w(ctx, layout, params.as<float>(), opt.precision, opt.fp8_block);
-  for (int64_t b : opt.decode_batches) r.decode.push_back(run_decode(ctx, w, opt, b));
-  r.prefill_tokens_per_s = run_prefill(ctx, w, opt);
-  r.prefill_gflops = r.prefill_tokens_per_s * forward_flops_per_token(c, opt.prefill_len) * 1e-9;
-  r.grpo_shared = run_grpo(ctx, w, opt, true);
-  r.grpo_unshared = run_grpo(ctx, w, opt, false);
-  return r;
-}
+// All of the above on the model of opt.config_path; a `peak` with
+// wall_gflops <= 0 is measured here.
+RolloutBenchResult run_rollout_bench(const RolloutBenchOptions& opt, Peak peak = {});
 
 // "f32", "bf16", "fp8" (the --precision names).
-inline std::string precision_name(DType p) {
-  return p == DType::F32 ? "f32" : p == DType::BF16 ? "bf16" : "fp8";
-}
+std::string precision_name(DType p);
 
 // Two tables: decode by batch size (with its roofline), then prefill and GRPO.
-inline std::string rollout_tables(const std::vector<RolloutBenchResult>& rs) {
-  Table d({"model", "precision", "threads", "batch", "decode tok/s", "step ms", "GEMM-only ms", "roofline tok/s",
-           "% of roofline", "GFLOP/s", "% of peak", "CPU use"});
-  Table o({"model", "precision", "threads", "workload", "tokens fed", "tokens generated", "seconds", "tok/s", "note"});
-  for (const auto& r : rs) {
-    for (const auto& x : r.decode)
-      d.add({r.model, precision_name(r.opt.precision), fmt("%d", r.opt.threads), fmt("%lld", (long long)x.batch), fmt("%.0f", x.tokens_per_s),
-             fmt("%.2f", x.step_ms), fmt("%.2f", x.gemm_step_ms), fmt("%.0f", x.roofline_tokens_per_s),
-             fmt("%.1f%%", 100.0 * x.tokens_per_s / x.roofline_tokens_per_s), fmt("%.1f", x.gflops),
-             fmt("%.1f%%", 100.0 * x.gflops / r.peak.gflops()), fmt("%.0f%%", 100.0 * x.cpu_use)});
-    const int64_t pt = r.opt.prefill_prompts * r.opt.prefill_len;
-    o.add({r.model, precision_name(r.opt.precision), fmt("%d", r.opt.threads),
-           fmt("prefill %lldx%lld", (long long)r.opt.prefill_prompts, (long long)r.opt.prefill_len),
-           fmt("%lld", (long long)pt), fmt("%lld", (long long)r.opt.prefill_prompts),
-           fmt("%.2f", double(pt) / r.prefill_tokens_per_s), fmt("%.0f", r.prefill_tokens_per_s),
-           fmt("prompt tok/s; %.1f GFLOP/s, %.1f%% of peak", r.prefill_gflops,
-               100.0 * r.prefill_gflops / r.peak.gflops())});
-    for (int shared = 1; shared >= 0; --shared) {
-      const RunResult& g = shared ? r.grpo_shared : r.grpo_unshared;
-      o.add({r.model, precision_name(r.opt.precision), fmt("%d", r.opt.threads),
-             fmt("grpo %lldx%lld %s", (long long)r.opt.grpo_prompts, (long long)r.opt.grpo_samples,
-                 shared ? "shared" : "unshared"),
-             fmt("%lld", (long long)g.fed), fmt("%lld", (long long)g.generated), fmt("%.2f", g.seconds),
-             fmt("%.0f", g.tokens_per_s()),
-             shared ? std::string("generated tok/s, prompt prefilled once per group")
-                    : fmt("generated tok/s; shared is %.2fx faster",
-                          r.grpo_unshared.seconds / r.grpo_shared.seconds)});
-    }
-  }
-  std::string out = d.str() + "\n" + o.str();
-  for (const auto& r : rs) out += fmt("%s: peak ", r.model.c_str()) + fmt("%.1f GFLOP/s", r.peak.gflops()) + "\n";
-  return out;
-}
+std::string rollout_tables(const std::vector<RolloutBenchResult>& rs);
 
 }  // namespace lockstep::perf

@@ -6,30 +6,23 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
-#include <random>
 #include <string>
-#include <vector>
 
-#include "lockstep/base/thread_pool.h"
-#include "lockstep/base/timer.h"
 #include "lockstep/bench/common.h"
-#include "lockstep/model/config.h"
-#include "lockstep/train/trainer.h"
 
 namespace lockstep::perf {
 
 struct TrainBenchOptions {
-  std::string config_path;          // a TOML file with a [model] section
+  std::string config_path;  // a TOML file with a [model] section
   int threads = 2;
-  int64_t seq_len = 256;            // tokens per sequence (all of them trained on)
+  int64_t seq_len = 256;  // tokens per sequence (all of them trained on)
   // 32 x 256 = 8192 tokens per optimizer step in two micro-batches of 4096:
   // an RL step has many micro-batches, and the optimizer's fixed cost (AdamW
   // over every parameter, repacking) is shared by the step's tokens.
-  int64_t seqs_per_step = 32;       // sequences per optimizer step
+  int64_t seqs_per_step = 32;  // sequences per optimizer step
   int64_t micro_batch_tokens = 4096;
-  bool recompute = false;           // TrainerConfig::recompute_activations
-  int64_t steps = 2;                // measured steps, after one warm-up step
+  bool recompute = false;  // TrainerConfig::recompute_activations
+  int64_t steps = 2;       // measured steps, after one warm-up step
 };
 
 struct TrainBenchResult {
@@ -46,88 +39,16 @@ struct TrainBenchResult {
 };
 
 // Runs the benchmark; a `peak` with wall_gflops <= 0 is measured here.
-inline TrainBenchResult run_train_bench(const TrainBenchOptions& opt, Peak peak = {}) {
-  TrainBenchResult r;
-  r.model = model_name(opt.config_path);
-  r.opt = opt;
-  const ModelConfig c = model_config_from_toml_file(opt.config_path);
-  ThreadPool pool(opt.threads);
-  Context ctx{&pool, 0};
-  r.peak = peak.wall_gflops > 0 ? peak : measure_fma_peak(opt.threads);
-
-  ParamLayout layout(c);
-  train::TrainerConfig tc;
-  tc.micro_batch_tokens = opt.micro_batch_tokens;
-  tc.recompute_activations = opt.recompute;
-  tc.optim.lr = 1e-4;  // small enough that the weights stay sane over a few steps
-  train::Trainer trainer(ctx, c, bench_params(layout, ctx), tc);
-
-  // Uniformly random tokens: every token a target (prompt_len 1).
-  std::mt19937 gen(7);
-  std::vector<train::TrainSequence> seqs(static_cast<size_t>(opt.seqs_per_step));
-  for (auto& s : seqs) {
-    s.tokens.resize(static_cast<size_t>(opt.seq_len));
-    for (auto& t : s.tokens) t = int32_t(gen() % uint32_t(c.vocab_size));
-    s.prompt_len = 1;
-  }
-  int64_t targets = 0;
-  for (const auto& s : seqs) targets += s.num_targets();
-  const double inv = 1.0 / double(std::max<int64_t>(targets, 1));
-  // Mean token cross-entropy, as in SFT.
-  train::LossFn loss = [&](size_t, const float* logp, const float*, int64_t n, float* dlogp, float*) {
-    double l = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      l -= double(logp[i]) * inv;
-      dlogp[i] = float(-inv);
-    }
-    return l;
-  };
-
-  for (int64_t step = 0; step <= opt.steps; ++step) {  // step 0 warms caches and allocator
-    Timer t;
-    const double c0 = process_cpu_seconds();
-    const double l = trainer.accumulate(seqs, loss, train::ScoreOptions{});
-    const double t_acc = t.seconds();
-    trainer.step();
-    const double t_all = t.seconds();
-    const double c_all = process_cpu_seconds() - c0;
-    if (step == 0) continue;
-    r.cpu_s += c_all;
-    r.fwd_bwd_s += t_acc;
-    r.optim_s += t_all - t_acc;
-    r.loss = l;
-  }
-  const double steps = double(std::max<int64_t>(opt.steps, 1));
-  r.fwd_bwd_s /= steps;
-  r.optim_s /= steps;
-  r.cpu_s /= steps;
-  const double tokens = double(opt.seqs_per_step * opt.seq_len);
-  r.tokens_per_s = tokens / (r.fwd_bwd_s + r.optim_s);
-  r.flops_per_token = train_flops_per_token(c, opt.seq_len);
-  r.gflops = r.tokens_per_s * r.flops_per_token * 1e-9;
-  return r;
-}
+TrainBenchResult run_train_bench(const TrainBenchOptions& opt, Peak peak = {});
 
 // "% of peak" compares model FLOPs per wall second with the peak (Peak::gflops);
 // "per CPU-s" compares model FLOPs per CPU second (x threads) with it, which
 // stays meaningful when other jobs share the cores but hides idle threads;
 // "CPU use" is CPU seconds over (wall seconds x threads): below 100% means
 // threads were idle (serial work) or preempted (other jobs).
-inline Table train_table() {
-  return Table({"model", "threads", "seq", "tokens/step", "tokens/s", "MFLOP/token", "GFLOP/s", "peak GFLOP/s",
-                "% of peak", "% of peak per CPU-s", "CPU use", "fwd+bwd s/step", "optim s/step", "loss"});
-}
+Table train_table();
 
-inline void add_row(Table& t, const TrainBenchResult& r) {
-  const double wall = r.fwd_bwd_s + r.optim_s, tokens = double(r.opt.seq_len * r.opt.seqs_per_step);
-  const double cpu_gflops = tokens * r.flops_per_token / (r.cpu_s / r.opt.threads) * 1e-9;
-  const double peak = r.peak.gflops();
-  t.add({r.model, fmt("%d", r.opt.threads), fmt("%lld", (long long)r.opt.seq_len),
-         fmt("%lld", (long long)(r.opt.seq_len * r.opt.seqs_per_step)), fmt("%.0f", r.tokens_per_s),
-         fmt("%.1f", r.flops_per_token * 1e-6), fmt("%.1f", r.gflops), fmt("%.1f", peak),
-         fmt("%.1f%%", 100.0 * r.gflops / peak), fmt("%.1f%%", 100.0 * cpu_gflops / peak),
-         fmt("%.0f%%", 100.0 * r.cpu_s / (wall * r.opt.threads)), fmt("%.3f", r.fwd_bwd_s), fmt("%.3f", r.optim_s),
-         fmt("%.3f", r.loss)});
-}
+// One row of train_table() for `r`.
+void add_row(Table& t, const TrainBenchResult& r);
 
 }  // namespace lockstep::perf

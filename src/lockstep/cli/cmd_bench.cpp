@@ -1,8 +1,9 @@
-// `lockstep bench train|rollout`: the throughput benchmarks of issues 3 and 5
-// as a command, printing the same tables as bench/train_bench.cpp and
-// bench/rollout_bench.cpp (the workloads live in src/lockstep/bench/).
+// `lockstep bench train|rollout`: the training and rollout throughput
+// benchmarks as a command, printing the same tables as bench/train_bench.cpp
+// and bench/rollout_bench.cpp (the workloads live in src/lockstep/bench/).
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 #include "lockstep/base/error.h"
 #include "lockstep/bench/rollout.h"

@@ -1,0 +1,198 @@
+// The benchmark helpers of common.h: the FMA-peak measurement (register-
+// resident FMA chains on threads started together), FLOPs per token counted
+// from the architecture, benchmark configs and parameters, the text table.
+#include "lockstep/bench/common.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <thread>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+namespace lockstep::perf {
+namespace {
+
+// Keeps a value alive without letting the compiler see through it.
+template <typename T>
+void keep(const T& v) {
+  asm volatile("" : : "g"(&v) : "memory");
+}
+
+// `iters` rounds of 12 independent 8-wide FMA chains: 12 chains cover two FMA
+// ports times a 4-6 cycle latency, so the loop runs at the FMA throughput
+// limit.
+float fma_chains(int64_t iters) {
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(static_cast<float>(i));
+  // acc = acc * m + c converges to c / (1 - m): no overflow, no subnormals.
+  const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-3f);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], m, c);
+  }
+  __m256 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, acc[i]);
+  return _mm256_cvtss_f32(s);
+#else
+  float acc[12][8];
+  for (int i = 0; i < 12; ++i)
+    for (int j = 0; j < 8; ++j) acc[i][j] = static_cast<float>(i);
+  for (int64_t it = 0; it < iters; ++it)
+    for (int i = 0; i < 12; ++i)
+      for (int j = 0; j < 8; ++j) acc[i][j] = std::fma(acc[i][j], 0.999999f, 1e-3f);
+  float s = 0;
+  for (int i = 0; i < 12; ++i) s += acc[i][0];
+  return s;
+#endif
+}
+constexpr double kFlopsPerIter = 12 * 8 * 2;
+
+// Iterations of fma_chains that take about `seconds` on one thread.
+int64_t calibrate_iters(double seconds) {
+  int64_t iters = 1 << 16;
+  for (;;) {
+    const auto t0 = std::chrono::steady_clock::now();
+    keep(fma_chains(iters));
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (dt >= seconds / 4 || iters >= (int64_t{1} << 34))
+      return static_cast<int64_t>(static_cast<double>(iters) * seconds / std::max(dt, 1e-9));
+    iters *= 4;
+  }
+}
+
+}  // namespace
+
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+Peak measure_fma_peak(int threads, double seconds, int trials) {
+  Peak pk;
+  pk.threads = threads = std::max(1, threads);
+  const int64_t iters = calibrate_iters(seconds);
+  const double flops = kFlopsPerIter * static_cast<double>(iters);
+  for (int trial = 0; trial < trials; ++trial) {
+    std::atomic<int> ready{0};
+    std::atomic<bool> go{false};
+    std::vector<std::thread> pool;
+    std::vector<float> sink(static_cast<size_t>(threads));
+    std::vector<double> cpu(static_cast<size_t>(threads));
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        ready.fetch_add(1);
+        while (!go.load()) std::this_thread::yield();
+        const double c0 = thread_cpu_seconds();
+        sink[static_cast<size_t>(t)] = fma_chains(iters);
+        cpu[static_cast<size_t>(t)] = thread_cpu_seconds() - c0;
+      });
+    while (ready.load() < threads) std::this_thread::yield();
+    const auto t0 = std::chrono::steady_clock::now();
+    go.store(true);
+    for (auto& th : pool) th.join();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    keep(sink);
+    pk.wall_gflops = std::max(pk.wall_gflops, flops * threads / dt * 1e-9);
+    for (double c : cpu) pk.cpu_gflops = std::max(pk.cpu_gflops, flops / std::max(c, 1e-9) * threads * 1e-9);
+  }
+  return pk;
+}
+
+double active_matmul_params(const ModelConfig& c) {
+  const double D = double(c.hidden_size);
+  double n = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    n += D * double((c.num_heads + 2 * c.num_kv_heads) * c.head_dim);  // wqkv
+    n += double(c.q_dim()) * D;                                        // wo
+    if (c.is_moe_layer(l)) {
+      n += D * double(c.num_experts);                                                       // router
+      n += double(c.num_experts_per_tok) * 3.0 * D * double(c.moe_intermediate_size);       // routed
+      if (c.has_shared_expert()) n += 3.0 * D * double(c.shared_expert_intermediate_size);  // shared
+      if (c.shared_expert_gate) n += D;
+    } else {
+      n += 3.0 * D * double(c.intermediate_size);
+    }
+  }
+  n += D * double(c.vocab_size);  // lm_head
+  return n;
+}
+
+double attention_flops_per_token(const ModelConfig& c, int64_t T) {
+  return double(c.num_layers) * 2.0 * 2.0 * double(T) * double(c.head_dim) * double(c.num_heads);
+}
+
+double train_flops_per_token(const ModelConfig& c, int64_t T) {
+  return 6.0 * active_matmul_params(c) + 3.0 * attention_flops_per_token(c, T);
+}
+
+double forward_flops_per_token(const ModelConfig& c, int64_t T) {
+  return 2.0 * active_matmul_params(c) + attention_flops_per_token(c, T);
+}
+
+std::string model_name(const std::string& config_path) {
+  return std::filesystem::path(config_path).stem().string();
+}
+
+std::string bench_config_path(const std::string& name) {
+  if (const char* dir = std::getenv("LOCKSTEP_BENCH_CONFIGS")) return std::string(dir) + "/" + name + ".toml";
+  return (std::filesystem::path(__FILE__).parent_path() / "../../../configs/bench" / (name + ".toml"))
+      .lexically_normal()
+      .string();
+}
+
+Buffer bench_params(const ParamLayout& layout, const Context& ctx, uint64_t seed) {
+  Buffer p = alloc_params(layout);
+  init_params(layout, p.as<float>(), seed, 0.02f, &ctx);
+  return p;
+}
+
+std::string Table::str() const {
+  std::vector<size_t> w;
+  for (const auto& r : rows_)
+    for (size_t i = 0; i < r.size(); ++i) {
+      if (w.size() <= i) w.push_back(0);
+      w[i] = std::max(w[i], r[i].size());
+    }
+  std::string out;
+  for (size_t k = 0; k < rows_.size(); ++k) {
+    const auto& r = rows_[k];
+    for (size_t i = 0; i < r.size(); ++i) {
+      out += std::string(w[i] - r[i].size() + (i ? 2 : 0), ' ');
+      out += r[i];
+    }
+    out += "\n";
+    if (k == 0) {
+      size_t total = 0;
+      for (size_t i = 0; i < w.size(); ++i) total += w[i] + (i ? 2 : 0);
+      out += std::string(total, '-') + "\n";
+    }
+  }
+  return out;
+}
+
+std::string fmt(const char* f, ...) {
+  char buf[128];
+  va_list args;
+  va_start(args, f);
+  std::vsnprintf(buf, sizeof buf, f, args);
+  va_end(args);
+  return buf;
+}
+
+}  // namespace lockstep::perf
