@@ -66,6 +66,8 @@ class Hangs : public reward::Reward {
 };
 
 struct Fixture {
+  static constexpr int64_t kMicroBatchTokens = 64;  // several micro-batches per step
+
   Fixture() : dir("rl-loop") {
     tokenizer::write_byte_level_tokenizer(dir.str("tok"));
     tok.emplace(tokenizer::Tokenizer::load(dir.str("tok")));
@@ -104,7 +106,7 @@ struct Fixture {
     c.rollout.engine.num_blocks = 256;
     c.rollout.engine.block_size = 4;
     c.trainer.optim.lr = 1e-2;
-    c.trainer.micro_batch_tokens = 64;  // several micro-batches per step
+    c.trainer.micro_batch_tokens = kMicroBatchTokens;
     c.steps = 3;
     c.seed = 9;
     c.save_interval = 2;
@@ -126,7 +128,9 @@ struct Fixture {
     in.train = train;
     in.eval = eval;
     in.tokenizer_dir = dir.str("tok");
-    in.ref_params = init.as<float>();
+    Buffer ref = alloc_params(*layout);
+    std::memcpy(ref.as<float>(), init.as<float>(), layout->nbytes());
+    in.reference = std::make_shared<train::Scorer>(Context{}, cfg, std::move(ref), kMicroBatchTokens);
     in.reward = std::move(r);
     return in;
   }

@@ -55,11 +55,12 @@ int run_trainer(const Args& args, const toml::table& root, const std::string& cf
       LS_THROW << dc.train_file << ":" << p.line << ": prompt of " << p.prompt_ids.size() << " tokens + "
                << "[rollout] max_new_tokens " << cfg.rollout.sampling.max_new_tokens
                << " exceeds the model's max_position_embeddings " << ctx_len;
-  Buffer ref;
-  if (cfg.algo.kl_coef > 0) {  // the reference is the model as loaded (before any resume)
-    ref = alloc_params(ParamLayout(m.config));
-    std::copy(m.params.as<float>(), m.params.as<float>() + ParamLayout(m.config).numel(), ref.as<float>());
-    in.ref_params = ref.as<float>();
+  if (cfg.algo.kl_coef > 0) {  // the reference is the model as loaded (before any resume): its one copy
+    const ParamLayout layout(m.config);
+    Buffer ref = alloc_params(layout);
+    std::copy(m.params.as<float>(), m.params.as<float>() + layout.numel(), ref.as<float>());
+    in.reference = std::make_shared<train::Scorer>(ctx, m.config, std::move(ref), cfg.trainer.micro_batch_tokens,
+                                                   cfg.trainer.kv_block_size);
   }
   if (writer) {
     std::filesystem::create_directories(cfg.out_dir);

@@ -7,25 +7,35 @@
 #include "lockstep/parallel/data_parallel.h"
 
 namespace lockstep::rl {
+namespace {
 
-TrainerGroup make_trainer_group(comm::Communicator& trainers, bool writer) {
-  LS_CHECK(trainers.valid()) << "make_trainer_group on a rank outside the trainer group";
-  TrainerGroup g;
-  g.writer = writer;
-  if (trainers.size() == 1) return g;
-  const int P = trainers.size(), r = trainers.rank();
-  g.shard = [P, r](size_t n) {
-    const parallel::Range s = parallel::split_even(n, P)[size_t(r)];
-    return std::pair<size_t, size_t>(s.begin, s.end);
-  };
-  comm::Communicator* c = &trainers;
-  g.sum = [c](std::vector<double>& v) { c->all_reduce_sum(v.data(), v.size()); };
-  g.max = [c](double x) {
+class CommGroup final : public TrainerGroup {
+ public:
+  CommGroup(comm::Communicator& trainers, bool writer) : comm_(trainers), writer_(writer) {}
+  int ranks() const override { return comm_.size(); }
+  bool writer() const override { return writer_; }
+  std::pair<size_t, size_t> shard(size_t n) const override {
+    const parallel::Range s = parallel::split_even(n, comm_.size())[size_t(comm_.rank())];
+    return {s.begin, s.end};
+  }
+  void sum(double* v, size_t n) override { comm_.all_reduce_sum(v, n); }
+  double max(double x) override {
     double m = x;
-    for (double y : c->all_gather(x)) m = std::max(m, y);
+    for (double y : comm_.all_gather(x)) m = std::max(m, y);
     return m;
-  };
-  return g;
+  }
+
+ private:
+  comm::Communicator& comm_;
+  bool writer_;
+};
+
+}  // namespace
+
+std::shared_ptr<TrainerGroup> make_trainer_group(comm::Communicator& trainers, bool writer) {
+  LS_CHECK(trainers.valid()) << "make_trainer_group on a rank outside the trainer group";
+  if (trainers.size() == 1) return std::make_shared<OneRank>(writer);
+  return std::make_shared<CommGroup>(trainers, writer);
 }
 
 }  // namespace lockstep::rl

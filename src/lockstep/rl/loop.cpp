@@ -30,80 +30,8 @@
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/data_order.h"
 #include "lockstep/train/mismatch.h"
-#include "lockstep/train/train_config.h"
 
 namespace lockstep::rl {
-
-// ---------------------------------------------------------------- config
-
-RlConfig rl_config_from_toml(const toml::table& root, const std::string& source) {
-  static const std::vector<std::string> kSections = {"model", "data",  "rollout", "train", "algo",
-                                                     "reward", "eval", "log",     "sync",  "dist"};
-  for (const auto& [k, v] : root) {
-    const std::string key(k.str());
-    if (std::find(kSections.begin(), kSections.end(), key) == kSections.end())
-      LS_THROW << source << ": unknown section [" << key << "] (rl reads [model] [data] [rollout] [train] [algo] "
-               << "[reward] [eval] [log])";
-    if (!v.is_table()) LS_THROW << source << ": '" << key << "' must be a section";
-  }
-  // [dist] is read by the command that launches the ranks (cli/cmd_rl.cpp).
-  if (const auto* t = root["sync"].as_table(); t && !t->empty())
-    LS_THROW << source << ": [sync] is not supported by this build of `lockstep rl` yet "
-             << "(weights go to colocated engines in memory and to rollout ranks by [dist]; see docs/distributed.md)";
-  RlConfig c;
-  {
-    TomlSection s(root["rollout"].as_table(), source, "rollout");
-    c.batch_size = s.get_int("batch_size", c.batch_size, 1, 1 << 20);
-    c.rollout = rollout::rollout_section_from_toml(s);
-    s.finish();
-  }
-  {
-    TomlSection s(root["train"].as_table(), source, "train");
-    if (s.has("batch_size"))
-      s.fail("batch_size", "not used by rl: prompts per step are [rollout] batch_size, samples per prompt "
-                           "[rollout] n, optimizer steps per batch [algo] num_steps_per_rollout");
-    const train::TrainSection t = train::train_section_from_toml(s);
-    s.finish();
-    c.trainer = t.trainer;
-    c.steps = t.sft.steps;
-    c.seed = t.sft.seed;
-    c.shuffle = t.sft.shuffle;
-    c.save_interval = t.sft.save_interval;
-    c.keep_last = t.sft.keep_last;
-    c.log_interval = t.sft.log_interval;
-    c.out_dir = root["train"]["out_dir"].value_or(std::string("runs/rl"));
-    c.threads = t.threads;
-  }
-  {
-    TomlSection s(root["algo"].as_table(), source, "algo");
-    c.algo = algo_config_from_toml(s);
-    s.finish();
-  }
-  {
-    TomlSection s(root["eval"].as_table(), source, "eval");
-    c.eval = eval::eval_section_from_toml(s);
-    s.finish();
-  }
-  c.reward = eval::reward_options_from_toml(root["reward"].as_table(), source);
-  c.eval.config.reward = c.reward;
-  {
-    TomlSection s(root["log"].as_table(), source, "log");
-    c.log.report_interval = s.get_int("report_interval", c.log.report_interval, 0);
-    c.log.samples_interval = s.get_int("samples_interval", c.log.samples_interval, 0);
-    c.log.samples_per_step = s.get_int("samples_per_step", c.log.samples_per_step, 0);
-    c.log.progress = s.get_bool("progress", c.log.progress);
-    s.finish();
-  }
-  if (c.algo.loss_agg == LossAgg::SeqMeanTokenSumNorm && c.algo.loss_agg_norm_len == 0)
-    c.algo.loss_agg_norm_len = c.rollout.sampling.max_new_tokens;
-  if (c.algo.overlong_buffer_len >= c.rollout.sampling.max_new_tokens)
-    LS_THROW << source << ": [algo] overlong_buffer_len (" << c.algo.overlong_buffer_len
-             << ") must be below [rollout] max_new_tokens (" << c.rollout.sampling.max_new_tokens << ")";
-  if (c.rollout.sampling.n < 2 && c.algo.advantage != Advantage::ReinforcePP)
-    LS_THROW << source << ": [rollout] n must be >= 2 for group advantages (" << to_string(c.algo.advantage)
-             << "); use advantage = \"reinforce++\" for one sample per prompt";
-  return c;
-}
 
 // ---------------------------------------------------------------- prompts
 
@@ -169,28 +97,66 @@ std::string step_name(int64_t step) {
   return buf;
 }
 
+// Per-step phase times and counts. rollout: the trainer's time in rollout
+// calls (generate, submit, waiting in collect); generate: the time the step's
+// samples took to generate (for a batch generated ahead: submit to results).
+struct StepPerf {
+  double rollout = 0, generate = 0, wait = 0, reward = 0, old_logprob = 0, ref_logprob = 0, train = 0, sync = 0;
+  size_t sync_bytes = 0;
+  int64_t rollout_tokens = 0, train_tokens = 0;
+};
+
+// One step's samples: the groups that train (after the dynamic-sampling
+// filter, at most batch_size) and every group drawn.
+struct StepSamples {
+  std::vector<Group> groups, all;
+  int64_t tries = 0, filtered = 0;
+};
+
+// A sample that trains: its group and its index in the group.
+struct Item {
+  size_t g, s;
+};
+
+// The sequences of one update and what the update computes about them.
+struct UpdateBatch {
+  std::vector<Item> items;
+  std::vector<train::TrainSequence> seqs;
+  // Per sequence, per response token: the rollout's, the trainer's before
+  // the update (old) and the reference's logprobs (ref: empty without KL).
+  std::vector<std::vector<float>> rollout_lp, old_lp, ref_lp;
+  std::vector<std::vector<double>> isw;  // importance weights (empty: none)
+  bool shortcut = false;                 // old_lp are the rollout's (on-policy shortcut)
+  int64_t tokens = 0;                    // response tokens
+  int64_t is_corrected = 0;              // tokens whose importance weight was clipped or masked
+  double is_sum = 0;                     // sum of the importance weights
+  std::optional<train::MismatchStats> mismatch;
+};
+
+// What the mini-batches of one update add up to.
+struct UpdateTotals {
+  StepSums sums;  // reduced over the trainer ranks after the last mini-batch
+  int64_t n_mb = 0, skipped = 0, tokens = 0;
+  double grad_norm_sum = 0, lr = 0;
+};
+
 class Runner {
  public:
   Runner(train::Trainer& trainer, const RlInputs& in, const RlConfig& cfg)
-      : trainer_(trainer), in_(in), cfg_(cfg), ctx_(trainer.context()),
-        stream_(in.train.size(), cfg.seed, cfg.shuffle) {
+      : trainer_(trainer), in_(in), cfg_(cfg), group_(*in.group), stream_(in.train.size(), cfg.seed, cfg.shuffle) {
     LS_CHECK(in.tok) << "rl: no tokenizer";
     LS_CHECK(!in.train.empty()) << "rl: no training prompts";
     rollout_ = in.rollout ? in.rollout : std::make_shared<LocalRollout>(trainer, cfg.rollout, cfg.seed);
-    writer_ = in.group.writer;
+    writer_ = group_.writer();
     reward_ = in.reward ? in.reward : std::shared_ptr<const reward::Reward>(reward::make_reward(cfg.reward));
     scorer_ = std::make_unique<reward::BatchScorer>(reward_, reward::batch_options_for(cfg.reward));
-    if (!in.eval.empty()) {
-      eval::EvalConfig ecfg = cfg.eval.config;
-      evaluator_ = std::make_unique<eval::Evaluator>(ecfg, reward_);
-    }
+    if (!in.eval.empty()) evaluator_ = std::make_unique<eval::Evaluator>(cfg.eval.config, reward_);
     if (cfg.algo.kl_coef > 0) {
-      LS_CHECK(in.ref_params) << "rl: [algo] kl_coef > 0 needs the reference model's parameters";
-      Buffer ref = alloc_params(trainer.model_layout());
-      std::copy(in.ref_params, in.ref_params + trainer.model_layout().numel(), ref.as<float>());
-      train::TrainerConfig rc;
-      rc.micro_batch_tokens = cfg.trainer.micro_batch_tokens;
-      ref_ = std::make_unique<train::Trainer>(ctx_, trainer.config(), std::move(ref), rc);
+      LS_CHECK(in.reference) << "rl: [algo] kl_coef > 0 needs the reference model (RlInputs::reference)";
+      LS_CHECK(in.reference->weights().layout().numel() == trainer.model_layout().numel())
+          << "rl: the reference model has " << in.reference->weights().layout().numel() << " parameters, the "
+          << "trainer's " << trainer.model_layout().numel();
+      ref_ = in.reference.get();
     }
     end_of_turn_ = data::end_of_turn_id(*in.tok);
     overlap_ = cfg.max_weight_staleness > 0;
@@ -204,6 +170,7 @@ class Runner {
   RlResult run(bool resume);
 
  private:
+  // Rollout.
   std::vector<Group> draw(int64_t count, std::vector<rollout::Request>& reqs);
   void fill(std::vector<Group>& groups, std::vector<rollout::RequestResult> results);
   std::vector<Group> rollout_round(int64_t count);
@@ -212,7 +179,33 @@ class Runner {
   std::vector<Group> take_ahead();
   void score_groups(std::vector<Group>& groups);
   double staleness(const std::vector<Group>& groups, int64_t step) const;
+  // The phases of one step (run_step).
+  int64_t begin_run(bool resume);
+  void run_step(int64_t step, metrics::MetricsLogger* log, RlResult& result);
+  StepSamples collect_samples(int64_t step);
+  void filter_round(std::vector<Group>& round, StepSamples& ss) const;
+  void rollout_metrics(const StepSamples& ss, nlohmann::json& m) const;
+  void train_step(int64_t step, StepSamples& ss, nlohmann::json& m);
+  void sync_step(bool eval_now);
+  void perf_metrics(nlohmann::json& m) const;
+  void record_step(const nlohmann::json& m, double step_core, RlResult& result);
+  void log_console(int64_t step, const nlohmann::json& m, bool last) const;
+  void save_step(int64_t step, bool last);
+  // The phases of one update (update).
   nlohmann::json update(std::vector<Group>& groups);
+  std::vector<Item> assign_advantages(std::vector<Group>& groups) const;
+  bool make_sequences(const std::vector<Group>& groups, UpdateBatch& b);
+  train::ScoreOptions score_options() const;
+  void old_logprobs(UpdateBatch& b, bool same_version);
+  void ref_logprobs(UpdateBatch& b);
+  void weigh_samples(UpdateBatch& b) const;
+  UpdateTotals train_minibatches(const std::vector<Group>& groups, UpdateBatch& b);
+  double accumulate_minibatch(const std::vector<Group>& groups, const UpdateBatch& b, int64_t mb, ProgressBar& bar,
+                              UpdateTotals& tot);
+  void optimizer_step(double loss, UpdateTotals& tot);
+  nlohmann::json update_metrics(const std::vector<Group>& groups, const UpdateBatch& b,
+                                const UpdateTotals& tot) const;
+  // Weight sync, eval, files.
   double sync_weights();
   double sync_if_stale();
   void run_eval(int64_t step, nlohmann::json& m, RlResult& result);
@@ -221,7 +214,7 @@ class Runner {
   train::Trainer& trainer_;
   const RlInputs& in_;
   const RlConfig& cfg_;
-  Context ctx_;
+  TrainerGroup& group_;
   PromptStream stream_;
   uint64_t cursor_ = 0;  // prompts drawn so far
   std::shared_ptr<RolloutBackend> rollout_;
@@ -229,7 +222,7 @@ class Runner {
   std::shared_ptr<const reward::Reward> reward_;
   std::unique_ptr<reward::BatchScorer> scorer_;
   std::unique_ptr<eval::Evaluator> evaluator_;
-  std::unique_ptr<train::Trainer> ref_;
+  train::Scorer* ref_ = nullptr;  // the KL reference (in_.reference) when kl_coef > 0
   int32_t end_of_turn_ = -1;
   std::map<std::string, double> phase_total_;
   // Overlap ([dist] max_weight_staleness > 0): the batch generated ahead.
@@ -240,13 +233,9 @@ class Runner {
   // start step for the weights a run starts or resumes from): staleness is
   // counted in steps, whatever the optimizer steps per batch.
   std::map<uint64_t, int64_t> version_step_;
-  // Per-step phase times. t_rollout_: the trainer's time in rollout calls
-  // (generate, submit, waiting in collect); t_generate_: time the step's
-  // samples took to generate (for a batch generated ahead: submit to results).
-  double t_rollout_ = 0, t_generate_ = 0, t_wait_ = 0, t_reward_ = 0, t_old_ = 0, t_ref_ = 0, t_train_ = 0;
-  double t_sync_ = 0;
-  size_t sync_bytes_ = 0;
-  int64_t rollout_tokens_ = 0, train_tokens_ = 0;
+  StepPerf perf_;  // of the current step
+  // train_minibatches' progress over the update's sequences.
+  int64_t trained_seqs_ = 0, trained_tokens_ = 0;
 };
 
 // `count` prompts from the stream: their groups (no samples yet) and requests.
@@ -299,11 +288,11 @@ std::vector<Group> Runner::rollout_round(int64_t count) {
     int64_t tokens = 0;
     results = rollout_->generate(
         std::move(reqs), [&](int64_t done, int64_t toks) { bar.update(done, toks); }, &tokens);
-    rollout_tokens_ += tokens;
+    perf_.rollout_tokens += tokens;
   }
   const double secs = t.seconds();
-  t_rollout_ += secs;
-  t_generate_ += secs;
+  perf_.rollout += secs;
+  perf_.generate += secs;
   fill(groups, std::move(results));
   return groups;
 }
@@ -319,7 +308,7 @@ void Runner::submit_ahead() {
   a.groups = draw(cfg_.batch_size, reqs);
   Timer t;
   rollout_->submit(std::move(reqs));
-  t_rollout_ += t.seconds();
+  perf_.rollout += t.seconds();
   a.submitted.reset();
   ahead_ = std::move(a);
 }
@@ -336,8 +325,8 @@ void Runner::collect_ahead() {
     results = rollout_->collect([&](int64_t done, int64_t toks) { bar.update(done, toks); }, &ahead_->tokens);
   }
   const double waited = t.seconds();
-  t_rollout_ += waited;
-  t_wait_ += waited;
+  perf_.rollout += waited;
+  perf_.wait += waited;
   ahead_->seconds = ahead_->submitted.seconds();
   ahead_->in_flight = false;
   fill(ahead_->groups, std::move(results));
@@ -346,8 +335,8 @@ void Runner::collect_ahead() {
 std::vector<Group> Runner::take_ahead() {
   collect_ahead();
   std::vector<Group> groups = std::move(ahead_->groups);
-  rollout_tokens_ += ahead_->tokens;
-  t_generate_ += ahead_->seconds;
+  perf_.rollout_tokens += ahead_->tokens;
+  perf_.generate += ahead_->seconds;
   ahead_.reset();
   return groups;
 }
@@ -376,16 +365,16 @@ void Runner::score_groups(std::vector<Group>& groups) {
       s.reward = s.score + overlong_penalty(int64_t(s.output_ids.size()), cfg_.rollout.sampling.max_new_tokens,
                                             cfg_.algo.overlong_buffer_len, cfg_.algo.overlong_penalty_factor);
     }
-  t_reward_ += t.seconds();
+  perf_.reward += t.seconds();
 }
 
 double Runner::sync_weights() {
   Timer t;
   rollout_->sync(trainer_);
   synced_version_ = trainer_.version();
-  sync_bytes_ += rollout_->last_sync_bytes();
+  perf_.sync_bytes += rollout_->last_sync_bytes();
   const double secs = t.seconds();
-  t_sync_ += secs;
+  perf_.sync += secs;
   return secs;
 }
 
@@ -412,13 +401,26 @@ double Runner::staleness(const std::vector<Group>& groups, int64_t step) const {
 
 // Advantages, old/ref logprobs, then num_steps_per_rollout optimizer steps.
 nlohmann::json Runner::update(std::vector<Group>& groups) {
+  UpdateBatch b;
+  b.items = assign_advantages(groups);
+  if (b.items.empty()) {
+    nlohmann::json m = nlohmann::json::object();
+    m["train/skipped"] = 1;
+    return m;
+  }
+  const bool same_version = make_sequences(groups, b);
+  old_logprobs(b, same_version);
+  ref_logprobs(b);
+  weigh_samples(b);
+  const UpdateTotals tot = train_minibatches(groups, b);
+  return update_metrics(groups, b, tot);
+}
+
+// Samples that train: those scored successfully, in groups of >= 2 of them
+// (one sample has no baseline) unless REINFORCE++ (batch baseline); each
+// gets its advantage.
+std::vector<Item> Runner::assign_advantages(std::vector<Group>& groups) const {
   const AlgoConfig& a = cfg_.algo;
-  nlohmann::json m = nlohmann::json::object();
-  // Samples that train: those scored successfully, in groups of >= 2 of them
-  // (one sample has no baseline) unless REINFORCE++ (batch baseline).
-  struct Item {
-    size_t g, s;
-  };
   std::vector<Item> items;
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     auto& g = groups[gi];
@@ -446,203 +448,200 @@ nlohmann::json Runner::update(std::vector<Group>& groups) {
     whiten_advantages(adv, tok, a.adv_eps);
     for (size_t i = 0; i < items.size(); ++i) groups[items[i].g].samples[items[i].s].advantage = adv[i];
   }
-  if (items.empty()) {
-    m["train/skipped"] = 1;
-    return m;
-  }
-  // Sequences.
-  std::vector<train::TrainSequence> seqs;
-  std::vector<std::vector<float>> rollout_lp;
+  return items;
+}
+
+// The items' prompt + response sequences and rollout logprobs; true when
+// every sample was generated with the trainer's current weights.
+bool Runner::make_sequences(const std::vector<Group>& groups, UpdateBatch& b) {
   bool same_version = true;
-  for (auto& it : items) {
+  for (auto& it : b.items) {
     const Group& g = groups[it.g];
     const Sample& s = g.samples[it.s];
     train::TrainSequence t;
     t.tokens = g.prompt_ids;
     t.tokens.insert(t.tokens.end(), s.output_ids.begin(), s.output_ids.end());
     t.prompt_len = int32_t(g.prompt_ids.size());
-    if (a.routing_replay) t.routed_experts = s.routed_experts;
-    seqs.push_back(std::move(t));
-    rollout_lp.push_back(s.rollout_logp);
+    if (cfg_.algo.routing_replay) t.routed_experts = s.routed_experts;
+    b.seqs.push_back(std::move(t));
+    b.rollout_lp.push_back(s.rollout_logp);
     same_version = same_version && s.version == trainer_.version() && s.version_end == trainer_.version();
-    train_tokens_ += int64_t(seqs.back().tokens.size());
+    perf_.train_tokens += int64_t(b.seqs.back().tokens.size());
   }
+  return same_version;
+}
+
+train::ScoreOptions Runner::score_options() const {
   train::ScoreOptions so;
   so.temperature = cfg_.rollout.sampling.logprob_temperature();
-  so.replay = a.routing_replay;
-  // Old-policy logprobs: the on-policy shortcut reuses the rollout's when
-  // they are the trainer's own bits (aligned mode, same weight version).
-  const bool shortcut = rollout_->aligned() && same_version && !a.recompute_logprobs;
-  std::vector<std::vector<float>> old_lp;
-  if (shortcut) {
-    old_lp = rollout_lp;
-  } else {
-    Timer t;
-    for (auto& sc : trainer_.score(seqs, so)) old_lp.push_back(std::move(sc.logp));
-    t_old_ += t.seconds();
-  }
-  m["train/on_policy_shortcut"] = shortcut ? 1 : 0;
-  std::vector<std::vector<float>> ref_lp;
-  if (ref_) {
-    Timer t;
-    for (auto& sc : ref_->score(seqs, so)) ref_lp.push_back(std::move(sc.logp));
-    t_ref_ += t.seconds();
-  }
-  // Importance weights between the trainer's old logprobs and the rollout's.
-  std::vector<std::vector<double>> isw(seqs.size());
-  int64_t is_corrected = 0, total_tokens = 0;
-  double is_sum = 0;
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    const int64_t n = seqs[i].num_targets();
-    total_tokens += n;
-    if (a.rollout_is != IsLevel::None) {
-      isw[i] = importance_weights(old_lp[i].data(), rollout_lp[i].data(), n, a, &is_corrected);
-      for (double w : isw[i]) is_sum += w;
-    }
-  }
-  // Mismatch: the recomputed old logprobs if any, else (shortcut) the first
-  // mini-batch's forward, which runs under the rollout's weights.
-  std::optional<train::MismatchStats> mismatch;
-  if (!shortcut) mismatch = train::compute_mismatch(rollout_lp, old_lp);
+  so.replay = cfg_.algo.routing_replay;
+  return so;
+}
 
-  // Mini-batches: contiguous slices of the samples, one optimizer step each.
-  const int64_t n_mb = std::min<int64_t>(a.num_steps_per_rollout, int64_t(seqs.size()));
-  SeqLossStats tot;
-  int64_t tot_tokens = 0;
-  double grad_norm_sum = 0, lr = 0;
-  int64_t skipped = 0;
+// Old-policy logprobs: the on-policy shortcut reuses the rollout's when they
+// are the trainer's own bits (aligned mode, same weight version).
+void Runner::old_logprobs(UpdateBatch& b, bool same_version) {
+  b.shortcut = rollout_->aligned() && same_version && !cfg_.algo.recompute_logprobs;
+  if (b.shortcut) {
+    b.old_lp = b.rollout_lp;
+    return;
+  }
   Timer t;
-  std::vector<std::vector<float>> first_lp;
-  ProgressBar bar("train", int64_t(seqs.size()), false);
+  for (auto& sc : trainer_.score(b.seqs, score_options())) b.old_lp.push_back(std::move(sc.logp));
+  perf_.old_logprob += t.seconds();
+}
+
+void Runner::ref_logprobs(UpdateBatch& b) {
+  if (!ref_) return;
+  Timer t;
+  for (auto& sc : ref_->score(b.seqs, score_options())) b.ref_lp.push_back(std::move(sc.logp));
+  perf_.ref_logprob += t.seconds();
+}
+
+// Importance weights between the trainer's old logprobs and the rollout's;
+// the mismatch of recomputed old logprobs (the shortcut measures it on the
+// first mini-batch's forward instead, which runs under the rollout's weights).
+void Runner::weigh_samples(UpdateBatch& b) const {
+  const AlgoConfig& a = cfg_.algo;
+  b.isw.resize(b.seqs.size());
+  for (size_t i = 0; i < b.seqs.size(); ++i) {
+    const int64_t n = b.seqs[i].num_targets();
+    b.tokens += n;
+    if (a.rollout_is != IsLevel::None) {
+      b.isw[i] = importance_weights(b.old_lp[i].data(), b.rollout_lp[i].data(), n, a, &b.is_corrected);
+      for (double w : b.isw[i]) b.is_sum += w;
+    }
+  }
+  if (!b.shortcut) b.mismatch = train::compute_mismatch(b.rollout_lp, b.old_lp);
+}
+
+// Mini-batches: contiguous slices of the samples, one optimizer step each.
+UpdateTotals Runner::train_minibatches(const std::vector<Group>& groups, UpdateBatch& b) {
+  UpdateTotals tot;
+  tot.n_mb = std::min<int64_t>(cfg_.algo.num_steps_per_rollout, int64_t(b.seqs.size()));
+  Timer t;
+  ProgressBar bar("train", int64_t(b.seqs.size()), false);
   if (!cfg_.log.progress) bar.finish();
-  int64_t trained_seqs = 0, trained_tokens = 0;
-  for (int64_t mb = 0; mb < n_mb; ++mb) {
-    const size_t b = size_t(int64_t(seqs.size()) * mb / n_mb), e = size_t(int64_t(seqs.size()) * (mb + 1) / n_mb);
-    int64_t part_tokens = 0;
-    for (size_t k = b; k < e; ++k) part_tokens += seqs[k].num_targets();
-    const int64_t part_seqs = int64_t(e - b);
-    // This trainer rank's shard [sb, se) of the mini-batch (all of it on one rank).
-    size_t sb = b, se = e;
-    if (in_.group.shard) {
-      const auto [lo, hi] = in_.group.shard(e - b);
-      sb = b + lo;
-      se = b + hi;
-    }
-    std::vector<train::TrainSequence> part(seqs.begin() + long(sb), seqs.begin() + long(se));
-    const int64_t norm_len = a.loss_agg_norm_len > 0 ? a.loss_agg_norm_len : cfg_.rollout.sampling.max_new_tokens;
-    train::LossFn loss = [&](size_t i, const float* logp, const float* ent, int64_t n, float* dlogp, float* dent) {
-      const size_t k = sb + i;
-      SeqLossInput li;
-      li.logp = logp;
-      li.entropy = ent;
-      li.old_logp = old_lp[k].data();
-      li.ref_logp = ref_lp.empty() ? nullptr : ref_lp[k].data();
-      li.is_weight = isw[k].empty() ? nullptr : isw[k].data();
-      li.n = n;
-      li.advantage = groups[items[k].g].samples[items[k].s].advantage;
-      // Weights from the whole mini-batch's counts: the shards' gradients sum to it.
-      li.token_weight = token_weight(a.loss_agg, n, part_tokens, part_seqs, norm_len);
-      SeqLossStats st;
-      const double l = sequence_loss(a, li, dlogp, dent, &st);
-      tot.pg_loss += st.pg_loss / double(n_mb);
-      tot.kl += st.kl / double(n_mb);
-      tot.entropy += st.entropy / double(n_mb);
-      tot.clipped += st.clipped;
-      tot.ratio_sum += st.ratio_sum;
-      tot.approx_kl += st.approx_kl;
-      return l;
-    };
-    train::ScoreOptions to = so;
-    to.entropy = true;  // reported every step (cheap next to the logits)
-    std::vector<train::TokenScores> scores;
-    // Micro-batch by micro-batch (the trainer's own cut, so the gradients are
-    // the same bits as one accumulate call), to drive the progress bar.
-    double l = 0;
-    auto mbs = trainer_.micro_batches(part);
-    // Expert parallelism: every training call is collective over the EP
-    // group, so every trainer makes as many (extra ones are empty).
-    if (trainer_.expert_comm() != nullptr && in_.group.max)
-      mbs.resize(size_t(in_.group.max(double(mbs.size()))), {part.size(), part.size()});
-    for (const auto& [m0, m1] : mbs) {
-      std::vector<train::TrainSequence> sub(part.begin() + long(m0), part.begin() + long(m1));
-      const size_t off = m0;
-      train::LossFn sub_loss = [&, off](size_t i, const float* lp, const float* en, int64_t n, float* dl, float* de) {
-        return loss(off + i, lp, en, n, dl, de);
-      };
-      std::vector<train::TokenScores> sub_scores;
-      l += trainer_.accumulate(sub, sub_loss, to, mb == 0 ? &sub_scores : nullptr);
-      for (auto& sc : sub_scores) scores.push_back(std::move(sc));
-      trained_seqs += int64_t(m1 - m0);
-      for (size_t k = m0; k < m1; ++k) trained_tokens += int64_t(part[k].tokens.size());
-      bar.update(trained_seqs, trained_tokens);
-    }
-    if (in_.group.sum) {  // every rank must agree on skipping the step
-      std::vector<double> v = {l};
-      in_.group.sum(v);
-      l = v[0];
-    }
-    if (mb == 0 && shortcut) {
-      for (auto& sc : scores) first_lp.push_back(std::move(sc.logp));
-      std::vector<std::vector<float>> rl(rollout_lp.begin() + long(sb), rollout_lp.begin() + long(se));
-      mismatch = train::compute_mismatch(rl, first_lp);
-      if (in_.group.sum && in_.group.max) {  // every rank's shard of the mini-batch
-        train::MismatchStats& x = *mismatch;
-        std::vector<double> v = {x.abs_diff_mean * double(x.samples), double(x.samples), x.kl_k3 * double(x.tokens),
-                                 x.bitwise_equal_frac * double(x.tokens), double(x.tokens)};
-        in_.group.sum(v);
-        x.samples = int64_t(v[1]);
-        x.tokens = int64_t(v[4]);
-        x.abs_diff_mean = v[1] > 0 ? v[0] / v[1] : 0.0;
-        x.kl_k3 = v[4] > 0 ? v[2] / v[4] : 0.0;
-        x.bitwise_equal_frac = v[4] > 0 ? v[3] / v[4] : 1.0;
-        x.abs_diff_max = in_.group.max(x.abs_diff_max);
-      }
-    }
-    tot_tokens += part_tokens;
-    if (!std::isfinite(l)) {
-      std::fill(trainer_.grads(), trainer_.grads() + trainer_.layout().numel(), 0.0f);
-      ++skipped;
-      continue;
-    }
-    const train::OptimizerStats os = trainer_.step();
-    grad_norm_sum += os.grad_norm;
-    lr = os.lr;
-    skipped += os.skipped ? 1 : 0;
-  }
+  trained_seqs_ = trained_tokens_ = 0;
+  for (int64_t mb = 0; mb < tot.n_mb; ++mb) optimizer_step(accumulate_minibatch(groups, b, mb, bar, tot), tot);
   bar.finish();
-  t_train_ += t.seconds();
-  if (in_.group.sum) {
-    std::vector<double> v = {tot.pg_loss, tot.kl, tot.entropy, double(tot.clipped), tot.ratio_sum, tot.approx_kl};
-    in_.group.sum(v);
-    tot.pg_loss = v[0];
-    tot.kl = v[1];
-    tot.entropy = v[2];
-    tot.clipped = int64_t(v[3]);
-    tot.ratio_sum = v[4];
-    tot.approx_kl = v[5];
+  tot.sums.reduce(group_);
+  perf_.train += t.seconds();
+  if (b.shortcut) b.mismatch = tot.sums.mismatch;
+  return tot;
+}
+
+// Mini-batch mb's gradients over this rank's shard of it, micro-batch by
+// micro-batch (the trainer's own cut, so the gradients are the same bits as
+// one accumulate call; the steps drive the progress bar). Returns the loss
+// summed over the trainer ranks, so that every rank agrees on skipping.
+double Runner::accumulate_minibatch(const std::vector<Group>& groups, const UpdateBatch& b, int64_t mb,
+                                    ProgressBar& bar, UpdateTotals& tot) {
+  const AlgoConfig& a = cfg_.algo;
+  const int64_t n_mb = tot.n_mb, n = int64_t(b.seqs.size());
+  const size_t lo = size_t(n * mb / n_mb), hi = size_t(n * (mb + 1) / n_mb);
+  int64_t part_tokens = 0;
+  for (size_t k = lo; k < hi; ++k) part_tokens += b.seqs[k].num_targets();
+  const int64_t part_seqs = int64_t(hi - lo);
+  const auto [shard_lo, shard_hi] = group_.shard(hi - lo);
+  const size_t sb = lo + shard_lo, se = lo + shard_hi;  // this rank's [sb, se) of [lo, hi)
+  std::vector<train::TrainSequence> part(b.seqs.begin() + long(sb), b.seqs.begin() + long(se));
+  const int64_t norm_len = a.loss_agg_norm_len > 0 ? a.loss_agg_norm_len : cfg_.rollout.sampling.max_new_tokens;
+  SeqLossStats& ls = tot.sums.loss;
+  train::LossFn loss = [&](size_t i, const float* logp, const float* ent, int64_t nt, float* dlogp, float* dent) {
+    const size_t k = sb + i;
+    SeqLossInput li;
+    li.logp = logp;
+    li.entropy = ent;
+    li.old_logp = b.old_lp[k].data();
+    li.ref_logp = b.ref_lp.empty() ? nullptr : b.ref_lp[k].data();
+    li.is_weight = b.isw[k].empty() ? nullptr : b.isw[k].data();
+    li.n = nt;
+    li.advantage = groups[b.items[k].g].samples[b.items[k].s].advantage;
+    // Weights from the whole mini-batch's counts: the shards' gradients sum to it.
+    li.token_weight = token_weight(a.loss_agg, nt, part_tokens, part_seqs, norm_len);
+    SeqLossStats st;
+    const double l = sequence_loss(a, li, dlogp, dent, &st);
+    ls.pg_loss += st.pg_loss / double(n_mb);
+    ls.kl += st.kl / double(n_mb);
+    ls.entropy += st.entropy / double(n_mb);
+    ls.clipped += st.clipped;
+    ls.ratio_sum += st.ratio_sum;
+    ls.approx_kl += st.approx_kl;
+    return l;
+  };
+  train::ScoreOptions to = score_options();
+  to.entropy = true;  // reported every step (cheap next to the logits)
+  std::vector<train::TokenScores> scores;
+  double l = 0;
+  auto mbs = trainer_.micro_batches(part);
+  // Expert parallelism: every training call is collective over the EP
+  // group, so every trainer makes as many (extra ones are empty).
+  if (trainer_.expert_comm() != nullptr) mbs.resize(size_t(group_.max(double(mbs.size()))), {part.size(), part.size()});
+  for (const auto& [m0, m1] : mbs) {
+    std::vector<train::TrainSequence> sub(part.begin() + long(m0), part.begin() + long(m1));
+    const size_t off = m0;
+    train::LossFn sub_loss = [&, off](size_t i, const float* lp, const float* en, int64_t nt, float* dl, float* de) {
+      return loss(off + i, lp, en, nt, dl, de);
+    };
+    std::vector<train::TokenScores> sub_scores;
+    l += trainer_.accumulate(sub, sub_loss, to, mb == 0 ? &sub_scores : nullptr);
+    for (auto& sc : sub_scores) scores.push_back(std::move(sc));
+    trained_seqs_ += int64_t(m1 - m0);
+    for (size_t k = m0; k < m1; ++k) trained_tokens_ += int64_t(part[k].tokens.size());
+    bar.update(trained_seqs_, trained_tokens_);
   }
-  const double tt = double(std::max<int64_t>(tot_tokens, 1));
-  m["train/pg_loss"] = tot.pg_loss;
-  m["train/entropy"] = tot.entropy;
-  if (ref_) m["train/kl"] = tot.kl;
-  m["train/pg_clipfrac"] = double(tot.clipped) / tt;
-  m["train/ratio_mean"] = tot.ratio_sum / tt;
-  m["train/ppo_kl"] = tot.approx_kl / tt;
-  m["train/grad_norm"] = grad_norm_sum / double(std::max<int64_t>(n_mb - skipped, 1));
-  m["train/lr"] = lr;
-  m["train/skipped"] = skipped;
-  m["train/num_updates"] = n_mb;
-  m["train/samples"] = int64_t(seqs.size());
-  m["train/tokens"] = total_tokens;
-  if (a.rollout_is != IsLevel::None) {
-    m["train/tis_clipfrac"] = double(is_corrected) / double(std::max<int64_t>(total_tokens, 1));
-    m["train/tis_weight_mean"] = is_sum / double(std::max<int64_t>(total_tokens, 1));
+  group_.sum(&l, 1);
+  if (mb == 0 && b.shortcut) {  // the mismatch of this rank's shard; StepSums::reduce adds the others'
+    std::vector<std::vector<float>> first_lp, rl(b.rollout_lp.begin() + long(sb), b.rollout_lp.begin() + long(se));
+    for (auto& sc : scores) first_lp.push_back(std::move(sc.logp));
+    tot.sums.mismatch = train::compute_mismatch(rl, first_lp);
+    tot.sums.has_mismatch = true;
   }
-  if (mismatch) {
-    m.update(mismatch->to_json());
+  tot.tokens += part_tokens;
+  return l;
+}
+
+// One optimizer step on the accumulated gradients, or none (gradients
+// dropped) when the loss is not finite.
+void Runner::optimizer_step(double loss, UpdateTotals& tot) {
+  if (!std::isfinite(loss)) {
+    std::fill(trainer_.grads(), trainer_.grads() + trainer_.layout().numel(), 0.0f);
+    ++tot.skipped;
+    return;
   }
+  const train::OptimizerStats os = trainer_.step();
+  tot.grad_norm_sum += os.grad_norm;
+  tot.lr = os.lr;
+  tot.skipped += os.skipped ? 1 : 0;
+}
+
+nlohmann::json Runner::update_metrics(const std::vector<Group>& groups, const UpdateBatch& b,
+                                      const UpdateTotals& tot) const {
+  nlohmann::json m = nlohmann::json::object();
+  const SeqLossStats& ls = tot.sums.loss;
+  const double tt = double(std::max<int64_t>(tot.tokens, 1));
+  const double all_tokens = double(std::max<int64_t>(b.tokens, 1));
+  m["train/on_policy_shortcut"] = b.shortcut ? 1 : 0;
+  m["train/pg_loss"] = ls.pg_loss;
+  m["train/entropy"] = ls.entropy;
+  if (ref_) m["train/kl"] = ls.kl;
+  m["train/pg_clipfrac"] = double(ls.clipped) / tt;
+  m["train/ratio_mean"] = ls.ratio_sum / tt;
+  m["train/ppo_kl"] = ls.approx_kl / tt;
+  m["train/grad_norm"] = tot.grad_norm_sum / double(std::max<int64_t>(tot.n_mb - tot.skipped, 1));
+  m["train/lr"] = tot.lr;
+  m["train/skipped"] = tot.skipped;
+  m["train/num_updates"] = tot.n_mb;
+  m["train/samples"] = int64_t(b.seqs.size());
+  m["train/tokens"] = b.tokens;
+  if (cfg_.algo.rollout_is != IsLevel::None) {
+    m["train/tis_clipfrac"] = double(b.is_corrected) / all_tokens;
+    m["train/tis_weight_mean"] = b.is_sum / all_tokens;
+  }
+  if (b.mismatch) m.update(b.mismatch->to_json());
   std::vector<double> adv;
-  for (auto& it : items) adv.push_back(groups[it.g].samples[it.s].advantage);
+  for (auto& it : b.items) adv.push_back(groups[it.g].samples[it.s].advantage);
   m["train/advantage_mean"] = mean_of(adv);
   m["train/advantage_std"] = std_of(adv);
   return m;
@@ -699,9 +698,9 @@ void Runner::write_samples(int64_t step, const std::vector<Group>& groups) {
   data::write_jsonl_atomic(cfg_.out_dir + "/samples/" + step_name(step) + ".jsonl", lines);
 }
 
-RlResult Runner::run(bool resume) {
-  RlResult result;
-  Timer total;
+// The step to start after (0, or the resumed checkpoint's), with the
+// trainer, prompt cursor and rollout weights set to it.
+int64_t Runner::begin_run(bool resume) {
   std::filesystem::create_directories(cfg_.out_dir);
   int64_t start = 0;
   const std::string metrics_path = cfg_.out_dir + "/metrics.jsonl";
@@ -720,164 +719,22 @@ RlResult Runner::run(bool resume) {
     }
   }
   version_step_[trainer_.version()] = start;
+  return start;
+}
+
+RlResult Runner::run(bool resume) {
+  RlResult result;
+  Timer total;
+  const int64_t start = begin_run(resume);
   std::unique_ptr<metrics::MetricsLogger> log;
-  if (writer_) log = std::make_unique<metrics::MetricsLogger>(metrics_path, resume ? start : -1);
+  if (writer_) log = std::make_unique<metrics::MetricsLogger>(cfg_.out_dir + "/metrics.jsonl", resume ? start : -1);
   if (start == 0 && evaluator_) {
     nlohmann::json m = nlohmann::json::object();
     run_eval(0, m, result);
     if (log) log->log(0, m);
     if (in_.on_step) in_.on_step(0, m);
   }
-  for (int64_t step = start + 1; step <= cfg_.steps; ++step) {
-    Timer step_timer;
-    t_rollout_ = t_generate_ = t_wait_ = t_reward_ = t_old_ = t_ref_ = t_train_ = t_sync_ = 0;
-    sync_bytes_ = 0;
-    rollout_tokens_ = train_tokens_ = 0;
-    nlohmann::json m = nlohmann::json::object();
-    // 1-3. Rollout, rewards, dynamic-sampling filter.
-    std::vector<Group> groups, all;
-    int64_t tries = 0, filtered = 0;
-    // Overlap: the next step's first round starts as soon as this step needs
-    // the rollout no more (never past the last step), so it generates while
-    // this step scores and trains.
-    auto submit_next = [&] {
-      if (overlap_ && step < cfg_.steps && !ahead_) submit_ahead();
-    };
-    while (int64_t(groups.size()) < cfg_.batch_size && tries < cfg_.algo.max_sampling_tries) {
-      // Overlap: the first round was generated ahead (none on the first step
-      // of a run); then the rollout is idle and gets the last update's weights
-      // before it generates anything else.
-      auto round = tries == 0 && ahead_ ? take_ahead() : rollout_round(cfg_.batch_size - int64_t(groups.size()));
-      if (tries == 0 && overlap_) sync_if_stale();
-      if (!cfg_.algo.dynamic_sampling) submit_next();  // no more rounds this step
-      score_groups(round);
-      ++tries;
-      for (auto& g : round) {
-        all.push_back(g);
-        bool agree = true;
-        for (auto& s : g.samples) agree = agree && !s.failed && s.reward == g.samples.front().reward;
-        if (cfg_.algo.dynamic_sampling && agree) {
-          ++filtered;
-          continue;
-        }
-        groups.push_back(std::move(g));
-      }
-      if (!cfg_.algo.dynamic_sampling) break;
-    }
-    // Rollout metrics over every sample drawn this step (before filtering).
-    std::vector<double> rewards, scores, lens;
-    int64_t truncated = 0, failures = 0, correct = 0, n_samples = 0;
-    for (auto& g : all)
-      for (auto& s : g.samples) {
-        ++n_samples;
-        lens.push_back(double(s.output_ids.size()));
-        truncated += s.finish_reason == "length" ? 1 : 0;
-        if (s.failed) {
-          ++failures;
-          continue;
-        }
-        rewards.push_back(s.reward);
-        scores.push_back(s.score);
-        correct += s.correct ? 1 : 0;
-      }
-    m["rollout/reward_mean"] = mean_of(rewards);
-    m["rollout/reward_std"] = std_of(rewards);
-    m["rollout/score_mean"] = mean_of(scores);
-    m["rollout/accuracy"] = double(correct) / double(std::max<int64_t>(n_samples, 1));
-    m["rollout/response_len_mean"] = mean_of(lens);
-    m["rollout/response_len_max"] = lens.empty() ? 0.0 : *std::max_element(lens.begin(), lens.end());
-    m["rollout/truncated_ratio"] = double(truncated) / double(std::max<int64_t>(n_samples, 1));
-    m["rollout/reward_failures"] = failures;
-    m["rollout/num_samples"] = n_samples;
-    m["rollout/sampling_tries"] = tries;
-    m["rollout/filtered_groups"] = filtered;
-    m["rollout/prompts_drawn"] = int64_t(all.size());
-    if (int64_t(groups.size()) > cfg_.batch_size) groups.resize(size_t(cfg_.batch_size));
-    submit_next();  // after dynamic sampling's extra rounds, which draw prompts first
-    m["rollout/weight_staleness"] = staleness(groups.empty() ? all : groups, step);
-    // 4-5. Advantages and update(s).
-    if (groups.empty()) {
-      LS_LOG(Warn) << "rl step " << step << ": every group was filtered (rewards all agree) after " << tries
-                   << " tries; no update this step";
-      m["train/skipped"] = 1;
-    } else {
-      m.update(update(groups));
-    }
-    version_step_[trainer_.version()] = step;
-    if (version_step_.size() > 64) version_step_.erase(version_step_.begin());  // versions only grow
-    // 6. Weight sync. Overlap: the rollout is generating the next batch and
-    // takes the new weights after it (next step), unless an eval needs it
-    // idle and on this step's weights now.
-    const bool last = step == cfg_.steps;
-    const bool eval_now = evaluator_ && (last || (cfg_.eval.interval > 0 && step % cfg_.eval.interval == 0));
-    if (!overlap_) {
-      sync_weights();
-    } else if (eval_now) {
-      collect_ahead();
-      sync_if_stale();
-    }
-    const double t_sync = t_sync_;
-    const double step_core = step_timer.seconds();
-    m["perf/rollout_time_s"] = t_rollout_;
-    m["perf/reward_time_s"] = t_reward_;
-    m["perf/old_logprob_time_s"] = t_old_;
-    if (ref_) m["perf/ref_logprob_time_s"] = t_ref_;
-    m["perf/train_time_s"] = t_train_;
-    m["perf/weight_sync_s"] = t_sync;
-    if (sync_bytes_ > 0) m["perf/weight_sync_gb_per_s"] = double(sync_bytes_) / std::max(t_sync, 1e-9) * 1e-9;
-    if (overlap_) m["perf/rollout_wait_time_s"] = t_wait_;
-    m["perf/rollout_tokens_per_s"] = double(rollout_tokens_) / std::max(t_generate_, 1e-9);
-    m["perf/train_tokens_per_s"] = double(train_tokens_) / std::max(t_train_ + t_old_, 1e-9);
-    m["weight_version"] = trainer_.version();
-    // 7. Eval, samples.
-    if (eval_now) run_eval(step, m, result);
-    if (writer_ && cfg_.log.samples_interval > 0 && (step % cfg_.log.samples_interval == 0 || last))
-      write_samples(step, groups.empty() ? all : groups);
-    m["perf/step_time_s"] = step_timer.seconds();
-    if (m.contains("train/train_rollout_logprob_abs_diff")) {
-      result.max_logprob_abs_diff =
-          std::max(result.max_logprob_abs_diff, m["train/train_rollout_logprob_abs_diff"].get<double>());
-      result.max_logprob_abs_diff_max =
-          std::max(result.max_logprob_abs_diff_max, m["train/train_rollout_logprob_abs_diff_max"].get<double>());
-    }
-    phase_total_["rollout"] += t_rollout_;
-    phase_total_["reward"] += t_reward_;
-    phase_total_["old_logprob"] += t_old_;
-    phase_total_["ref_logprob"] += t_ref_;
-    phase_total_["train"] += t_train_;
-    phase_total_["weight_sync"] += t_sync;
-    phase_total_["other"] += step_core - (t_rollout_ + t_reward_ + t_old_ + t_ref_ + t_train_ + t_sync);
-    if (log) log->log(step, m);
-    ++result.steps_run;
-    if (writer_ && cfg_.log_interval > 0 && (step % cfg_.log_interval == 0 || last)) {
-      auto get = [&](const char* k) { return m.contains(k) && m[k].is_number() ? m[k].get<double>() : 0.0; };
-      std::cout << metrics::format_console_line(step, {{"reward", get("rollout/reward_mean")},
-                                                       {"acc", get("rollout/accuracy")},
-                                                       {"len", get("rollout/response_len_mean")},
-                                                       {"trunc", get("rollout/truncated_ratio")},
-                                                       {"pg_loss", get("train/pg_loss")},
-                                                       {"gap", get("train/train_rollout_logprob_abs_diff")},
-                                                       {"grad_norm", get("train/grad_norm")},
-                                                       {"s", get("perf/step_time_s")}})
-                << std::endl;
-    }
-    if (in_.on_step) in_.on_step(step, m);
-    // Checkpoint.
-    const bool save_now = last || (cfg_.save_interval > 0 && step % cfg_.save_interval == 0);
-    // Expert parallelism: every trainer of the writer's group sends its
-    // experts' optimizer state (a collective; nothing otherwise).
-    if (save_now) trainer_.prepare_checkpoint(writer_, cfg_.out_dir + "/checkpoints/optimizer.gathered");
-    if (writer_ && save_now) {
-      Timer ct;
-      // Prompts generated ahead are not trained on yet: the cursor points
-      // before them, so --resume draws them again (on the saved weights).
-      const uint64_t cursor = ahead_ ? ahead_->cursor : cursor_;
-      nlohmann::json state = {{"prompt_cursor", cursor}, {"data_seed", cfg_.seed}, {"kind", "rl"}};
-      train::save_checkpoint(cfg_.out_dir, step, trainer_, state, in_.tokenizer_dir, cfg_.keep_last);
-      phase_total_["checkpoint"] += ct.seconds();
-    }
-    if (writer_ && in_.after_step) in_.after_step(step);
-  }
+  for (int64_t step = start + 1; step <= cfg_.steps; ++step) run_step(step, log.get(), result);
   LS_CHECK(!ahead_) << "rl: a batch generated ahead of the last step";
   result.seconds = total.seconds();
   for (auto& [k, v] : phase_total_)
@@ -885,10 +742,203 @@ RlResult Runner::run(bool resume) {
   return result;
 }
 
+void Runner::run_step(int64_t step, metrics::MetricsLogger* log, RlResult& result) {
+  Timer step_timer;
+  perf_ = StepPerf{};
+  nlohmann::json m = nlohmann::json::object();
+  // 1-3. Rollout, rewards, dynamic-sampling filter.
+  StepSamples ss = collect_samples(step);
+  rollout_metrics(ss, m);
+  m["rollout/weight_staleness"] = staleness(ss.groups.empty() ? ss.all : ss.groups, step);
+  // 4-5. Advantages and update(s).
+  train_step(step, ss, m);
+  // 6. Weight sync.
+  const bool last = step == cfg_.steps;
+  const bool eval_now = evaluator_ && (last || (cfg_.eval.interval > 0 && step % cfg_.eval.interval == 0));
+  sync_step(eval_now);
+  const double step_core = step_timer.seconds();
+  perf_metrics(m);
+  // 7. Eval, samples, metrics, checkpoint.
+  if (eval_now) run_eval(step, m, result);
+  if (writer_ && cfg_.log.samples_interval > 0 && (step % cfg_.log.samples_interval == 0 || last))
+    write_samples(step, ss.groups.empty() ? ss.all : ss.groups);
+  m["perf/step_time_s"] = step_timer.seconds();
+  record_step(m, step_core, result);
+  if (log) log->log(step, m);
+  ++result.steps_run;
+  log_console(step, m, last);
+  if (in_.on_step) in_.on_step(step, m);
+  save_step(step, last);
+  if (writer_ && in_.after_step) in_.after_step(step);
+}
+
+// Rollout rounds until batch_size groups pass the filter (one round without
+// dynamic sampling, at most max_sampling_tries with it).
+StepSamples Runner::collect_samples(int64_t step) {
+  StepSamples ss;
+  // Overlap: the next step's first round starts as soon as this step needs
+  // the rollout no more (never past the last step), so it generates while
+  // this step scores and trains.
+  auto submit_next = [&] {
+    if (overlap_ && step < cfg_.steps && !ahead_) submit_ahead();
+  };
+  while (int64_t(ss.groups.size()) < cfg_.batch_size && ss.tries < cfg_.algo.max_sampling_tries) {
+    // Overlap: the first round was generated ahead (none on the first step
+    // of a run); then the rollout is idle and gets the last update's weights
+    // before it generates anything else.
+    auto round =
+        ss.tries == 0 && ahead_ ? take_ahead() : rollout_round(cfg_.batch_size - int64_t(ss.groups.size()));
+    if (ss.tries == 0 && overlap_) sync_if_stale();
+    if (!cfg_.algo.dynamic_sampling) submit_next();  // no more rounds this step
+    score_groups(round);
+    ++ss.tries;
+    filter_round(round, ss);
+    if (!cfg_.algo.dynamic_sampling) break;
+  }
+  if (int64_t(ss.groups.size()) > cfg_.batch_size) ss.groups.resize(size_t(cfg_.batch_size));
+  submit_next();  // after dynamic sampling's extra rounds, which draw prompts first
+  return ss;
+}
+
+// Dynamic sampling drops the groups whose rewards all agree (no signal).
+void Runner::filter_round(std::vector<Group>& round, StepSamples& ss) const {
+  for (auto& g : round) {
+    ss.all.push_back(g);
+    bool agree = true;
+    for (auto& s : g.samples) agree = agree && !s.failed && s.reward == g.samples.front().reward;
+    if (cfg_.algo.dynamic_sampling && agree) {
+      ++ss.filtered;
+      continue;
+    }
+    ss.groups.push_back(std::move(g));
+  }
+}
+
+// Over every sample drawn this step (before filtering).
+void Runner::rollout_metrics(const StepSamples& ss, nlohmann::json& m) const {
+  std::vector<double> rewards, scores, lens;
+  int64_t truncated = 0, failures = 0, correct = 0, n_samples = 0;
+  for (auto& g : ss.all)
+    for (auto& s : g.samples) {
+      ++n_samples;
+      lens.push_back(double(s.output_ids.size()));
+      truncated += s.finish_reason == "length" ? 1 : 0;
+      if (s.failed) {
+        ++failures;
+        continue;
+      }
+      rewards.push_back(s.reward);
+      scores.push_back(s.score);
+      correct += s.correct ? 1 : 0;
+    }
+  m["rollout/reward_mean"] = mean_of(rewards);
+  m["rollout/reward_std"] = std_of(rewards);
+  m["rollout/score_mean"] = mean_of(scores);
+  m["rollout/accuracy"] = double(correct) / double(std::max<int64_t>(n_samples, 1));
+  m["rollout/response_len_mean"] = mean_of(lens);
+  m["rollout/response_len_max"] = lens.empty() ? 0.0 : *std::max_element(lens.begin(), lens.end());
+  m["rollout/truncated_ratio"] = double(truncated) / double(std::max<int64_t>(n_samples, 1));
+  m["rollout/reward_failures"] = failures;
+  m["rollout/num_samples"] = n_samples;
+  m["rollout/sampling_tries"] = ss.tries;
+  m["rollout/filtered_groups"] = ss.filtered;
+  m["rollout/prompts_drawn"] = int64_t(ss.all.size());
+}
+
+void Runner::train_step(int64_t step, StepSamples& ss, nlohmann::json& m) {
+  if (ss.groups.empty()) {
+    LS_LOG(Warn) << "rl step " << step << ": every group was filtered (rewards all agree) after " << ss.tries
+                 << " tries; no update this step";
+    m["train/skipped"] = 1;
+  } else {
+    m.update(update(ss.groups));
+  }
+  version_step_[trainer_.version()] = step;
+  if (version_step_.size() > 64) version_step_.erase(version_step_.begin());  // versions only grow
+}
+
+// Synchronous: the rollout takes the new weights now. Overlap: it is
+// generating the next batch and takes them after it (next step), unless an
+// eval needs it idle and on this step's weights now.
+void Runner::sync_step(bool eval_now) {
+  if (!overlap_) {
+    sync_weights();
+  } else if (eval_now) {
+    collect_ahead();
+    sync_if_stale();
+  }
+}
+
+void Runner::perf_metrics(nlohmann::json& m) const {
+  const StepPerf& p = perf_;
+  m["perf/rollout_time_s"] = p.rollout;
+  m["perf/reward_time_s"] = p.reward;
+  m["perf/old_logprob_time_s"] = p.old_logprob;
+  if (ref_) m["perf/ref_logprob_time_s"] = p.ref_logprob;
+  m["perf/train_time_s"] = p.train;
+  m["perf/weight_sync_s"] = p.sync;
+  if (p.sync_bytes > 0) m["perf/weight_sync_gb_per_s"] = double(p.sync_bytes) / std::max(p.sync, 1e-9) * 1e-9;
+  if (overlap_) m["perf/rollout_wait_time_s"] = p.wait;
+  m["perf/rollout_tokens_per_s"] = double(p.rollout_tokens) / std::max(p.generate, 1e-9);
+  m["perf/train_tokens_per_s"] = double(p.train_tokens) / std::max(p.train + p.old_logprob, 1e-9);
+  m["weight_version"] = trainer_.version();
+}
+
+// The run's largest mismatch and the phase totals. step_core: the step's
+// time before eval, samples and checkpoint.
+void Runner::record_step(const nlohmann::json& m, double step_core, RlResult& result) {
+  if (m.contains("train/train_rollout_logprob_abs_diff")) {
+    result.max_logprob_abs_diff =
+        std::max(result.max_logprob_abs_diff, m["train/train_rollout_logprob_abs_diff"].get<double>());
+    result.max_logprob_abs_diff_max =
+        std::max(result.max_logprob_abs_diff_max, m["train/train_rollout_logprob_abs_diff_max"].get<double>());
+  }
+  const StepPerf& p = perf_;
+  const double sync = p.sync;
+  phase_total_["rollout"] += p.rollout;
+  phase_total_["reward"] += p.reward;
+  phase_total_["old_logprob"] += p.old_logprob;
+  phase_total_["ref_logprob"] += p.ref_logprob;
+  phase_total_["train"] += p.train;
+  phase_total_["weight_sync"] += sync;
+  phase_total_["other"] += step_core - (p.rollout + p.reward + p.old_logprob + p.ref_logprob + p.train + sync);
+}
+
+void Runner::log_console(int64_t step, const nlohmann::json& m, bool last) const {
+  if (!writer_ || cfg_.log_interval <= 0 || (step % cfg_.log_interval != 0 && !last)) return;
+  auto get = [&](const char* k) { return m.contains(k) && m[k].is_number() ? m[k].get<double>() : 0.0; };
+  std::cout << metrics::format_console_line(step, {{"reward", get("rollout/reward_mean")},
+                                                   {"acc", get("rollout/accuracy")},
+                                                   {"len", get("rollout/response_len_mean")},
+                                                   {"trunc", get("rollout/truncated_ratio")},
+                                                   {"pg_loss", get("train/pg_loss")},
+                                                   {"gap", get("train/train_rollout_logprob_abs_diff")},
+                                                   {"grad_norm", get("train/grad_norm")},
+                                                   {"s", get("perf/step_time_s")}})
+            << std::endl;
+}
+
+void Runner::save_step(int64_t step, bool last) {
+  const bool save_now = last || (cfg_.save_interval > 0 && step % cfg_.save_interval == 0);
+  if (!save_now) return;
+  // Expert parallelism: every trainer of the writer's group sends its
+  // experts' optimizer state (a collective; nothing otherwise).
+  trainer_.prepare_checkpoint(writer_, cfg_.out_dir + "/checkpoints/optimizer.gathered");
+  if (!writer_) return;
+  Timer ct;
+  // Prompts generated ahead are not trained on yet: the cursor points before
+  // them, so --resume draws them again (on the saved weights).
+  const uint64_t cursor = ahead_ ? ahead_->cursor : cursor_;
+  nlohmann::json state = {{"prompt_cursor", cursor}, {"data_seed", cfg_.seed}, {"kind", "rl"}};
+  train::save_checkpoint(cfg_.out_dir, step, trainer_, state, in_.tokenizer_dir, cfg_.keep_last);
+  phase_total_["checkpoint"] += ct.seconds();
+}
+
 }  // namespace
 
 RlResult run_rl(train::Trainer& trainer, const RlInputs& in, const RlConfig& cfg, bool resume) {
   cfg.algo.validate();
+  LS_CHECK(in.group) << "rl: RlInputs::group is null (OneRank: one process)";
   Runner r(trainer, in, cfg);
   return r.run(resume);
 }

@@ -189,13 +189,14 @@ void Trainer::save_optimizer(const std::string& path) {
   model_params_ = Buffer();  // the model was saved before (save_checkpoint)
 }
 
-std::vector<std::pair<size_t, size_t>> Trainer::micro_batches(const std::vector<TrainSequence>& seqs) const {
+std::vector<std::pair<size_t, size_t>> micro_batches(const std::vector<TrainSequence>& seqs,
+                                                     int64_t micro_batch_tokens) {
   std::vector<std::pair<size_t, size_t>> out;
   size_t begin = 0;
   int64_t tokens = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     const int64_t n = int64_t(seqs[i].tokens.size());
-    if (i > begin && tokens + n > cfg_.micro_batch_tokens) {
+    if (i > begin && tokens + n > micro_batch_tokens) {
       out.emplace_back(begin, i);
       begin = i;
       tokens = 0;
@@ -206,23 +207,27 @@ std::vector<std::pair<size_t, size_t>> Trainer::micro_batches(const std::vector<
   return out;
 }
 
-std::vector<TokenScores> Trainer::score(const std::vector<TrainSequence>& seqs, const ScoreOptions& opt) {
-  std::vector<TokenScores> out;
-  run(seqs, nullptr, opt, &out);
-  return out;
+std::vector<std::pair<size_t, size_t>> Trainer::micro_batches(const std::vector<TrainSequence>& seqs) const {
+  return train::micro_batches(seqs, cfg_.micro_batch_tokens);
 }
 
-double Trainer::accumulate(const std::vector<TrainSequence>& seqs, const LossFn& loss, const ScoreOptions& opt,
-                           std::vector<TokenScores>* scores) {
-  return run(seqs, &loss, opt, scores);
-}
+namespace {
 
-double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, const ScoreOptions& opt,
-                    std::vector<TokenScores>* scores) {
-  const ModelConfig& c = config();
-  const int bs = cfg_.kv_block_size;
+// What one scoring or training pass runs on: the weights, and for training
+// the gradients backward accumulates into.
+struct RunSpec {
+  const Context& ctx;
+  const model::ModelWeights& weights;
+  int64_t micro_batch_tokens;
+  int kv_block_size;
+  bool recompute = false;
+  model::ExpertComm* experts = nullptr;
+  const ModelParams* grads = nullptr;  // null: forward only (the loss must be null too)
+};
+
+void check_sequences(const RunSpec& r, const std::vector<TrainSequence>& seqs, const ScoreOptions& opt) {
+  const ModelConfig& c = r.weights.config();
   const int64_t n_moe = model::count_moe_layers(c), K = c.num_experts_per_tok;
-  if (scores) scores->assign(seqs.size(), {});
   for (size_t i = 0; i < seqs.size(); ++i) {
     const auto& s = seqs[i];
     if (s.prompt_len < 1 || s.prompt_len > int64_t(s.tokens.size()))
@@ -231,65 +236,79 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
       LS_THROW << "sequence " << i << ": routing replay needs " << s.tokens.size() * size_t(n_moe * K)
                << " expert ids, got " << s.routed_experts.size();
   }
-  auto mbs = micro_batches(seqs);
+}
+
+// Every token new, sequences [b0, b1) on consecutive KV blocks; the logit
+// rows and targets of their response tokens, and each sequence's first row.
+model::RaggedBatch build_batch(const std::vector<TrainSequence>& seqs, size_t b0, size_t b1, int bs, bool replay,
+                               std::vector<int32_t>& targets, std::vector<int32_t>& replay_ids,
+                               std::vector<int64_t>& first_row) {
+  model::RaggedBatch batch;
+  int32_t max_blocks = 1;
+  for (size_t i = b0; i < b1; ++i)
+    max_blocks = std::max<int32_t>(max_blocks, int32_t((seqs[i].tokens.size() + size_t(bs) - 1) / size_t(bs)));
+  batch.max_blocks = max_blocks;
+  first_row.assign(b1 - b0, 0);
+  int32_t next_block = 0;
+  for (size_t i = b0; i < b1; ++i) {
+    const auto& s = seqs[i];
+    const int32_t row0 = int32_t(batch.tokens.size());
+    batch.tokens.insert(batch.tokens.end(), s.tokens.begin(), s.tokens.end());
+    batch.n_ctx.push_back(0);
+    batch.n_new.push_back(int32_t(s.tokens.size()));
+    const int32_t nb = int32_t((s.tokens.size() + size_t(bs) - 1) / size_t(bs));
+    for (int32_t j = 0; j < max_blocks; ++j) batch.block_table.push_back(j < nb ? next_block + j : 0);
+    next_block += nb;
+    first_row[i - b0] = int64_t(batch.logit_rows.size());
+    for (size_t p = size_t(s.prompt_len) - 1; p + 1 < s.tokens.size(); ++p) {
+      batch.logit_rows.push_back(row0 + int32_t(p));
+      targets.push_back(s.tokens[p + 1]);
+    }
+    if (replay) replay_ids.insert(replay_ids.end(), s.routed_experts.begin(), s.routed_experts.end());
+  }
+  return batch;
+}
+
+// The one scoring and training pass of Trainer and Scorer: micro-batch by
+// micro-batch, forward, token logprobs (and entropy), then with a loss its
+// gradient through the model into r.grads. Returns the summed loss.
+double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequence>& seqs, const LossFn* loss,
+                const ScoreOptions& opt, std::vector<TokenScores>* scores) {
+  const ModelConfig& c = r.weights.config();
+  const int bs = r.kv_block_size;
+  if (scores) scores->assign(seqs.size(), {});
+  check_sequences(r, seqs, opt);
+  auto mbs = micro_batches(seqs, r.micro_batch_tokens);
   // Expert parallelism: the group's ranks exchange rows in every MoE layer of
   // every micro-batch, so all run as many as the largest (empty ones too).
-  if (experts_ != nullptr) mbs.resize(size_t(experts_->max(int64_t(mbs.size()))), {seqs.size(), seqs.size()});
+  if (r.experts != nullptr) mbs.resize(size_t(r.experts->max(int64_t(mbs.size()))), {seqs.size(), seqs.size()});
   int64_t max_blocks_total = 1;
   for (auto [b0, b1] : mbs) {
     int64_t nb = 0;
     for (size_t i = b0; i < b1; ++i) nb += int64_t((seqs[i].tokens.size() + size_t(bs) - 1) / size_t(bs));
     max_blocks_total = std::max(max_blocks_total, nb);
   }
-  if (!buffers_) buffers_ = std::make_shared<RunBuffers>();
-  RunBuffers& rb = *buffers_;
-  if (rb.kv.num_blocks() < max_blocks_total || rb.kv.block_size() != bs)
-    rb.kv = model::KvCache(c, max_blocks_total, bs);
-  model::KvCache& kv = rb.kv;
-  model::Activations& acts = rb.acts;
-  model::ForwardResult& fr = rb.fr;
+  if (rb.kv.num_blocks() < max_blocks_total || rb.kv.block_size() != bs) rb.kv = model::KvCache(c, max_blocks_total, bs);
   OwnedTensor &logp = rb.logp, &ent = rb.ent, &tgt = rb.tgt, &dlogp = rb.dlogp, &dent = rb.dent;
   double total = 0;
   for (auto [b0, b1] : mbs) {
-    // Build the batch: every token new, sequences on consecutive KV blocks.
-    model::RaggedBatch batch;
-    int32_t max_blocks = 1;
-    for (size_t i = b0; i < b1; ++i)
-      max_blocks = std::max<int32_t>(max_blocks, int32_t((seqs[i].tokens.size() + size_t(bs) - 1) / size_t(bs)));
-    batch.max_blocks = max_blocks;
     std::vector<int32_t> targets, replay;
-    std::vector<int64_t> first_row(b1 - b0);
-    int32_t next_block = 0;
-    for (size_t i = b0; i < b1; ++i) {
-      const auto& s = seqs[i];
-      const int32_t row0 = int32_t(batch.tokens.size());
-      batch.tokens.insert(batch.tokens.end(), s.tokens.begin(), s.tokens.end());
-      batch.n_ctx.push_back(0);
-      batch.n_new.push_back(int32_t(s.tokens.size()));
-      const int32_t nb = int32_t((s.tokens.size() + size_t(bs) - 1) / size_t(bs));
-      for (int32_t j = 0; j < max_blocks; ++j) batch.block_table.push_back(j < nb ? next_block + j : 0);
-      next_block += nb;
-      first_row[i - b0] = int64_t(batch.logit_rows.size());
-      for (size_t p = size_t(s.prompt_len) - 1; p + 1 < s.tokens.size(); ++p) {
-        batch.logit_rows.push_back(row0 + int32_t(p));
-        targets.push_back(s.tokens[p + 1]);
-      }
-      if (opt.replay) replay.insert(replay.end(), s.routed_experts.begin(), s.routed_experts.end());
-    }
+    std::vector<int64_t> first_row;
+    const model::RaggedBatch batch = build_batch(seqs, b0, b1, bs, opt.replay, targets, replay, first_row);
     const int64_t R = int64_t(targets.size());
     model::ForwardOptions fo;
     fo.save_activations = loss != nullptr;
-    fo.recompute = cfg_.recompute_activations;
+    fo.recompute = r.recompute;
     if (opt.replay) fo.replay_experts = &replay;
-    fo.experts = experts_;
-    model::forward(ctx_, *weights_, kv, batch, fo, &fr, loss ? &acts : nullptr);
+    fo.experts = r.experts;
+    model::forward(r.ctx, r.weights, rb.kv, batch, fo, &rb.fr, loss ? &rb.acts : nullptr);
 
     model::reuse(logp, DType::F32, {R});
     model::reuse(ent, DType::F32, {R});
     model::reuse(tgt, DType::I32, {R});
     if (R > 0) std::memcpy(tgt.view().data, targets.data(), size_t(R) * 4);
-    kernels::token_logprob_forward(ctx_, logp.view(), opt.entropy ? ent.view() : Tensor(), Tensor(), fr.logits.view(),
-                                   tgt.view(), opt.temperature);
+    kernels::token_logprob_forward(r.ctx, logp.view(), opt.entropy ? ent.view() : Tensor(), Tensor(),
+                                   rb.fr.logits.view(), tgt.view(), opt.temperature);
     // Zeroed: a loss may leave the gradient of tokens it ignores unwritten.
     std::memset(model::reuse(dlogp, DType::F32, {R}).data, 0, size_t(R) * 4);
     std::memset(model::reuse(dent, DType::F32, {R}).data, 0, size_t(R) * 4);
@@ -305,15 +324,58 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
                          opt.entropy ? dent.f32() + r0 : nullptr);
       }
     }
-    if (!loss || (R == 0 && experts_ == nullptr)) continue;
+    if (!loss || (R == 0 && r.experts == nullptr)) continue;
     // The logits are not needed once their gradient is known: the kernel
     // writes dlogits over them (it allows the aliasing), saving an (R, V) buffer.
-    Tensor dlogits = fr.logits.view();
-    kernels::token_logprob_backward(ctx_, dlogits, dlogp.view(), opt.entropy ? dent.view() : Tensor(), dlogits,
+    Tensor dlogits = rb.fr.logits.view();
+    kernels::token_logprob_backward(r.ctx, dlogits, dlogp.view(), opt.entropy ? dent.view() : Tensor(), dlogits,
                                     tgt.view(), opt.temperature);
-    model::backward(ctx_, *weights_, kv, batch, acts, dlogits, grad_views_);
+    model::backward(r.ctx, r.weights, rb.kv, batch, rb.acts, dlogits, *r.grads);
   }
   return total;
+}
+
+}  // namespace
+
+std::vector<TokenScores> Trainer::score(const std::vector<TrainSequence>& seqs, const ScoreOptions& opt) {
+  std::vector<TokenScores> out;
+  run(seqs, nullptr, opt, &out);
+  return out;
+}
+
+double Trainer::accumulate(const std::vector<TrainSequence>& seqs, const LossFn& loss, const ScoreOptions& opt,
+                           std::vector<TokenScores>* scores) {
+  return run(seqs, &loss, opt, scores);
+}
+
+double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, const ScoreOptions& opt,
+                    std::vector<TokenScores>* scores) {
+  if (!buffers_) buffers_ = std::make_shared<RunBuffers>();
+  RunSpec r{ctx_, *weights_, cfg_.micro_batch_tokens, cfg_.kv_block_size};
+  r.recompute = cfg_.recompute_activations;
+  r.experts = experts_;
+  r.grads = &grad_views_;
+  return run_pass(r, *buffers_, seqs, loss, opt, scores);
+}
+
+Scorer::Scorer(const Context& ctx, const ModelConfig& config, Buffer params, int64_t micro_batch_tokens,
+               int kv_block_size)
+    : ctx_(ctx),
+      layout_(config),
+      params_(std::move(params)),
+      micro_batch_tokens_(micro_batch_tokens),
+      kv_block_size_(kv_block_size),
+      buffers_(std::make_shared<RunBuffers>()) {
+  LS_CHECK(params_.size() >= layout_.nbytes()) << "parameter buffer of " << params_.size() << " bytes, model needs "
+                                               << layout_.nbytes();
+  LS_CHECK(micro_batch_tokens_ >= 1) << "micro_batch_tokens must be >= 1";
+  weights_ = std::make_unique<model::ModelWeights>(ctx_, layout_, params_.as<float>());
+}
+
+std::vector<TokenScores> Scorer::score(const std::vector<TrainSequence>& seqs, const ScoreOptions& opt) {
+  std::vector<TokenScores> out;
+  run_pass(RunSpec{ctx_, *weights_, micro_batch_tokens_, kv_block_size_}, *buffers_, seqs, nullptr, opt, &out);
+  return out;
 }
 
 OptimizerStats Trainer::step() {

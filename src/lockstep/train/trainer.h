@@ -2,6 +2,8 @@
 // optimizer; scores sequences (per-token logprobs under the current weights)
 // and accumulates gradients of any per-token loss over micro-batches cut by a
 // token budget. It calls the same model::forward as the rollout engine.
+// Scorer: a frozen model that only scores (RL's KL reference), on the same
+// code path as Trainer::score.
 #pragma once
 
 #include <cstdint>
@@ -61,6 +63,12 @@ struct ScoreOptions {
 };
 
 struct RunBuffers;  // trainer.cpp
+
+// Token-budget micro-batches: [begin, end) index ranges into seqs, each
+// closed before a sequence that would take it past micro_batch_tokens (a
+// longer sequence is a micro-batch of its own).
+std::vector<std::pair<size_t, size_t>> micro_batches(const std::vector<TrainSequence>& seqs,
+                                                     int64_t micro_batch_tokens);
 
 class Trainer {
  public:
@@ -161,6 +169,28 @@ class Trainer {
   // run()'s KV cache, saved activations and logits (trainer.cpp), kept from
   // call to call: re-allocating them made every step fault in fresh pages.
   std::shared_ptr<RunBuffers> buffers_;
+};
+
+// Weights that only score: the f32 parameters (held, not copied) and their
+// packed form, no gradients, no optimizer moments. score() runs Trainer::score's
+// own pass, so a Scorer and a Trainer on the same parameters and settings give
+// the same bits.
+class Scorer {
+ public:
+  Scorer(const Context& ctx, const ModelConfig& config, Buffer params, int64_t micro_batch_tokens,
+         int kv_block_size = TrainerConfig{}.kv_block_size);
+
+  std::vector<TokenScores> score(const std::vector<TrainSequence>& seqs, const ScoreOptions& opt);
+  const model::ModelWeights& weights() const { return *weights_; }
+
+ private:
+  Context ctx_;
+  ParamLayout layout_;
+  Buffer params_;
+  int64_t micro_batch_tokens_;
+  int kv_block_size_;
+  std::unique_ptr<model::ModelWeights> weights_;
+  std::shared_ptr<RunBuffers> buffers_;  // as Trainer's: kept from call to call
 };
 
 }  // namespace lockstep::train

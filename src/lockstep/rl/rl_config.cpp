@@ -1,0 +1,103 @@
+// `lockstep rl`'s TOML config: the sections but [model], [data] and [dist]
+// (their readers are the command's), then the checks and defaults that
+// span sections.
+#include "lockstep/rl/rl_config.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "lockstep/base/error.h"
+#include "lockstep/train/train_config.h"
+
+namespace lockstep::rl {
+namespace {
+
+// Every top-level key is a known section.
+void check_sections(const toml::table& root, const std::string& source) {
+  static const std::vector<std::string> kSections = {"model", "data",  "rollout", "train", "algo",
+                                                     "reward", "eval", "log",     "sync",  "dist"};
+  for (const auto& [k, v] : root) {
+    const std::string key(k.str());
+    if (std::find(kSections.begin(), kSections.end(), key) == kSections.end())
+      LS_THROW << source << ": unknown section [" << key << "] (rl reads [model] [data] [rollout] [train] [algo] "
+               << "[reward] [eval] [log])";
+    if (!v.is_table()) LS_THROW << source << ": '" << key << "' must be a section";
+  }
+  // [dist] is read by the command that launches the ranks (cli/cmd_rl.cpp).
+  if (const auto* t = root["sync"].as_table(); t && !t->empty())
+    LS_THROW << source << ": [sync] is not supported by this build of `lockstep rl` yet "
+             << "(weights go to colocated engines in memory and to rollout ranks by [dist]; see docs/distributed.md)";
+}
+
+// [train]: SFT's section, less batch_size (rl's batch is [rollout]'s).
+void read_train(const toml::table& root, const std::string& source, RlConfig& c) {
+  TomlSection s(root["train"].as_table(), source, "train");
+  if (s.has("batch_size"))
+    s.fail("batch_size", "not used by rl: prompts per step are [rollout] batch_size, samples per prompt "
+                         "[rollout] n, optimizer steps per batch [algo] num_steps_per_rollout");
+  const train::TrainSection t = train::train_section_from_toml(s);
+  s.finish();
+  c.trainer = t.trainer;
+  c.steps = t.sft.steps;
+  c.seed = t.sft.seed;
+  c.shuffle = t.sft.shuffle;
+  c.save_interval = t.sft.save_interval;
+  c.keep_last = t.sft.keep_last;
+  c.log_interval = t.sft.log_interval;
+  c.out_dir = root["train"]["out_dir"].value_or(std::string("runs/rl"));
+  c.threads = t.threads;
+}
+
+LogConfig read_log(const toml::table& root, const std::string& source) {
+  LogConfig l;
+  TomlSection s(root["log"].as_table(), source, "log");
+  l.report_interval = s.get_int("report_interval", l.report_interval, 0);
+  l.samples_interval = s.get_int("samples_interval", l.samples_interval, 0);
+  l.samples_per_step = s.get_int("samples_per_step", l.samples_per_step, 0);
+  l.progress = s.get_bool("progress", l.progress);
+  s.finish();
+  return l;
+}
+
+// Defaults and checks that need more than one section.
+void finish_config(RlConfig& c, const std::string& source) {
+  if (c.algo.loss_agg == LossAgg::SeqMeanTokenSumNorm && c.algo.loss_agg_norm_len == 0)
+    c.algo.loss_agg_norm_len = c.rollout.sampling.max_new_tokens;
+  if (c.algo.overlong_buffer_len >= c.rollout.sampling.max_new_tokens)
+    LS_THROW << source << ": [algo] overlong_buffer_len (" << c.algo.overlong_buffer_len
+             << ") must be below [rollout] max_new_tokens (" << c.rollout.sampling.max_new_tokens << ")";
+  if (c.rollout.sampling.n < 2 && c.algo.advantage != Advantage::ReinforcePP)
+    LS_THROW << source << ": [rollout] n must be >= 2 for group advantages (" << to_string(c.algo.advantage)
+             << "); use advantage = \"reinforce++\" for one sample per prompt";
+}
+
+}  // namespace
+
+RlConfig rl_config_from_toml(const toml::table& root, const std::string& source) {
+  check_sections(root, source);
+  RlConfig c;
+  {
+    TomlSection s(root["rollout"].as_table(), source, "rollout");
+    c.batch_size = s.get_int("batch_size", c.batch_size, 1, 1 << 20);
+    c.rollout = rollout::rollout_section_from_toml(s);
+    s.finish();
+  }
+  read_train(root, source, c);
+  {
+    TomlSection s(root["algo"].as_table(), source, "algo");
+    c.algo = algo_config_from_toml(s);
+    s.finish();
+  }
+  {
+    TomlSection s(root["eval"].as_table(), source, "eval");
+    c.eval = eval::eval_section_from_toml(s);
+    s.finish();
+  }
+  c.reward = eval::reward_options_from_toml(root["reward"].as_table(), source);
+  c.eval.config.reward = c.reward;
+  c.log = read_log(root, source);
+  finish_config(c, source);
+  return c;
+}
+
+}  // namespace lockstep::rl

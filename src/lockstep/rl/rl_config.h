@@ -1,0 +1,53 @@
+// The RL run's configuration (RlConfig) and its reader from `lockstep rl`'s
+// TOML: every section but [model] and [data], which the command reads.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <toml++/toml.h>
+
+#include "lockstep/eval/eval_config.h"
+#include "lockstep/reward/reward.h"
+#include "lockstep/rl/algo.h"
+#include "lockstep/rollout/rollout_config.h"
+#include "lockstep/train/trainer.h"
+
+namespace lockstep::rl {
+
+// The [log] section.
+struct LogConfig {
+  int64_t report_interval = 0;    // write report.html every N steps (0: only at the end)
+  int64_t samples_interval = 1;   // write samples/step_N.jsonl every N steps (0: never)
+  int64_t samples_per_step = 16;  // samples written each time (the first groups of the step)
+  bool progress = true;           // progress bars on a terminal
+};
+
+struct RlConfig {
+  AlgoConfig algo;
+  rollout::RolloutSection rollout;  // engine, sampling (n, temperature, ...), precision
+  int64_t batch_size = 16;          // prompts per step ([rollout] batch_size)
+  train::TrainerConfig trainer;     // optimizer, micro_batch_tokens
+  int64_t steps = 100;              // RL steps ([train] steps)
+  uint64_t seed = 0;                // prompt order and sampling seeds ([train] seed)
+  bool shuffle = true;
+  int64_t save_interval = 0;        // checkpoint every N steps (0: only at the end)
+  int keep_last = 2;
+  int64_t log_interval = 1;         // console line every N steps
+  eval::EvalSection eval;           // interval: eval every N steps (0: before and after only)
+  reward::RewardOptions reward;
+  LogConfig log;
+  std::string out_dir = "runs/rl";
+  int64_t threads = 0;
+  // [dist] max_weight_staleness (the command that reads [dist] sets it). > 0:
+  // the rollout generates the next step's first round while the trainer
+  // trains on this one (one batch ahead, so values above 1 run as 1); needs a
+  // backend that can_overlap() (rollout ranks).
+  int64_t max_weight_staleness = 0;
+};
+
+// Reads every section but [model] and [data] (which the caller reads).
+// Unknown keys and sections are errors naming the file.
+RlConfig rl_config_from_toml(const toml::table& root, const std::string& source);
+
+}  // namespace lockstep::rl
