@@ -11,7 +11,6 @@
 
 #include "common/test_util.h"
 #include "lockstep/model/forward.h"
-#include "lockstep/model/forward_util.h"
 #include "lockstep/model/params.h"
 #include "lockstep/train/trainer.h"
 

@@ -10,7 +10,6 @@
 
 #include "common/test_util.h"
 #include "lockstep/model/forward.h"
-#include "lockstep/model/forward_util.h"
 #include "lockstep/model/params.h"
 
 namespace lockstep::model {

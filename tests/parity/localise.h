@@ -18,7 +18,6 @@
 
 #include "lockstep/base/error.h"
 #include "lockstep/model/forward.h"
-#include "lockstep/model/forward_util.h"
 #include "lockstep/rollout/engine.h"
 
 namespace lockstep::parity {

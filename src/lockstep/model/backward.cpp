@@ -86,7 +86,7 @@ void backward(const Context& ctx, const ModelWeights& weights, KvCache& kv, cons
   ro.replay_experts = saved.replay.empty() ? nullptr : &saved.replay;
   ro.experts = saved.experts;
   ForwardResult rr;
-  const int64_t n_moe = count_moe_layers(c);
+  const int64_t n_moe = c.num_moe_layers();
   int64_t moe_index = n_moe;
   for (int64_t l = c.num_layers - 1; l >= 0; --l) {
     const LayerParams& w = p.layers[size_t(l)];

@@ -135,7 +135,7 @@ Tensor run_layer(const LayerEnv& env, int64_t l, Tensor x, LayerActivations* a, 
   ForwardResult* result = env.result;
   Tensor qkv = env.qkv, kn = env.kn, vn = env.vn, ffn = env.ffn;
   const int64_t T = bt.positions_t.view().dim(0), D = c.hidden_size, H = c.num_heads, Hkv = c.num_kv_heads,
-                Dh = c.head_dim, K = c.num_experts_per_tok, n_moe = count_moe_layers(c);
+                Dh = c.head_dim, K = c.num_experts_per_tok, n_moe = c.num_moe_layers();
   const float scale = attention_scale(c);
   const float eps = float(c.rms_norm_eps);
   const DType f32 = DType::F32;
@@ -344,7 +344,7 @@ void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const
                 Dh = c.head_dim, R = static_cast<int64_t>(batch.logit_rows.size());
   const int64_t QKV = (H + 2 * Hkv) * Dh;
   const bool save = opt.save_activations;
-  const int64_t n_moe = count_moe_layers(c);
+  const int64_t n_moe = c.num_moe_layers();
   const int64_t K = c.num_experts_per_tok;
   if (opt.replay_experts != nullptr) {
     LS_CHECK(static_cast<int64_t>(opt.replay_experts->size()) == T * n_moe * K)

@@ -98,12 +98,6 @@ void for_each_expert(const Context& ctx, const kernels::MoeDispatch& plan,
   for (int64_t e : active) fn(e, ctx);
 }
 
-int64_t count_moe_layers(const ModelConfig& c) {
-  int64_t n = 0;
-  for (int64_t l = 0; l < c.num_layers; ++l) n += c.is_moe_layer(l) ? 1 : 0;
-  return n;
-}
-
 kernels::RouterConfig router_config(const ModelConfig& c) {
   kernels::RouterConfig r;
   r.num_experts = static_cast<int>(c.num_experts);

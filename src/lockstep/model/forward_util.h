@@ -107,7 +107,6 @@ inline void drop(OwnedTensor& t) { t = OwnedTensor(); }
 void for_each_expert(const Context& ctx, const kernels::MoeDispatch& plan,
                      const std::function<void(int64_t e, const Context& ectx)>& fn);
 
-int64_t count_moe_layers(const ModelConfig& c);
 kernels::RouterConfig router_config(const ModelConfig& c);
 
 OwnedTensor copy_of(const Tensor& t);  // contiguous copy

@@ -7,7 +7,6 @@
 #include "lockstep/base/error.h"
 #include "lockstep/kernels/cpu/moe.h"
 #include "lockstep/model/forward.h"
-#include "lockstep/model/forward_util.h"
 
 namespace lockstep::train {
 

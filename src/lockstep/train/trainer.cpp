@@ -216,7 +216,7 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
                     std::vector<TokenScores>* scores) {
   const ModelConfig& c = config();
   const int bs = cfg_.kv_block_size;
-  const int64_t n_moe = model::count_moe_layers(c), K = c.num_experts_per_tok;
+  const int64_t n_moe = c.num_moe_layers(), K = c.num_experts_per_tok;
   if (scores) scores->assign(seqs.size(), {});
   for (size_t i = 0; i < seqs.size(); ++i) {
     const auto& s = seqs[i];
