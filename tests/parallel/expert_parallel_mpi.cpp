@@ -240,6 +240,7 @@ TEST(ExpertParallel, WrongShardIsRefused) {
   // Weights holding every expert, run with expert parallelism: refused
   // before any exchange, on every rank alike.
   model::KvCache kv(c, 4, 16);
+  model::Workspace ws;
   model::RaggedBatch b;
   b.tokens = {1, 2};
   b.n_ctx = {0};
@@ -251,7 +252,7 @@ TEST(ExpertParallel, WrongShardIsRefused) {
   fo.experts = ep.get();
   model::ForwardResult fr;
   try {
-    model::forward(ctx, whole->weights(), kv, b, fo, &fr);
+    model::forward(ctx, whole->weights(), kv, ws, b, fo, &fr);
     FAIL() << "forward with the wrong expert shard accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("expert-parallel shard"), std::string::npos) << e.what();

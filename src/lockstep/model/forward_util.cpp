@@ -46,15 +46,6 @@ kernels::AttentionBatch BatchTensors::attention_batch() const {
   return ab;
 }
 
-Tensor reuse(OwnedTensor& t, DType dtype, std::initializer_list<int64_t> shape) {
-  const Tensor& v = t.view();
-  bool same = v.data != nullptr && v.dtype == dtype && v.ndim == int(shape.size());
-  int i = 0;
-  for (int64_t d : shape) same = same && v.shape[i++] == d;
-  if (!same) t = OwnedTensor(dtype, std::vector<int64_t>(shape));
-  return t.view();
-}
-
 namespace {
 // Whole experts per thread only when the busiest thread gets at most this
 // much more than an even share of the rows; past it, the idle thread costs

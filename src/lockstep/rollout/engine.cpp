@@ -434,7 +434,7 @@ bool Engine::step() {
   }
   model::ForwardResult fr;
   Timer fwd;
-  model::forward(ctx_, *weights_, kv_, batch, fo, &fr);
+  model::forward(ctx_, *weights_, kv_, ws_, batch, fo, &fr);
   stats_.forward_s += fwd.seconds();
   ++stats_.steps;
 

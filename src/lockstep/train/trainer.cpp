@@ -10,15 +10,16 @@
 #include "lockstep/base/error.h"
 #include "lockstep/kernels/cpu/adamw.h"
 #include "lockstep/kernels/cpu/softmax.h"
-#include "lockstep/model/forward_util.h"
 
 namespace lockstep::train {
 
 // What run() keeps from one micro-batch to the next, and from call to call:
-// the KV cache (which also holds forward/backward scratch), the saved
+// the forward/backward workspace, the KV cache (the keys and values of the
+// largest micro-batch, which attention and its backward read), the saved
 // activations and the logits, so a micro-batch no larger than an earlier one
 // allocates nothing.
 struct RunBuffers {
+  model::Workspace ws;
   model::KvCache kv;
   model::Activations acts;
   model::ForwardResult fr;
@@ -241,6 +242,7 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
   if (rb.kv.num_blocks() < max_blocks_total || rb.kv.block_size() != bs)
     rb.kv = model::KvCache(c, max_blocks_total, bs);
   model::KvCache& kv = rb.kv;
+  model::Workspace& ws = rb.ws;
   model::Activations& acts = rb.acts;
   model::ForwardResult& fr = rb.fr;
   OwnedTensor &logp = rb.logp, &ent = rb.ent, &tgt = rb.tgt, &dlogp = rb.dlogp, &dent = rb.dent;
@@ -277,7 +279,7 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
     fo.recompute = cfg_.recompute_activations;
     if (opt.replay) fo.replay_experts = &replay;
     fo.experts = experts_;
-    model::forward(ctx_, *weights_, kv, batch, fo, &fr, loss ? &acts : nullptr);
+    model::forward(ctx_, *weights_, kv, ws, batch, fo, &fr, loss ? &acts : nullptr);
 
     model::reuse(logp, DType::F32, {R});
     model::reuse(ent, DType::F32, {R});
@@ -306,7 +308,7 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
     Tensor dlogits = fr.logits.view();
     kernels::token_logprob_backward(ctx_, dlogits, dlogp.view(), opt.entropy ? dent.view() : Tensor(), dlogits,
                                     tgt.view(), opt.temperature);
-    model::backward(ctx_, *weights_, kv, batch, acts, dlogits, grad_views_);
+    model::backward(ctx_, *weights_, kv, ws, batch, acts, dlogits, grad_views_);
   }
   return total;
 }
