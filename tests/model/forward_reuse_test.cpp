@@ -1,5 +1,5 @@
 // Tests of the paths the performance work added to forward/backward: buffers
-// reused from call to call (the KV cache's scratch slots, saved activations,
+// reused from call to call (the workspace's slots, saved activations,
 // logits), whole experts run on separate threads, and the trainer's buffers
 // shared by its micro-batches. Each must leave every output bit unchanged:
 // logits and gradients equal those of fresh buffers and of one thread.
@@ -11,7 +11,6 @@
 
 #include "common/test_util.h"
 #include "lockstep/model/forward.h"
-#include "lockstep/model/forward_util.h"
 #include "lockstep/model/params.h"
 #include "lockstep/train/trainer.h"
 
@@ -106,17 +105,17 @@ struct Outputs {
   std::vector<float> logits, grads;
 };
 
-Outputs run(const Context& ctx, const Model& m, KvCache& kv, Activations& acts, ForwardResult& fr,
+Outputs run(const Context& ctx, const Model& m, KvCache& kv, Workspace& ws, Activations& acts, ForwardResult& fr,
             const RaggedBatch& b) {
   ForwardOptions o;
   o.save_activations = true;
-  forward(ctx, *m.weights, kv, b, o, &fr, &acts);
+  forward(ctx, *m.weights, kv, ws, b, o, &fr, &acts);
   const int64_t n = fr.logits.numel();
   Outputs out;
   out.logits.assign(fr.logits.f32(), fr.logits.f32() + n);
   auto dlogits = test::randn(n, 21);
   Buffer g = alloc_params(m.layout);
-  backward(ctx, *m.weights, kv, b, acts, Tensor(dlogits.data(), DType::F32, {fr.logits.view().dim(0), fr.logits.view().dim(1)}),
+  backward(ctx, *m.weights, kv, ws, b, acts, Tensor(dlogits.data(), DType::F32, {fr.logits.view().dim(0), fr.logits.view().dim(1)}),
            bind(m.layout, g.as<float>()));
   out.grads.assign(g.as<float>(), g.as<float>() + m.layout.numel());
   return out;
@@ -133,7 +132,7 @@ void expect_same(const Outputs& a, const Outputs& b, const std::string& what) {
 
 // One thread, fresh buffers: the reference. Then 2 threads (whole experts per
 // thread once enough experts have rows), and buffers reused after a larger
-// and a smaller batch (stale scratch and saved tensors of other shapes).
+// and a smaller batch (stale workspace slots and saved tensors of other shapes).
 TEST(ModelReuse, ThreadsAndReusedBuffersGiveIdenticalLogitsAndGradients) {
   for (int kind = 0; kind < 4; ++kind) {
     const ModelConfig c = config(kind);
@@ -144,23 +143,25 @@ TEST(ModelReuse, ThreadsAndReusedBuffersGiveIdenticalLogitsAndGradients) {
     const auto small = batch_of({tokens(9, V, 7)}, 16);
 
     KvCache kv0(c, 64, 4);
+    Workspace ws0;
     Activations a0;
     ForwardResult r0;
-    const Outputs ref = run(Context{}, m, kv0, a0, r0, b);
+    const Outputs ref = run(Context{}, m, kv0, ws0, a0, r0, b);
 
     ThreadPool pool(2);
     const Context ctx2{&pool, 0};
     KvCache kv1(c, 64, 4);
+    Workspace ws1;
     Activations a1;
     ForwardResult r1;
-    expect_same(ref, run(ctx2, m, kv1, a1, r1, b), "kind " + std::to_string(kind) + " 2 threads");
+    expect_same(ref, run(ctx2, m, kv1, ws1, a1, r1, b), "kind " + std::to_string(kind) + " 2 threads");
 
-    // The same cache, activations and result object after other batches.
-    run(ctx2, m, kv1, a1, r1, big);
-    run(ctx2, m, kv1, a1, r1, small);
-    expect_same(ref, run(ctx2, m, kv1, a1, r1, b), "kind " + std::to_string(kind) + " reused, 2 threads");
-    run(Context{}, m, kv0, a0, r0, big);
-    expect_same(ref, run(Context{}, m, kv0, a0, r0, b), "kind " + std::to_string(kind) + " reused, 1 thread");
+    // The same cache, workspace, activations and result object after other batches.
+    run(ctx2, m, kv1, ws1, a1, r1, big);
+    run(ctx2, m, kv1, ws1, a1, r1, small);
+    expect_same(ref, run(ctx2, m, kv1, ws1, a1, r1, b), "kind " + std::to_string(kind) + " reused, 2 threads");
+    run(Context{}, m, kv0, ws0, a0, r0, big);
+    expect_same(ref, run(Context{}, m, kv0, ws0, a0, r0, b), "kind " + std::to_string(kind) + " reused, 1 thread");
   }
 }
 

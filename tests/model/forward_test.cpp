@@ -12,7 +12,6 @@
 
 #include "common/test_util.h"
 #include "lockstep/model/forward.h"
-#include "lockstep/model/forward_util.h"
 #include "lockstep/model/params.h"
 
 namespace lockstep::model {
@@ -102,16 +101,17 @@ void gradient_check(const ModelConfig& c) {
   auto probe = test::randn(R * c.vocab_size, 3);
 
   KvCache kv(c, 64, 4);
+  Workspace ws;
   ForwardResult r;
   Activations acts;
   ForwardOptions opt;
   opt.save_activations = true;
   opt.record_experts = true;
-  forward(f.ctx, *f.weights, kv, b, opt, &r, &acts);
+  forward(f.ctx, *f.weights, kv, ws, b, opt, &r, &acts);
   Buffer gbuf = alloc_params(f.layout);
   ModelParams grads = bind(f.layout, gbuf.as<float>());
   Tensor dlogits(probe.data(), DType::F32, {R, c.vocab_size});
-  backward(f.ctx, *f.weights, kv, b, acts, dlogits, grads);
+  backward(f.ctx, *f.weights, kv, ws, b, acts, dlogits, grads);
 
   // Central differences on a spread of parameters of every tensor. The
   // tolerance is relative to the gradient's own size plus a small fraction of
@@ -133,7 +133,7 @@ void gradient_check(const ModelConfig& c) {
         ForwardResult r2;
         ForwardOptions o2;
         o2.record_experts = true;
-        forward(f.ctx, *f.weights, kv2, b, o2, &r2);
+        forward(f.ctx, *f.weights, kv2, ws, b, o2, &r2);
         double s = 0;
         for (int64_t i = 0; i < r2.logits.numel(); ++i) s += double(r2.logits.f32()[i]) * probe[size_t(i)];
         return std::make_pair(s, r2.routed_experts);
@@ -173,8 +173,9 @@ TEST(ModelAlignment, ChunkingDecodeAndBatchingGiveIdenticalBits) {
     auto seq = random_tokens(L, V, 11);
     auto whole = full_batch({seq}, BS, MB);
     KvCache kv(c, 64, BS);
+    Workspace ws;
     ForwardResult ref;
-    forward(f.ctx, *f.weights, kv, whole, {}, &ref);
+    forward(f.ctx, *f.weights, kv, ws, whole, {}, &ref);
 
     for (int chunk : {1, 2, 3, 7, 16}) {
       for (int threads : {1, 2}) {
@@ -191,7 +192,7 @@ TEST(ModelAlignment, ChunkingDecodeAndBatchingGiveIdenticalBits) {
           for (int j = 0; j < MB; ++j) b.block_table.push_back(MB - 1 - j);  // scrambled physical blocks
           for (int j = 0; j < n; ++j) b.logit_rows.push_back(j);
           ForwardResult r;
-          forward(ctx, *f.weights, kv2, b, {}, &r);
+          forward(ctx, *f.weights, kv2, ws, b, {}, &r);
           test::expect_bits_equal(r.logits.f32(), ref.logits.f32() + int64_t(start) * V, int64_t(n) * V,
                                   "chunked logits");
         }
@@ -201,7 +202,7 @@ TEST(ModelAlignment, ChunkingDecodeAndBatchingGiveIdenticalBits) {
     auto batch = full_batch({random_tokens(9, V, 12), seq, random_tokens(30, V, 13)}, BS, MB);
     KvCache kv3(c, 64, BS);
     ForwardResult rb;
-    forward(f.ctx, *f.weights, kv3, batch, {}, &rb);
+    forward(f.ctx, *f.weights, kv3, ws, batch, {}, &rb);
     test::expect_bits_equal(rb.logits.f32() + 9 * V, ref.logits.f32(), int64_t(L) * V, "batched logits");
   }
 }
@@ -211,13 +212,14 @@ TEST(ModelForward, RoutingReplayReproducesRecordedRouting) {
   Fixture f(c);
   auto b = full_batch({random_tokens(10, int(c.vocab_size), 4)}, 4, 8);
   KvCache kv(c, 64, 4);
+  Workspace ws;
   ForwardResult r1, r2;
   ForwardOptions o;
   o.record_experts = true;
-  forward(f.ctx, *f.weights, kv, b, o, &r1);
+  forward(f.ctx, *f.weights, kv, ws, b, o, &r1);
   o.replay_experts = &r1.routed_experts;
   KvCache kv2(c, 64, 4);
-  forward(f.ctx, *f.weights, kv2, b, o, &r2);
+  forward(f.ctx, *f.weights, kv2, ws, b, o, &r2);
   EXPECT_EQ(r1.routed_experts, r2.routed_experts);
   test::expect_bits_equal(r1.logits.f32(), r2.logits.f32(), r1.logits.numel(), "replayed logits");
 }
@@ -280,12 +282,13 @@ TEST(ModelForward, BadBatchesAreRejectedWithAMessage) {
   ModelConfig c = tiny_dense(false, false);
   Fixture f(c);
   KvCache kv(c, 8, 4);
+  Workspace ws;
   ForwardResult r;
   auto b = full_batch({random_tokens(5, int(c.vocab_size), 4)}, 4, 1);  // 5 tokens, 4 slots
-  EXPECT_THROW(forward(f.ctx, *f.weights, kv, b, {}, &r), Error);
+  EXPECT_THROW(forward(f.ctx, *f.weights, kv, ws, b, {}, &r), Error);
   auto b2 = full_batch({{1, 2, 999}}, 4, 2);
   try {
-    forward(f.ctx, *f.weights, kv, b2, {}, &r);
+    forward(f.ctx, *f.weights, kv, ws, b2, {}, &r);
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("999"), std::string::npos) << e.what();

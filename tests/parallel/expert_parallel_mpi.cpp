@@ -27,7 +27,7 @@
 #include "lockstep/comm/checksum.h"
 #include "lockstep/parallel/data_parallel.h"
 #include "lockstep/parallel/expert_comm.h"
-#include "lockstep/model/forward_util.h"
+#include "lockstep/model/forward.h"
 #include "lockstep/train/sft.h"
 #include "parity/parity_util.h"
 
@@ -39,13 +39,13 @@ ModelConfig moe_config(uint64_t seed, int P) {
   std::mt19937_64 g(seed);
   for (;;) {
     ModelConfig c = parity::random_config(g);
-    if (c.num_experts > 0 && c.num_experts % P == 0 && model::count_moe_layers(c) > 0) return c;
+    if (c.num_experts > 0 && c.num_experts % P == 0 && c.num_moe_layers() > 0) return c;
   }
 }
 
 std::vector<train::TrainSequence> random_batch(const ModelConfig& c, int n, uint64_t seed, bool replay) {
   std::mt19937_64 g(seed);
-  const int64_t n_moe = model::count_moe_layers(c), K = c.num_experts_per_tok, E = c.num_experts;
+  const int64_t n_moe = c.num_moe_layers(), K = c.num_experts_per_tok, E = c.num_experts;
   std::vector<train::TrainSequence> out(static_cast<size_t>(n));
   for (auto& s : out) {
     const int len = 2 + int(g() % 23);
@@ -240,6 +240,7 @@ TEST(ExpertParallel, WrongShardIsRefused) {
   // Weights holding every expert, run with expert parallelism: refused
   // before any exchange, on every rank alike.
   model::KvCache kv(c, 4, 16);
+  model::Workspace ws;
   model::RaggedBatch b;
   b.tokens = {1, 2};
   b.n_ctx = {0};
@@ -251,7 +252,7 @@ TEST(ExpertParallel, WrongShardIsRefused) {
   fo.experts = ep.get();
   model::ForwardResult fr;
   try {
-    model::forward(ctx, whole->weights(), kv, b, fo, &fr);
+    model::forward(ctx, whole->weights(), kv, ws, b, fo, &fr);
     FAIL() << "forward with the wrong expert shard accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("expert-parallel shard"), std::string::npos) << e.what();

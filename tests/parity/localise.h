@@ -18,7 +18,6 @@
 
 #include "lockstep/base/error.h"
 #include "lockstep/model/forward.h"
-#include "lockstep/model/forward_util.h"
 #include "lockstep/rollout/engine.h"
 
 namespace lockstep::parity {
@@ -107,8 +106,9 @@ inline CaptureReference trainer_reference(const Context& ctx, const model::Model
   fo.capture = &fn;
   fo.capture_ids = &ids;
   model::KvCache kv(c, std::max(1, total_blocks), block_size);
+  model::Workspace ws;
   model::ForwardResult fr;
-  model::forward(ctx, weights, kv, batch, fo, &fr);
+  model::forward(ctx, weights, kv, ws, batch, fo, &fr);
   return ref;
 }
 

@@ -304,6 +304,7 @@ TEST(FastMode, Bf16KvForwardIsChunkingInvariant) {
     auto run = [&](DType kv_dtype, const std::vector<int>& chunks, int threads) {
       ThreadPool pool(threads);
       model::KvCache kv(c, 3, 16, kv_dtype);
+      model::Workspace ws;
       std::vector<float> logits;
       int32_t n_ctx = 0;
       for (int n : chunks) {
@@ -315,7 +316,7 @@ TEST(FastMode, Bf16KvForwardIsChunkingInvariant) {
         b.max_blocks = 3;
         for (int r = 0; r < n; ++r) b.logit_rows.push_back(r);
         model::ForwardResult fr;
-        model::forward(Context{&pool, 0}, *w, kv, b, {}, &fr);
+        model::forward(Context{&pool, 0}, *w, kv, ws, b, {}, &fr);
         logits.insert(logits.end(), fr.logits.f32(), fr.logits.f32() + fr.logits.view().numel());
         n_ctx += n;
       }

@@ -6,7 +6,6 @@
 
 #include <random>
 
-#include "lockstep/model/forward_util.h"
 #include "lockstep/model/params.h"
 #include "lockstep/rollout/engine.h"
 #include "lockstep/train/trainer.h"

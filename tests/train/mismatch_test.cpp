@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "lockstep/model/forward_util.h"
 #include "lockstep/model/params.h"
 #include "lockstep/rollout/engine.h"
 #include "lockstep/train/mismatch.h"

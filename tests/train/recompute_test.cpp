@@ -122,6 +122,7 @@ TEST(Recompute, ForwardKeepsOnlyTheLayerInputs) {
   init_params(layout, p.as<float>(), 3, 0.2f);
   model::ModelWeights w(Context{}, layout, p.as<float>());
   model::KvCache kv(c, 8, 16);
+  model::Workspace ws;
   model::RaggedBatch b;
   for (int i = 0; i < 12; ++i) b.tokens.push_back(int32_t(i * 5 % c.vocab_size));
   b.n_ctx = {0};
@@ -134,7 +135,7 @@ TEST(Recompute, ForwardKeepsOnlyTheLayerInputs) {
   o.recompute = true;
   model::ForwardResult r;
   model::Activations acts;
-  model::forward(Context{}, w, kv, b, o, &r, &acts);
+  model::forward(Context{}, w, kv, ws, b, o, &r, &acts);
   ASSERT_EQ(acts.layers.size(), size_t(c.num_layers));
   EXPECT_TRUE(acts.recompute);
   // Every layer keeps its input; only the last one also holds the buffers

@@ -151,9 +151,7 @@ std::string model_name(const std::string& config_path) {
 
 std::string bench_config_path(const std::string& name) {
   if (const char* dir = std::getenv("LOCKSTEP_BENCH_CONFIGS")) return std::string(dir) + "/" + name + ".toml";
-  return (std::filesystem::path(__FILE__).parent_path() / "../../../configs/bench" / (name + ".toml"))
-      .lexically_normal()
-      .string();
+  return (std::filesystem::path(LOCKSTEP_SOURCE_DIR) / "configs/bench" / (name + ".toml")).string();
 }
 
 Buffer bench_params(const ParamLayout& layout, const Context& ctx, uint64_t seed) {

@@ -11,7 +11,6 @@
 #include "lockstep/cli/rollout_flags.h"
 #include "lockstep/data/dataset.h"
 #include "lockstep/data/jsonl.h"
-#include "lockstep/model/forward_util.h"
 #include "lockstep/rollout/rollout_config.h"
 #include "lockstep/train/mismatch.h"
 #include "lockstep/train/trainer.h"
@@ -35,7 +34,7 @@ int run_check(const Args& args) {
   const DType pdt = rollout::precision_dtype(precision);
   const bool replay = args.flag("replay");
   const ModelConfig& c = m.config;
-  const int64_t n_moe = model::count_moe_layers(c), K = c.num_experts_per_tok;
+  const int64_t n_moe = c.num_moe_layers(), K = c.num_experts_per_tok;
 
   // Prompts: `prompt_ids`, or text through the tokenizer's chat template.
   std::vector<std::vector<int32_t>> prompts;

@@ -45,9 +45,9 @@ void zero(const Context& ctx, Tensor t) {
 
 }  // namespace
 
-// Temporaries live in the cache's scratch slots (see forward.cpp).
-void backward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const RaggedBatch& batch,
-              Activations& saved, const Tensor& dlogits, const ModelParams& grads) {
+// Temporaries live in the workspace's slots (see forward.cpp).
+void backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv, Workspace& ws,
+              const RaggedBatch& batch, Activations& saved, const Tensor& dlogits, const ModelParams& grads) {
   const ModelConfig& c = weights.config();
   const ModelParams& p = weights.params();
   for (int32_t n : batch.n_ctx) LS_CHECK(n == 0) << "backward needs a batch with every token new (n_ctx == 0)";
@@ -57,7 +57,6 @@ void backward(const Context& ctx, const ModelWeights& weights, KvCache& kv, cons
   LS_CHECK(saved.layers.size() == size_t(c.num_layers)) << "no saved activations for this batch";
   BatchTensors bt(batch, kv.block_size());
   const k::AttentionBatch ab = bt.attention_batch();
-  Scratch& ws = kv.scratch();
   const DType f32 = DType::F32;
 
   // Vocabulary projection and final norm: only the logit rows carry gradient.
@@ -86,13 +85,13 @@ void backward(const Context& ctx, const ModelWeights& weights, KvCache& kv, cons
   ro.replay_experts = saved.replay.empty() ? nullptr : &saved.replay;
   ro.experts = saved.experts;
   ForwardResult rr;
-  const int64_t n_moe = count_moe_layers(c);
+  const int64_t n_moe = c.num_moe_layers();
   int64_t moe_index = n_moe;
   for (int64_t l = c.num_layers - 1; l >= 0; --l) {
     const LayerParams& w = p.layers[size_t(l)];
     const LayerParams& g = grads.layers[size_t(l)];
     if (w.is_moe) --moe_index;
-    if (saved.recompute) recompute_layer(ctx, weights, kv, batch, bt, ro, &rr, l, moe_index, saved);
+    if (saved.recompute) recompute_layer(ctx, weights, kv, ws, batch, bt, ro, &rr, l, moe_index, saved);
     const LayerActivations& a = saved.layers[size_t(l)];
     // x_out = h + ffn(normed2): both branches receive dx.
 

@@ -86,6 +86,12 @@ bool ModelConfig::is_moe_layer(int64_t layer) const {
   return std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) == mlp_only_layers.end();
 }
 
+int64_t ModelConfig::num_moe_layers() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < num_layers; ++l) n += is_moe_layer(l) ? 1 : 0;
+  return n;
+}
+
 void ModelConfig::validate(const std::string& source) const {
   auto fail = [&](const std::string& field, const std::string& why) {
     LS_THROW << source << ": invalid " << field << ": " << why;

@@ -82,6 +82,8 @@ struct ModelConfig {
   bool is_moe() const { return num_experts > 0; }
   // Whether layer i has a routed MoE FFN (else a dense one of width F).
   bool is_moe_layer(int64_t layer) const;
+  // How many layers are MoE (L_moe: the middle dimension of routing tables).
+  int64_t num_moe_layers() const;
   bool has_shared_expert() const { return n_shared_experts > 0; }
 
   // Throws Error (prefixed by `source`, e.g. the file) naming the first bad

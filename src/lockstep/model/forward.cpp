@@ -103,195 +103,329 @@ class CapturePoints {
   std::vector<int32_t> logit_seq_, logit_pos_;  // (R)
 };
 
-// One transformer layer on x (the layer's input, T x D): attention block into
-// h (returned), FFN block into env.ffn; what backward needs goes into *a
-// (scratch when a is null). write_kv: store the layer's new keys/values (a
-// recompute for backward finds them already cached). moe_index: the layer's
-// index among MoE layers (routing replay and recording).
+// The one place an activation's buffer is chosen: the saved tensor backward
+// reads (`saved`, reused from the previous call when the shape matches), or
+// workspace slot `slot` when nothing is saved. Computing straight into the
+// saved tensor means no activation is ever copied.
+Tensor activation_buffer(OwnedTensor* saved, Workspace& ws, size_t slot, DType dt,
+                         std::initializer_list<int64_t> shape) {
+  return saved != nullptr ? reuse(*saved, dt, shape) : ws.get(slot, dt, shape);
+}
+
+// One layer's activations: fields of its LayerActivations when saving for
+// backward, workspace slots otherwise.
+class LayerBuffers {
+ public:
+  using Field = OwnedTensor LayerActivations::*;
+  LayerBuffers(LayerActivations* saved, Workspace& ws) : saved_(saved), ws_(ws) {}
+
+  Tensor get(Field f, size_t slot, DType dt, std::initializer_list<int64_t> shape) const {
+    return activation_buffer(saved_ ? &(saved_->*f) : nullptr, ws_, slot, dt, shape);
+  }
+  // An output only backward reads (the kernel skips it when empty).
+  Tensor saved_only(Field f, DType dt, std::initializer_list<int64_t> shape) const {
+    return saved_ ? reuse(saved_->*f, dt, shape) : Tensor();
+  }
+  // Frees saved fields this layer does not fill (left by an earlier call).
+  void drop(std::initializer_list<Field> fields) const {
+    if (saved_)
+      for (Field f : fields) model::drop(saved_->*f);
+  }
+  void drop_routing() const {
+    if (saved_) {
+      saved_->plan = {};
+      saved_->route = {};
+    }
+  }
+  // The MoE dispatch plan and expert-parallel route: saved, or the caller's.
+  kernels::MoeDispatch& plan(kernels::MoeDispatch& local) const { return saved_ ? saved_->plan : local; }
+  ExpertRoute& route(ExpertRoute& local) const { return saved_ ? saved_->route : local; }
+
+ private:
+  LayerActivations* saved_;
+  Workspace& ws_;
+};
+
+using LA = LayerActivations;
+
+// What every layer of one forward call shares. qkv, kn, vn and ffn are
+// workspace buffers no layer's backward reads.
 struct LayerEnv {
+  LayerEnv(const Context& ctx, const ModelWeights& weights, const KvCache& kv, Workspace& ws, const BatchTensors& bt,
+           const k::AttentionBatch& ab, const CapturePoints& capture, const ForwardOptions& opt, ForwardResult* result)
+      : ctx(ctx), c(weights.config()), weights(weights), kv(kv), ws(ws), bt(bt), ab(ab), capture(capture), opt(opt),
+        result(result), T(bt.positions_t.view().dim(0)) {
+    const int64_t Hkv = c.num_kv_heads, Dh = c.head_dim;
+    qkv = ws.get(kSlotQkv, DType::F32, {T, (c.num_heads + 2 * Hkv) * Dh});
+    kn = ws.get(kSlotK, DType::F32, {T, Hkv, Dh});
+    vn = ws.get(kSlotV, DType::F32, {T, Hkv, Dh});
+    ffn = ws.get(kSlotFfn, DType::F32, {T, c.hidden_size});
+  }
+
   const Context& ctx;
   const ModelConfig& c;
   const ModelWeights& weights;
-  KvCache& kv;
+  const KvCache& kv;
+  Workspace& ws;
   const BatchTensors& bt;
   const k::AttentionBatch& ab;
   const CapturePoints& capture;
-  Scratch& ws;
   const ForwardOptions& opt;
   ForwardResult* result;
-  Tensor qkv, kn, vn, ffn;
+  int64_t T;
+  Tensor qkv;  // (T, (H+2Hkv)*Dh)
+  Tensor kn;   // (T, Hkv, Dh) keys as written to the cache
+  Tensor vn;   // (T, Hkv, Dh) values
+  Tensor ffn;  // (T, D) o_proj output, then the FFN's output
 };
 
-Tensor run_layer(const LayerEnv& env, int64_t l, Tensor x, LayerActivations* a, int64_t moe_index, bool write_kv) {
-  const Context& ctx = env.ctx;
+// q (T, H, Dh), env.kn and env.vn from env.qkv; qk_norm models normalise
+// q and k per head over Dh (on (T*H, Dh) and (T*Hkv, Dh) views).
+void split_heads(const LayerEnv& env, const LayerParams& p, const LayerBuffers& out, Tensor q) {
   const ModelConfig& c = env.c;
-  const ModelWeights& weights = env.weights;
-  KvCache& kv = env.kv;
-  const BatchTensors& bt = env.bt;
-  const k::AttentionBatch& ab = env.ab;
-  const CapturePoints& capture = env.capture;
-  Scratch& ws = env.ws;
-  const ForwardOptions& opt = env.opt;
-  ForwardResult* result = env.result;
-  Tensor qkv = env.qkv, kn = env.kn, vn = env.vn, ffn = env.ffn;
-  const int64_t T = bt.positions_t.view().dim(0), D = c.hidden_size, H = c.num_heads, Hkv = c.num_kv_heads,
-                Dh = c.head_dim, K = c.num_experts_per_tok, n_moe = count_moe_layers(c);
-  const float scale = attention_scale(c);
+  if (!c.qk_norm) {
+    out.drop({&LA::q_pre, &LA::k_pre, &LA::rstd_q, &LA::rstd_k});
+    split_qkv(env.ctx, q, env.kn, env.vn, env.qkv);
+    return;
+  }
+  const int64_t T = env.T, H = c.num_heads, Hkv = c.num_kv_heads, Dh = c.head_dim;
   const float eps = float(c.rms_norm_eps);
   const DType f32 = DType::F32;
-  auto buf = [&](OwnedTensor* f, size_t slot, DType dt, std::initializer_list<int64_t> shape) {
-    return f != nullptr ? reuse(*f, dt, shape) : ws.get(slot, dt, shape);
-  };
-  auto field = [&](LayerActivations* la, OwnedTensor LayerActivations::*m) { return la ? &(la->*m) : nullptr; };
-  const LayerParams& p = weights.params().layers[static_cast<size_t>(l)];
-  const PackedLayer& w = weights.layer(l);
-  using LA = LayerActivations;
-
-  // Attention block.
-  Tensor rstd1 = buf(field(a, &LA::rstd1), kSlotRstd, f32, {T});
-  Tensor normed1 = buf(field(a, &LA::normed1), kSlotNormed, f32, {T, D});
-  k::rmsnorm_forward(ctx, normed1, rstd1, x, p.attn_norm, eps);
-  capture("attn_norm", l, normed1);
-  k::gemm_xwt(ctx, qkv, normed1, w.wqkv);
-  if (c.qkv_bias) add_row_bias(ctx, qkv, p.bqkv);
-  Tensor q = buf(field(a, &LA::q), kSlotQ, f32, {T, H, Dh});
-  if (c.qk_norm) {
-    // Per-head RMSNorm over Dh on the (T*H, Dh) and (T*Hkv, Dh) views.
-    Tensor q_pre = buf(field(a, &LA::q_pre), kSlotQPre, f32, {T, H, Dh});
-    Tensor k_pre = buf(field(a, &LA::k_pre), kSlotKPre, f32, {T, Hkv, Dh});
-    Tensor rstd_q = buf(field(a, &LA::rstd_q), kSlotRstdQ, f32, {T * H});
-    Tensor rstd_k = buf(field(a, &LA::rstd_k), kSlotRstdK, f32, {T * Hkv});
-    split_qkv(ctx, q_pre, k_pre, vn, qkv);
-    k::rmsnorm_forward(ctx, q.reshape({T * H, Dh}), rstd_q, q_pre.reshape({T * H, Dh}), p.q_norm, eps);
-    k::rmsnorm_forward(ctx, kn.reshape({T * Hkv, Dh}), rstd_k, k_pre.reshape({T * Hkv, Dh}), p.k_norm, eps);
-  } else if (a) {
-    for (OwnedTensor* f : {&a->q_pre, &a->k_pre, &a->rstd_q, &a->rstd_k}) drop(*f);
-    split_qkv(ctx, q, kn, vn, qkv);
-  } else {
-    split_qkv(ctx, q, kn, vn, qkv);
-  }
-  k::rope_forward(ctx, q, bt.positions_t.view(), weights.rope());
-  k::rope_forward(ctx, kn, bt.positions_t.view(), weights.rope());
-  capture("q", l, q);
-  capture("k", l, kn);
-  capture("v", l, vn);
-  if (write_kv) k::kv_cache_write(ctx, kv.k(l), kv.v(l), kn, vn, ab);
-  Tensor attn = buf(field(a, &LA::attn), kSlotAttn, f32, {T, H * Dh});
-  Tensor lse = a ? reuse(a->lse, f32, {T, H}) : Tensor();
-  k::attention_forward(ctx, attn.reshape({T, H, Dh}), lse, q, kv.k(l), kv.v(l), ab, scale);
-  capture("attn", l, attn);
-  // h = x + attn·Woᵀ, then normed2 = rmsnorm(h).
-  k::gemm_xwt(ctx, ffn, attn, w.wo);
-  capture("attn_out", l, ffn);
-  Tensor h = buf(field(a, &LA::h), kSlotH, f32, {T, D});
-  Tensor rstd2 = buf(field(a, &LA::rstd2), kSlotRstd, f32, {T});
-  Tensor normed2 = buf(field(a, &LA::normed2), kSlotNormed, f32, {T, D});
-  k::add_rmsnorm_forward(ctx, normed2, h, rstd2, x, ffn, p.mlp_norm, eps);
-  capture("attn_residual", l, h);
-  capture("ffn_norm", l, normed2);
-
-  // FFN block: ffn = FFN(normed2).
-  if (!p.is_moe) {
-    const int64_t F = c.intermediate_size;
-    if (a) {
-      for (OwnedTensor* f : {&a->scores, &a->topk_idx, &a->topk_w, &a->xe, &a->gu_e, &a->act_e, &a->ye, &a->gu_s,
-                             &a->act_s, &a->ys, &a->sgate})
-        drop(*f);
-      a->plan = {};
-      a->route = {};
-    }
-    mlp_forward(ctx, ffn, buf(field(a, &LA::gu), kSlotGu, f32, {T, 2 * F}),
-                buf(field(a, &LA::act), kSlotAct, f32, {T, F}), normed2, w.mlp, false);
-  } else {
-    const int64_t E = c.num_experts, Fe = c.moe_intermediate_size;
-    if (a) {
-      drop(a->gu);
-      drop(a->act);
-    }
-    Tensor logits = ws.get(kSlotRouter, f32, {T, E});
-    Tensor scores = buf(field(a, &LA::scores), kSlotScores, f32, {T, E});
-    Tensor topk_idx = buf(field(a, &LA::topk_idx), kSlotTopkIdx, DType::I32, {T, K});
-    Tensor topk_w = buf(field(a, &LA::topk_w), kSlotTopkW, f32, {T, K});
-    k::gemm_xwt(ctx, logits, normed2, w.router);
-    capture("router_logits", l, logits);
-    Tensor replay;
-    if (opt.replay_experts != nullptr) {
-      replay = ws.get(kSlotReplay, DType::I32, {T, K});
-      gather_layer_experts(replay, *opt.replay_experts, moe_index, n_moe, K);
-    }
-    k::moe_route(ctx, topk_idx, topk_w, scores, logits, p.router_bias, replay, router_config(c));
-    capture("experts", l, topk_idx);
-    capture("expert_weights", l, topk_w);
-    if (opt.record_experts) scatter_layer_experts(result->routed_experts, topk_idx, moe_index, n_moe, K);
-    k::MoeDispatch local_plan;
-    k::MoeDispatch& plan = a ? a->plan : local_plan;
-    plan = k::moe_plan(topk_idx, static_cast<int>(E));
-    Tensor ye = buf(field(a, &LA::ye), kSlotYe, f32, {T * K, D});
-    if (opt.experts == nullptr) {
-      Tensor xe = buf(field(a, &LA::xe), kSlotXe, f32, {T * K, D});
-      Tensor gu_e = buf(field(a, &LA::gu_e), kSlotGu, f32, {T * K, 2 * Fe});
-      Tensor act_e = buf(field(a, &LA::act_e), kSlotAct, f32, {T * K, Fe});
-      k::moe_gather(ctx, xe, normed2, plan);
-      for_each_expert(ctx, plan, [&](int64_t e, const Context& ectx) {
-        const int64_t r0 = plan.offsets[size_t(e)], r1 = plan.offsets[size_t(e) + 1];
-        mlp_forward(ectx, ye.slice_rows(r0, r1), gu_e.slice_rows(r0, r1), act_e.slice_rows(r0, r1),
-                    xe.slice_rows(r0, r1), w.experts[size_t(e)], false);
-      });
-    } else {
-      // Expert parallelism: this rank's rows travel to their experts' owners,
-      // the rows of this rank's experts arrive from the whole group.
-      ExpertRoute local_route;
-      ExpertRoute& route = a ? a->route : local_route;
-      route = expert_route(*opt.experts, plan, weights.experts());
-      const int64_t N = route.num_in();
-      Tensor xs = ws.get(kSlotXe, f32, {T * K, D});
-      k::moe_gather(ctx, xs, normed2, plan);
-      Tensor xr = buf(field(a, &LA::xe), kSlotXr, f32, {N, D});
-      Tensor stage = ws.get(kSlotEpStage, f32, {N, D});
-      expert_dispatch(ctx, *opt.experts, route, xs, xr, stage);
-      Tensor gu_e = buf(field(a, &LA::gu_e), kSlotGu, f32, {N, 2 * Fe});
-      Tensor act_e = buf(field(a, &LA::act_e), kSlotAct, f32, {N, Fe});
-      Tensor yr = ws.get(kSlotYr, f32, {N, D});
-      for_each_expert(ctx, route.local, [&](int64_t e, const Context& ectx) {
-        const int64_t r0 = route.local.offsets[size_t(e)], r1 = route.local.offsets[size_t(e) + 1];
-        mlp_forward(ectx, yr.slice_rows(r0, r1), gu_e.slice_rows(r0, r1), act_e.slice_rows(r0, r1),
-                    xr.slice_rows(r0, r1), w.experts[size_t(e)], false);
-      });
-      expert_return(ctx, *opt.experts, route, yr, ye, stage);
-    }
-    k::moe_combine(ctx, ffn, ye, topk_w, plan);
-    capture("moe_out", l, ffn);
-    if (c.has_shared_expert()) {
-      const int64_t Fs = c.shared_expert_intermediate_size;
-      Tensor gu_s = buf(field(a, &LA::gu_s), kSlotGuS, f32, {T, 2 * Fs});
-      Tensor act_s = buf(field(a, &LA::act_s), kSlotActS, f32, {T, Fs});
-      Tensor ys = buf(field(a, &LA::ys), kSlotYs, f32, {T, D});
-      mlp_forward(ctx, ys, gu_s, act_s, normed2, w.shared, false);
-      capture("shared_out", l, ys);
-      Tensor sgate;
-      if (c.shared_expert_gate) {
-        sgate = buf(field(a, &LA::sgate), kSlotSgate, f32, {T});
-        shared_gate_forward(ctx, sgate, normed2, w.shared_gate);
-      } else if (a) {
-        drop(a->sgate);
-      }
-      add_shared_expert(ctx, ffn, ys, sgate);
-    } else if (a) {
-      for (OwnedTensor* f : {&a->gu_s, &a->act_s, &a->ys, &a->sgate}) drop(*f);
-    }
-  }
-  return h;
+  Tensor q_pre = out.get(&LA::q_pre, kSlotQPre, f32, {T, H, Dh});
+  Tensor k_pre = out.get(&LA::k_pre, kSlotKPre, f32, {T, Hkv, Dh});
+  Tensor rstd_q = out.get(&LA::rstd_q, kSlotRstdQ, f32, {T * H});
+  Tensor rstd_k = out.get(&LA::rstd_k, kSlotRstdK, f32, {T * Hkv});
+  split_qkv(env.ctx, q_pre, k_pre, env.vn, env.qkv);
+  k::rmsnorm_forward(env.ctx, q.reshape({T * H, Dh}), rstd_q, q_pre.reshape({T * H, Dh}), p.q_norm, eps);
+  k::rmsnorm_forward(env.ctx, env.kn.reshape({T * Hkv, Dh}), rstd_k, k_pre.reshape({T * Hkv, Dh}), p.k_norm, eps);
 }
 
-}  // namespace
+struct AttentionOut {
+  Tensor h;        // (T, D) x + attention projection
+  Tensor normed2;  // (T, D) rmsnorm(h), the FFN's input
+};
 
-namespace {
+// Attention block of layer l on x (T, D). write_kv: store the new keys and
+// values (a recompute for backward finds them already cached).
+AttentionOut attention_block(const LayerEnv& env, int64_t l, const Tensor& x, const LayerBuffers& out,
+                             bool write_kv) {
+  const Context& ctx = env.ctx;
+  const ModelConfig& c = env.c;
+  const int64_t T = env.T, D = c.hidden_size, H = c.num_heads, Dh = c.head_dim;
+  const float eps = float(c.rms_norm_eps);
+  const DType f32 = DType::F32;
+  const LayerParams& p = env.weights.params().layers[static_cast<size_t>(l)];
+  const PackedLayer& w = env.weights.layer(l);
+  const Tensor positions = env.bt.positions_t.view();
+
+  Tensor rstd1 = out.get(&LA::rstd1, kSlotRstd, f32, {T});
+  Tensor normed1 = out.get(&LA::normed1, kSlotNormed, f32, {T, D});
+  k::rmsnorm_forward(ctx, normed1, rstd1, x, p.attn_norm, eps);
+  env.capture("attn_norm", l, normed1);
+  k::gemm_xwt(ctx, env.qkv, normed1, w.wqkv);
+  if (c.qkv_bias) add_row_bias(ctx, env.qkv, p.bqkv);
+  Tensor q = out.get(&LA::q, kSlotQ, f32, {T, H, Dh});
+  split_heads(env, p, out, q);
+  k::rope_forward(ctx, q, positions, env.weights.rope());
+  k::rope_forward(ctx, env.kn, positions, env.weights.rope());
+  env.capture("q", l, q);
+  env.capture("k", l, env.kn);
+  env.capture("v", l, env.vn);
+  if (write_kv) k::kv_cache_write(ctx, env.kv.k(l), env.kv.v(l), env.kn, env.vn, env.ab);
+  Tensor attn = out.get(&LA::attn, kSlotAttn, f32, {T, H * Dh});
+  Tensor lse = out.saved_only(&LA::lse, f32, {T, H});
+  k::attention_forward(ctx, attn.reshape({T, H, Dh}), lse, q, env.kv.k(l), env.kv.v(l), env.ab, attention_scale(c));
+  env.capture("attn", l, attn);
+  // h = x + attn·Woᵀ, then normed2 = rmsnorm(h).
+  k::gemm_xwt(ctx, env.ffn, attn, w.wo);
+  env.capture("attn_out", l, env.ffn);
+  Tensor h = out.get(&LA::h, kSlotH, f32, {T, D});
+  Tensor rstd2 = out.get(&LA::rstd2, kSlotRstd, f32, {T});
+  Tensor normed2 = out.get(&LA::normed2, kSlotNormed, f32, {T, D});
+  k::add_rmsnorm_forward(ctx, normed2, h, rstd2, x, env.ffn, p.mlp_norm, eps);
+  env.capture("attn_residual", l, h);
+  env.capture("ffn_norm", l, normed2);
+  return {h, normed2};
+}
+
+// env.ffn = SwiGLU(normed2) of a dense layer.
+void dense_ffn(const LayerEnv& env, int64_t l, const Tensor& normed2, const LayerBuffers& out) {
+  const int64_t T = env.T, F = env.c.intermediate_size;
+  out.drop({&LA::scores, &LA::topk_idx, &LA::topk_w, &LA::xe, &LA::gu_e, &LA::act_e, &LA::ye, &LA::gu_s, &LA::act_s,
+            &LA::ys, &LA::sgate});
+  out.drop_routing();
+  mlp_forward(env.ctx, env.ffn, out.get(&LA::gu, kSlotGu, DType::F32, {T, 2 * F}),
+              out.get(&LA::act, kSlotAct, DType::F32, {T, F}), normed2, env.weights.layer(l).mlp, false);
+}
+
+struct Routing {
+  Tensor experts;  // (T, K) i32
+  Tensor weights;  // (T, K)
+};
+
+// The router of MoE layer l (moe_index-th among MoE layers): each row's K
+// experts (this router's top-k, or opt.replay_experts) and gate weights.
+Routing route_rows(const LayerEnv& env, int64_t l, int64_t moe_index, const Tensor& normed2,
+                   const LayerBuffers& out) {
+  const ModelConfig& c = env.c;
+  const ForwardOptions& opt = env.opt;
+  const int64_t T = env.T, E = c.num_experts, K = c.num_experts_per_tok, n_moe = c.num_moe_layers();
+  const DType f32 = DType::F32;
+  Tensor logits = env.ws.get(kSlotRouter, f32, {T, E});
+  Tensor scores = out.get(&LA::scores, kSlotScores, f32, {T, E});
+  Tensor topk_idx = out.get(&LA::topk_idx, kSlotTopkIdx, DType::I32, {T, K});
+  Tensor topk_w = out.get(&LA::topk_w, kSlotTopkW, f32, {T, K});
+  k::gemm_xwt(env.ctx, logits, normed2, env.weights.layer(l).router);
+  env.capture("router_logits", l, logits);
+  Tensor replay;
+  if (opt.replay_experts != nullptr) {
+    replay = env.ws.get(kSlotReplay, DType::I32, {T, K});
+    gather_layer_experts(replay, *opt.replay_experts, moe_index, n_moe, K);
+  }
+  const LayerParams& p = env.weights.params().layers[static_cast<size_t>(l)];
+  k::moe_route(env.ctx, topk_idx, topk_w, scores, logits, p.router_bias, replay, router_config(c));
+  env.capture("experts", l, topk_idx);
+  env.capture("expert_weights", l, topk_w);
+  if (opt.record_experts) scatter_layer_experts(env.result->routed_experts, topk_idx, moe_index, n_moe, K);
+  return {topk_idx, topk_w};
+}
+
+// ye (T*K, D) = each routed row through its expert, all experts on this rank.
+void local_experts(const LayerEnv& env, int64_t l, const Tensor& normed2, const LayerBuffers& out,
+                   const k::MoeDispatch& plan, Tensor ye) {
+  const int64_t T = env.T, D = env.c.hidden_size, K = env.c.num_experts_per_tok, Fe = env.c.moe_intermediate_size;
+  const DType f32 = DType::F32;
+  const PackedLayer& w = env.weights.layer(l);
+  Tensor xe = out.get(&LA::xe, kSlotXe, f32, {T * K, D});
+  Tensor gu_e = out.get(&LA::gu_e, kSlotGu, f32, {T * K, 2 * Fe});
+  Tensor act_e = out.get(&LA::act_e, kSlotAct, f32, {T * K, Fe});
+  k::moe_gather(env.ctx, xe, normed2, plan);
+  for_each_expert(env.ctx, plan, [&](int64_t e, const Context& ectx) {
+    const int64_t r0 = plan.offsets[size_t(e)], r1 = plan.offsets[size_t(e) + 1];
+    mlp_forward(ectx, ye.slice_rows(r0, r1), gu_e.slice_rows(r0, r1), act_e.slice_rows(r0, r1),
+                xe.slice_rows(r0, r1), w.experts[size_t(e)], false);
+  });
+}
+
+// As local_experts with expert parallelism: this rank's rows travel to their
+// experts' owners, the rows of this rank's experts arrive from the whole
+// group, and their outputs travel back.
+void parallel_experts(const LayerEnv& env, int64_t l, const Tensor& normed2, const LayerBuffers& out,
+                      const k::MoeDispatch& plan, Tensor ye) {
+  const Context& ctx = env.ctx;
+  ExpertComm& comm = *env.opt.experts;
+  const int64_t T = env.T, D = env.c.hidden_size, K = env.c.num_experts_per_tok, Fe = env.c.moe_intermediate_size;
+  const DType f32 = DType::F32;
+  const PackedLayer& w = env.weights.layer(l);
+  ExpertRoute local_route;
+  ExpertRoute& route = out.route(local_route);
+  route = expert_route(comm, plan, env.weights.experts());
+  const int64_t N = route.num_in();
+  Tensor xs = env.ws.get(kSlotXe, f32, {T * K, D});
+  k::moe_gather(ctx, xs, normed2, plan);
+  Tensor xr = out.get(&LA::xe, kSlotXr, f32, {N, D});
+  Tensor stage = env.ws.get(kSlotEpStage, f32, {N, D});
+  expert_dispatch(ctx, comm, route, xs, xr, stage);
+  Tensor gu_e = out.get(&LA::gu_e, kSlotGu, f32, {N, 2 * Fe});
+  Tensor act_e = out.get(&LA::act_e, kSlotAct, f32, {N, Fe});
+  Tensor yr = env.ws.get(kSlotYr, f32, {N, D});
+  for_each_expert(ctx, route.local, [&](int64_t e, const Context& ectx) {
+    const int64_t r0 = route.local.offsets[size_t(e)], r1 = route.local.offsets[size_t(e) + 1];
+    mlp_forward(ectx, yr.slice_rows(r0, r1), gu_e.slice_rows(r0, r1), act_e.slice_rows(r0, r1),
+                xr.slice_rows(r0, r1), w.experts[size_t(e)], false);
+  });
+  expert_return(ctx, comm, route, yr, ye, stage);
+}
+
+// env.ffn += the shared expert of normed2 (gated in Qwen2-MoE), if any.
+void shared_expert(const LayerEnv& env, int64_t l, const Tensor& normed2, const LayerBuffers& out) {
+  const ModelConfig& c = env.c;
+  if (!c.has_shared_expert()) {
+    out.drop({&LA::gu_s, &LA::act_s, &LA::ys, &LA::sgate});
+    return;
+  }
+  const int64_t T = env.T, D = c.hidden_size, Fs = c.shared_expert_intermediate_size;
+  const DType f32 = DType::F32;
+  const PackedLayer& w = env.weights.layer(l);
+  Tensor gu_s = out.get(&LA::gu_s, kSlotGuS, f32, {T, 2 * Fs});
+  Tensor act_s = out.get(&LA::act_s, kSlotActS, f32, {T, Fs});
+  Tensor ys = out.get(&LA::ys, kSlotYs, f32, {T, D});
+  mlp_forward(env.ctx, ys, gu_s, act_s, normed2, w.shared, false);
+  env.capture("shared_out", l, ys);
+  Tensor sgate;
+  if (c.shared_expert_gate) {
+    sgate = out.get(&LA::sgate, kSlotSgate, f32, {T});
+    shared_gate_forward(env.ctx, sgate, normed2, w.shared_gate);
+  } else {
+    out.drop({&LA::sgate});
+  }
+  add_shared_expert(env.ctx, env.ffn, ys, sgate);
+}
+
+// env.ffn = the MoE FFN of normed2: routed experts' weighted sum, plus the
+// shared expert.
+void moe_ffn(const LayerEnv& env, int64_t l, int64_t moe_index, const Tensor& normed2, const LayerBuffers& out) {
+  const int64_t T = env.T, D = env.c.hidden_size, K = env.c.num_experts_per_tok;
+  out.drop({&LA::gu, &LA::act});
+  const Routing r = route_rows(env, l, moe_index, normed2, out);
+  k::MoeDispatch local_plan;
+  k::MoeDispatch& plan = out.plan(local_plan);
+  plan = k::moe_plan(r.experts, static_cast<int>(env.c.num_experts));
+  Tensor ye = out.get(&LA::ye, kSlotYe, DType::F32, {T * K, D});
+  if (env.opt.experts == nullptr)
+    local_experts(env, l, normed2, out, plan, ye);
+  else
+    parallel_experts(env, l, normed2, out, plan, ye);
+  k::moe_combine(env.ctx, env.ffn, ye, r.weights, plan);
+  env.capture("moe_out", l, env.ffn);
+  shared_expert(env, l, normed2, out);
+}
+
+// One transformer layer on x (the layer's input, T x D): the attention block
+// into h (returned), the FFN block into env.ffn; what backward needs goes
+// into *a (workspace when a is null). moe_index: the layer's index among MoE
+// layers (routing replay and recording).
+Tensor run_layer(const LayerEnv& env, int64_t l, const Tensor& x, LayerActivations* a, int64_t moe_index,
+                 bool write_kv) {
+  const LayerBuffers out(a, env.ws);
+  const AttentionOut att = attention_block(env, l, x, out, write_kv);
+  if (env.weights.params().layers[static_cast<size_t>(l)].is_moe)
+    moe_ffn(env, l, moe_index, att.normed2, out);
+  else
+    dense_ffn(env, l, att.normed2, out);
+  return att.h;
+}
+
 // Every saved field of a layer but its input x_in.
 std::vector<OwnedTensor*> recomputed_fields(LayerActivations& a) {
   return {&a.rstd1, &a.normed1, &a.q_pre, &a.k_pre, &a.rstd_q, &a.rstd_k, &a.q, &a.attn, &a.lse,
           &a.h, &a.rstd2, &a.normed2, &a.gu, &a.act, &a.scores, &a.topk_idx, &a.topk_w, &a.xe,
           &a.gu_e, &a.act_e, &a.ye, &a.gu_s, &a.act_s, &a.ys, &a.sgate};
 }
+
+// Checks the options against the batch and the weights.
+void check_options(const ModelWeights& weights, const RaggedBatch& batch, const ForwardOptions& opt,
+                   const Activations* saved) {
+  const ModelConfig& c = weights.config();
+  LS_CHECK(!opt.save_activations || saved != nullptr) << "save_activations needs an Activations";
+  const int64_t T = batch.num_tokens(), n_moe = c.num_moe_layers(), K = c.num_experts_per_tok;
+  if (opt.replay_experts != nullptr) {
+    LS_CHECK(static_cast<int64_t>(opt.replay_experts->size()) == T * n_moe * K)
+        << "replay_experts has " << opt.replay_experts->size() << " entries, expected T*L_moe*K = " << T << "*"
+        << n_moe << "*" << K;
+  }
+  if (n_moe > 0) {
+    const ExpertShard want = opt.experts ? ExpertShard::of_rank(c.num_experts, opt.experts->size(),
+                                                                opt.experts->rank())
+                                         : ExpertShard{};
+    LS_CHECK(weights.experts() == want)
+        << "forward: the weights hold experts [" << weights.experts().first << ", "
+        << weights.experts().first + weights.experts().count << ") (count -1: all), "
+        << (opt.experts ? "this rank's expert-parallel shard is [" : "a forward without expert parallelism needs all")
+        << (opt.experts ? std::to_string(want.first) + ", " + std::to_string(want.first + want.count) + ")" : "");
+  }
+}
+
 }  // namespace
 
 void drop_layer(LayerActivations& a) {
@@ -310,58 +444,28 @@ void pass_layer_buffers(LayerActivations& from, LayerActivations& to) {
   from.route = {};
 }
 
-void recompute_layer(const Context& ctx, const ModelWeights& weights, KvCache& kv, const RaggedBatch& batch,
-                     const BatchTensors& bt, const ForwardOptions& opt, ForwardResult* result, int64_t l,
-                     int64_t moe_index, Activations& saved) {
-  const ModelConfig& c = weights.config();
-  const int64_t T = batch.num_tokens(), D = c.hidden_size, Hkv = c.num_kv_heads, Dh = c.head_dim;
-  const int64_t QKV = (c.num_heads + 2 * Hkv) * Dh;
+void recompute_layer(const Context& ctx, const ModelWeights& weights, const KvCache& kv, Workspace& ws,
+                     const RaggedBatch& batch, const BatchTensors& bt, const ForwardOptions& opt,
+                     ForwardResult* result, int64_t l, int64_t moe_index, Activations& saved) {
   const CapturePoints capture(opt, batch, bt.positions);
-  Scratch& ws = kv.scratch();
   const k::AttentionBatch ab = bt.attention_batch();
-  const DType f32 = DType::F32;
-  const LayerEnv env{ctx, c, weights, kv, bt, ab, capture, ws, opt, result,
-                     ws.get(kSlotQkv, f32, {T, QKV}), ws.get(kSlotK, f32, {T, Hkv, Dh}),
-                     ws.get(kSlotV, f32, {T, Hkv, Dh}), ws.get(kSlotFfn, f32, {T, D})};
+  const LayerEnv env(ctx, weights, kv, ws, bt, ab, capture, opt, result);
   LayerActivations& a = saved.layers[static_cast<size_t>(l)];
   run_layer(env, l, a.x_in.view(), &a, moe_index, false);
 }
 
-namespace {
-
-}  // namespace
-
 // Buffers: what backward needs is computed straight into the saved
-// Activations (reused from the previous call when the shapes match), the rest
-// into the cache's scratch slots, so a warm call allocates nothing and no
-// activation is copied.
-void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const RaggedBatch& batch,
+// Activations (activation_buffer), the rest into workspace slots, so a warm
+// call allocates nothing and no activation is copied.
+void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, Workspace& ws, const RaggedBatch& batch,
              const ForwardOptions& opt, ForwardResult* result, Activations* saved) {
   const ModelConfig& c = weights.config();
   batch.validate(c, kv);
-  LS_CHECK(!opt.save_activations || saved != nullptr) << "save_activations needs an Activations";
-  const int64_t T = batch.num_tokens(), D = c.hidden_size, H = c.num_heads, Hkv = c.num_kv_heads,
-                Dh = c.head_dim, R = static_cast<int64_t>(batch.logit_rows.size());
-  const int64_t QKV = (H + 2 * Hkv) * Dh;
+  check_options(weights, batch, opt, saved);
+  const int64_t T = batch.num_tokens(), D = c.hidden_size, R = static_cast<int64_t>(batch.logit_rows.size());
   const bool save = opt.save_activations;
-  const int64_t n_moe = count_moe_layers(c);
-  const int64_t K = c.num_experts_per_tok;
-  if (opt.replay_experts != nullptr) {
-    LS_CHECK(static_cast<int64_t>(opt.replay_experts->size()) == T * n_moe * K)
-        << "replay_experts has " << opt.replay_experts->size() << " entries, expected T*L_moe*K = " << T << "*"
-        << n_moe << "*" << K;
-  }
-  if (opt.record_experts) result->routed_experts.assign(static_cast<size_t>(T * n_moe * K), 0);
-  if (n_moe > 0) {
-    const ExpertShard want = opt.experts ? ExpertShard::of_rank(c.num_experts, opt.experts->size(),
-                                                                opt.experts->rank())
-                                         : ExpertShard{};
-    LS_CHECK(weights.experts() == want)
-        << "forward: the weights hold experts [" << weights.experts().first << ", "
-        << weights.experts().first + weights.experts().count << ") (count -1: all), "
-        << (opt.experts ? "this rank's expert-parallel shard is [" : "a forward without expert parallelism needs all")
-        << (opt.experts ? std::to_string(want.first) + ", " + std::to_string(want.first + want.count) + ")" : "");
-  }
+  if (opt.record_experts)
+    result->routed_experts.assign(static_cast<size_t>(T * c.num_moe_layers() * c.num_experts_per_tok), 0);
 
   BatchTensors bt(batch, kv.block_size());
   const CapturePoints capture(opt, batch, bt.positions);
@@ -375,40 +479,28 @@ void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const
     else
       saved->replay.clear();
   }
-  Scratch& ws = kv.scratch();
-  // A buffer that backward needs (saved field f of layer activations a) or
-  // scratch slot `slot` when nothing is saved.
-  auto buf = [&](OwnedTensor* f, size_t slot, DType dt, std::initializer_list<int64_t> shape) {
-    return f != nullptr ? reuse(*f, dt, shape) : ws.get(slot, dt, shape);
-  };
-  auto field = [&](LayerActivations* a, OwnedTensor LayerActivations::*m) { return a ? &(a->*m) : nullptr; };
+  auto layer_saved = [&](int64_t l) { return save ? &saved->layers[static_cast<size_t>(l)] : nullptr; };
   const DType f32 = DType::F32;
 
   // Residual stream entering layer 0: saved as its x_in.
-  LayerActivations* a0 = save && c.num_layers > 0 ? &saved->layers[0] : nullptr;
-  Tensor x = buf(field(a0, &LayerActivations::x_in), kSlotX, f32, {T, D});
+  Tensor x = LayerBuffers(c.num_layers > 0 ? layer_saved(0) : nullptr, ws).get(&LA::x_in, kSlotX, f32, {T, D});
   k::embedding_forward(ctx, x, weights.params().embed, bt.tokens.view());
   capture("embed", -1, x);
 
-  const float eps = float(c.rms_norm_eps);
   const k::AttentionBatch ab = bt.attention_batch();
-  Tensor qkv = ws.get(kSlotQkv, f32, {T, QKV});
-  Tensor kn = ws.get(kSlotK, f32, {T, Hkv, Dh}), vn = ws.get(kSlotV, f32, {T, Hkv, Dh});
-  Tensor ffn = ws.get(kSlotFfn, f32, {T, D});
-
-  const LayerEnv env{ctx, c, weights, kv, bt, ab, capture, ws, opt, result, qkv, kn, vn, ffn};
+  const LayerEnv env(ctx, weights, kv, ws, bt, ab, capture, opt, result);
   int64_t moe_index = 0;
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    LayerActivations* a = save ? &saved->layers[static_cast<size_t>(l)] : nullptr;
+    LayerActivations* a = layer_saved(l);
     const Tensor h = run_layer(env, l, x, a, moe_index, true);
     if (weights.params().layers[static_cast<size_t>(l)].is_moe) ++moe_index;
-    capture("ffn_out", l, ffn);
+    capture("ffn_out", l, env.ffn);
     // x = h + ffn (one f32 add per element), into the next layer's saved
-    // x_in when saving (the last layer's output goes to scratch: only its
-    // logit rows are kept).
-    LayerActivations* next = a && l + 1 < c.num_layers ? &saved->layers[static_cast<size_t>(l) + 1] : nullptr;
-    x = next ? reuse(next->x_in, f32, {T, D}) : ws.get(kSlotX, f32, {T, D});
-    add_into(ctx, x, h, ffn);
+    // x_in when saving (the last layer's output goes to the workspace: only
+    // its logit rows are kept).
+    LayerActivations* next = l + 1 < c.num_layers ? layer_saved(l + 1) : nullptr;
+    x = LayerBuffers(next, ws).get(&LA::x_in, kSlotX, f32, {T, D});
+    add_into(ctx, x, h, env.ffn);
     capture("residual", l, x);
     // Recompute mode: only x_in is kept; the buffers go on to the next layer
     // (same shapes, no new allocation), and the last layer keeps them for
@@ -417,11 +509,11 @@ void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const
   }
 
   // Final norm on the wanted rows only, then the vocabulary projection.
-  Tensor rows = save ? reuse(saved->x_final, f32, {R, D}) : ws.get(kSlotRows, f32, {R, D});
+  Tensor rows = activation_buffer(save ? &saved->x_final : nullptr, ws, kSlotRows, f32, {R, D});
   gather_rows(ctx, rows, x, batch.logit_rows);
-  Tensor rows_normed = save ? reuse(saved->normed_rows, f32, {R, D}) : ws.get(kSlotRowsNormed, f32, {R, D});
-  Tensor rstd_f = save ? reuse(saved->rstd_f, f32, {R}) : ws.get(kSlotRstdF, f32, {R});
-  k::rmsnorm_forward(ctx, rows_normed, rstd_f, rows, weights.params().final_norm, eps);
+  Tensor rows_normed = activation_buffer(save ? &saved->normed_rows : nullptr, ws, kSlotRowsNormed, f32, {R, D});
+  Tensor rstd_f = activation_buffer(save ? &saved->rstd_f : nullptr, ws, kSlotRstdF, f32, {R});
+  k::rmsnorm_forward(ctx, rows_normed, rstd_f, rows, weights.params().final_norm, float(c.rms_norm_eps));
   capture("final_norm", c.num_layers, rows_normed, true);
   Tensor logits = reuse(result->logits, f32, {R, c.vocab_size});
   if (R > 0) k::gemm_xwt(ctx, logits, rows_normed, weights.lm_head());

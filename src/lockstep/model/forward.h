@@ -14,6 +14,7 @@
 #include "lockstep/model/expert_parallel.h"
 #include "lockstep/model/kv_cache.h"
 #include "lockstep/model/weights.h"
+#include "lockstep/model/workspace.h"
 
 namespace lockstep::model {
 
@@ -144,9 +145,10 @@ struct Activations {
 };
 
 // Runs the model. New keys/values are written into `kv` (at the blocks the
-// batch's table names) before attention reads them. `saved` must be non-null
-// when options.save_activations is set.
-void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const RaggedBatch& batch,
+// batch's table names) before attention reads them; temporaries live in `ws`,
+// whose contents mean nothing after the call. `saved` must be non-null when
+// options.save_activations is set.
+void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, Workspace& ws, const RaggedBatch& batch,
              const ForwardOptions& options, ForwardResult* result, Activations* saved = nullptr);
 
 // Backward of forward() for a batch whose n_ctx are all 0 (the training case).
@@ -156,9 +158,10 @@ void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const
 // accumulated (+=) into `grads` (views of a flat gradient buffer with the
 // parameters' layout).
 // With saved.recompute, each layer's activations are recomputed from its saved
-// input (and freed again) as backward reaches it.
-void backward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const RaggedBatch& batch,
-              Activations& saved, const Tensor& dlogits, const ModelParams& grads);
+// input (and freed again) as backward reaches it. `kv` holds the forward's
+// keys and values (read only); `ws` may be the forward's workspace.
+void backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv, Workspace& ws,
+              const RaggedBatch& batch, Activations& saved, const Tensor& dlogits, const ModelParams& grads);
 
 // Attention softmax scale 1/sqrt(Dh), computed once in double and rounded.
 float attention_scale(const ModelConfig& c);

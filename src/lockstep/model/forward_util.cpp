@@ -46,15 +46,6 @@ kernels::AttentionBatch BatchTensors::attention_batch() const {
   return ab;
 }
 
-Tensor reuse(OwnedTensor& t, DType dtype, std::initializer_list<int64_t> shape) {
-  const Tensor& v = t.view();
-  bool same = v.data != nullptr && v.dtype == dtype && v.ndim == int(shape.size());
-  int i = 0;
-  for (int64_t d : shape) same = same && v.shape[i++] == d;
-  if (!same) t = OwnedTensor(dtype, std::vector<int64_t>(shape));
-  return t.view();
-}
-
 namespace {
 // Whole experts per thread only when the busiest thread gets at most this
 // much more than an even share of the rows; past it, the idle thread costs
@@ -96,12 +87,6 @@ void for_each_expert(const Context& ctx, const kernels::MoeDispatch& plan,
     }
   }
   for (int64_t e : active) fn(e, ctx);
-}
-
-int64_t count_moe_layers(const ModelConfig& c) {
-  int64_t n = 0;
-  for (int64_t l = 0; l < c.num_layers; ++l) n += c.is_moe_layer(l) ? 1 : 0;
-  return n;
 }
 
 kernels::RouterConfig router_config(const ModelConfig& c) {

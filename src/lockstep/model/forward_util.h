@@ -1,6 +1,6 @@
 // Small pieces of the model forward/backward that are not kernels of their
-// own: batch bookkeeping, scratch slots and buffer reuse, the expert loop,
-// copies, bias and residual adds, routing tables.
+// own: batch bookkeeping, workspace slots, the expert loop, copies, bias and
+// residual adds, routing tables.
 #pragma once
 
 #include <cstdint>
@@ -29,10 +29,10 @@ struct BatchTensors {
   int block_size;
 };
 
-// Scratch slots (KvCache::scratch()) of forward and backward. Both use the
-// same numbers: nothing forward leaves in scratch is read after it returns
-// (backward reads only the saved Activations).
-enum ScratchSlot : size_t {
+// Workspace slots of forward and backward. Both use the same numbers:
+// nothing forward leaves in the workspace is read after it returns (backward
+// reads only the saved Activations and the KV cache).
+enum WorkspaceSlot : size_t {
   kSlotX,        // (T, D) residual stream
   kSlotNormed,   // (T, D)
   kSlotRstd,     // (T)
@@ -90,12 +90,6 @@ enum ScratchSlot : size_t {
   kSlotDxr,      // (N, D)
 };
 
-// t itself, reallocated only when its dtype or shape differs: a caller that
-// keeps an Activations or ForwardResult from call to call then allocates
-// nothing. Contents are undefined when reused (the callers overwrite them).
-Tensor reuse(OwnedTensor& t, DType dtype, std::initializer_list<int64_t> shape);
-// Releases t's memory (a saved field this layer does not use).
-inline void drop(OwnedTensor& t) { t = OwnedTensor(); }
 
 // Runs fn(e, ectx) for every expert e with rows in the dispatch plan. When
 // the pool has several threads and the experts' rows can be shared out
@@ -107,7 +101,6 @@ inline void drop(OwnedTensor& t) { t = OwnedTensor(); }
 void for_each_expert(const Context& ctx, const kernels::MoeDispatch& plan,
                      const std::function<void(int64_t e, const Context& ectx)>& fn);
 
-int64_t count_moe_layers(const ModelConfig& c);
 kernels::RouterConfig router_config(const ModelConfig& c);
 
 OwnedTensor copy_of(const Tensor& t);  // contiguous copy
@@ -141,8 +134,8 @@ void add_shared_expert(const Context& ctx, Tensor ffn, const Tensor& ys, const T
 void drop_layer(LayerActivations& a);
 // Moves `from`'s recomputed buffers (all but x_in) into `to`, for reuse.
 void pass_layer_buffers(LayerActivations& from, LayerActivations& to);
-void recompute_layer(const Context& ctx, const ModelWeights& weights, KvCache& kv, const RaggedBatch& batch,
-                     const BatchTensors& bt, const ForwardOptions& opt, ForwardResult* result, int64_t l,
-                     int64_t moe_index, Activations& saved);
+void recompute_layer(const Context& ctx, const ModelWeights& weights, const KvCache& kv, Workspace& ws,
+                     const RaggedBatch& batch, const BatchTensors& bt, const ForwardOptions& opt,
+                     ForwardResult* result, int64_t l, int64_t moe_index, Activations& saved);
 
 }  // namespace lockstep::model

@@ -1,4 +1,4 @@
-// KvCache allocation and the scratch slots.
+// KvCache allocation and copy on write.
 #include "lockstep/model/kv_cache.h"
 
 #include <cstring>
@@ -6,24 +6,6 @@
 #include "lockstep/base/error.h"
 
 namespace lockstep::model {
-
-Tensor Scratch::get(size_t slot, DType dtype, std::initializer_list<int64_t> shape) {
-  Tensor probe(nullptr, dtype, shape);
-  const size_t need = probe.nbytes();
-  if (slot >= slots_.size()) slots_.resize(slot + 1);
-  if (slots_[slot].size() < need) {
-    // 1/8 headroom: batches that grow a little (decode steps gaining
-    // sequences) do not reallocate every time.
-    slots_[slot] = Buffer(need + need / 8);
-  }
-  return Tensor(slots_[slot].data(), dtype, shape);
-}
-
-size_t Scratch::nbytes() const {
-  size_t n = 0;
-  for (const auto& b : slots_) n += b.size();
-  return n;
-}
 
 KvCache::KvCache(const ModelConfig& c, int64_t num_blocks, int block_size, DType dtype)
     : block_size_(block_size), num_blocks_(num_blocks), dtype_(dtype) {

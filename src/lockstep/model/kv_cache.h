@@ -1,33 +1,17 @@
 // KvCache: the paged key/value storage of every layer. Which physical block
 // holds which positions of which sequence is decided by the caller (the
 // rollout engine's block manager, or the trainer's trivial one) and passed in
-// each batch's block table; this class only owns the memory. It also keeps
-// the scratch memory forward() and backward() reuse from call to call (the
-// cache is the one object both engines keep and pass to every call), so a
-// decode or training step allocates nothing once warm.
+// each batch's block table; this class only owns the memory. The scratch
+// memory of forward() and backward() is a Workspace of its own (workspace.h).
 #pragma once
 
 #include <cstdint>
-#include <initializer_list>
 #include <vector>
 
 #include "lockstep/model/config.h"
 #include "lockstep/tensor/tensor.h"
 
 namespace lockstep::model {
-
-// Numbered scratch buffers that keep the largest allocation each has needed.
-// get() returns a contiguous view whose contents are undefined (whatever the
-// last user left): every user writes a buffer before reading it. A view stays
-// valid until the next get() of the same slot.
-class Scratch {
- public:
-  Tensor get(size_t slot, DType dtype, std::initializer_list<int64_t> shape);
-  size_t nbytes() const;  // memory held by all slots
-
- private:
-  std::vector<Buffer> slots_;
-};
 
 class KvCache {
  public:
@@ -46,19 +30,13 @@ class KvCache {
   int block_size() const { return block_size_; }
   int64_t num_blocks() const { return num_blocks_; }
   int64_t num_layers() const { return static_cast<int64_t>(k_.size()); }
-  size_t nbytes() const;  // the K/V memory (scratch not included)
-
-  // Forward/backward scratch. Mutable through a const cache: it holds no
-  // state between calls, only memory (backward takes the cache as const).
-  // Like the cache itself, it must not be used by two calls at once.
-  Scratch& scratch() const { return scratch_; }
+  size_t nbytes() const;  // the K/V memory
 
  private:
   std::vector<OwnedTensor> k_, v_;
   int block_size_ = 0;
   int64_t num_blocks_ = 0;
   DType dtype_ = DType::F32;
-  mutable Scratch scratch_;
 };
 
 }  // namespace lockstep::model

@@ -37,12 +37,12 @@ uint64_t name_hash(const std::string& s) {
 
 }  // namespace
 
-void ParamLayout::add(std::string name, std::vector<int64_t> shape, ParamKind kind) {
+void ParamLayout::add(std::string name, std::vector<int64_t> shape, ParamKind kind, int64_t layer, int64_t expert) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   LS_CHECK(index_.count(name) == 0) << "duplicate parameter " << name;
   index_.emplace(name, params_.size());
-  params_.push_back(ParamInfo{std::move(name), std::move(shape), numel_, n, kind});
+  params_.push_back(ParamInfo{std::move(name), std::move(shape), numel_, n, kind, layer, expert});
   numel_ += n;
 }
 
@@ -53,54 +53,72 @@ ParamLayout::ParamLayout(const ModelConfig& c, int64_t expert_first, int64_t exp
   c.validate();
   LS_CHECK(expert_count < 0 || (expert_first >= 0 && expert_count >= 1 && expert_first + expert_count <= c.num_experts))
       << "experts [" << expert_first << ", " << expert_first + expert_count << ") of a model with " << c.num_experts;
-  const int64_t V = c.vocab_size, D = c.hidden_size, Dh = c.head_dim;
-  const int64_t Q = c.q_dim(), KV = c.kv_dim();
+  const int64_t V = c.vocab_size, D = c.hidden_size;
   add("model.embed_tokens.weight", {V, D}, ParamKind::Matrix);
-  for (int64_t i = 0; i < c.num_layers; ++i) {
-    const std::string p = layer_prefix(i);
-    add(p + "input_layernorm.weight", {D}, ParamKind::Norm);
-    add(p + "self_attn.q_proj.weight", {Q, D}, ParamKind::Matrix);
-    add(p + "self_attn.k_proj.weight", {KV, D}, ParamKind::Matrix);
-    add(p + "self_attn.v_proj.weight", {KV, D}, ParamKind::Matrix);
-    if (c.qkv_bias) {
-      add(p + "self_attn.q_proj.bias", {Q}, ParamKind::Bias);
-      add(p + "self_attn.k_proj.bias", {KV}, ParamKind::Bias);
-      add(p + "self_attn.v_proj.bias", {KV}, ParamKind::Bias);
-    }
-    if (c.qk_norm) {
-      add(p + "self_attn.q_norm.weight", {Dh}, ParamKind::Norm);
-      add(p + "self_attn.k_norm.weight", {Dh}, ParamKind::Norm);
-    }
-    add(p + "self_attn.o_proj.weight", {D, Q}, ParamKind::Matrix);
-    add(p + "post_attention_layernorm.weight", {D}, ParamKind::Norm);
-    if (!c.is_moe_layer(i)) {
-      const int64_t F = c.intermediate_size;
-      add(p + "mlp.gate_proj.weight", {F, D}, ParamKind::Matrix);
-      add(p + "mlp.up_proj.weight", {F, D}, ParamKind::Matrix);
-      add(p + "mlp.down_proj.weight", {D, F}, ParamKind::Matrix);
-      continue;
-    }
-    const int64_t E = c.num_experts, Fe = c.moe_intermediate_size;
-    add(p + "mlp.gate.weight", {E, D}, ParamKind::Matrix);
-    if (c.score_correction_bias) add(p + "mlp.gate.e_score_correction_bias", {E}, ParamKind::Bias);
-    for (int64_t e = 0; e < E; ++e) {
-      if (!holds_expert(e)) continue;
-      add(expert_prefix(i, e) + "gate_proj.weight", {Fe, D}, ParamKind::Matrix);
-      add(expert_prefix(i, e) + "up_proj.weight", {Fe, D}, ParamKind::Matrix);
-    }
-    for (int64_t e = 0; e < E; ++e)
-      if (holds_expert(e)) add(expert_prefix(i, e) + "down_proj.weight", {D, Fe}, ParamKind::Matrix);
-    if (c.has_shared_expert()) {
-      const int64_t Fs = c.shared_expert_intermediate_size;
-      const std::string s = shared_prefix(c, i);
-      add(s + "gate_proj.weight", {Fs, D}, ParamKind::Matrix);
-      add(s + "up_proj.weight", {Fs, D}, ParamKind::Matrix);
-      add(s + "down_proj.weight", {D, Fs}, ParamKind::Matrix);
-      if (c.shared_expert_gate) add(p + "mlp.shared_expert_gate.weight", {1, D}, ParamKind::Matrix);
-    }
-  }
+  expert_blocks_.resize(static_cast<size_t>(c.num_layers));
+  for (int64_t i = 0; i < c.num_layers; ++i) add_layer(i);
   add("model.norm.weight", {D}, ParamKind::Norm);
   if (!c.tie_word_embeddings) add("lm_head.weight", {V, D}, ParamKind::Matrix);
+}
+
+void ParamLayout::add_layer(int64_t i) {
+  const ModelConfig& c = config_;
+  const int64_t D = c.hidden_size, Dh = c.head_dim, Q = c.q_dim(), KV = c.kv_dim();
+  const std::string p = layer_prefix(i);
+  auto layer_add = [&](const std::string& name, std::vector<int64_t> shape, ParamKind kind) {
+    add(name, std::move(shape), kind, i);
+  };
+  layer_add(p + "input_layernorm.weight", {D}, ParamKind::Norm);
+  layer_add(p + "self_attn.q_proj.weight", {Q, D}, ParamKind::Matrix);
+  layer_add(p + "self_attn.k_proj.weight", {KV, D}, ParamKind::Matrix);
+  layer_add(p + "self_attn.v_proj.weight", {KV, D}, ParamKind::Matrix);
+  if (c.qkv_bias) {
+    layer_add(p + "self_attn.q_proj.bias", {Q}, ParamKind::Bias);
+    layer_add(p + "self_attn.k_proj.bias", {KV}, ParamKind::Bias);
+    layer_add(p + "self_attn.v_proj.bias", {KV}, ParamKind::Bias);
+  }
+  if (c.qk_norm) {
+    layer_add(p + "self_attn.q_norm.weight", {Dh}, ParamKind::Norm);
+    layer_add(p + "self_attn.k_norm.weight", {Dh}, ParamKind::Norm);
+  }
+  layer_add(p + "self_attn.o_proj.weight", {D, Q}, ParamKind::Matrix);
+  layer_add(p + "post_attention_layernorm.weight", {D}, ParamKind::Norm);
+  if (!c.is_moe_layer(i)) {
+    const int64_t F = c.intermediate_size;
+    layer_add(p + "mlp.gate_proj.weight", {F, D}, ParamKind::Matrix);
+    layer_add(p + "mlp.up_proj.weight", {F, D}, ParamKind::Matrix);
+    layer_add(p + "mlp.down_proj.weight", {D, F}, ParamKind::Matrix);
+    return;
+  }
+  const int64_t E = c.num_experts, Fe = c.moe_intermediate_size;
+  layer_add(p + "mlp.gate.weight", {E, D}, ParamKind::Matrix);
+  if (c.score_correction_bias) layer_add(p + "mlp.gate.e_score_correction_bias", {E}, ParamKind::Bias);
+  ExpertBlocks& blocks = expert_blocks_[static_cast<size_t>(i)];
+  blocks.gate_up.offset = numel_;
+  for (int64_t e = 0; e < E; ++e) {
+    if (!holds_expert(e)) continue;
+    add(expert_prefix(i, e) + "gate_proj.weight", {Fe, D}, ParamKind::Matrix, i, e);
+    add(expert_prefix(i, e) + "up_proj.weight", {Fe, D}, ParamKind::Matrix, i, e);
+  }
+  blocks.gate_up.numel = numel_ - blocks.gate_up.offset;
+  blocks.down.offset = numel_;
+  for (int64_t e = 0; e < E; ++e)
+    if (holds_expert(e)) add(expert_prefix(i, e) + "down_proj.weight", {D, Fe}, ParamKind::Matrix, i, e);
+  blocks.down.numel = numel_ - blocks.down.offset;
+  if (c.has_shared_expert()) {
+    const int64_t Fs = c.shared_expert_intermediate_size;
+    const std::string s = shared_prefix(c, i);
+    layer_add(s + "gate_proj.weight", {Fs, D}, ParamKind::Matrix);
+    layer_add(s + "up_proj.weight", {Fs, D}, ParamKind::Matrix);
+    layer_add(s + "down_proj.weight", {D, Fs}, ParamKind::Matrix);
+    if (c.shared_expert_gate) layer_add(p + "mlp.shared_expert_gate.weight", {1, D}, ParamKind::Matrix);
+  }
+}
+
+const ExpertBlocks& ParamLayout::expert_blocks(int64_t layer) const {
+  LS_CHECK(layer >= 0 && layer < config_.num_layers && config_.is_moe_layer(layer))
+      << "expert_blocks: layer " << layer << " is not a MoE layer of this model";
+  return expert_blocks_[static_cast<size_t>(layer)];
 }
 
 const ParamInfo* ParamLayout::find(std::string_view name) const {

@@ -29,6 +29,22 @@ struct ParamInfo {
   int64_t offset = 0;          // in floats from the buffer start
   int64_t numel = 0;
   ParamKind kind = ParamKind::Matrix;
+  int64_t layer = -1;   // decoder layer of a per-layer tensor; -1: embedding, final norm, LM head
+  int64_t expert = -1;  // routed expert of an expert projection; -1: any other tensor
+  bool routed_expert() const { return expert >= 0; }
+};
+
+// A range of a flat parameter buffer, in floats.
+struct ParamRange {
+  int64_t offset = 0;
+  int64_t numel = 0;
+};
+
+// One MoE layer's routed experts in a layout: every held expert's gate|up
+// rows, then every held expert's down rows (the order below), two ranges.
+struct ExpertBlocks {
+  ParamRange gate_up;
+  ParamRange down;
 };
 
 // Tensors are packed back to back in this order (no padding, so the views
@@ -58,6 +74,9 @@ struct ParamInfo {
 // fused expert parameters in transformers >= 5 and of grouped GEMMs).
 // The shared expert is named `shared_expert` for Qwen2-MoE and
 // `shared_experts` (DeepSeek-V3 / dots.llm1) otherwise.
+// Each entry records its layer and, for routed experts, its expert
+// (ParamInfo), and each MoE layer its two expert blocks (expert_blocks()), so
+// code that shards or gathers experts needs no tensor names.
 class ParamLayout {
  public:
   ParamLayout() = default;
@@ -82,15 +101,19 @@ class ParamLayout {
   bool holds_expert(int64_t e) const {
     return all_experts() || (e >= expert_first_ && e < expert_first_ + expert_count_);
   }
+  // Where MoE layer `layer`'s routed experts lie (Error for a dense layer).
+  const ExpertBlocks& expert_blocks(int64_t layer) const;
 
  private:
-  void add(std::string name, std::vector<int64_t> shape, ParamKind kind);
+  void add(std::string name, std::vector<int64_t> shape, ParamKind kind, int64_t layer = -1, int64_t expert = -1);
+  void add_layer(int64_t i);  // layer i's tensors, in the order above
 
   ModelConfig config_;
   std::vector<ParamInfo> params_;
   std::unordered_map<std::string, size_t> index_;
   int64_t numel_ = 0;
   int64_t expert_first_ = 0, expert_count_ = -1;
+  std::vector<ExpertBlocks> expert_blocks_;  // (L); empty ranges for dense layers
 };
 
 // A tensor that is absent in this model (e.g. bq without qkv_bias) is an

@@ -13,7 +13,6 @@
 #include "lockstep/base/log.h"
 #include "lockstep/base/rng.h"
 #include "lockstep/base/timer.h"
-#include "lockstep/model/forward_util.h"
 
 namespace lockstep::rollout {
 
@@ -327,7 +326,7 @@ bool Engine::step() {
   admit();
   const ModelConfig& c = weights_->config();
   const int bs = config_.block_size;
-  const int64_t n_moe = model::count_moe_layers(c), K = c.num_experts_per_tok;
+  const int64_t n_moe = c.num_moe_layers(), K = c.num_experts_per_tok;
 
   // Abort requests marked since the last step.
   for (auto& g : active_)
@@ -435,7 +434,7 @@ bool Engine::step() {
   }
   model::ForwardResult fr;
   Timer fwd;
-  model::forward(ctx_, *weights_, kv_, batch, fo, &fr);
+  model::forward(ctx_, *weights_, kv_, ws_, batch, fo, &fr);
   stats_.forward_s += fwd.seconds();
   ++stats_.steps;
 
@@ -587,7 +586,7 @@ bool Engine::step() {
 
 void Engine::complete_finished_groups() {
   const ModelConfig& c = weights_->config();
-  const int64_t n_moe = model::count_moe_layers(c), K = c.num_experts_per_tok;
+  const int64_t n_moe = c.num_moe_layers(), K = c.num_experts_per_tok;
   for (auto it = active_.begin(); it != active_.end();) {
     Group& g = **it;
     bool done = int64_t(g.seqs.size()) == g.req.params.n || g.aborted;

@@ -151,6 +151,7 @@ class Engine {
   const model::ModelWeights* weights_;
   const model::ModelWeights* pending_weights_ = nullptr;
   model::KvCache kv_;
+  model::Workspace ws_;  // forward()'s scratch, kept warm from step to step
   BlockManager blocks_;
 
   mutable std::mutex mu_;  // guards everything below when a loop thread runs

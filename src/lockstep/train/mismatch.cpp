@@ -7,7 +7,6 @@
 #include "lockstep/base/error.h"
 #include "lockstep/kernels/cpu/moe.h"
 #include "lockstep/model/forward.h"
-#include "lockstep/model/forward_util.h"
 
 namespace lockstep::train {
 
@@ -92,11 +91,12 @@ std::vector<int32_t> trainer_routing(const Context& ctx, const model::ModelWeigh
   b.max_blocks = int32_t((tokens.size() + bs - 1) / bs);
   for (int32_t i = 0; i < b.max_blocks; ++i) b.block_table.push_back(i);
   model::KvCache kv(c, b.max_blocks, bs);
+  model::Workspace ws;
   model::ForwardOptions fo;
   fo.record_experts = true;
   fo.replay_experts = replay;
   model::ForwardResult fr;
-  model::forward(ctx, weights, kv, b, fo, &fr);
+  model::forward(ctx, weights, kv, ws, b, fo, &fr);
   return fr.routed_experts;
 }
 

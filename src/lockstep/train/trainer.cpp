@@ -10,15 +10,16 @@
 #include "lockstep/base/error.h"
 #include "lockstep/kernels/cpu/adamw.h"
 #include "lockstep/kernels/cpu/softmax.h"
-#include "lockstep/model/forward_util.h"
 
 namespace lockstep::train {
 
 // What run() keeps from one micro-batch to the next, and from call to call:
-// the KV cache (which also holds forward/backward scratch), the saved
+// the forward/backward workspace, the KV cache (the keys and values of the
+// largest micro-batch, which attention and its backward read), the saved
 // activations and the logits, so a micro-batch no larger than an earlier one
 // allocates nothing.
 struct RunBuffers {
+  model::Workspace ws;
   model::KvCache kv;
   model::Activations acts;
   model::ForwardResult fr;
@@ -43,8 +44,6 @@ Trainer::Trainer(const Context& ctx, const ModelConfig& config, Buffer params, T
 void Trainer::params_changed(uint64_t version) { weights_->refresh(ctx_, version); }
 
 namespace {
-bool is_routed_expert(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
-
 // Adjacent (offset, n) ranges merged.
 void add_range(std::vector<std::pair<int64_t, int64_t>>& r, int64_t offset, int64_t n) {
   if (!r.empty() && r.back().first + r.back().second == offset)
@@ -86,7 +85,7 @@ void Trainer::set_expert_comm(model::ExpertComm* comm) {
   own_expert_ranges_.clear();
   shared_ranges_.clear();
   for (const ParamInfo& p : layout_.params())
-    add_range(is_routed_expert(p.name) ? own_expert_ranges_ : shared_ranges_, p.offset, p.numel);
+    add_range(p.routed_expert() ? own_expert_ranges_ : shared_ranges_, p.offset, p.numel);
   model_params_ = Buffer();
   gathered_optimizer_.clear();
   const uint64_t version = weights_->version();
@@ -104,34 +103,31 @@ double Trainer::expert_grad_norm(const Context& ctx, const float* grads) const {
 }
 
 // In model-layout order, a MoE layer's routed experts are two blocks: every
-// expert's gate|up rows, then every expert's down rows (model/params.h), and
+// expert's gate|up rows, then every expert's down rows (ExpertBlocks), and
 // shard r's experts are part r of each, so one gather per block assembles it.
 void Trainer::assemble(const float* local, bool all, const std::function<void(const float*, int64_t)>& emit) {
   const bool receiver = all || experts_->rank() == 0;
-  const ModelConfig& c = config();
-  const int64_t D = c.hidden_size, Fe = c.moe_intermediate_size, E = c.num_experts;
-  const int64_t first = layout_.expert_first(), count = layout_.expert_count();
   std::vector<float> block;
   for (const ParamInfo& p : model_layout_.params()) {
-    if (!is_routed_expert(p.name)) {
+    if (!p.routed_expert()) {
       if (receiver) emit(local + layout_.at(p.name).offset, p.numel);
       continue;
     }
-    // Expert 0's gate_proj starts the layer's gate|up block, its down_proj
-    // the down block; the other experts' tensors are inside those blocks.
-    const bool gate_up = p.name.find(".experts.0.gate_proj.") != std::string::npos;
-    if (!gate_up && p.name.find(".experts.0.down_proj.") == std::string::npos) continue;
-    const int64_t per = gate_up ? 2 * Fe * D : D * Fe;
-    const std::string own = p.name.substr(0, p.name.find(".experts.0.")) + ".experts." + std::to_string(first) +
-                            (gate_up ? ".gate_proj.weight" : ".down_proj.weight");
-    const float* mine = local + layout_.at(own).offset;
-    const size_t bytes = size_t(count * per) * sizeof(float);
-    if (receiver) block.resize(size_t(E * per));
+    // Each block goes out at its first tensor; the layer's other expert
+    // tensors lie inside the two blocks.
+    const ExpertBlocks& whole = model_layout_.expert_blocks(p.layer);
+    const bool gate_up = p.offset == whole.gate_up.offset;
+    if (!gate_up && p.offset != whole.down.offset) continue;
+    const ParamRange& mine = gate_up ? layout_.expert_blocks(p.layer).gate_up : layout_.expert_blocks(p.layer).down;
+    const int64_t n = gate_up ? whole.gate_up.numel : whole.down.numel;
+    LS_CHECK(n == mine.numel * experts_->size()) << "expert shards of unequal size";
+    const size_t bytes = size_t(mine.numel) * sizeof(float);
+    if (receiver) block.resize(size_t(n));
     if (all)
-      experts_->all_gather(mine, bytes, block.data());
+      experts_->all_gather(local + mine.offset, bytes, block.data());
     else
-      experts_->gather(mine, bytes, block.data(), 0);
-    if (receiver) emit(block.data(), E * per);
+      experts_->gather(local + mine.offset, bytes, block.data(), 0);
+    if (receiver) emit(block.data(), n);
   }
 }
 
@@ -227,7 +223,7 @@ struct RunSpec {
 
 void check_sequences(const RunSpec& r, const std::vector<TrainSequence>& seqs, const ScoreOptions& opt) {
   const ModelConfig& c = r.weights.config();
-  const int64_t n_moe = model::count_moe_layers(c), K = c.num_experts_per_tok;
+  const int64_t n_moe = c.num_moe_layers(), K = c.num_experts_per_tok;
   for (size_t i = 0; i < seqs.size(); ++i) {
     const auto& s = seqs[i];
     if (s.prompt_len < 1 || s.prompt_len > int64_t(s.tokens.size()))
@@ -301,7 +297,7 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
     fo.recompute = r.recompute;
     if (opt.replay) fo.replay_experts = &replay;
     fo.experts = r.experts;
-    model::forward(r.ctx, r.weights, rb.kv, batch, fo, &rb.fr, loss ? &rb.acts : nullptr);
+    model::forward(r.ctx, r.weights, rb.kv, rb.ws, batch, fo, &rb.fr, loss ? &rb.acts : nullptr);
 
     model::reuse(logp, DType::F32, {R});
     model::reuse(ent, DType::F32, {R});
@@ -330,7 +326,7 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
     Tensor dlogits = rb.fr.logits.view();
     kernels::token_logprob_backward(r.ctx, dlogits, dlogp.view(), opt.entropy ? dent.view() : Tensor(), dlogits,
                                     tgt.view(), opt.temperature);
-    model::backward(r.ctx, r.weights, rb.kv, batch, rb.acts, dlogits, *r.grads);
+    model::backward(r.ctx, r.weights, rb.kv, rb.ws, batch, rb.acts, dlogits, *r.grads);
   }
   return total;
 }

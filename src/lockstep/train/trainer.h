@@ -166,8 +166,9 @@ class Trainer {
   std::vector<std::pair<int64_t, int64_t>> own_expert_ranges_, shared_ranges_;
   Buffer model_params_;
   std::string gathered_optimizer_;
-  // run()'s KV cache, saved activations and logits (trainer.cpp), kept from
-  // call to call: re-allocating them made every step fault in fresh pages.
+  // run()'s workspace, KV cache, saved activations and logits (trainer.cpp),
+  // kept from call to call: re-allocating them made every step fault in
+  // fresh pages.
   std::shared_ptr<RunBuffers> buffers_;
 };
 
