@@ -72,13 +72,11 @@ struct Fixture {
 
 // One sequence per entry, all tokens new, logits for every row.
 RaggedBatch full_batch(const std::vector<std::vector<int32_t>>& seqs, int block_size, int max_blocks) {
-  RaggedBatch b;
-  b.max_blocks = max_blocks;
+  RaggedBatch b(max_blocks);
+  std::vector<int32_t> blocks(static_cast<size_t>(max_blocks));
   for (size_t i = 0; i < seqs.size(); ++i) {
-    b.tokens.insert(b.tokens.end(), seqs[i].begin(), seqs[i].end());
-    b.n_ctx.push_back(0);
-    b.n_new.push_back(int32_t(seqs[i].size()));
-    for (int j = 0; j < max_blocks; ++j) b.block_table.push_back(int32_t(i) * max_blocks + j);
+    std::iota(blocks.begin(), blocks.end(), int32_t(i) * max_blocks);
+    b.add_sequence(seqs[i].data(), int32_t(seqs[i].size()), 0, blocks.data(), max_blocks);
   }
   (void)block_size;
   b.logit_rows.resize(b.tokens.size());
@@ -181,12 +179,10 @@ TEST(ModelAlignment, ChunkingDecodeAndBatchingGiveIdenticalBits) {
         KvCache kv2(c, 64, BS);
         for (int start = 0; start < L; start += chunk) {
           const int n = std::min(chunk, L - start);
-          RaggedBatch b;
-          b.max_blocks = MB;
-          b.tokens.assign(seq.begin() + start, seq.begin() + start + n);
-          b.n_ctx = {start};
-          b.n_new = {n};
-          for (int j = 0; j < MB; ++j) b.block_table.push_back(MB - 1 - j);  // scrambled physical blocks
+          RaggedBatch b(MB);
+          std::vector<int32_t> scrambled(static_cast<size_t>(MB));  // physical blocks in reverse order
+          for (int j = 0; j < MB; ++j) scrambled[size_t(j)] = MB - 1 - j;
+          b.add_sequence(seq.data() + start, n, start, scrambled.data(), MB);
           for (int j = 0; j < n; ++j) b.logit_rows.push_back(j);
           ForwardResult r;
           forward(ctx, *f.weights, kv2, b, {}, &r);
@@ -218,6 +214,21 @@ TEST(ModelForward, RoutingReplayReproducesRecordedRouting) {
   forward(f.ctx, *f.weights, kv2, b, o, &r2);
   EXPECT_EQ(r1.routed_experts, r2.routed_experts);
   test::expect_bits_equal(r1.logits.f32(), r2.logits.f32(), r1.logits.numel(), "replayed logits");
+}
+
+TEST(ModelForward, AddSequenceBuildsTheRaggedBatch) {
+  RaggedBatch b(3);
+  const std::vector<int32_t> t1 = {5, 6, 7}, t2 = {8}, k1 = {4, 2}, k2 = {1, 0, 3};
+  EXPECT_EQ(b.add_sequence(t1.data(), 3, 0, k1.data(), 2), 0);
+  EXPECT_EQ(b.add_sequence(t2.data(), 1, 9, k2.data(), 3), 3);
+  EXPECT_EQ(b.tokens, (std::vector<int32_t>{5, 6, 7, 8}));
+  EXPECT_EQ(b.n_ctx, (std::vector<int32_t>{0, 9}));
+  EXPECT_EQ(b.n_new, (std::vector<int32_t>{3, 1}));
+  EXPECT_EQ(b.block_table, (std::vector<int32_t>{4, 2, 0, 1, 0, 3}));  // short rows padded with block 0
+  EXPECT_EQ(b.num_seqs(), 2);
+  EXPECT_THROW(b.add_sequence(t2.data(), 1, 0, k2.data(), 4), Error);  // more blocks than a row holds
+  RaggedBatch unsized;
+  EXPECT_THROW(unsized.add_sequence(t2.data(), 1, 0, k2.data(), 1), Error);  // max_blocks not set
 }
 
 TEST(ModelForward, BadBatchesAreRejectedWithAMessage) {

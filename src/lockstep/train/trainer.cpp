@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <numeric>
 #include <string>
 
 #include "lockstep/base/error.h"
@@ -235,10 +236,12 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
   // Expert parallelism: the group's ranks exchange rows in every MoE layer of
   // every micro-batch, so all run as many as the largest (empty ones too).
   if (experts_ != nullptr) mbs.resize(size_t(experts_->max(int64_t(mbs.size()))), {seqs.size(), seqs.size()});
+  // Each micro-batch puts its sequences on consecutive KV blocks from block 0.
+  auto blocks_of = [&](const TrainSequence& s) { return int32_t((s.tokens.size() + size_t(bs) - 1) / size_t(bs)); };
   int64_t max_blocks_total = 1;
   for (auto [b0, b1] : mbs) {
     int64_t nb = 0;
-    for (size_t i = b0; i < b1; ++i) nb += int64_t((seqs[i].tokens.size() + size_t(bs) - 1) / size_t(bs));
+    for (size_t i = b0; i < b1; ++i) nb += blocks_of(seqs[i]);
     max_blocks_total = std::max(max_blocks_total, nb);
   }
   if (!buffers_) buffers_ = std::make_shared<RunBuffers>();
@@ -252,23 +255,19 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
   double total = 0;
   for (auto [b0, b1] : mbs) {
     // Build the batch: every token new, sequences on consecutive KV blocks.
-    model::RaggedBatch batch;
     int32_t max_blocks = 1;
-    for (size_t i = b0; i < b1; ++i)
-      max_blocks = std::max<int32_t>(max_blocks, int32_t((seqs[i].tokens.size() + size_t(bs) - 1) / size_t(bs)));
-    batch.max_blocks = max_blocks;
-    std::vector<int32_t> targets, replay;
+    for (size_t i = b0; i < b1; ++i) max_blocks = std::max(max_blocks, blocks_of(seqs[i]));
+    model::RaggedBatch batch(max_blocks);
+    std::vector<int32_t> targets, replay, blocks;
     std::vector<int64_t> first_row(b1 - b0);
     int32_t next_block = 0;
     for (size_t i = b0; i < b1; ++i) {
       const auto& s = seqs[i];
-      const int32_t row0 = int32_t(batch.tokens.size());
-      batch.tokens.insert(batch.tokens.end(), s.tokens.begin(), s.tokens.end());
-      batch.n_ctx.push_back(0);
-      batch.n_new.push_back(int32_t(s.tokens.size()));
-      const int32_t nb = int32_t((s.tokens.size() + size_t(bs) - 1) / size_t(bs));
-      for (int32_t j = 0; j < max_blocks; ++j) batch.block_table.push_back(j < nb ? next_block + j : 0);
-      next_block += nb;
+      blocks.resize(size_t(blocks_of(s)));
+      std::iota(blocks.begin(), blocks.end(), next_block);
+      next_block += int32_t(blocks.size());
+      const int32_t row0 =
+          batch.add_sequence(s.tokens.data(), int32_t(s.tokens.size()), 0, blocks.data(), int32_t(blocks.size()));
       first_row[i - b0] = int64_t(batch.logit_rows.size());
       for (size_t p = size_t(s.prompt_len) - 1; p + 1 < s.tokens.size(); ++p) {
         batch.logit_rows.push_back(row0 + int32_t(p));
