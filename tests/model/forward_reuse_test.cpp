@@ -69,19 +69,13 @@ std::vector<int32_t> tokens(int n, int vocab, uint32_t seed) {
 }
 
 RaggedBatch batch_of(const std::vector<std::vector<int32_t>>& seqs, int max_blocks) {
-  RaggedBatch b;
-  b.max_blocks = max_blocks;
+  RaggedBatch b(max_blocks);
+  std::vector<int32_t> blocks(static_cast<size_t>(max_blocks));
   for (size_t i = 0; i < seqs.size(); ++i) {
-    b.tokens.insert(b.tokens.end(), seqs[i].begin(), seqs[i].end());
-    b.n_ctx.push_back(0);
-    b.n_new.push_back(int32_t(seqs[i].size()));
-    for (int j = 0; j < max_blocks; ++j) b.block_table.push_back(int32_t(i) * max_blocks + j);
-  }
-  // Every row but each sequence's last (as the trainer asks).
-  int32_t row = 0;
-  for (const auto& s : seqs) {
-    for (size_t j = 0; j + 1 < s.size(); ++j) b.logit_rows.push_back(row + int32_t(j));
-    row += int32_t(s.size());
+    std::iota(blocks.begin(), blocks.end(), int32_t(i) * max_blocks);
+    const int32_t row = b.add_sequence(seqs[i].data(), int32_t(seqs[i].size()), 0, blocks.data(), max_blocks);
+    // Every row but the sequence's last (as the trainer asks).
+    for (size_t j = 0; j + 1 < seqs[i].size(); ++j) b.logit_rows.push_back(row + int32_t(j));
   }
   return b;
 }

@@ -73,13 +73,11 @@ struct Fixture {
 
 // One sequence per entry, all tokens new, logits for every row.
 RaggedBatch full_batch(const std::vector<std::vector<int32_t>>& seqs, int block_size, int max_blocks) {
-  RaggedBatch b;
-  b.max_blocks = max_blocks;
+  RaggedBatch b(max_blocks);
+  std::vector<int32_t> blocks(static_cast<size_t>(max_blocks));
   for (size_t i = 0; i < seqs.size(); ++i) {
-    b.tokens.insert(b.tokens.end(), seqs[i].begin(), seqs[i].end());
-    b.n_ctx.push_back(0);
-    b.n_new.push_back(int32_t(seqs[i].size()));
-    for (int j = 0; j < max_blocks; ++j) b.block_table.push_back(int32_t(i) * max_blocks + j);
+    std::iota(blocks.begin(), blocks.end(), int32_t(i) * max_blocks);
+    b.add_sequence(seqs[i].data(), int32_t(seqs[i].size()), 0, blocks.data(), max_blocks);
   }
   (void)block_size;
   b.logit_rows.resize(b.tokens.size());
@@ -184,12 +182,10 @@ TEST(ModelAlignment, ChunkingDecodeAndBatchingGiveIdenticalBits) {
         KvCache kv2(c, 64, BS);
         for (int start = 0; start < L; start += chunk) {
           const int n = std::min(chunk, L - start);
-          RaggedBatch b;
-          b.max_blocks = MB;
-          b.tokens.assign(seq.begin() + start, seq.begin() + start + n);
-          b.n_ctx = {start};
-          b.n_new = {n};
-          for (int j = 0; j < MB; ++j) b.block_table.push_back(MB - 1 - j);  // scrambled physical blocks
+          RaggedBatch b(MB);
+          std::vector<int32_t> scrambled(static_cast<size_t>(MB));  // physical blocks in reverse order
+          for (int j = 0; j < MB; ++j) scrambled[size_t(j)] = MB - 1 - j;
+          b.add_sequence(seq.data() + start, n, start, scrambled.data(), MB);
           for (int j = 0; j < n; ++j) b.logit_rows.push_back(j);
           ForwardResult r;
           forward(ctx, *f.weights, kv2, ws, b, {}, &r);
@@ -256,8 +252,9 @@ TEST(ModelForward, RoutingReplayUsesTheReplayedExpertsNotTheRoutersChoice) {
   rec.record_experts = true;
   ForwardResult own, want, got;
   KvCache kv1(c, 64, 4), kv2(c, 64, 4), kv3(c, 64, 4);
-  forward(f.ctx, *f.weights, kv1, b, rec, &own);
-  forward(f.ctx, forced_weights, kv2, b, rec, &want);
+  Workspace ws;
+  forward(f.ctx, *f.weights, kv1, ws, b, rec, &own);
+  forward(f.ctx, forced_weights, kv2, ws, b, rec, &want);
   ASSERT_EQ(want.routed_experts, replay) << "the raised bias should select the replayed experts";
   // The router's own sets differ from the replayed ones for most (token, layer).
   int64_t differ = 0;
@@ -269,13 +266,28 @@ TEST(ModelForward, RoutingReplayUsesTheReplayedExpertsNotTheRoutersChoice) {
 
   ForwardOptions o = rec;
   o.replay_experts = &replay;
-  forward(f.ctx, *f.weights, kv3, b, o, &got);
+  forward(f.ctx, *f.weights, kv3, ws, b, o, &got);
   EXPECT_EQ(got.routed_experts, replay);
   test::expect_bits_equal(got.logits.f32(), want.logits.f32(), got.logits.numel(),
                           "replayed vs forced logits");
   int64_t changed = 0;
   for (int64_t i = 0; i < got.logits.numel(); ++i) changed += got.logits.f32()[i] != own.logits.f32()[i];
   EXPECT_GT(changed, got.logits.numel() / 2) << "replay should change the logits of an un-replayed forward";
+}
+
+TEST(ModelForward, AddSequenceBuildsTheRaggedBatch) {
+  RaggedBatch b(3);
+  const std::vector<int32_t> t1 = {5, 6, 7}, t2 = {8}, k1 = {4, 2}, k2 = {1, 0, 3};
+  EXPECT_EQ(b.add_sequence(t1.data(), 3, 0, k1.data(), 2), 0);
+  EXPECT_EQ(b.add_sequence(t2.data(), 1, 9, k2.data(), 3), 3);
+  EXPECT_EQ(b.tokens, (std::vector<int32_t>{5, 6, 7, 8}));
+  EXPECT_EQ(b.n_ctx, (std::vector<int32_t>{0, 9}));
+  EXPECT_EQ(b.n_new, (std::vector<int32_t>{3, 1}));
+  EXPECT_EQ(b.block_table, (std::vector<int32_t>{4, 2, 0, 1, 0, 3}));  // short rows padded with block 0
+  EXPECT_EQ(b.num_seqs(), 2);
+  EXPECT_THROW(b.add_sequence(t2.data(), 1, 0, k2.data(), 4), Error);  // more blocks than a row holds
+  RaggedBatch unsized;
+  EXPECT_THROW(unsized.add_sequence(t2.data(), 1, 0, k2.data(), 1), Error);  // max_blocks not set
 }
 
 TEST(ModelForward, BadBatchesAreRejectedWithAMessage) {

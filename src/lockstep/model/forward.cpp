@@ -22,6 +22,21 @@ namespace k = lockstep::kernels;
 
 float attention_scale(const ModelConfig& c) { return static_cast<float>(1.0 / std::sqrt(double(c.head_dim))); }
 
+int32_t RaggedBatch::add_sequence(const int32_t* new_tokens, int32_t n_new_tokens, int32_t n_ctx_tokens,
+                                  const int32_t* blocks, int32_t n_blocks) {
+  LS_CHECK(n_new_tokens >= 0 && n_ctx_tokens >= 0) << "add_sequence: n_new " << n_new_tokens << ", n_ctx "
+                                                   << n_ctx_tokens << " (must be >= 0)";
+  LS_CHECK(n_blocks >= 0 && n_blocks <= max_blocks)
+      << "add_sequence: " << n_blocks << " blocks, the table rows hold " << max_blocks << " (set max_blocks first)";
+  const int32_t row0 = static_cast<int32_t>(tokens.size());
+  tokens.insert(tokens.end(), new_tokens, new_tokens + n_new_tokens);
+  n_ctx.push_back(n_ctx_tokens);
+  n_new.push_back(n_new_tokens);
+  block_table.insert(block_table.end(), blocks, blocks + n_blocks);
+  block_table.insert(block_table.end(), size_t(max_blocks - n_blocks), 0);
+  return row0;
+}
+
 void RaggedBatch::validate(const ModelConfig& c, const KvCache& kv) const {
   const int64_t S = num_seqs();
   if (static_cast<int64_t>(n_ctx.size()) != S)

@@ -20,7 +20,8 @@ namespace lockstep::model {
 
 // S sequences; sequence i contributes n_new[i] new tokens at positions
 // [n_ctx[i], n_ctx[i] + n_new[i]). The new tokens of all sequences are
-// concatenated: T = sum(n_new) rows.
+// concatenated: T = sum(n_new) rows. Built with RaggedBatch(max_blocks) and one
+// add_sequence per sequence; the caller then lists logit_rows.
 struct RaggedBatch {
   std::vector<int32_t> tokens;       // (T)
   std::vector<int32_t> n_ctx;        // (S)
@@ -28,6 +29,17 @@ struct RaggedBatch {
   std::vector<int32_t> block_table;  // (S, max_blocks): physical KV block of each logical block
   int32_t max_blocks = 0;
   std::vector<int32_t> logit_rows;   // rows of T whose logits are wanted, ascending
+
+  RaggedBatch() = default;
+  // An empty batch whose block-table rows hold max_blocks entries (the most
+  // blocks any of its sequences will use).
+  explicit RaggedBatch(int32_t max_blocks) : max_blocks(max_blocks) {}
+
+  // Appends a sequence: new_tokens[0, n_new) at positions [n_ctx, n_ctx + n_new),
+  // its KV in blocks[0, n_blocks) (n_blocks <= max_blocks; the rest of its table
+  // row is 0, never read). Returns the batch row of its first new token.
+  int32_t add_sequence(const int32_t* new_tokens, int32_t n_new, int32_t n_ctx, const int32_t* blocks,
+                       int32_t n_blocks);
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
   int64_t num_seqs() const { return static_cast<int64_t>(n_new.size()); }

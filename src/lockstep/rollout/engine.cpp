@@ -43,7 +43,24 @@ struct Engine::Group {
   bool aborted = false;
   bool published = false;  // prompt blocks offered to the prefix cache
   std::vector<std::unique_ptr<Sequence>> seqs;
-  std::vector<uint64_t> block_keys;  // prefix-cache keys of the prompt's full blocks
+};
+
+// One sequence's share of a step: its tokens[begin, begin + n) are fed.
+struct Engine::Chunk {
+  Sequence* s = nullptr;
+  int64_t begin = 0, n = 0;
+  int64_t row0 = 0;        // batch row of tokens[begin]
+  int64_t logit_row = -1;  // its row of the logits when the chunk ends at the last token, else -1
+  bool forked = false;     // its leader forked into the request's samples this step
+};
+
+// One token to sample this step.
+struct Engine::Draw {
+  Sequence* s = nullptr;
+  const float* row = nullptr;  // (V) the logits it is drawn from
+  double u = 0;                // its random number
+  int32_t tok = 0;
+  float logprob = 0.0f;
 };
 
 namespace {
@@ -176,7 +193,49 @@ void Engine::apply_pending_weights() {
   }
 }
 
-// Admits waiting groups first-come first-served while their prefill fits.
+// Prefix cache: the blocks already holding full blocks of s's tokens[0, len-1)
+// (at least one token must be fed to get logits), retained for s. Routing
+// capture needs every token fed, so it gets none.
+std::vector<int32_t> Engine::prefix_hits(const Sequence& s) {
+  std::vector<int32_t> hits;
+  if (!config_.prefix_cache || s.group->req.return_experts) return hits;
+  const int bs = config_.block_size;
+  const int64_t len = int64_t(s.tokens.size());
+  uint64_t parent = 0;
+  for (int64_t b = 0; (b + 1) * bs <= len - 1; ++b) {
+    const int32_t* toks = s.tokens.data() + b * bs;
+    const uint64_t key = BlockManager::chain_hash(parent, toks, bs);
+    auto hit = blocks_.lookup(key, parent, toks);
+    if (!hit) break;
+    hits.push_back(*hit);
+    parent = key;
+  }
+  return hits;
+}
+
+// The one way a sample gets KV blocks and joins the running set: `hits` (its
+// prefix-cache blocks, already retained) plus fresh blocks for the rest of its
+// tokens, if `reserve` blocks stay free afterwards; otherwise the hits are
+// released and it stays idle. It is fed from the first uncached token.
+bool Engine::admit_sample(Sequence& s, std::vector<int32_t> hits, int64_t reserve) {
+  const int bs = config_.block_size;
+  const int64_t need = blocks_for(int64_t(s.tokens.size()), bs) - int64_t(hits.size());
+  if (blocks_.available() < need + reserve) {
+    for (int32_t b : hits) blocks_.release(b);
+    return false;
+  }
+  s.n_cached = int64_t(hits.size()) * bs;
+  s.blocks = std::move(hits);
+  for (int64_t i = 0; i < need; ++i) s.blocks.push_back(*blocks_.allocate());
+  stats_.prefix_hit_tokens += s.n_cached;
+  s.running = true;
+  s.admit_order = ++admit_counter_;
+  return true;
+}
+
+// Admits waiting groups first-come first-served while their prefill fits. A
+// group preempted as a whole is at the front of the queue and comes back here
+// like a new request.
 void Engine::admit() {
   int64_t running = 0;
   for (const auto& g : active_)
@@ -199,59 +258,36 @@ void Engine::admit() {
       waiting_.pop_front();
       continue;
     }
-    const int64_t n_after = todo.size() == 1 && !todo[0]->forked && todo[0] == g.seqs[0].get() && g.seqs.size() == 1
-                                ? g.req.params.n
-                                : int64_t(todo.size());
+    const bool fresh = todo.size() == 1 && !todo[0]->forked && todo[0] == g.seqs[0].get() && g.seqs.size() == 1;
+    const int64_t n_after = fresh ? g.req.params.n : int64_t(todo.size());
     if (running > 0 && running + n_after > config_.max_running) break;
-    const int bs = config_.block_size;
     bool admitted_all = true;
     int64_t admitted = 0;
     for (Sequence* s : todo) {
-      // Prefix cache: reuse full blocks of tokens[0, len-1) (at least one token
-      // must be fed to get logits). Routing capture needs every token fed.
-      std::vector<int32_t> hits;
-      uint64_t parent = 0;
-      const int64_t len = int64_t(s->tokens.size());
-      if (config_.prefix_cache && !g.req.return_experts) {
-        for (int64_t b = 0; (b + 1) * bs <= len - 1; ++b) {
-          const int32_t* toks = s->tokens.data() + b * bs;
-          const uint64_t key = BlockManager::chain_hash(parent, toks, bs);
-          auto hit = blocks_.lookup(key, parent, toks);
-          if (!hit) break;
-          hits.push_back(*hit);
-          parent = key;
-        }
-      }
-      const int64_t need = blocks_for(len, bs) - int64_t(hits.size());
+      std::vector<int32_t> hits = prefix_hits(*s);
+      const int64_t need = blocks_for(int64_t(s->tokens.size()), config_.block_size) - int64_t(hits.size());
       if (running == 0 && need > blocks_.available()) {
         // Even an empty engine cannot hold this sample's KV any more (it grew
         // past the cache while decoding): end it as truncated.
         for (int32_t b : hits) blocks_.release(b);
-        LS_LOG(Warn) << "request " << g.id << " sample " << s->index << ": " << len
+        LS_LOG(Warn) << "request " << g.id << " sample " << s->index << ": " << s->tokens.size()
                      << " tokens no longer fit the KV cache; finished with reason 'length'";
         finish_sample(*s, "length");
         continue;
       }
       // Keep one block per running sequence in reserve so decodes can proceed.
-      if (blocks_.available() < need + running) {
-        for (int32_t b : hits) blocks_.release(b);
+      if (!admit_sample(*s, std::move(hits), running)) {
         admitted_all = false;
         break;
       }
-      s->blocks = hits;
-      for (int64_t i = 0; i < need; ++i) s->blocks.push_back(*blocks_.allocate());
-      s->n_cached = int64_t(hits.size()) * bs;
-      stats_.prefix_hit_tokens += s->n_cached;
-      s->running = true;
-      s->admit_order = ++admit_counter_;
       ++running;
       ++admitted;
     }
-    // Samples admitted here hold blocks and must be scheduled, and only
-    // active groups are: a partly admitted group (preempted samples coming
-    // back) becomes active, and step() re-admits the rest as blocks free up.
-    // (Left in the queue, its admitted samples held blocks without running:
-    // a deadlock, or samples cut short as if the cache were too small.)
+    // Samples admitted here hold blocks and must be scheduled, and only active
+    // groups are: a partly admitted group becomes active, and
+    // readmit_preempted() brings the rest in as blocks free up. (Left in the
+    // queue, its admitted samples held blocks without running: a deadlock, or
+    // samples cut short as if the cache were too small.)
     if (!admitted_all && admitted == 0) break;
     active_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
@@ -280,11 +316,15 @@ bool Engine::ensure_block(Sequence& s) {
   return true;
 }
 
-// Frees the most recently admitted running sequence that is not already
-// scheduled this step; it will be recomputed later. False if there is none.
-bool Engine::preempt_one(const std::vector<const Sequence*>& scheduled) {
+// Preemption: frees the KV of the most recently admitted running sample not
+// already scheduled this step (false if there is none); it is recomputed from
+// position 0 once re-admitted. The rule for coming back: a group with no
+// running sample left goes to the front of the queue and admit() takes it like
+// a new request (prefix cache and max_running included); a sample whose
+// siblings still run stays in its active group and readmit_preempted() brings
+// it back. Both end in admit_sample().
+bool Engine::preempt_one(const std::vector<Chunk>& scheduled) {
   Sequence* victim = nullptr;
-  Group* vg = nullptr;
   auto later = [](const Sequence* a, const Sequence* b) {
     if (a->admit_order != b->admit_order) return a->admit_order > b->admit_order;
     if (a->group->id != b->group->id) return a->group->id > b->group->id;
@@ -293,53 +333,42 @@ bool Engine::preempt_one(const std::vector<const Sequence*>& scheduled) {
   for (auto& g : active_)
     for (auto& q : g->seqs) {
       if (!q->running || q->finished) continue;
-      if (std::find(scheduled.begin(), scheduled.end(), q.get()) != scheduled.end()) continue;
-      if (!victim || later(q.get(), victim)) {
-        victim = q.get();
-        vg = g.get();
-      }
+      if (std::any_of(scheduled.begin(), scheduled.end(), [&](const Chunk& w) { return w.s == q.get(); })) continue;
+      if (!victim || later(q.get(), victim)) victim = q.get();
     }
   if (!victim) return false;
   release(*victim);
   victim->n_cached = 0;
   ++stats_.preemptions;
-  // Back to the front of the queue (its group moves there if all of it waits).
-  bool any_running = false;
-  for (auto& q : vg->seqs) any_running = any_running || (q->running && !q->finished);
+  Group* vg = victim->group;
+  const bool any_running =
+      std::any_of(vg->seqs.begin(), vg->seqs.end(), [](const auto& q) { return q->running && !q->finished; });
   if (!any_running) {
-    for (auto it = active_.begin(); it != active_.end(); ++it)
-      if (it->get() == vg) {
-        waiting_.push_front(std::move(*it));
-        active_.erase(it);
-        break;
-      }
-  } else {
-    // Siblings still run; the victim re-enters through a waiting entry of its own
-    // when its group is next examined (see step(): re-queue).
+    auto it = std::find_if(active_.begin(), active_.end(), [&](const auto& g) { return g.get() == vg; });
+    LS_CHECK(it != active_.end()) << "a running sample's group is not active";
+    waiting_.push_front(std::move(*it));
+    active_.erase(it);
   }
   return true;
 }
 
-bool Engine::step() {
-  Timer step_timer;
-  apply_pending_weights();
-  admit();
-  const ModelConfig& c = weights_->config();
-  const int bs = config_.block_size;
-  const int64_t n_moe = c.num_moe_layers(), K = c.num_experts_per_tok;
+// Re-admission of the idle samples of active groups (preempted while siblings
+// kept running, or left out when their group was admitted in part): each comes
+// back as soon as all its KV fits with one block to spare.
+void Engine::readmit_preempted() {
+  for (auto& g : active_)
+    for (auto& q : g->seqs)
+      if (!q->finished && !q->running) admit_sample(*q, {}, 1);
+}
 
-  // Abort requests marked since the last step.
+// Phase 1: aborts the requests marked since the last step, chooses each
+// running sequence's chunk under the token budget (decodes first, then prefill
+// and recompute chunks, in admission order), then re-admits preempted samples
+// for the next step.
+std::vector<Engine::Chunk> Engine::plan() {
   for (auto& g : active_)
     if (g->aborted)
       for (auto& q : g->seqs) finish_sample(*q, "abort");
-
-  // Choose each running sequence's chunk: decodes first, then prefill chunks.
-  struct Work {
-    Sequence* s;
-    int64_t begin, n;
-  };
-  std::vector<Work> work;
-  int64_t budget = config_.max_batch_tokens;
   std::vector<Sequence*> runnable;
   for (auto& g : active_)
     for (auto& q : g->seqs)
@@ -349,17 +378,18 @@ bool Engine::step() {
     if (a->group->id != b->group->id) return a->group->id < b->group->id;
     return a->index < b->index;
   });
-  // Decodes (exactly one token to feed).
+  std::vector<Chunk> chunks;
+  int64_t budget = config_.max_batch_tokens;
+  // Decodes (exactly one token to feed); a decode without a writable block
+  // preempts another sample, or waits a step when none can be preempted.
   for (Sequence* s : runnable) {
     if (int64_t(s->tokens.size()) - s->n_cached != 1 || !s->running) continue;
     if (budget <= 0) break;
-    std::vector<const Sequence*> scheduled;
-    for (const Work& w : work) scheduled.push_back(w.s);
     while (s->running && !ensure_block(*s))
-      if (!preempt_one(scheduled)) break;
+      if (!preempt_one(chunks)) break;
     if (!s->running) continue;
-    if (int64_t(s->blocks.size()) <= s->n_cached / config_.block_size) continue;  // no block: wait a step
-    work.push_back({s, s->n_cached, 1});
+    if (int64_t(s->blocks.size()) <= s->n_cached / config_.block_size) continue;
+    chunks.push_back({s, s->n_cached, 1});
     budget -= 1;
   }
   // Prefill and recompute chunks, first come first served.
@@ -367,91 +397,78 @@ bool Engine::step() {
     const int64_t left = int64_t(s->tokens.size()) - s->n_cached;
     if (!s->running || left <= 1 || budget <= 0) continue;
     const int64_t n = std::min({left, budget, config_.max_prefill_chunk});
-    work.push_back({s, s->n_cached, n});
+    chunks.push_back({s, s->n_cached, n});
     budget -= n;
   }
-  // Samples preempted while their siblings keep running are re-admitted here
-  // (a group whose samples all wait went back to the queue in preempt_one).
-  for (auto& g : active_) {
-    for (auto& q : g->seqs) {
-      if (q->finished || q->running) continue;
-      const int64_t need = blocks_for(int64_t(q->tokens.size()), bs);
-      if (blocks_.available() >= need + 1) {
-        for (int64_t i = 0; i < need; ++i) q->blocks.push_back(*blocks_.allocate());
-        q->n_cached = 0;
-        q->running = true;
-        q->admit_order = ++admit_counter_;
-      }
-    }
-  }
+  readmit_preempted();
+  return chunks;
+}
 
-  if (work.empty()) {
-    complete_finished_groups();
-    return !waiting_.empty() || !active_.empty();
-  }
-
-  // Build the ragged batch.
-  model::RaggedBatch batch;
+// Phase 2: the ragged batch of the chunks, in order; a chunk that reaches the
+// end of its tokens asks for the logits of its last row.
+model::RaggedBatch Engine::build_batch(std::vector<Chunk>& chunks) {
+  const int bs = config_.block_size;
   int32_t max_blocks = 1;
-  for (const Work& w : work)
-    max_blocks = std::max<int32_t>(max_blocks, int32_t(blocks_for(w.begin + w.n, bs)));
-  batch.max_blocks = max_blocks;
-  std::vector<int64_t> row_end(work.size());
-  std::vector<int64_t> row_begin(work.size());
-  for (size_t i = 0; i < work.size(); ++i) {
-    const Work& w = work[i];
-    // Blocks for the chunk (prefill blocks were allocated at admission; a
-    // recompute or decode may need more).
-    while (int64_t(w.s->blocks.size()) < blocks_for(w.begin + w.n, bs)) {
+  for (const Chunk& w : chunks) max_blocks = std::max<int32_t>(max_blocks, int32_t(blocks_for(w.begin + w.n, bs)));
+  model::RaggedBatch batch(max_blocks);
+  int64_t n_logits = 0;
+  for (Chunk& w : chunks) {
+    const int64_t nb = blocks_for(w.begin + w.n, bs);
+    // Prefill blocks were allocated at admission; a recompute or decode may need more.
+    while (int64_t(w.s->blocks.size()) < nb) {
       auto b = blocks_.allocate();
       LS_CHECK(b.has_value()) << "KV blocks exhausted while scheduling a chunk";
       w.s->blocks.push_back(*b);
     }
-    row_begin[i] = batch.num_tokens();
-    batch.tokens.insert(batch.tokens.end(), w.s->tokens.begin() + w.begin, w.s->tokens.begin() + w.begin + w.n);
-    batch.n_ctx.push_back(int32_t(w.begin));
-    batch.n_new.push_back(int32_t(w.n));
-    for (int32_t j = 0; j < max_blocks; ++j)
-      batch.block_table.push_back(j < int32_t(w.s->blocks.size()) ? w.s->blocks[size_t(j)] : 0);
-    row_end[i] = batch.num_tokens();
-  }
-  std::vector<size_t> sampled;  // work items whose chunk reaches the end of their tokens
-  for (size_t i = 0; i < work.size(); ++i) {
-    if (work[i].begin + work[i].n == int64_t(work[i].s->tokens.size())) {
-      batch.logit_rows.push_back(int32_t(row_end[i] - 1));
-      sampled.push_back(i);
+    w.row0 = batch.add_sequence(w.s->tokens.data() + w.begin, int32_t(w.n), int32_t(w.begin), w.s->blocks.data(),
+                                int32_t(nb));
+    if (w.begin + w.n == int64_t(w.s->tokens.size())) {
+      w.logit_row = n_logits++;
+      batch.logit_rows.push_back(int32_t(w.row0 + w.n - 1));
     }
   }
+  return batch;
+}
+
+// Phase 3: the forward pass, recording routed experts when a request asks.
+void Engine::run_forward(const std::vector<Chunk>& chunks, const model::RaggedBatch& batch,
+                         model::ForwardResult* fr) {
   bool want_routes = false;
-  for (const Work& w : work) want_routes = want_routes || w.s->group->req.return_experts;
+  for (const Chunk& w : chunks) want_routes = want_routes || w.s->group->req.return_experts;
   model::ForwardOptions fo;
-  fo.record_experts = want_routes && n_moe > 0;
+  fo.record_experts = want_routes && weights_->config().num_moe_layers() > 0;
   std::vector<uint64_t> capture_ids;
   if (config_.capture) {
-    for (const Work& w : work) capture_ids.push_back(capture_key(w.s->group->id, w.s->index));
+    for (const Chunk& w : chunks) capture_ids.push_back(capture_key(w.s->group->id, w.s->index));
     fo.capture = &config_.capture;
     fo.capture_ids = &capture_ids;
   }
-  model::ForwardResult fr;
   Timer fwd;
-  model::forward(ctx_, *weights_, kv_, ws_, batch, fo, &fr);
+  model::forward(ctx_, *weights_, kv_, ws_, batch, fo, fr);
   stats_.forward_s += fwd.seconds();
   ++stats_.steps;
+}
 
-  for (size_t i = 0; i < work.size(); ++i) {
-    Sequence& s = *work[i].s;
-    s.n_cached += work[i].n;
+// Phase 4: what the forward wrote: the chunks' KV is cached, their routed
+// experts are kept, and a prompt whose prefill is complete offers its full
+// blocks to the prefix cache (once per request).
+void Engine::record(const std::vector<Chunk>& chunks, const model::ForwardResult& fr) {
+  const ModelConfig& c = weights_->config();
+  const int bs = config_.block_size;
+  const int64_t n_moe = c.num_moe_layers(), K = c.num_experts_per_tok;
+  for (const Chunk& w : chunks) {
+    Sequence& s = *w.s;
+    s.n_cached += w.n;
     if (s.group->req.return_experts && n_moe > 0) {
-      const size_t row = size_t(n_moe * K);
+      const int64_t row = n_moe * K;
       // Rows of this chunk; a recompute re-records positions already known.
-      s.routes.resize(size_t(work[i].begin) * row);
-      s.routes.insert(s.routes.end(), fr.routed_experts.begin() + row_begin[i] * int64_t(row),
-                      fr.routed_experts.begin() + row_end[i] * int64_t(row));
+      s.routes.resize(size_t(w.begin * row));
+      s.routes.insert(s.routes.end(), fr.routed_experts.begin() + w.row0 * row,
+                      fr.routed_experts.begin() + (w.row0 + w.n) * row);
     }
   }
-  // Publish the prompt's full blocks once its prefill is complete.
-  for (size_t i = 0; i < work.size(); ++i) {
-    Sequence& s = *work[i].s;
+  for (const Chunk& w : chunks) {
+    Sequence& s = *w.s;
     Group& g = *s.group;
     if (!config_.prefix_cache || g.published || s.index != 0 || s.n_cached < g.prompt_len) continue;
     uint64_t parent = 0;
@@ -463,124 +480,158 @@ bool Engine::step() {
     }
     g.published = true;
   }
+}
 
-  Timer samp;
-  const int64_t V = c.vocab_size;
-  // 1. In order: fork first tokens into their n samples, and list one draw
-  //    per live sequence (its logits row and its random number).
-  struct Draw {
-    Sequence* s;
-    const float* row;
-    double u;
-    int32_t tok = 0;
-    float logprob = 0.0f;
-  };
-  std::vector<Draw> draws;
-  for (size_t r = 0; r < sampled.size(); ++r) {
-    Sequence& lead = *work[sampled[r]].s;
+// Phase 5: a leader about to draw its request's first token forks into the n
+// samples, which share the prompt's KV blocks (copy on write) and draw too.
+void Engine::fork_leaders(std::vector<Chunk>& chunks) {
+  for (Chunk& w : chunks) {
+    Sequence& lead = *w.s;
     Group& g = *lead.group;
-    const SamplingParams& p = g.req.params;
-    const float* row = fr.logits.f32() + int64_t(r) * V;
-    // The first token of a request: fork the leader into its n samples.
-    std::vector<Sequence*> targets = {&lead};
-    if (!lead.forked && lead.index == 0 && int64_t(lead.tokens.size()) == g.prompt_len) {
-      lead.forked = true;
-      for (int64_t k = 1; k < p.n; ++k) {
-        auto q = std::make_unique<Sequence>();
-        q->group = &g;
-        q->index = int(k);
-        q->tokens = lead.tokens;
-        q->n_cached = lead.n_cached;
-        q->blocks = lead.blocks;
-        for (int32_t b : q->blocks) blocks_.retain(b);
-        q->routes = lead.routes;
-        q->forked = true;
-        q->running = true;
-        q->admit_order = lead.admit_order;
-        targets.push_back(q.get());
-        g.seqs.push_back(std::move(q));
-      }
+    if (w.logit_row < 0 || lead.forked || lead.index != 0 || int64_t(lead.tokens.size()) != g.prompt_len) continue;
+    lead.forked = true;
+    w.forked = true;
+    for (int64_t k = 1; k < g.req.params.n; ++k) {
+      auto q = std::make_unique<Sequence>();
+      q->group = &g;
+      q->index = int(k);
+      q->tokens = lead.tokens;
+      q->n_cached = lead.n_cached;
+      q->blocks = lead.blocks;
+      for (int32_t b : q->blocks) blocks_.retain(b);
+      q->routes = lead.routes;
+      q->forked = true;
+      q->running = true;
+      q->admit_order = lead.admit_order;
+      g.seqs.push_back(std::move(q));
     }
-    for (Sequence* s : targets) {
-      if (s->finished) continue;
+  }
+}
+
+// Phase 6: one draw per live sequence of each chunk with logits, in chunk
+// order (a just-forked leader's samples in index order); the choices run in
+// parallel, each a pure function of its row, its params and its random number.
+std::vector<Engine::Draw> Engine::sample(const std::vector<Chunk>& chunks, const model::ForwardResult& fr) {
+  const int64_t V = weights_->config().vocab_size;
+  std::vector<Draw> draws;
+  for (const Chunk& w : chunks) {
+    if (w.logit_row < 0) continue;
+    Group& g = *w.s->group;
+    const float* row = fr.logits.f32() + w.logit_row * V;
+    auto draw = [&](Sequence* s) {
+      if (s->finished) return;
       const int64_t pos = int64_t(s->tokens.size());
       const double u = Philox(g.seed).uniform_double(sample_stream(g.seed, s->index), uint64_t(pos));
       draws.push_back({s, row, u});
+    };
+    if (w.forked) {
+      for (auto& q : g.seqs) draw(q.get());
+    } else {
+      draw(w.s);
     }
   }
-  // 2. The choices, in parallel: each is a pure function of its row, its
-  //    params and its random number.
   ctx_.parallel_for(int64_t(draws.size()), [&](int64_t b0, int64_t b1) {
     for (int64_t i = b0; i < b1; ++i) {
       Draw& d = draws[size_t(i)];
       d.tok = sample_token(d.row, V, d.s->group->req.params, d.u);
     }
   });
-  // 3. Their logprobs, one kernel call per logprob temperature over the
-  //    draws' rows (per-row results: the same bits as one call per row).
-  {
-    std::vector<float> temps;
-    for (const Draw& d : draws) {
-      const float t = d.s->group->req.params.logprob_temperature();
-      if (std::find(temps.begin(), temps.end(), t) == temps.end()) temps.push_back(t);
-    }
-    for (float t : temps) {
-      std::vector<size_t> which;
-      for (size_t i = 0; i < draws.size(); ++i)
-        if (draws[i].s->group->req.params.logprob_temperature() == t) which.push_back(i);
-      const int64_t R = int64_t(which.size());
-      Buffer rows(static_cast<size_t>(R * V) * sizeof(float));
-      std::vector<int32_t> toks(static_cast<size_t>(R));
-      for (int64_t j = 0; j < R; ++j) {
-        std::memcpy(rows.as<float>() + j * V, draws[which[size_t(j)]].row, size_t(V) * sizeof(float));
-        toks[size_t(j)] = draws[which[size_t(j)]].tok;
-      }
-      std::vector<float> lp;
-      token_logprobs(ctx_, Tensor(rows.as<float>(), DType::F32, {R, V}), toks, t, &lp);
-      for (int64_t j = 0; j < R; ++j) draws[which[size_t(j)]].logprob = lp[size_t(j)];
-    }
-  }
-  // 4. In order: append, stream, stop.
+  score_draws(draws);
+  return draws;
+}
+
+// The draws' logprobs: one kernel call per logprob temperature over the draws'
+// rows (per-row results: the same bits as one call per row).
+void Engine::score_draws(std::vector<Draw>& draws) {
+  const int64_t V = weights_->config().vocab_size;
+  std::vector<float> temps;
   for (const Draw& d : draws) {
-    Sequence* s = d.s;
-    Group& g = *s->group;
+    const float t = d.s->group->req.params.logprob_temperature();
+    if (std::find(temps.begin(), temps.end(), t) == temps.end()) temps.push_back(t);
+  }
+  for (float t : temps) {
+    std::vector<size_t> which;
+    for (size_t i = 0; i < draws.size(); ++i)
+      if (draws[i].s->group->req.params.logprob_temperature() == t) which.push_back(i);
+    const int64_t R = int64_t(which.size());
+    Buffer rows(static_cast<size_t>(R * V) * sizeof(float));  // (R, V)
+    std::vector<int32_t> toks(static_cast<size_t>(R));
+    for (int64_t j = 0; j < R; ++j) {
+      std::memcpy(rows.as<float>() + j * V, draws[which[size_t(j)]].row, size_t(V) * sizeof(float));
+      toks[size_t(j)] = draws[which[size_t(j)]].tok;
+    }
+    std::vector<float> lp;
+    token_logprobs(ctx_, Tensor(rows.as<float>(), DType::F32, {R, V}), toks, t, &lp);
+    for (int64_t j = 0; j < R; ++j) draws[which[size_t(j)]].logprob = lp[size_t(j)];
+  }
+}
+
+// Phase 7, in draw order: append each token, stream it, and finish samples
+// that stopped or reached their length.
+void Engine::apply(const std::vector<Draw>& draws) {
+  const ModelConfig& c = weights_->config();
+  for (const Draw& d : draws) {
+    Sequence& s = *d.s;
+    Group& g = *s.group;
     const SamplingParams& p = g.req.params;
-    const int32_t tok = d.tok;
-    {
-      s->tokens.push_back(tok);
-      s->logprobs.push_back(d.logprob);
-      if (s->t_first < 0) {
-        s->t_first = g.timer.seconds();
-        s->version_first = weights_->version();
-      }
-      s->version_last = weights_->version();
-      stats_.generated_tokens += 1;
-      if (g.on_token) g.on_token(g.id, s->index, tok, d.logprob);
-      const int64_t out_len = int64_t(s->tokens.size()) - g.prompt_len;
-      bool stop = false;
-      if (!p.ignore_eos)
-        for (int64_t e : c.eos_token_ids) stop = stop || tok == int32_t(e);
-      for (int32_t e : p.stop_token_ids) stop = stop || tok == e;
-      if (!stop && g.req.stop_checker) {
-        std::vector<int32_t> out(s->tokens.begin() + g.prompt_len, s->tokens.end());
-        const int64_t cut = g.req.stop_checker(out);
-        if (cut >= 0) {
-          s->tokens.resize(size_t(g.prompt_len + cut));
-          s->logprobs.resize(size_t(cut));
-          stop = true;
-        }
-      }
-      if (stop) {
-        finish_sample(*s, "stop");
-      } else if (out_len >= p.max_new_tokens || int64_t(s->tokens.size()) >= c.max_position_embeddings) {
-        finish_sample(*s, "length");
-      }
+    s.tokens.push_back(d.tok);
+    s.logprobs.push_back(d.logprob);
+    if (s.t_first < 0) {
+      s.t_first = g.timer.seconds();
+      s.version_first = weights_->version();
+    }
+    s.version_last = weights_->version();
+    stats_.generated_tokens += 1;
+    if (g.on_token) g.on_token(g.id, s.index, d.tok, d.logprob);
+    const int64_t out_len = int64_t(s.tokens.size()) - g.prompt_len;
+    if (stops(s, d.tok)) {
+      finish_sample(s, "stop");
+    } else if (out_len >= p.max_new_tokens || int64_t(s.tokens.size()) >= c.max_position_embeddings) {
+      finish_sample(s, "length");
     }
   }
-  stats_.sample_s += samp.seconds();
-  for (const Work& w : work) stats_.prompt_tokens += w.n;
+}
+
+// Whether s stops at its new token `tok`: EOS, a stop token, or a stop string
+// (which cuts the output where the string completes).
+bool Engine::stops(Sequence& s, int32_t tok) {
+  const Group& g = *s.group;
+  const SamplingParams& p = g.req.params;
+  bool stop = false;
+  if (!p.ignore_eos)
+    for (int64_t e : weights_->config().eos_token_ids) stop = stop || tok == int32_t(e);
+  for (int32_t e : p.stop_token_ids) stop = stop || tok == e;
+  if (!stop && g.req.stop_checker) {
+    std::vector<int32_t> out(s.tokens.begin() + g.prompt_len, s.tokens.end());
+    const int64_t cut = g.req.stop_checker(out);
+    if (cut >= 0) {
+      s.tokens.resize(size_t(g.prompt_len + cut));
+      s.logprobs.resize(size_t(cut));
+      stop = true;
+    }
+  }
+  return stop;
+}
+
+bool Engine::step() {
+  apply_pending_weights();
+  admit();
+  std::vector<Chunk> chunks = plan();
+  if (chunks.empty()) {
+    complete_finished_groups();
+    return !waiting_.empty() || !active_.empty();
+  }
+  const model::RaggedBatch batch = build_batch(chunks);
+  model::ForwardResult fr;
+  run_forward(chunks, batch, &fr);
+  record(chunks, fr);
+  Timer sampling;
+  fork_leaders(chunks);
+  const std::vector<Draw> draws = sample(chunks, fr);
+  apply(draws);
+  stats_.sample_s += sampling.seconds();
+  for (const Chunk& w : chunks) stats_.prompt_tokens += w.n;
   complete_finished_groups();
-  (void)step_timer;
   return true;
 }
 

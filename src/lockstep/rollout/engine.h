@@ -137,14 +137,29 @@ class Engine {
  private:
   struct Sequence;
   struct Group;
+  struct Chunk;  // one sequence's tokens fed in a step
+  struct Draw;   // one token sampled in a step
   uint64_t submit_impl(Request request, TokenCallback on_token, std::promise<RequestResult>* promise);
+  void apply_pending_weights();
   void admit();
+  std::vector<int32_t> prefix_hits(const Sequence& s);
+  bool admit_sample(Sequence& s, std::vector<int32_t> hits, int64_t reserve);
+  bool preempt_one(const std::vector<Chunk>& scheduled);
+  void readmit_preempted();
+  bool ensure_block(Sequence& s);  // a writable slot for the next token
+  // The phases of step(), in order.
+  std::vector<Chunk> plan();
+  model::RaggedBatch build_batch(std::vector<Chunk>& chunks);
+  void run_forward(const std::vector<Chunk>& chunks, const model::RaggedBatch& batch, model::ForwardResult* fr);
+  void record(const std::vector<Chunk>& chunks, const model::ForwardResult& fr);
+  void fork_leaders(std::vector<Chunk>& chunks);
+  std::vector<Draw> sample(const std::vector<Chunk>& chunks, const model::ForwardResult& fr);
+  void score_draws(std::vector<Draw>& draws);
+  void apply(const std::vector<Draw>& draws);
+  bool stops(Sequence& s, int32_t tok);
   void finish_sample(Sequence& s, const char* reason);
   void release(Sequence& s);
-  bool ensure_block(Sequence& s);  // a writable slot for the next token
-  bool preempt_one(const std::vector<const Sequence*>& scheduled);
   void complete_finished_groups();
-  void apply_pending_weights();
 
   Context ctx_;
   EngineConfig config_;

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include "lockstep/base/error.h"
 #include "lockstep/kernels/cpu/moe.h"
@@ -84,13 +85,11 @@ std::vector<int32_t> trainer_routing(const Context& ctx, const model::ModelWeigh
                                      const std::vector<int32_t>& tokens, const std::vector<int32_t>* replay) {
   const ModelConfig& c = weights.config();
   const int bs = 16;
-  model::RaggedBatch b;
-  b.tokens = tokens;
-  b.n_ctx = {0};
-  b.n_new = {int32_t(tokens.size())};
-  b.max_blocks = int32_t((tokens.size() + bs - 1) / bs);
-  for (int32_t i = 0; i < b.max_blocks; ++i) b.block_table.push_back(i);
-  model::KvCache kv(c, b.max_blocks, bs);
+  std::vector<int32_t> blocks((tokens.size() + bs - 1) / bs);
+  std::iota(blocks.begin(), blocks.end(), 0);
+  model::RaggedBatch b(int32_t(blocks.size()));
+  b.add_sequence(tokens.data(), int32_t(tokens.size()), 0, blocks.data(), int32_t(blocks.size()));
+  model::KvCache kv(c, int64_t(blocks.size()), bs);
   model::Workspace ws;
   model::ForwardOptions fo;
   fo.record_experts = true;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <numeric>
 #include <string>
 
 #include "lockstep/base/error.h"
@@ -234,27 +235,27 @@ void check_sequences(const RunSpec& r, const std::vector<TrainSequence>& seqs, c
   }
 }
 
-// Every token new, sequences [b0, b1) on consecutive KV blocks; the logit
+// KV blocks a sequence of the trainer's batch takes (every token new).
+int32_t blocks_of(const TrainSequence& s, int bs) { return int32_t((s.tokens.size() + size_t(bs) - 1) / size_t(bs)); }
+
+// Every token new, sequences [b0, b1) on consecutive KV blocks from block 0; the logit
 // rows and targets of their response tokens, and each sequence's first row.
 model::RaggedBatch build_batch(const std::vector<TrainSequence>& seqs, size_t b0, size_t b1, int bs, bool replay,
                                std::vector<int32_t>& targets, std::vector<int32_t>& replay_ids,
                                std::vector<int64_t>& first_row) {
-  model::RaggedBatch batch;
   int32_t max_blocks = 1;
-  for (size_t i = b0; i < b1; ++i)
-    max_blocks = std::max<int32_t>(max_blocks, int32_t((seqs[i].tokens.size() + size_t(bs) - 1) / size_t(bs)));
-  batch.max_blocks = max_blocks;
+  for (size_t i = b0; i < b1; ++i) max_blocks = std::max(max_blocks, blocks_of(seqs[i], bs));
+  model::RaggedBatch batch(max_blocks);
+  std::vector<int32_t> blocks;
   first_row.assign(b1 - b0, 0);
   int32_t next_block = 0;
   for (size_t i = b0; i < b1; ++i) {
     const auto& s = seqs[i];
-    const int32_t row0 = int32_t(batch.tokens.size());
-    batch.tokens.insert(batch.tokens.end(), s.tokens.begin(), s.tokens.end());
-    batch.n_ctx.push_back(0);
-    batch.n_new.push_back(int32_t(s.tokens.size()));
-    const int32_t nb = int32_t((s.tokens.size() + size_t(bs) - 1) / size_t(bs));
-    for (int32_t j = 0; j < max_blocks; ++j) batch.block_table.push_back(j < nb ? next_block + j : 0);
-    next_block += nb;
+    blocks.resize(size_t(blocks_of(s, bs)));
+    std::iota(blocks.begin(), blocks.end(), next_block);
+    next_block += int32_t(blocks.size());
+    const int32_t row0 =
+        batch.add_sequence(s.tokens.data(), int32_t(s.tokens.size()), 0, blocks.data(), int32_t(blocks.size()));
     first_row[i - b0] = int64_t(batch.logit_rows.size());
     for (size_t p = size_t(s.prompt_len) - 1; p + 1 < s.tokens.size(); ++p) {
       batch.logit_rows.push_back(row0 + int32_t(p));
@@ -281,7 +282,7 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
   int64_t max_blocks_total = 1;
   for (auto [b0, b1] : mbs) {
     int64_t nb = 0;
-    for (size_t i = b0; i < b1; ++i) nb += int64_t((seqs[i].tokens.size() + size_t(bs) - 1) / size_t(bs));
+    for (size_t i = b0; i < b1; ++i) nb += blocks_of(seqs[i], bs);
     max_blocks_total = std::max(max_blocks_total, nb);
   }
   if (rb.kv.num_blocks() < max_blocks_total || rb.kv.block_size() != bs) rb.kv = model::KvCache(c, max_blocks_total, bs);
