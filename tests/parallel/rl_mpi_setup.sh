@@ -4,6 +4,7 @@
 # samples, GRPO with 2 updates per batch, eval every 2 steps). Needs T and BIN.
 cat > "$T/model.toml" <<'TOML'
 [model]
+precision = "f32"
 architecture = "Qwen3MoeForCausalLM"
 vocab_size = 272
 hidden_size = 32
@@ -47,7 +48,6 @@ batch_size = 4
 n = 8
 temperature = 1.0
 max_new_tokens = 8
-precision = "f32"
 
 [train]
 steps = 3

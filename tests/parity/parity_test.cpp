@@ -90,6 +90,28 @@ TEST(Parity, RandomCasesGiveTheTrainersLogprobsBitForBit) {
   EXPECT_GT(total.preemptions, 0) << "the tiny-KV variations never preempted";
 }
 
+// Aligned at every precision: with bf16 or fp8 (power-of-two block scales)
+// weights in both engines and the f32 KV cache the trainer also uses, every
+// variation's logprobs equal the trainer's bit for bit, as in f32.
+TEST(Parity, AlignedAtBf16AndFp8) {
+  const int64_t n_cases = env_int("LOCKSTEP_PARITY_CASES", 64) / 4;
+  const uint64_t seed0 = uint64_t(env_int("LOCKSTEP_PARITY_SEED", 1000)) + 500;
+  ThreadPool pool2(2);
+  for (DType precision : {DType::BF16, DType::FP8E4M3}) {
+    std::mt19937_64 g(seed0);
+    CaseStats total;
+    for (int64_t i = 0; i < n_cases; ++i) {
+      const CaseStats st = check_case(random_case(seed0 + uint64_t(i)), &pool2, g, precision);
+      total.tokens += st.tokens;
+      total.runs += st.runs;
+      if (HasFailure()) return;
+    }
+    std::printf("[parity] %s: %lld cases, %lld engine runs matched the trainer, %lld sampled tokens\n",
+                dtype_name(precision), (long long)n_cases, (long long)total.runs, (long long)total.tokens);
+    EXPECT_GT(total.tokens, 50);
+  }
+}
+
 // Bug found by this suite: a group whose samples had all been preempted came
 // back through the queue and was admitted only in part; it stayed queued, so
 // its admitted samples held KV blocks but were never scheduled. The engine
@@ -262,11 +284,16 @@ TEST(FastMode, Bf16KvCacheIsBatchInvariantAndClose) {
       {
         rollout::Engine aligned(Context{}, m.weights.get(), roomy_engine());
         EXPECT_EQ(aligned.kv_dtype(), DType::F32);
-        rollout::Engine e(Context{}, fast.get(), roomy_engine());
+        rollout::EngineConfig bf16_kv = roomy_engine();
+        bf16_kv.bf16_kv = true;
+        rollout::Engine e(Context{}, fast.get(), bf16_kv);
         EXPECT_EQ(e.kv_dtype(), DType::BF16);
+        rollout::Engine f32_kv(Context{}, fast.get(), roomy_engine());
+        EXPECT_EQ(f32_kv.kv_dtype(), DType::F32) << "a bf16 cache only when asked";
       }
       std::mt19937_64 g(seed);
-      const auto vars = variations_for(cs, g);
+      auto vars = variations_for(cs, g);
+      for (auto& v : vars) v.engine.bf16_kv = true;
       const auto base = run_engine(*fast, cs, vars[0], &pool2);
       for (size_t i = 1; i < vars.size(); ++i)
         EXPECT_EQ(first_output_difference(base, run_engine(*fast, cs, vars[i], &pool2)), "") << vars[i].name;
@@ -283,7 +310,7 @@ TEST(FastMode, Bf16KvCacheIsBatchInvariantAndClose) {
       EXPECT_LT(gap.median_abs(), storage == DType::BF16 ? 0.05 : 0.4);
       // The bf16 cache is what changed: with an f32 cache the same weights give other bits.
       Variation f32kv = vars[0];
-      f32kv.engine.bf16_kv_in_fast_mode = false;
+      f32kv.engine.bf16_kv = false;
       EXPECT_NE(first_output_difference(base, run_engine(*fast, cs, f32kv, &pool2)), "");
     }
   }

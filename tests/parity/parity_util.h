@@ -272,12 +272,14 @@ inline std::vector<RequestResult> run_engine(const model::ModelWeights& w, const
 inline std::vector<std::vector<float>> trainer_logprobs(const Model& m, const Case& cs,
                                                         const std::vector<RequestResult>& results,
                                                         const Context& ctx, int64_t micro_batch_tokens,
-                                                        int kv_block_size) {
+                                                        int kv_block_size, DType precision = DType::F32) {
   Buffer copy(m.layout.nbytes());
   std::memcpy(copy.data(), m.params.data(), m.layout.nbytes());
   train::TrainerConfig tc;
   tc.micro_batch_tokens = micro_batch_tokens;
   tc.kv_block_size = kv_block_size;
+  tc.precision = precision;
+  tc.fp8_block = 16;  // as Model::packed
   train::Trainer t(ctx, m.layout.config(), std::move(copy), tc);
   std::map<float, std::vector<size_t>> by_temperature;  // flat sample indices
   std::vector<train::TrainSequence> seqs;
@@ -406,22 +408,26 @@ struct CaseStats {
 
 // Runs one case: every variation must give the baseline's tokens and logprob
 // bits, and those must equal the trainer's (1 and 2 threads, small and large
-// micro-batches).
-inline CaseStats check_case(const Case& cs, ThreadPool* pool2, std::mt19937_64& g) {
-  SCOPED_TRACE(cs.describe());
+// micro-batches). At bf16 or fp8 both engines run in that precision (aligned).
+inline CaseStats check_case(const Case& cs, ThreadPool* pool2, std::mt19937_64& g,
+                            DType precision = DType::F32) {
+  SCOPED_TRACE(cs.describe() + " precision " + dtype_name(precision));
   CaseStats st;
   Model m(cs.config, cs.seed);
+  std::unique_ptr<model::ModelWeights> packed;
+  if (precision != DType::F32) packed = m.packed(precision);
+  const model::ModelWeights& weights = packed ? *packed : *m.weights;
   const auto vars = variations_for(cs, g);
   Variation counted = vars[0];
   counted.engine.capture = [&](const model::Captured& c) {
     if (c.layer == -1 && c.rows() > 0)
       st.max_batch = std::max<int64_t>(st.max_batch, c.seq[c.rows() - 1] + 1);
   };
-  const auto base = run_engine(*m.weights, cs, counted, pool2);
+  const auto base = run_engine(weights, cs, counted, pool2);
   for (const auto& r : base)
     for (const auto& s : r.samples) st.tokens += int64_t(s.logprobs.size());
   auto report = [&](const Variation& v, const std::string& what) {
-    const Localisation loc = localise(*m.weights, *m.weights, cs, v, pool2);
+    const Localisation loc = localise(weights, weights, cs, v, pool2);
     ADD_FAILURE() << cs.describe() << "\n  variation: " << v.name << "\n  " << what
                   << "\n  localiser: " << loc.first.str() << " [" << loc.compared_rows << " rows compared, "
                   << loc.missing_rows << " unmatched]";
@@ -430,7 +436,7 @@ inline CaseStats check_case(const Case& cs, ThreadPool* pool2, std::mt19937_64& 
   for (auto [threads, micro, block] :
        {std::tuple{1, int64_t(1 << 20), 16}, std::tuple{2, mb, int(1 + g() % 8)}}) {
     const auto train =
-        trainer_logprobs(m, cs, base, threads == 2 ? Context{pool2, 0} : Context{}, micro, block);
+        trainer_logprobs(m, cs, base, threads == 2 ? Context{pool2, 0} : Context{}, micro, block, precision);
     const Gap gap = logprob_gap(base, train);
     if (gap.differing != 0 || gap.tokens == 0) {
       std::ostringstream os;
@@ -444,11 +450,11 @@ inline CaseStats check_case(const Case& cs, ThreadPool* pool2, std::mt19937_64& 
   ++st.runs;
   for (size_t i = 1; i < vars.size(); ++i) {
     int64_t preemptions = 0;
-    const auto out = run_engine(*m.weights, cs, vars[i], pool2, &preemptions);
+    const auto out = run_engine(weights, cs, vars[i], pool2, &preemptions);
     st.preemptions += preemptions;
     const std::string diff = first_output_difference(base, out);
     if (!diff.empty()) {
-      const Gap gap = logprob_gap(out, trainer_logprobs(m, cs, out, Context{}, 1 << 20, 16));
+      const Gap gap = logprob_gap(out, trainer_logprobs(m, cs, out, Context{}, 1 << 20, 16, precision));
       report(vars[i], "differs from the baseline: " + diff +
                           "; vs trainer: " + std::to_string(gap.differing) + " of " +
                           std::to_string(gap.tokens) + " tokens differ (" + gap.first_bad + ")");

@@ -22,6 +22,7 @@
 #include "lockstep/model/params.h"
 #include "lockstep/model/weights.h"
 #include "lockstep/rollout/engine.h"
+#include "lockstep/rl/rollout_backend.h"
 #include "lockstep/tokenizer/byte_level.h"
 #include "../model/model_test_util.h"
 
@@ -220,6 +221,78 @@ std::vector<nlohmann::json> metrics_of(const std::string& run) {
   return m;
 }
 
+// Aligned at every precision: both engines in bf16 or fp8, the gap is exactly
+// 0 every step and the trainer reuses the rollout's logprobs.
+TEST(RlLoop, AlignedAtBf16AndFp8HasAGapOfZero) {
+  for (const char* precision : {"bf16", "fp8"}) {
+    SCOPED_TRACE(precision);
+    Fixture f;
+    RlConfig c = f.config(f.dir.str(precision));
+    c.rollout.precision = c.rollout.trainer_precision = precision;
+    c.rollout.fp8_block = c.trainer.fp8_block = 16;
+    c.trainer.precision = std::string(precision) == "bf16" ? DType::BF16 : DType::FP8E4M3;
+    c.eval.interval = 0;
+    f.eval.clear();
+    auto t = f.trainer(c);
+    const RlResult r = run_rl(*t, f.inputs(), c, false);
+    EXPECT_EQ(r.max_logprob_abs_diff_max, 0.0);
+    const auto m = metrics_of(c.out_dir);
+    ASSERT_EQ(m.size(), 3u);
+    for (const auto& s : m) {
+      EXPECT_EQ(s["train/train_rollout_logprob_abs_diff"].get<double>(), 0.0);
+      EXPECT_EQ(s["train/train_rollout_logprob_bitwise_equal_frac"].get<double>(), 1.0);
+      EXPECT_EQ(s["train/on_policy_shortcut"], 1);
+    }
+    EXPECT_EQ(t->version(), 3u);
+  }
+}
+
+// A rollout that reports one token's logprob one ulp off while claiming to be
+// aligned: what a numerics bug in one engine looks like to the loop.
+class PlantedGapRollout : public RolloutBackend {
+ public:
+  PlantedGapRollout(train::Trainer& trainer, const RlConfig& c) : inner_(trainer, c.rollout, c.seed) {}
+  std::vector<rollout::RequestResult> generate(std::vector<rollout::Request> requests, const RolloutProgress& p,
+                                               int64_t* tokens) override {
+    auto out = inner_.generate(std::move(requests), p, tokens);
+    auto& lp = out.at(0).samples.at(0).logprobs;
+    if (lp.size() > 1) lp[1] = std::nextafter(lp[1], 0.0f);
+    return out;
+  }
+  void sync(train::Trainer& trainer) override { inner_.sync(trainer); }
+  bool aligned() const override { return true; }
+
+ private:
+  LocalRollout inner_;
+};
+
+TEST(RlLoop, APlantedGapAbortsTheStepBeforeTheOptimizerRuns) {
+  Fixture f;
+  RlConfig c = f.config(f.dir.str("planted"));
+  c.rollout.sampling.ignore_eos = true;  // every sample has several tokens
+  c.eval.interval = 0;
+  f.eval.clear();
+  auto t = f.trainer(c);
+  RlInputs in = f.inputs();
+  in.rollout = std::make_shared<PlantedGapRollout>(*t, c);
+  test::expect_error([&] { run_rl(*t, in, c, false); },
+                     {"aligned mode", "sample 0 of the step's batch, response token 1", "before the optimizer ran",
+                      "on_gap"});
+  EXPECT_EQ(t->version(), 0u) << "the optimizer ran";
+
+  // warn: the same difference is reported and training goes on.
+  RlConfig w = f.config(f.dir.str("planted-warn"));
+  w.rollout.sampling.ignore_eos = true;
+  w.eval.interval = 0;
+  w.on_gap = RlConfig::OnGap::Warn;
+  auto t2 = f.trainer(w);
+  RlInputs in2 = f.inputs();
+  in2.rollout = std::make_shared<PlantedGapRollout>(*t2, w);
+  const RlResult r = run_rl(*t2, in2, w, false);
+  EXPECT_GT(r.max_logprob_abs_diff_max, 0.0);
+  EXPECT_EQ(t2->version(), 3u);
+}
+
 TEST(RlLoop, AlignedRunWritesMetricsSamplesEvalAndCheckpoints) {
   Fixture f;
   const std::string out = f.dir.str("run");
@@ -318,7 +391,8 @@ TEST(RlLoop, ResumeAfterAStopGivesTheSameWeightsBitForBit) {
 TEST(RlLoop, FastModeReportsTheGapAndAppliesTis) {
   Fixture f;
   RlConfig c = f.config(f.dir.str("bf16"));
-  c.rollout.precision = "bf16";
+  c.rollout.precision = "bf16";  // the trainer stays f32: fast mode
+  c.rollout.engine.bf16_kv = true;
   c.algo.rollout_is = IsLevel::Token;
   c.algo.rollout_is_threshold = 1.01;  // tight: some tokens get truncated
   c.algo.routing_replay = true;

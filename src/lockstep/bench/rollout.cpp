@@ -120,6 +120,7 @@ DecodeResult run_decode(const Context& ctx, const model::ModelWeights& w, const 
                         int64_t batch) {
   const ModelConfig& c = w.config();
   rollout::EngineConfig ec;
+  ec.bf16_kv = opt.bf16_kv;
   ec.block_size = 16;
   ec.num_blocks = blocks_needed(batch, opt.decode_prompt_len + opt.new_tokens, ec.block_size);
   ec.max_running = batch;
@@ -148,6 +149,7 @@ DecodeResult run_decode(const Context& ctx, const model::ModelWeights& w, const 
 double run_prefill(const Context& ctx, const model::ModelWeights& w, const RolloutBenchOptions& opt) {
   const ModelConfig& c = w.config();
   rollout::EngineConfig ec;
+  ec.bf16_kv = opt.bf16_kv;
   ec.block_size = 16;
   ec.num_blocks = blocks_needed(opt.prefill_prompts, opt.prefill_len + 1, ec.block_size);
   ec.max_running = opt.prefill_prompts;
@@ -165,6 +167,7 @@ RunResult run_grpo(const Context& ctx, const model::ModelWeights& w, const Rollo
   const ModelConfig& c = w.config();
   const int64_t samples = opt.grpo_prompts * opt.grpo_samples;
   rollout::EngineConfig ec;
+  ec.bf16_kv = opt.bf16_kv;
   ec.block_size = 16;
   ec.num_blocks = blocks_needed(samples, opt.grpo_prompt_len + opt.new_tokens, ec.block_size);
   ec.max_running = samples;

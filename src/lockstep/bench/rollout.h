@@ -19,11 +19,13 @@ namespace lockstep::perf {
 struct RolloutBenchOptions {
   std::string config_path;
   int threads = 2;
-  // Weight storage of the engine: F32 is aligned mode; BF16 / FP8E4M3 are fast
-  // mode (the engine then keeps its KV cache in bf16 too). fp8 uses per-block
-  // scales of fp8_block x fp8_block (DeepSeek-V3's 128).
+  // Weight storage of the engine (F32, BF16, FP8E4M3). fp8 uses power-of-two
+  // scales per fp8_block x fp8_block block (DeepSeek-V3's 128). bf16_kv: the
+  // KV cache in bf16 as fast mode keeps it (aligned mode keeps it in f32 at
+  // every precision, as the trainer does).
   DType precision = DType::F32;
   int64_t fp8_block = 128;
+  bool bf16_kv = false;
   std::vector<int64_t> decode_batches = {1, 16, 64, 256};
   int64_t decode_prompt_len = 16;
   int64_t new_tokens = 32;  // generated per sample (decode and GRPO)

@@ -5,6 +5,8 @@
 // Shared by `lockstep bench train` and bench/train_bench.cpp.
 #pragma once
 
+#include "lockstep/tensor/dtype.h"
+
 #include <cstdint>
 #include <string>
 
@@ -22,6 +24,7 @@ struct TrainBenchOptions {
   int64_t seqs_per_step = 32;  // sequences per optimizer step
   int64_t micro_batch_tokens = 4096;
   bool recompute = false;  // TrainerConfig::recompute_activations
+  DType precision = DType::F32;  // TrainerConfig::precision (the forward's weights)
   int64_t steps = 2;       // measured steps, after one warm-up step
 };
 

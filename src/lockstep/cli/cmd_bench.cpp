@@ -59,8 +59,17 @@ void print_machine(const perf::Peak& peak) {
             << perf::fmt("%.1f", peak.cpu_gflops) << " GFLOP/s (per CPU-s x threads)\n\n";
 }
 
+// --precision f32|bf16|fp8.
+DType precision_flag(const std::string& p) {
+  if (p == "f32") return DType::F32;
+  if (p == "bf16") return DType::BF16;
+  if (p == "fp8") return DType::FP8E4M3;
+  LS_THROW << "flag --precision: expected f32, bf16 or fp8, got '" << p << "'";
+}
+
 int run_train(const Args& args) {
-  args.check_known({"config", "threads", "seq-len", "seqs", "micro-batch-tokens", "steps", "recompute"});
+  args.check_known(
+      {"config", "threads", "seq-len", "seqs", "micro-batch-tokens", "steps", "recompute", "precision"});
   perf::TrainBenchOptions o;
   o.threads = int(positive(args, "threads", 2));
   o.seq_len = positive(args, "seq-len", o.seq_len);
@@ -68,6 +77,7 @@ int run_train(const Args& args) {
   o.micro_batch_tokens = positive(args, "micro-batch-tokens", o.micro_batch_tokens);
   o.recompute = args.flag("recompute");
   o.steps = positive(args, "steps", o.steps);
+  if (auto p = args.maybe("precision")) o.precision = precision_flag(*p);
   const perf::Peak peak = perf::measure_fma_peak(o.threads);
   print_machine(peak);
   perf::Table t = perf::train_table();
@@ -83,7 +93,7 @@ int run_train(const Args& args) {
 
 int run_rollout(const Args& args) {
   args.check_known({"config", "threads", "batches", "new-tokens", "prompt-len", "prefill-prompts", "prefill-len",
-                    "grpo-prompts", "grpo-samples", "grpo-prompt-len", "precision"});
+                    "grpo-prompts", "grpo-samples", "grpo-prompt-len", "precision", "bf16-kv"});
   perf::RolloutBenchOptions o;
   o.threads = int(positive(args, "threads", 2));
   if (auto b = args.maybe("batches")) o.decode_batches = parse_list("batches", *b);
@@ -94,17 +104,8 @@ int run_rollout(const Args& args) {
   o.grpo_prompts = positive(args, "grpo-prompts", o.grpo_prompts);
   o.grpo_samples = positive(args, "grpo-samples", o.grpo_samples);
   o.grpo_prompt_len = positive(args, "grpo-prompt-len", o.grpo_prompt_len);
-  if (auto p = args.maybe("precision")) {
-    if (*p == "f32") {
-      o.precision = DType::F32;
-    } else if (*p == "bf16") {
-      o.precision = DType::BF16;
-    } else if (*p == "fp8") {
-      o.precision = DType::FP8E4M3;
-    } else {
-      LS_THROW << "flag --precision: expected f32, bf16 or fp8, got '" << *p << "'";
-    }
-  }
+  if (auto p = args.maybe("precision")) o.precision = precision_flag(*p);
+  o.bf16_kv = args.flag("bf16-kv");
   const perf::Peak peak = perf::measure_fma_peak(o.threads);
   print_machine(peak);
   std::vector<perf::RolloutBenchResult> rs;
@@ -128,10 +129,11 @@ LS_REGISTER_COMMAND(Command{
     "bench", "training and rollout throughput benchmarks",
     "usage: lockstep bench train   [--config FILE[,FILE]] [--threads N] [--seq-len N] [--seqs N]\n"
     "                              [--micro-batch-tokens N] [--steps N] [--recompute]\n"
+    "                              [--precision f32|bf16|fp8]\n"
     "       lockstep bench rollout [--config FILE[,FILE]] [--threads N] [--batches 1,16,64,256]\n"
     "                              [--new-tokens N] [--prompt-len N] [--prefill-prompts N]\n"
     "                              [--prefill-len N] [--grpo-prompts N] [--grpo-samples N]\n"
-    "                              [--grpo-prompt-len N] [--precision f32|bf16|fp8]\n\n"
+    "                              [--grpo-prompt-len N] [--precision f32|bf16|fp8] [--bf16-kv]\n\n"
     "Runs on randomly initialised weights of the [model] in each config (default: both\n"
     "configs/bench/moe-tiny.toml and moe-small.toml) with 2 threads unless --threads says\n"
     "otherwise, and prints a table.\n\n"
@@ -140,11 +142,13 @@ LS_REGISTER_COMMAND(Command{
     "  --micro-batch-tokens 4096), the model FLOPs per\n"
     "  token and the fraction of the machine's fp32 FMA peak, measured in the same run.\n"
     "  --recompute: activation recompute (keep only layer inputs; backward recomputes).\n"
+    "  --precision: the forward's weights in bf16 or fp8 (master weights and AdamW stay f32).\n"
     "rollout: decode tokens/s at each --batches size (prompts of --prompt-len tokens,\n"
     "  --new-tokens generated each) next to the GEMM roofline (the same step's matrix products\n"
     "  timed alone); prefill tokens/s; a GRPO-shaped workload (--grpo-prompts x --grpo-samples)\n"
-    "  with and without prefix sharing. --precision f32 (default) is aligned mode; bf16 and fp8\n"
-    "  (128 x 128 block scales) are fast mode: weights packed in that precision, KV cache in bf16.\n"
+    "  with and without prefix sharing. --precision: the weights in f32 (default), bf16 or fp8\n"
+    "  (power-of-two 128 x 128 block scales), as in aligned mode at that precision (f32 KV\n"
+    "  cache); --bf16-kv keeps the KV cache in bf16 as fast mode does.\n"
     "See docs/benchmarks.md for what each number means.\n",
     {"recompute"}, run_bench});
 

@@ -20,7 +20,8 @@ namespace {
 
 int run_check(const Args& args) {
   auto known = kRolloutFlags;
-  for (const char* k : {"model", "data", "max-abs-diff", "replay", "limit", "json"}) known.push_back(k);
+  for (const char* k : {"model", "data", "max-abs-diff", "replay", "limit", "json", "trainer-precision"})
+    known.push_back(k);
   args.check_known(known);
   auto pool = make_pool(args.get_int("threads", 0));
   Context ctx{pool.get(), 0};
@@ -32,6 +33,10 @@ int run_check(const Args& args) {
   if (!args.has("max-new-tokens")) sp.max_new_tokens = 64;
   const std::string precision = args.get("precision", "f32");
   const DType pdt = rollout::precision_dtype(precision);
+  // The trainer runs in the same precision (aligned) unless told otherwise (fast mode).
+  const std::string trainer_precision = args.get("trainer-precision", precision);
+  const bool aligned = trainer_precision == precision;
+  const int64_t fp8_block = args.get_int("fp8-block", 128);
   const bool replay = args.flag("replay");
   const ModelConfig& c = m.config;
   const int64_t n_moe = c.num_moe_layers(), K = c.num_experts_per_tok;
@@ -46,7 +51,8 @@ int run_check(const Args& args) {
 
   // Rollout side.
   ParamLayout layout(c);
-  model::ModelWeights rollout_weights(ctx, layout, m.params.as<float>(), pdt, args.get_int("fp8-block", 128));
+  model::ModelWeights rollout_weights(ctx, layout, m.params.as<float>(), pdt, fp8_block);
+  if (!aligned) ec.bf16_kv = true;  // fast mode as `lockstep rl` runs it
   rollout::Engine engine(ctx, &rollout_weights, ec);
   std::vector<rollout::Request> reqs;
   for (auto& p : prompts) {
@@ -58,8 +64,11 @@ int run_check(const Args& args) {
   }
   auto results = engine.generate(std::move(reqs));
 
-  // Trainer side: f32 master weights, every token new.
-  train::Trainer trainer(ctx, c, std::move(m.params), {});
+  // Trainer side: f32 master weights, its forward in trainer_precision, every token new.
+  train::TrainerConfig tc;
+  tc.precision = rollout::precision_dtype(trainer_precision);
+  tc.fp8_block = fp8_block;
+  train::Trainer trainer(ctx, c, std::move(m.params), tc);
   std::vector<train::TrainSequence> seqs;
   std::vector<std::vector<float>> rollout_lp;
   std::vector<std::vector<int32_t>> rollout_routes, train_routes;
@@ -87,8 +96,9 @@ int run_check(const Args& args) {
   train::MismatchStats ms = train::compute_mismatch(rollout_lp, train_lp);
   if (n_moe > 0) ms.router_disagreement = train::router_disagreement(rollout_routes, train_routes, n_moe, K);
 
-  std::printf("check-alignment: %lld samples, %lld response tokens, rollout precision %s%s\n\n",
-              (long long)ms.samples, (long long)ms.tokens, precision.c_str(), replay ? ", routing replay" : "");
+  std::printf("check-alignment: %lld samples, %lld response tokens, rollout %s, trainer %s (%s)%s\n\n",
+              (long long)ms.samples, (long long)ms.tokens, precision.c_str(), trainer_precision.c_str(),
+              aligned ? "aligned" : "fast mode", replay ? ", routing replay" : "");
   std::printf("  %-44s %s\n", "metric", "value");
   std::printf("  %-44s %.6g\n", "train/train_rollout_logprob_abs_diff", ms.abs_diff_mean);
   std::printf("  %-44s %.6g\n", "train/train_rollout_logprob_abs_diff_max", ms.abs_diff_max);
@@ -104,12 +114,13 @@ int run_check(const Args& args) {
     j["samples"] = ms.samples;
     j["tokens"] = ms.tokens;
     j["precision"] = precision;
+    j["trainer_precision"] = trainer_precision;
     j["replay"] = replay;
     data::write_jsonl_atomic(args.get("json", ""), {j});
   }
   // Aligned mode promises exactly zero; fast mode is checked only when asked.
   const double limit = args.has("max-abs-diff") ? args.get_double("max-abs-diff", 0.0)
-                                                 : (pdt == DType::F32 ? 0.0 : INFINITY);
+                                                 : (aligned ? 0.0 : INFINITY);
   if (ms.abs_diff_mean > limit) {
     std::printf("\nFAIL: mean |dlogp| %.6g exceeds %.6g\n", ms.abs_diff_mean, limit);
     return 1;
@@ -121,13 +132,16 @@ int run_check(const Args& args) {
 LS_REGISTER_COMMAND(Command{
     "check-alignment", "compare rollout and trainer logprobs on sampled responses",
     std::string("usage: lockstep check-alignment --model DIR --data PROMPTS.jsonl [--precision f32|bf16|fp8]\n"
-                "                                [--n 8] [--max-abs-diff X] [--replay] [--limit N] [--json OUT]\n\n"
-                "Samples n responses per prompt with the rollout engine (weights in the given precision),\n"
-                "rescores the same tokens with the trainer (f32), and prints: mean |dlogp| per sample then\n"
+                "                                [--trainer-precision f32|bf16|fp8] [--n 8] [--max-abs-diff X]\n"
+                "                                [--replay] [--limit N] [--json OUT]\n\n"
+                "Samples n responses per prompt with the rollout engine (weights in --precision), rescores\n"
+                "the same tokens with the trainer (its forward in --trainer-precision, by default the same:\n"
+                "aligned mode; another precision is fast mode, the rollout's KV cache then in bf16), and\n"
+                "prints: mean |dlogp| per sample then\n"
                 "over samples (train/train_rollout_logprob_abs_diff), its max, the k3 KL estimate, the\n"
                 "fraction of bitwise-equal logprobs, and the router top-k disagreement per MoE layer.\n"
                 "--replay makes the trainer use the rollout's experts (R3). Exits 1 when the mean gap\n"
-                "exceeds --max-abs-diff (default 0 for f32, no limit for bf16/fp8).\n"
+                "exceeds --max-abs-diff (default 0 in aligned mode, no limit in fast mode).\n"
                 "Prompt lines hold prompt_ids, messages, or prompt/text (chat template applied).\n\nflags:\n") +
         kRolloutFlagsHelp,
     {"replay", "ignore-eos", "no-prefix-cache"}, run_check});

@@ -18,6 +18,7 @@
 #include "lockstep/base/file_util.h"
 #include "lockstep/model/pretrained.h"
 #include "lockstep/rl/loop.h"
+#include "lockstep/rollout/rollout_config.h"
 #include "lockstep/rl/report_hook.h"
 #include "lockstep/tokenizer/byte_level.h"
 #include "lockstep/train/sft.h"
@@ -71,6 +72,7 @@ constexpr const char* kDemoRlConfig = R"(# The RL stage of `lockstep demo` (GRPO
 # with `lockstep rl --config configs/demo/rl.toml`.
 [model]
 path = "runs/demo/sft/checkpoints/latest"
+precision = "f32"      # both engines: aligned at f32, bf16 or fp8 (gap exactly 0)
 
 [data]
 train_file = "runs/demo/data/train.jsonl"
@@ -84,7 +86,6 @@ temperature = 1.0
 max_new_tokens = 16
 kv_blocks = 4096
 block_size = 16
-precision = "f32"      # aligned mode: rollout and trainer logprobs agree bit for bit
 
 [train]
 steps = 50
@@ -141,7 +142,8 @@ nlohmann::json figures_json(const Figures& f) {
 }
 
 int run_demo(const Args& args) {
-  args.check_known({"out", "seed", "sft-steps", "rl-steps", "threads", "precision", "print-config", "teacher-verbose-rate"});
+  args.check_known({"out", "seed", "sft-steps", "rl-steps", "threads", "precision", "trainer-precision",
+                    "print-config", "teacher-verbose-rate"});
   if (args.flag("print-config")) {
     std::cout << kDemoRlConfig;
     return 0;
@@ -219,6 +221,7 @@ int run_demo(const Args& args) {
   tc.optim.decay_steps = sft_steps;
   tc.optim.min_lr = 3e-4;
   tc.optim.weight_decay = 0.01;
+  tc.precision = rollout::precision_dtype(precision);  // the policy's precision from the start
   train::Trainer sft_trainer(ctx, c, std::move(params), tc);
   train::SftConfig sc;
   sc.steps = sft_steps;
@@ -233,8 +236,9 @@ int run_demo(const Args& args) {
 
   // 4. GRPO with the RL loop, starting from the SFT weights.
   std::vector<std::string> sets = args.sets();
-  if (precision != "f32") {
-    sets.push_back("rollout.precision=\"" + precision + "\"");
+  if (precision != "f32") sets.push_back("model.precision=\"" + precision + "\"");  // aligned at that precision
+  if (args.has("trainer-precision")) {  // fast mode: correct the gap with TIS
+    sets.push_back("model.trainer_precision=\"" + args.get("trainer-precision", "f32") + "\"");
     sets.push_back("algo.rollout_is=\"token\"");  // TIS: truncated importance weights
     sets.push_back("algo.rollout_is_mode=\"truncate\"");
   }
@@ -264,8 +268,9 @@ int run_demo(const Args& args) {
   }());
   rl::attach_reports(in, cfg);
   std::cout << "\n== GRPO: " << cfg.steps << " steps of " << cfg.batch_size << " prompts x "
-            << cfg.rollout.sampling.n << " samples, rollout precision " << cfg.rollout.precision
-            << (precision != "f32" ? " with TIS" : " (aligned)") << "; held-out eval: " << in.eval.size()
+            << cfg.rollout.sampling.n << " samples, precision " << cfg.rollout.precision
+            << (cfg.rollout.aligned() ? " (aligned)" : " rollout vs " + cfg.rollout.trainer_precision + " trainer (fast mode)")
+            << "; held-out eval: " << in.eval.size()
             << " problems x " << cfg.eval.config.n << " samples\n";
   train::Trainer trainer(ctx, m.config, std::move(m.params), cfg.trainer);
   const rl::RlResult r = rl::run_rl(trainer, in, cfg, false);
@@ -293,6 +298,7 @@ int run_demo(const Args& args) {
                             {"train_rollout_logprob_abs_diff_max", r.max_logprob_abs_diff},
                             {"train_rollout_logprob_token_abs_diff_max", r.max_logprob_abs_diff_max},
                             {"rollout_precision", cfg.rollout.precision},
+                            {"trainer_precision", cfg.rollout.trainer_precision},
                             {"seed", seed},
                             {"sft_steps", sft_steps},
                             {"rl_steps", cfg.steps},
@@ -301,7 +307,7 @@ int run_demo(const Args& args) {
                             {"seconds_per_step", phases}};
   write_file_atomic(out + "/summary.json", summary.dump(2) + "\n");
   rl::finish_report(cfg);
-  if (cfg.rollout.precision == "f32" && r.max_logprob_abs_diff_max != 0.0) {
+  if (cfg.rollout.aligned() && r.max_logprob_abs_diff_max != 0.0) {
     std::cout << "FAIL: rollout and trainer logprobs differ in aligned mode\n";
     return 1;
   }
@@ -311,7 +317,8 @@ int run_demo(const Args& args) {
 LS_REGISTER_COMMAND(Command{
     "demo", "run the embedded end-to-end demo (SFT warm-up, then GRPO)",
     "usage: lockstep demo [--out DIR] [--seed N] [--sft-steps N] [--rl-steps N] [--threads N]\n"
-    "                     [--precision f32|bf16|fp8] [--teacher-verbose-rate R]\n"
+    "                     [--precision f32|bf16|fp8] [--trainer-precision f32|bf16|fp8]\n"
+    "                     [--teacher-verbose-rate R]\n"
     "                     [--set section.key=value ...] [--print-config]\n\n"
     "Builds a tiny MoE model (byte-level tokenizer) and a synthetic, verifiable task\n"
     "(\"a+b=\" with a, b < 50, answered as \\boxed{a+b}; 4000 training prompts, 128 held-out\n"
@@ -322,8 +329,10 @@ LS_REGISTER_COMMAND(Command{
     "evaluated (8 samples each) after SFT, every 10 RL steps and at the end; the table\n"
     "compares pass@1, pass@8, truncated ratio, response length and the train/rollout\n"
     "logprob gap after SFT and after RL.\n"
-    "--precision bf16|fp8 runs the rollout in fast mode with TIS (token-level truncated\n"
-    "importance weights); f32 (default) is aligned mode, where the gap must be exactly 0.\n"
+    "--precision f32|bf16|fp8 (default f32) is the policy's precision, used by the SFT\n"
+    "trainer, the rollout engine and the RL trainer alike (aligned mode: the gap must be\n"
+    "exactly 0). --trainer-precision P trains the RL stage in P instead: fast mode, with\n"
+    "TIS (token-level truncated importance weights) correcting the measured gap.\n"
     "--set overrides keys of the RL config (print it with --print-config; the same text is\n"
     "configs/demo/rl.toml). Writes DIR/model, DIR/data, DIR/sft (SFT metrics, checkpoint),\n"
     "DIR/metrics.jsonl, DIR/samples, DIR/eval, DIR/checkpoints, DIR/summary.json and\n"

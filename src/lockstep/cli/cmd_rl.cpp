@@ -60,7 +60,8 @@ int run_trainer(const Args& args, const toml::table& root, const std::string& cf
     Buffer ref = alloc_params(layout);
     std::copy(m.params.as<float>(), m.params.as<float>() + layout.numel(), ref.as<float>());
     in.reference = std::make_shared<train::Scorer>(ctx, m.config, std::move(ref), cfg.trainer.micro_batch_tokens,
-                                                   cfg.trainer.kv_block_size);
+                                                   cfg.trainer.kv_block_size, cfg.trainer.precision,
+                                                   cfg.trainer.fp8_block);
   }
   if (writer) {
     std::filesystem::create_directories(cfg.out_dir);
@@ -180,7 +181,10 @@ LS_REGISTER_COMMAND(Command{
     "trainers and rollout ranks that receive the weights after every step (docs/distributed.md);\n"
     "[dist] max_weight_staleness = 1 lets the rollout ranks generate one step ahead of training;\n"
     "[dist] expert_parallel = N splits each MoE layer's experts over groups of N trainers.\n"
-    "Sections: [model] [data] [rollout] [train] [algo] [reward] [eval] [log] [dist]; see\n"
+    "[model] precision = f32|bf16|fp8 runs both engines in that precision (aligned: a gap of\n"
+    "exactly 0; [rl] on_gap = \"abort\" stops a step whose logprobs differ at all);\n"
+    "[model] trainer_precision = \"f32\" with a bf16/fp8 precision is fast mode.\n"
+    "Sections: [model] [data] [rollout] [train] [algo] [reward] [eval] [log] [dist] [rl]; see\n"
     "docs/rl.md and docs/configuration.md. Recipes: configs/demo/rl.toml, configs/recipes/.\n",
     {"resume"}, run_rl_cmd});
 

@@ -9,13 +9,15 @@
 #include "lockstep/cli/command.h"
 #include "lockstep/model/model_source.h"
 #include "lockstep/data/jsonl.h"
+#include "lockstep/rollout/rollout_config.h"
 #include "lockstep/train/trainer.h"
 
 namespace lockstep::cli {
 namespace {
 
 int run_score(const Args& args) {
-  args.check_known({"model", "input", "output", "temperature", "threads", "micro-batch-tokens", "entropy"});
+  args.check_known(
+      {"model", "input", "output", "temperature", "threads", "micro-batch-tokens", "entropy", "precision", "fp8-block"});
   const std::string in = args.require("input"), out = args.require("output");
   auto pool = make_pool(args.get_int("threads", 0));
   Context ctx{pool.get(), 0};
@@ -43,6 +45,8 @@ int run_score(const Args& args) {
     seqs.push_back(std::move(s));
   }
   train::TrainerConfig tc;
+  tc.precision = rollout::precision_dtype(args.get("precision", "f32"));  // as `generate --precision`
+  tc.fp8_block = args.get_int("fp8-block", 128);
   tc.micro_batch_tokens = args.get_int("micro-batch-tokens", 8192);
   train::Trainer trainer(ctx, m.config, std::move(m.params), tc);
   train::ScoreOptions so;
@@ -68,11 +72,15 @@ int run_score(const Args& args) {
 LS_REGISTER_COMMAND(Command{
     "score", "per-token logprobs of responses under a model (trainer forward)",
     "usage: lockstep score --model DIR --input IN.jsonl --output OUT.jsonl [--temperature T]\n"
-    "                      [--entropy] [--threads N] [--micro-batch-tokens N]\n\n"
+    "                      [--entropy] [--threads N] [--micro-batch-tokens N]\n"
+    "                      [--precision f32|bf16|fp8] [--fp8-block 128]\n\n"
     "Each input line holds prompt_ids and response_ids (token id arrays); the output repeats\n"
     "each line with `logprobs`: the log-probability of every response token under the model\n"
     "at temperature T (default 1), computed by the trainer's forward. `lockstep generate`\n"
-    "output is valid input. --entropy adds the entropy of each position's distribution.\n",
+    "output is valid input. --entropy adds the entropy of each position's distribution.\n"
+    "--precision runs the forward with the weights in that precision (fp8: power-of-two\n"
+    "scales per --fp8-block square); with the same --precision as `generate`, every logprob\n"
+    "equals the rollout's bit for bit.\n",
     {"entropy"}, run_score});
 
 }  // namespace

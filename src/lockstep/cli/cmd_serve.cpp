@@ -139,9 +139,10 @@ LS_REGISTER_COMMAND(Command{
     "  POST /flush_cache               drop the prefix cache\n"
     "Binds 127.0.0.1 unless --host says otherwise; --port 0 picks a free port (printed).\n"
     "With --api-key, every endpoint except /health, /health_generate and /metrics needs\n"
-    "'Authorization: Bearer KEY'. --precision f32 (default) serves in aligned mode: logprobs\n"
-    "equal the trainer's bit for bit; bf16/fp8 is fast mode. SIGINT/SIGTERM: stop accepting, finish requests "
-    "in flight\n"
+    "'Authorization: Bearer KEY'. --precision f32 (default), bf16 or fp8 packs the weights in\n"
+    "that precision: logprobs equal a trainer's in the same precision bit for bit (`lockstep\n"
+    "score --precision`, `lockstep rl` with [model] precision). SIGINT/SIGTERM: stop accepting,\n"
+    "finish requests in flight\n"
     "(abort them after --shutdown-timeout seconds, or on a second signal). See docs/server.md.\n",
     {"no-prefix-cache"},
     run_serve});

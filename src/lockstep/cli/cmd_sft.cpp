@@ -13,6 +13,7 @@
 #include "lockstep/parallel/data_parallel.h"
 #include "lockstep/parallel/dist_config.h"
 #include "lockstep/parallel/parallel_trainer.h"
+#include "lockstep/rollout/rollout_config.h"
 #include "lockstep/parallel/role_comms.h"
 #include "lockstep/base/file_util.h"
 #include "lockstep/train/sft.h"
@@ -62,7 +63,11 @@ int train_sft(const Args& args, const toml::table& root, const std::string& cfg_
     std::cout << "sft: " << seqs.size() << " examples, " << ts.sft.steps << " steps of " << ts.sft.batch_size
               << " sequences, " << ctx.threads() << " threads -> " << ts.out_dir << std::endl;
   }
-  train::Trainer trainer(ctx, m.config, std::move(m.params), ts.trainer);
+  train::TrainerConfig tc = ts.trainer;
+  const PrecisionConfig precision = precision_from_toml(root, cfg_path);  // sft trains in trainer_precision
+  tc.precision = rollout::precision_dtype(precision.trainer_precision);
+  tc.fp8_block = precision.fp8_block;
+  train::Trainer trainer(ctx, m.config, std::move(m.params), tc);
   train::SftRanks ranks;
   std::unique_ptr<model::ExpertComm> experts;
   if (rc) {

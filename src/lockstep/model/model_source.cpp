@@ -39,6 +39,7 @@ LoadedModel load_model_from_config(const toml::table& root, const std::string& s
   TomlSection s(model, source, "model");
   const std::string path = s.get_string("path", "");
   const std::string chat = s.get_string("chat_template", "auto");
+  s.accept({"precision", "trainer_precision", "fp8_block"});  // precision_from_toml reads them
   if (!path.empty()) {
     s.finish();
     return load_model_dir(path, ctx, chat);
@@ -51,6 +52,16 @@ LoadedModel load_model_from_config(const toml::table& root, const std::string& s
   m.params = alloc_params(layout);
   init_params(layout, m.params.as<float>(), uint64_t(seed), float(stddev), &ctx);
   return m;
+}
+
+PrecisionConfig precision_from_toml(const toml::table& root, const std::string& source) {
+  TomlSection s(root["model"].as_table(), source, "model");
+  const std::vector<std::string> kChoices = {"f32", "bf16", "fp8"};
+  PrecisionConfig p;
+  p.precision = s.get_enum("precision", "f32", kChoices);
+  p.trainer_precision = s.get_enum("trainer_precision", p.precision, kChoices);
+  p.fp8_block = s.get_int("fp8_block", 128, 0, 1 << 20);
+  return p;
 }
 
 }  // namespace lockstep

@@ -23,7 +23,23 @@ struct LoadedModel {
 };
 
 // [model] keys besides the architecture fields.
-inline const std::vector<std::string> kModelSourceKeys = {"path", "init_seed", "init_std", "chat_template"};
+inline const std::vector<std::string> kModelSourceKeys = {"path",      "init_seed",         "init_std", "chat_template",
+                                                          "precision", "trainer_precision", "fp8_block"};
+
+// The policy's precision (docs/alignment.md): [model] precision = "f32" |
+// "bf16" | "fp8" is used by both engines (aligned: a gap of exactly 0);
+// [model] trainer_precision, when it differs, is fast mode (the rollout in
+// `precision`, the trainer in `trainer_precision`; the gap is measured).
+// fp8_block: the square block of one fp8 weight scale (0: one per tensor).
+struct PrecisionConfig {
+  std::string precision = "f32";
+  std::string trainer_precision = "f32";  // defaults to precision
+  int64_t fp8_block = 128;
+  bool aligned() const { return precision == trainer_precision; }
+};
+// Reads the [model] precision keys only (the section's other keys are left to
+// load_model_from_config).
+PrecisionConfig precision_from_toml(const toml::table& root, const std::string& source);
 
 // `dir` may also be a checkpoints/latest file (the step_N directory it names).
 LoadedModel load_model_dir(const std::string& dir, const Context& ctx, const std::string& chat_template = "auto");

@@ -1,8 +1,10 @@
 // ModelWeights: the weights a forward pass reads. Norms, biases and the
 // embedding are views of the f32 master parameters; every projection is
-// packed for the GEMM kernels in a storage precision: f32 in aligned mode
-// (rollout and trainer then read the same packed bits), bf16 or fp8 in fast
-// mode (rollout only). The router always stays f32 (docs/architecture.md section 4).
+// packed for the GEMM kernels in a storage precision: f32, bf16 or fp8. Both
+// engines pack the same f32 master with the same precision, so they read the
+// same packed bits (aligned at every precision); a rollout packed in another
+// precision than the trainer's is fast mode. The router always stays f32
+// (docs/architecture.md section 4).
 #pragma once
 
 #include <cstdint>
@@ -38,8 +40,13 @@ class ModelWeights {
   // experts: the routed experts to pack (expert parallelism packs only this
   // rank's shard; the others stay empty and a forward must send their rows
   // to their owners, expert_parallel.h).
+  // effective: also keep, for backward, an f32 copy of the parameters whose
+  // projections hold exactly the values the kernels multiply by (the packed
+  // weights widened). In bf16 or fp8 that is the straight-through estimator:
+  // activation gradients go through the quantized weights the forward used,
+  // weight gradients land on the f32 master. Only a trainer needs it.
   ModelWeights(const Context& ctx, const ParamLayout& layout, float* params, DType storage = DType::F32,
-               int64_t fp8_block = 0, ExpertShard experts = {});
+               int64_t fp8_block = 0, ExpertShard experts = {}, bool effective = false);
 
   // Repacks every projection from the master copy (after an optimizer step or
   // a weight load) and sets the version.
@@ -48,6 +55,9 @@ class ModelWeights {
   const ModelConfig& config() const { return layout_->config(); }
   const ParamLayout& layout() const { return *layout_; }
   const ModelParams& params() const { return params_; }
+  // The weights backward multiplies activation gradients by: params() in f32,
+  // the widened packed projections in bf16/fp8 (constructed with effective).
+  const ModelParams& backward_params() const { return effective_flat_.size() ? effective_ : params_; }
   const float* flat() const { return flat_; }
   const PackedLayer& layer(int64_t i) const { return layers_[static_cast<size_t>(i)]; }
   const kernels::PackedWeight& lm_head() const { return lm_head_; }
@@ -58,6 +68,7 @@ class ModelWeights {
 
  private:
   void pack_all(const Context& ctx, bool fresh);
+  void unpack_effective(const Context& ctx);
 
   const ParamLayout* layout_;
   float* flat_;
@@ -68,6 +79,8 @@ class ModelWeights {
   std::vector<PackedLayer> layers_;
   kernels::PackedWeight lm_head_;
   kernels::RopeTable rope_;  // cos/sin for positions [0, max_position_embeddings)
+  Buffer effective_flat_;    // (layout numel) f32; empty unless effective and storage != F32
+  ModelParams effective_;    // views into effective_flat_
   uint64_t version_ = 0;
 };
 

@@ -30,6 +30,7 @@
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/data_order.h"
 #include "lockstep/train/mismatch.h"
+#include "lockstep/rl/gap_check.h"
 
 namespace lockstep::rl {
 
@@ -127,6 +128,7 @@ struct UpdateBatch {
   std::vector<std::vector<float>> rollout_lp, old_lp, ref_lp;
   std::vector<std::vector<double>> isw;  // importance weights (empty: none)
   bool shortcut = false;                 // old_lp are the rollout's (on-policy shortcut)
+  bool same_version = false;             // every sample came from the trainer's current weights
   int64_t tokens = 0;                    // response tokens
   int64_t is_corrected = 0;              // tokens whose importance weight was clipped or masked
   double is_sum = 0;                     // sum of the importance weights
@@ -199,6 +201,8 @@ class Runner {
   void old_logprobs(UpdateBatch& b, bool same_version);
   void ref_logprobs(UpdateBatch& b);
   void weigh_samples(UpdateBatch& b) const;
+  void check_gap(const std::vector<std::vector<float>>& rollout, const std::vector<std::vector<float>>& trainer,
+                 const UpdateBatch& b, size_t first_sample) const;
   UpdateTotals train_minibatches(const std::vector<Group>& groups, UpdateBatch& b);
   double accumulate_minibatch(const std::vector<Group>& groups, const UpdateBatch& b, int64_t mb, ProgressBar& bar,
                               UpdateTotals& tot);
@@ -408,8 +412,8 @@ nlohmann::json Runner::update(std::vector<Group>& groups) {
     m["train/skipped"] = 1;
     return m;
   }
-  const bool same_version = make_sequences(groups, b);
-  old_logprobs(b, same_version);
+  b.same_version = make_sequences(groups, b);
+  old_logprobs(b, b.same_version);
   ref_logprobs(b);
   weigh_samples(b);
   const UpdateTotals tot = train_minibatches(groups, b);
@@ -513,6 +517,25 @@ void Runner::weigh_samples(UpdateBatch& b) const {
     }
   }
   if (!b.shortcut) b.mismatch = train::compute_mismatch(b.rollout_lp, b.old_lp);
+  // Recomputed under the rollout's own weights: in aligned mode the same bits.
+  if (!b.shortcut && b.same_version) check_gap(b.rollout_lp, b.old_lp, b, 0);
+}
+
+// Aligned mode fails closed ([rl] on_gap): any token whose trainer logprob
+// differs from the rollout's stops the step before the optimizer runs (abort)
+// or is reported (warn). Fast mode only measures the gap.
+void Runner::check_gap(const std::vector<std::vector<float>>& rollout, const std::vector<std::vector<float>>& trainer,
+                       const UpdateBatch& b, size_t first_sample) const {
+  if (!rollout_->aligned()) return;
+  const std::optional<GapToken> g = first_gap(rollout, trainer, first_sample);
+  if (!g) return;
+  const std::string what = "rl: aligned mode (both engines in " + cfg_.rollout.precision +
+                           "), but the trainer's logprob differs from the rollout's: " +
+                           describe_gap(*g, b.seqs[g->sample].prompt_len);
+  if (cfg_.on_gap == RlConfig::OnGap::Abort)
+    LS_THROW << what << ". The step stopped before the optimizer ran ([rl] on_gap = \"abort\"); "
+             << "`lockstep check-alignment` on the last checkpoint names the first intermediate that differs";
+  LS_LOG(Warn) << what << " ([rl] on_gap = \"warn\": training goes on)";
 }
 
 // Mini-batches: contiguous slices of the samples, one optimizer step each.
@@ -597,6 +620,7 @@ double Runner::accumulate_minibatch(const std::vector<Group>& groups, const Upda
     for (auto& sc : scores) first_lp.push_back(std::move(sc.logp));
     tot.sums.mismatch = train::compute_mismatch(rl, first_lp);
     tot.sums.has_mismatch = true;
+    check_gap(rl, first_lp, b, sb);
   }
   tot.tokens += part_tokens;
   return l;

@@ -28,7 +28,6 @@ struct Command {
 };
 constexpr int kTagRequests = 7101, kTagResults = 7102;
 
-bool is_f32(const rollout::RolloutSection& cfg) { return rollout::precision_dtype(cfg.precision) == DType::F32; }
 
 // Appends b to a, moving.
 void append(std::vector<rollout::RequestResult>& a, std::vector<rollout::RequestResult>&& b) {
@@ -47,7 +46,7 @@ void fill_missing_seeds(std::vector<rollout::Request>& requests, uint64_t seed, 
 
 MpiRollout::MpiRollout(train::Trainer& trainer, comm::Communicator* sync, comm::Communicator* trainers,
                        const rollout::RolloutSection& cfg, uint64_t seed)
-    : sync_(sync), trainers_(trainers), aligned_(is_f32(cfg)), seed_(seed) {
+    : sync_(sync), trainers_(trainers), aligned_(cfg.aligned()), seed_(seed) {
   if (sync_) {
     LS_CHECK(sync_->valid() && sync_->rank() == 0) << "MpiRollout: the trainer root must be rank 0 of '"
                                                    << sync_->name() << "'";

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "lockstep/base/error.h"
+#include "lockstep/model/model_source.h"
 #include "lockstep/train/train_config.h"
 
 namespace lockstep::rl {
@@ -14,19 +15,31 @@ namespace {
 
 // Every top-level key is a known section.
 void check_sections(const toml::table& root, const std::string& source) {
-  static const std::vector<std::string> kSections = {"model", "data",  "rollout", "train", "algo",
-                                                     "reward", "eval", "log",     "sync",  "dist"};
+  static const std::vector<std::string> kSections = {"model", "data", "rollout", "train", "algo", "reward",
+                                                     "eval",  "log",  "sync",    "dist",  "rl"};
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
     if (std::find(kSections.begin(), kSections.end(), key) == kSections.end())
       LS_THROW << source << ": unknown section [" << key << "] (rl reads [model] [data] [rollout] [train] [algo] "
-               << "[reward] [eval] [log])";
+               << "[reward] [eval] [log] [dist] [rl])";
     if (!v.is_table()) LS_THROW << source << ": '" << key << "' must be a section";
   }
   // [dist] is read by the command that launches the ranks (cli/cmd_rl.cpp).
   if (const auto* t = root["sync"].as_table(); t && !t->empty())
     LS_THROW << source << ": [sync] is not supported by this build of `lockstep rl` yet "
              << "(weights go to colocated engines in memory and to rollout ranks by [dist]; see docs/distributed.md)";
+}
+
+// [model] precision, trainer_precision, fp8_block: the engine packs its
+// weights in `precision`, the trainer runs its forward in `trainer_precision`.
+void read_precision(const toml::table& root, const std::string& source, RlConfig& c) {
+  const PrecisionConfig p = precision_from_toml(root, source);
+  c.rollout.precision = p.precision;
+  c.rollout.trainer_precision = p.trainer_precision;
+  c.rollout.fp8_block = p.fp8_block;
+  c.rollout.engine.bf16_kv = !p.aligned();  // fast mode keeps the engine's cache in bf16
+  c.trainer.precision = rollout::precision_dtype(p.trainer_precision);
+  c.trainer.fp8_block = p.fp8_block;
 }
 
 // [train]: SFT's section, less batch_size (rl's batch is [rollout]'s).
@@ -83,6 +96,13 @@ RlConfig rl_config_from_toml(const toml::table& root, const std::string& source)
     s.finish();
   }
   read_train(root, source, c);
+  read_precision(root, source, c);
+  {
+    TomlSection s(root["rl"].as_table(), source, "rl");
+    c.on_gap = s.get_enum("on_gap", "abort", {"abort", "warn"}) == "abort" ? RlConfig::OnGap::Abort
+                                                                            : RlConfig::OnGap::Warn;
+    s.finish();
+  }
   {
     TomlSection s(root["algo"].as_table(), source, "algo");
     c.algo = algo_config_from_toml(s);

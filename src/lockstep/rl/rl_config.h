@@ -25,7 +25,7 @@ struct LogConfig {
 
 struct RlConfig {
   AlgoConfig algo;
-  rollout::RolloutSection rollout;  // engine, sampling (n, temperature, ...), precision
+  rollout::RolloutSection rollout;  // engine, sampling (n, temperature, ...), precisions ([model])
   int64_t batch_size = 16;          // prompts per step ([rollout] batch_size)
   train::TrainerConfig trainer;     // optimizer, micro_batch_tokens
   int64_t steps = 100;              // RL steps ([train] steps)
@@ -44,9 +44,15 @@ struct RlConfig {
   // trains on this one (one batch ahead, so values above 1 run as 1); needs a
   // backend that can_overlap() (rollout ranks).
   int64_t max_weight_staleness = 0;
+  // [rl] on_gap: what a token whose rollout and trainer logprobs differ at all
+  // does when both engines run the same precision (aligned mode): abort stops
+  // the step before the optimizer runs, naming the sample and the position;
+  // warn logs it and trains on. Fast mode measures the gap and never aborts.
+  enum class OnGap { Abort, Warn } on_gap = OnGap::Abort;
 };
 
-// Reads every section but [model] and [data] (which the caller reads).
+// Reads every section but [model] and [data] (which the caller reads), and
+// [model]'s precision keys.
 // Unknown keys and sections are errors naming the file.
 RlConfig rl_config_from_toml(const toml::table& root, const std::string& source);
 

@@ -19,10 +19,10 @@ std::vector<rollout::RequestResult> RolloutBackend::collect(const RolloutProgres
 LocalRollout::LocalRollout(train::Trainer& trainer, const rollout::RolloutSection& cfg, uint64_t seed)
     : ctx_(trainer.context()) {
   const DType storage = rollout::precision_dtype(cfg.precision);
-  aligned_ = storage == DType::F32;
+  aligned_ = storage == trainer.trainer_config().precision;
   // An expert-parallel trainer holds only its experts: the engine keeps the
-  // whole model, all-gathered from the trainer's group at every sync (in f32
-  // the same bits as the trainer's, so still aligned).
+  // whole model, all-gathered from the trainer's group at every sync (packed
+  // in the same precision, the same bits as the trainer's, so still aligned).
   own_weights_ = !aligned_ || trainer.expert_comm() != nullptr;
   if (trainer.expert_comm() != nullptr) {
     model_ = Buffer(trainer.model_layout().nbytes());

@@ -66,9 +66,9 @@ struct Engine::Draw {
 namespace {
 int64_t blocks_for(int64_t tokens, int bs) { return (tokens + bs - 1) / bs; }
 
-// bf16 K/V in fast mode (EngineConfig::bf16_kv_in_fast_mode), else f32.
+// bf16 K/V with bf16/fp8 weights when asked (EngineConfig::bf16_kv), else f32.
 DType choose_kv_dtype(const model::ModelWeights& w, const EngineConfig& c) {
-  return w.storage() != DType::F32 && c.bf16_kv_in_fast_mode ? DType::BF16 : DType::F32;
+  return w.storage() != DType::F32 && c.bf16_kv ? DType::BF16 : DType::F32;
 }
 }  // namespace
 

@@ -34,10 +34,11 @@ struct EngineConfig {
   int64_t max_prefill_chunk = 512;  // longest prefill chunk of one sequence per step
   bool prefix_cache = true;         // reuse full prompt blocks across requests
   uint64_t seed = 0;                // default sampling seed (a request's own seed wins)
-  // Fast mode (weights stored in bf16 or fp8): keep the KV cache in bf16 too
-  // (half the cache memory and decode traffic). Aligned mode (f32 weights)
-  // always keeps it in f32, like the trainer. Chosen when the engine is built.
-  bool bf16_kv_in_fast_mode = true;
+  // Keep the KV cache in bf16 when the weights are bf16 or fp8 (half the
+  // cache memory and decode traffic). Fast mode only: the trainer's cache is
+  // f32, so aligned mode at every precision keeps it in f32 (the default).
+  // Chosen when the engine is built.
+  bool bf16_kv = false;
   // What update_weights does with requests in flight.
   enum class UpdatePolicy { Finish, Abort } update_policy = UpdatePolicy::Finish;
   // Debug hook (docs/alignment.md, "Localising a divergence"): every forward
@@ -129,7 +130,7 @@ class Engine {
   EngineStats stats() const;
   const EngineConfig& config() const { return config_; }
   const ModelConfig& model_config() const;
-  DType kv_dtype() const { return kv_.dtype(); }  // f32, or bf16 in fast mode
+  DType kv_dtype() const { return kv_.dtype(); }  // f32, or bf16 in fast mode (bf16_kv)
   uint64_t weight_version() const;
   // One scheduler step (exposed for tests); returns false when idle.
   bool step();

@@ -31,8 +31,11 @@ RolloutSection rollout_section_from_toml(TomlSection& s) {
   p.top_k = s.get_int("top_k", 0, 0);
   p.min_p = float(s.get_double("min_p", 0.0, 0.0, 1.0));
   p.max_new_tokens = s.get_int("max_new_tokens", 256, 1);
-  r.precision = s.get_enum("precision", "f32", {"f32", "bf16", "fp8"});
-  r.fp8_block = s.get_int("fp8_block", 128, 0);
+  for (const char* key : {"precision", "fp8_block"})
+    if (s.has(key))
+      s.fail(key, std::string("moved to [model] ") + key +
+                      ": the policy's precision, used by the rollout engine and the trainer alike "
+                      "(add [model] trainer_precision = \"f32\" for fast mode)");
   p.validate();
   return r;
 }

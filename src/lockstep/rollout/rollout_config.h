@@ -1,5 +1,5 @@
-// The [rollout] section: engine limits, default sampling parameters and the
-// rollout precision (f32 = aligned mode; bf16 / fp8 = fast mode).
+// The [rollout] section: engine limits and default sampling parameters. The
+// engine's precision comes from [model] precision (model_source.h).
 #pragma once
 
 #include <string>
@@ -13,8 +13,10 @@ namespace lockstep::rollout {
 struct RolloutSection {
   EngineConfig engine;
   SamplingParams sampling;  // n, temperature, top_p, top_k, min_p, max_new_tokens, seed
-  std::string precision = "f32";  // f32 | bf16 | fp8
-  int64_t fp8_block = 128;        // fp8: scale block (0 = one scale per tensor)
+  std::string precision = "f32";          // the engine's: [model] precision (f32 | bf16 | fp8)
+  std::string trainer_precision = "f32";  // [model] trainer_precision; differs in fast mode
+  int64_t fp8_block = 128;                // fp8: scale block (0 = one scale per tensor)
+  bool aligned() const { return precision == trainer_precision; }
 };
 
 RolloutSection rollout_section_from_toml(TomlSection& s);

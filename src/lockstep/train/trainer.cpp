@@ -39,7 +39,8 @@ Trainer::Trainer(const Context& ctx, const ModelConfig& config, Buffer params, T
   LS_CHECK(params_.size() >= layout_.nbytes()) << "parameter buffer of " << params_.size() << " bytes, model needs "
                                                << layout_.nbytes();
   LS_CHECK(cfg_.micro_batch_tokens >= 1) << "micro_batch_tokens must be >= 1";
-  weights_ = std::make_unique<model::ModelWeights>(ctx_, layout_, params_.as<float>());
+  weights_ = std::make_unique<model::ModelWeights>(ctx_, layout_, params_.as<float>(), cfg_.precision, cfg_.fp8_block,
+                                                   model::ExpertShard{}, /*effective=*/true);
 }
 
 void Trainer::params_changed(uint64_t version) { weights_->refresh(ctx_, version); }
@@ -90,7 +91,8 @@ void Trainer::set_expert_comm(model::ExpertComm* comm) {
   model_params_ = Buffer();
   gathered_optimizer_.clear();
   const uint64_t version = weights_->version();
-  weights_ = std::make_unique<model::ModelWeights>(ctx_, layout_, params_.as<float>(), DType::F32, 0, shard);
+  weights_ = std::make_unique<model::ModelWeights>(ctx_, layout_, params_.as<float>(), cfg_.precision, cfg_.fp8_block,
+                                                   shard, /*effective=*/true);
   weights_->refresh(ctx_, version);
 }
 
@@ -356,7 +358,7 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
 }
 
 Scorer::Scorer(const Context& ctx, const ModelConfig& config, Buffer params, int64_t micro_batch_tokens,
-               int kv_block_size)
+               int kv_block_size, DType precision, int64_t fp8_block)
     : ctx_(ctx),
       layout_(config),
       params_(std::move(params)),
@@ -366,7 +368,7 @@ Scorer::Scorer(const Context& ctx, const ModelConfig& config, Buffer params, int
   LS_CHECK(params_.size() >= layout_.nbytes()) << "parameter buffer of " << params_.size() << " bytes, model needs "
                                                << layout_.nbytes();
   LS_CHECK(micro_batch_tokens_ >= 1) << "micro_batch_tokens must be >= 1";
-  weights_ = std::make_unique<model::ModelWeights>(ctx_, layout_, params_.as<float>());
+  weights_ = std::make_unique<model::ModelWeights>(ctx_, layout_, params_.as<float>(), precision, fp8_block);
 }
 
 std::vector<TokenScores> Scorer::score(const std::vector<TrainSequence>& seqs, const ScoreOptions& opt) {

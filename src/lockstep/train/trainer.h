@@ -50,6 +50,13 @@ struct TrainerConfig {
   // all, for about one more forward's work. Gradients have the same bits.
   bool recompute_activations = false;
   int kv_block_size = 16;
+  // The precision of the forward's projections (docs/alignment.md): F32, BF16
+  // or FP8E4M3 (fp8_block x fp8_block power-of-two block scales). The master
+  // weights, gradients and AdamW moments stay f32; backward multiplies by the
+  // quantized weights (straight-through). A rollout engine packing the same
+  // master in the same precision computes the same logprobs bit for bit.
+  DType precision = DType::F32;
+  int64_t fp8_block = 128;
   // Data parallelism (parallel/data_parallel.h): when set, step() first replaces
   // the accumulated gradients grads[0, n) by their sum over all ranks. The
   // LossFn must then normalise by global counts (tokens of the global batch).
@@ -178,8 +185,10 @@ class Trainer {
 // the same bits.
 class Scorer {
  public:
+  // precision / fp8_block as TrainerConfig's: the reference scores in the
+  // policy's precision.
   Scorer(const Context& ctx, const ModelConfig& config, Buffer params, int64_t micro_batch_tokens,
-         int kv_block_size = TrainerConfig{}.kv_block_size);
+         int kv_block_size = TrainerConfig{}.kv_block_size, DType precision = DType::F32, int64_t fp8_block = 128);
 
   std::vector<TokenScores> score(const std::vector<TrainSequence>& seqs, const ScoreOptions& opt);
   const model::ModelWeights& weights() const { return *weights_; }
