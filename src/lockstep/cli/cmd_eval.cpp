@@ -75,7 +75,16 @@ nlohmann::json reward_config_json(const std::string& arg) {
   return j;
 }
 
-int run_eval(const Args& args) {
+// The config file (if any) with the sections eval reads; source names it in messages.
+struct EvalInputs {
+  toml::table root;
+  std::string source = "(flags)";
+  data::DataConfig dc;
+  eval::EvalSection es;
+};
+
+// Reads --config (with --set) and its [data] and [eval] sections.
+EvalInputs load_config(const Args& args) {
   args.check_known({"config",
                     "model",
                     "data",
@@ -99,48 +108,52 @@ int run_eval(const Args& args) {
                     "max-batch-tokens"});
   if (!args.sets().empty() && !args.has("config")) LS_THROW << "--set needs --config";
 
-  // Config file first (if any); flags override it.
-  toml::table root;
-  std::string source = "(flags)";
+  EvalInputs in;
   if (auto cfg = args.maybe("config")) {
-    source = *cfg;
-    root = load_toml_with_overrides(*cfg, args.sets());
-    for (const auto& [k, v] : root) {
+    in.source = *cfg;
+    in.root = load_toml_with_overrides(*cfg, args.sets());
+    for (const auto& [k, v] : in.root) {
       const std::string key(k.str());
       bool ok = key == "model" || key == "data" || key == "eval" || key == "reward";
       for (const auto& s : kIgnoredSections) ok = ok || key == s;
       if (!ok)
-        LS_THROW << source << ": section [" << key
+        LS_THROW << in.source << ": section [" << key
                  << "] is not used by eval (expected [model] [data] [eval] [reward])";
     }
   }
-  TomlSection data_s(root["data"].as_table(), source, "data");
-  data::DataConfig dc = data::data_config_from_toml(data_s);
+  TomlSection data_s(in.root["data"].as_table(), in.source, "data");
+  in.dc = data::data_config_from_toml(data_s);
   data_s.finish();
-  TomlSection eval_s(root["eval"].as_table(), source, "eval");
-  eval::EvalSection es = eval::eval_section_from_toml(eval_s);
+  TomlSection eval_s(in.root["eval"].as_table(), in.source, "eval");
+  in.es = eval::eval_section_from_toml(eval_s);
   eval_s.finish();
-  eval::EvalConfig& ec = es.config;
+  return in;
+}
 
-  if (!args.has("reward-config") && !args.has("reward")) {
-    ec.reward = eval::reward_options_from_toml(root["reward"].as_table(), source);
-  } else {
-    // The flags' keys replace the config's, then the whole is checked once.
-    nlohmann::json j = nlohmann::json::object();
-    if (const toml::table* t = root["reward"].as_table()) j = eval::toml_to_json(*t);
-    if (auto v = args.maybe("reward-config")) {
-      const nlohmann::json flags = reward_config_json(*v);  // named: items() must not outlive it
-      for (const auto& [k, val] : flags.items()) j[k] = val;
-    }
-    if (auto v = args.maybe("reward")) j["type"] = *v;
-    try {
-      ec.reward = reward::RewardOptions::from_json(j);
-    } catch (const Error& err) {
-      LS_THROW << "reward options (--reward, --reward-config" << (root.contains("reward") ? ", [reward]" : "")
-               << "): " << err.what();
-    }
+// [reward], with --reward and --reward-config on top.
+reward::RewardOptions reward_options(const Args& args, const EvalInputs& in) {
+  if (!args.has("reward-config") && !args.has("reward"))
+    return eval::reward_options_from_toml(in.root["reward"].as_table(), in.source);
+  // The flags' keys replace the config's, then the whole is checked once.
+  nlohmann::json j = nlohmann::json::object();
+  if (const toml::table* t = in.root["reward"].as_table()) j = eval::toml_to_json(*t);
+  if (auto v = args.maybe("reward-config")) {
+    const nlohmann::json flags = reward_config_json(*v);  // named: items() must not outlive it
+    for (const auto& [k, val] : flags.items()) j[k] = val;
   }
+  if (auto v = args.maybe("reward")) j["type"] = *v;
+  try {
+    return reward::RewardOptions::from_json(j);
+  } catch (const Error& err) {
+    LS_THROW << "reward options (--reward, --reward-config" << (in.root.contains("reward") ? ", [reward]" : "")
+             << "): " << err.what();
+  }
+}
 
+// Flags override the config; checked before the model loads so a bad flag fails fast.
+void apply_flags(const Args& args, EvalInputs* in) {
+  data::DataConfig& dc = in->dc;
+  eval::EvalConfig& ec = in->es.config;
   if (auto v = args.maybe("data")) dc.eval_file = *v;
   if (dc.eval_file.empty()) LS_THROW << "no data: give --data FILE.jsonl (or [data] eval_file)";
   dc.prompt_key = args.get("prompt-key", dc.prompt_key);
@@ -155,48 +168,51 @@ int run_eval(const Args& args) {
   if (seed < 0) LS_THROW << "--seed must be >= 0, got " << seed;
   ec.seed = uint64_t(seed);
   ec.name = args.get("name", ec.name);
-  es.output = args.get("output", es.output);
-  es.summary = args.get("summary", es.summary);
-  ec.validate();  // before the model loads: a bad flag fails fast
+  in->es.output = args.get("output", in->es.output);
+  in->es.summary = args.get("summary", in->es.summary);
+  ec.validate();
+}
 
+rollout::EngineConfig engine_config(const Args& args) {
   rollout::EngineConfig engine_cfg;
   engine_cfg.num_blocks = args.get_int("kv-blocks", engine_cfg.num_blocks);
   engine_cfg.max_batch_tokens = args.get_int("max-batch-tokens", engine_cfg.max_batch_tokens);
   if (engine_cfg.num_blocks < 1 || engine_cfg.max_batch_tokens < 1)
     LS_THROW << "--kv-blocks and --max-batch-tokens must be >= 1";
+  return engine_cfg;
+}
 
-  auto pool = make_pool(args.get_int("threads", 0));
-  Context ctx{pool.get(), 0};
+// --model DIR, else [model] of the config; eval needs the tokenizer.
+LoadedModel load_eval_model(const Args& args, const EvalInputs& in, const Context& ctx) {
   LoadedModel m;
   if (auto dir = args.maybe("model")) {
     m = load_model_dir(*dir, ctx, args.get("chat-template", "auto"));
-  } else if (root.contains("model")) {
+  } else if (in.root.contains("model")) {
     if (args.has("chat-template"))
       LS_THROW << "--chat-template goes with --model; in a config use [model] chat_template";
-    m = load_model_from_config(root, source, ctx);
+    m = load_model_from_config(in.root, in.source, ctx);
   } else {
     LS_THROW << "no model: give --model DIR (or [model] path in --config)";
   }
   if (!m.tokenizer) LS_THROW << "the model has no tokenizer.json; eval needs one to build prompts and decode";
+  return m;
+}
 
-  // Bad lines fail here, before any generation (file:line in the message).
+// Bad lines fail here, before any generation (file:line in the message).
+std::vector<data::PromptExample> load_problems(const data::DataConfig& dc, const LoadedModel& m) {
   auto problems = data::load_prompts(dc.eval_file, dc, *m.tokenizer);
   for (const auto& p : problems)
     if (int64_t(p.prompt_ids.size()) >= m.config.max_position_embeddings)
       LS_THROW << dc.eval_file << ":" << p.line << ": the prompt has " << p.prompt_ids.size()
                << " tokens; the model's context is " << m.config.max_position_embeddings;
+  return problems;
+}
 
-  ParamLayout layout(m.config);
-  model::ModelWeights weights(ctx, layout, m.params.as<float>());
-  rollout::Engine engine(ctx, &weights, engine_cfg);
-  eval::Evaluator evaluator(ec);
-  std::cerr << "eval " << ec.name << ": " << problems.size() << " problems x " << ec.n << " samples from "
-            << dc.eval_file << " (" << ec.reward.type << " reward, temperature " << ec.sampling.temperature
-            << ", max_new_tokens " << ec.sampling.max_new_tokens << ", " << ctx.threads() << " threads)"
-            << std::endl;
-  std::vector<eval::EvalProblemResult> per_problem;
-  eval::EvalSummary summary = evaluator.run(engine, *m.tokenizer, problems, &per_problem);
-
+// The per-problem JSONL and the summary JSON, when asked for.
+void write_outputs(const EvalInputs& in, const LoadedModel& m, const eval::EvalSummary& summary,
+                   const std::vector<eval::EvalProblemResult>& per_problem) {
+  const eval::EvalSection& es = in.es;
+  const eval::EvalConfig& ec = es.config;
   if (!es.output.empty()) {
     std::vector<nlohmann::json> lines;
     lines.reserve(per_problem.size());
@@ -205,7 +221,7 @@ int run_eval(const Args& args) {
   }
   if (!es.summary.empty()) {
     nlohmann::json j = eval::summary_to_json(summary);
-    j["data"] = dc.eval_file;
+    j["data"] = in.dc.eval_file;
     j["model"] = m.dir;
     j["reward"] = ec.reward.to_json();
     j["temperature"] = ec.sampling.temperature;
@@ -214,9 +230,35 @@ int run_eval(const Args& args) {
     j["seed"] = ec.seed;
     write_file_atomic(es.summary, j.dump(2) + "\n");
   }
+}
+
+int run_eval(const Args& args) {
+  EvalInputs in = load_config(args);
+  eval::EvalConfig& ec = in.es.config;
+  ec.reward = reward_options(args, in);
+  apply_flags(args, &in);
+  const rollout::EngineConfig engine_cfg = engine_config(args);
+
+  auto pool = make_pool(args.get_int("threads", 0));
+  Context ctx{pool.get(), 0};
+  LoadedModel m = load_eval_model(args, in, ctx);
+  auto problems = load_problems(in.dc, m);
+
+  ParamLayout layout(m.config);
+  model::ModelWeights weights(ctx, layout, m.params.as<float>());
+  rollout::Engine engine(ctx, &weights, engine_cfg);
+  eval::Evaluator evaluator(ec);
+  std::cerr << "eval " << ec.name << ": " << problems.size() << " problems x " << ec.n << " samples from "
+            << in.dc.eval_file << " (" << ec.reward.type << " reward, temperature " << ec.sampling.temperature
+            << ", max_new_tokens " << ec.sampling.max_new_tokens << ", " << ctx.threads() << " threads)"
+            << std::endl;
+  std::vector<eval::EvalProblemResult> per_problem;
+  eval::EvalSummary summary = evaluator.run(engine, *m.tokenizer, problems, &per_problem);
+
+  write_outputs(in, m, summary, per_problem);
   std::cout << eval::format_summary_table(summary);
-  if (!es.output.empty()) std::cout << "  per-problem         " << es.output << "\n";
-  if (!es.summary.empty()) std::cout << "  summary             " << es.summary << "\n";
+  if (!in.es.output.empty()) std::cout << "  per-problem         " << in.es.output << "\n";
+  if (!in.es.summary.empty()) std::cout << "  summary             " << in.es.summary << "\n";
   return 0;
 }
 

@@ -108,6 +108,66 @@ std::optional<Rational> exact_binom(const Rational& nv, const Rational& kv) {
   return acc;
 }
 
+std::optional<Rational> ex(const Expr& e, int i, uint32_t mask, int depth);
+
+// Exact value of a function node: roots, floor/ceil, factorial, binomial,
+// max/min, gcd/lcm, and exp/ln at the points where they are rational.
+std::optional<Rational> ex_func(const Expr& e, const Node& n, uint32_t mask, int depth) {
+  std::vector<Rational> args;
+  for (size_t k = 0; k < n.kids.size(); ++k) {
+    auto v = ex(e, n.kids[k], mask, depth + 1);
+    if (!v) return std::nullopt;
+    args.push_back(std::move(*v));
+  }
+  switch (static_cast<Fn>(n.sub)) {
+    case Fn::Sqrt: return exact_root(args[0], 2);
+    case Fn::Root: {
+      auto q = as_int(args[0]);
+      if (!q) return std::nullopt;
+      return exact_root(args[1], *q);
+    }
+    case Fn::Abs: return args[0].sign() < 0 ? args[0].negated() : args[0];
+    case Fn::Floor: return exact_floor(args[0], false);
+    case Fn::Ceil: return exact_floor(args[0], true);
+    case Fn::Factorial: return exact_factorial(args[0]);
+    case Fn::Binom: return exact_binom(args[0], args[1]);
+    case Fn::Max:
+    case Fn::Min: {
+      Rational best = args[0];
+      for (const auto& a : args) {
+        int c = Rational::compare(a, best);
+        if ((static_cast<Fn>(n.sub) == Fn::Max) ? c > 0 : c < 0) best = a;
+      }
+      return best;
+    }
+    case Fn::Gcd:
+    case Fn::Lcm: {
+      BigInt acc = args[0].num().abs();
+      for (const auto& a : args) {
+        if (!a.is_integer()) return std::nullopt;
+        if (static_cast<Fn>(n.sub) == Fn::Gcd) {
+          acc = BigInt::gcd(acc, a.num());
+        } else {
+          BigInt g = BigInt::gcd(acc, a.num());
+          if (g.is_zero()) return Rational(0);
+          auto prod = BigInt::mul(acc, a.num().abs());
+          if (!prod) return std::nullopt;
+          BigInt::divmod(*prod, g, &acc, nullptr);
+        }
+      }
+      return Rational::make(acc, BigInt(1));
+    }
+    case Fn::Exp:
+      if (args[0].is_zero()) return Rational(1);
+      return std::nullopt;
+    case Fn::Ln:
+      if (args[0] == Rational(1)) return Rational(0);
+      return std::nullopt;
+    default:
+      return std::nullopt;  // transcendental: only numeric evaluation
+  }
+}
+
 std::optional<Rational> ex(const Expr& e, int i, uint32_t mask, int depth) {
   if (depth > kMaxEvalDepth) return std::nullopt;
   const Node& n = e.at(i);
@@ -158,61 +218,7 @@ std::optional<Rational> ex(const Expr& e, int i, uint32_t mask, int depth) {
       if (!a) return std::nullopt;
       return Rational::div(*a, Rational(100));
     }
-    case NodeKind::Func: {
-      std::vector<Rational> args;
-      for (size_t k = 0; k < n.kids.size(); ++k) {
-        auto v = kid(k);
-        if (!v) return std::nullopt;
-        args.push_back(std::move(*v));
-      }
-      switch (static_cast<Fn>(n.sub)) {
-        case Fn::Sqrt: return exact_root(args[0], 2);
-        case Fn::Root: {
-          auto q = as_int(args[0]);
-          if (!q) return std::nullopt;
-          return exact_root(args[1], *q);
-        }
-        case Fn::Abs: return args[0].sign() < 0 ? args[0].negated() : args[0];
-        case Fn::Floor: return exact_floor(args[0], false);
-        case Fn::Ceil: return exact_floor(args[0], true);
-        case Fn::Factorial: return exact_factorial(args[0]);
-        case Fn::Binom: return exact_binom(args[0], args[1]);
-        case Fn::Max:
-        case Fn::Min: {
-          Rational best = args[0];
-          for (const auto& a : args) {
-            int c = Rational::compare(a, best);
-            if ((static_cast<Fn>(n.sub) == Fn::Max) ? c > 0 : c < 0) best = a;
-          }
-          return best;
-        }
-        case Fn::Gcd:
-        case Fn::Lcm: {
-          BigInt acc = args[0].num().abs();
-          for (const auto& a : args) {
-            if (!a.is_integer()) return std::nullopt;
-            if (static_cast<Fn>(n.sub) == Fn::Gcd) {
-              acc = BigInt::gcd(acc, a.num());
-            } else {
-              BigInt g = BigInt::gcd(acc, a.num());
-              if (g.is_zero()) return Rational(0);
-              auto prod = BigInt::mul(acc, a.num().abs());
-              if (!prod) return std::nullopt;
-              BigInt::divmod(*prod, g, &acc, nullptr);
-            }
-          }
-          return Rational::make(acc, BigInt(1));
-        }
-        case Fn::Exp:
-          if (args[0].is_zero()) return Rational(1);
-          return std::nullopt;
-        case Fn::Ln:
-          if (args[0] == Rational(1)) return Rational(0);
-          return std::nullopt;
-        default:
-          return std::nullopt;  // transcendental: only numeric evaluation
-      }
-    }
+    case NodeKind::Func: return ex_func(e, n, mask, depth);
     default:
       return std::nullopt;
   }
@@ -220,18 +226,129 @@ std::optional<Rational> ex(const Expr& e, int i, uint32_t mask, int depth) {
 
 double int_or_nan(double x) { return std::floor(x) == x ? x : NAN; }
 
+double ev(const Expr& e, int i, const EvalEnv& env, int depth);
+
+double ev_symbol(const Node& n, const EvalEnv& env) {
+  if (env.names && env.values) {
+    for (size_t k = 0; k < env.names->size(); ++k)
+      if ((*env.names)[k] == n.text) return (*env.values)[k];
+  }
+  return NAN;
+}
+
+double ev_pow(const Expr& e, const Node& n, const EvalEnv& env, int depth) {
+  double b = ev(e, n.kids[0], env, depth + 1), x = ev(e, n.kids[1], env, depth + 1);
+  if (b < 0 && std::floor(x) != x) {
+    // (-8)^(1/3): a real odd root exists when the exponent is p/q, q odd.
+    auto q = ex(e, n.kids[1], env.pm_mask, depth + 1);
+    if (!q || q->den().is_even()) return NAN;
+    double r = std::pow(-b, x);
+    return q->num().is_even() ? r : -r;
+  }
+  return std::pow(b, x);
+}
+
+// The index-th root of x.
+double ev_root(double index, double x) {
+  if (index == 2) return x < 0 ? NAN : std::sqrt(x);
+  if (index == 3) return std::cbrt(x);
+  if (x < 0) return (std::fmod(index, 2.0) == 1.0) ? -std::pow(-x, 1.0 / index) : NAN;
+  return std::pow(x, 1.0 / index);
+}
+
+double ev_log(double base, double x) {
+  if (x <= 0 || base <= 0 || base == 1) return NAN;
+  return std::log(x) / std::log(base);
+}
+
+// C(a, k): exact for integers up to k = 1000 (rounded product), lgamma beyond.
+double ev_binom(double a, double k) {
+  if (std::floor(a) == a && std::floor(k) == k) {
+    if (k < 0 || k > a) return 0;
+    k = std::min(k, a - k);
+    if (k <= 1000) {
+      double r = 1;
+      for (double j = 0; j < k; ++j) r = r * (a - j) / (j + 1);
+      return std::round(r);
+    }
+  }
+  return std::exp(std::lgamma(a + 1) - std::lgamma(k + 1) - std::lgamma(a - k + 1));
+}
+
+// gcd or lcm of integer arguments below 9e15; NaN for anything else.
+double ev_gcd_lcm(const Expr& e, const Node& n, const EvalEnv& env, int depth) {
+  int64_t acc = 0;
+  for (size_t k = 0; k < n.kids.size(); ++k) {
+    double v = int_or_nan(ev(e, n.kids[k], env, depth + 1));
+    if (!(std::fabs(v) < 9.0e15)) return NAN;
+    auto iv = static_cast<int64_t>(std::fabs(v));
+    if (k == 0) {
+      acc = iv;
+    } else if (static_cast<Fn>(n.sub) == Fn::Gcd) {
+      acc = std::gcd(acc, iv);
+    } else if (acc != 0 && iv != 0) {
+      // lcm = acc / gcd * iv, computed wide: std::lcm overflow is undefined.
+      __int128 l = static_cast<__int128>(acc / std::gcd(acc, iv)) * iv;
+      if (l > static_cast<__int128>(9.0e15)) return NAN;
+      acc = static_cast<int64_t>(l);
+    } else {
+      acc = 0;
+    }
+  }
+  return static_cast<double>(acc);
+}
+
+// max or min of the arguments; a is the first one's value.
+double ev_max_min(const Expr& e, const Node& n, const EvalEnv& env, int depth, double a) {
+  double best = a;
+  for (size_t k = 1; k < n.kids.size(); ++k) {
+    double v = ev(e, n.kids[k], env, depth + 1);
+    best = static_cast<Fn>(n.sub) == Fn::Max ? std::max(best, v) : std::min(best, v);
+  }
+  return best;
+}
+
+double ev_func(const Expr& e, const Node& n, const EvalEnv& env, int depth) {
+  auto kid = [&](size_t k) { return ev(e, n.kids[k], env, depth + 1); };
+  double a = kid(0);
+  switch (static_cast<Fn>(n.sub)) {
+    case Fn::Sqrt: return a < 0 ? NAN : std::sqrt(a);
+    case Fn::Root: return ev_root(a, kid(1));
+    case Fn::Sin: return std::sin(a);
+    case Fn::Cos: return std::cos(a);
+    case Fn::Tan: return std::tan(a);
+    case Fn::Sec: return 1.0 / std::cos(a);
+    case Fn::Csc: return 1.0 / std::sin(a);
+    case Fn::Cot: return 1.0 / std::tan(a);
+    case Fn::Asin: return std::asin(a);
+    case Fn::Acos: return std::acos(a);
+    case Fn::Atan: return std::atan(a);
+    case Fn::Sinh: return std::sinh(a);
+    case Fn::Cosh: return std::cosh(a);
+    case Fn::Tanh: return std::tanh(a);
+    case Fn::Ln: return a <= 0 ? NAN : std::log(a);
+    case Fn::Log: return ev_log(a, kid(1));
+    case Fn::Exp: return std::exp(a);
+    case Fn::Abs: return std::fabs(a);
+    case Fn::Floor: return std::floor(a);
+    case Fn::Ceil: return std::ceil(a);
+    case Fn::Factorial: return a < 0 ? NAN : std::tgamma(a + 1);
+    case Fn::Binom: return ev_binom(a, kid(1));
+    case Fn::Gcd:
+    case Fn::Lcm: return ev_gcd_lcm(e, n, env, depth);
+    case Fn::Max:
+    case Fn::Min: return ev_max_min(e, n, env, depth, a);
+  }
+  return NAN;
+}
+
 double ev(const Expr& e, int i, const EvalEnv& env, int depth) {
   if (depth > kMaxEvalDepth) return NAN;
   const Node& n = e.at(i);
   auto kid = [&](size_t k) { return ev(e, n.kids[k], env, depth + 1); };
   switch (n.kind) {
     case NodeKind::Number: return e.approx[static_cast<size_t>(n.value)];
-    case NodeKind::Symbol:
-      if (env.names && env.values) {
-        for (size_t k = 0; k < env.names->size(); ++k)
-          if ((*env.names)[k] == n.text) return (*env.values)[k];
-      }
-      return NAN;
+    case NodeKind::Symbol: return ev_symbol(n, env);
     case NodeKind::Pi: return M_PI;
     case NodeKind::E: return M_E;
     case NodeKind::Infinity: return HUGE_VAL;
@@ -250,103 +367,13 @@ double ev(const Expr& e, int i, const EvalEnv& env, int depth) {
       double a = kid(0), b = kid(1);
       return b == 0 ? NAN : a / b;  // x/0 is undefined, not infinity
     }
-    case NodeKind::Pow: {
-      double b = kid(0), x = kid(1);
-      if (b < 0 && std::floor(x) != x) {
-        // (-8)^(1/3): a real odd root exists when the exponent is p/q, q odd.
-        auto q = ex(e, n.kids[1], env.pm_mask, depth + 1);
-        if (!q || q->den().is_even()) return NAN;
-        double r = std::pow(-b, x);
-        return q->num().is_even() ? r : -r;
-      }
-      return std::pow(b, x);
-    }
+    case NodeKind::Pow: return ev_pow(e, n, env, depth);
     case NodeKind::PlusMinus: {
       bool minus = (((env.pm_mask >> n.sub) & 1u) != 0) != (n.sub2 != 0);
       return minus ? kid(0) - kid(1) : kid(0) + kid(1);
     }
     case NodeKind::Percent: return kid(0) / 100.0;
-    case NodeKind::Func: {
-      double a = kid(0);
-      switch (static_cast<Fn>(n.sub)) {
-        case Fn::Sqrt: return a < 0 ? NAN : std::sqrt(a);
-        case Fn::Root: {
-          double x = kid(1);
-          if (a == 2) return x < 0 ? NAN : std::sqrt(x);
-          if (a == 3) return std::cbrt(x);
-          if (x < 0) return (std::fmod(a, 2.0) == 1.0) ? -std::pow(-x, 1.0 / a) : NAN;
-          return std::pow(x, 1.0 / a);
-        }
-        case Fn::Sin: return std::sin(a);
-        case Fn::Cos: return std::cos(a);
-        case Fn::Tan: return std::tan(a);
-        case Fn::Sec: return 1.0 / std::cos(a);
-        case Fn::Csc: return 1.0 / std::sin(a);
-        case Fn::Cot: return 1.0 / std::tan(a);
-        case Fn::Asin: return std::asin(a);
-        case Fn::Acos: return std::acos(a);
-        case Fn::Atan: return std::atan(a);
-        case Fn::Sinh: return std::sinh(a);
-        case Fn::Cosh: return std::cosh(a);
-        case Fn::Tanh: return std::tanh(a);
-        case Fn::Ln: return a <= 0 ? NAN : std::log(a);
-        case Fn::Log: {
-          double x = kid(1);
-          if (x <= 0 || a <= 0 || a == 1) return NAN;
-          return std::log(x) / std::log(a);
-        }
-        case Fn::Exp: return std::exp(a);
-        case Fn::Abs: return std::fabs(a);
-        case Fn::Floor: return std::floor(a);
-        case Fn::Ceil: return std::ceil(a);
-        case Fn::Factorial: return a < 0 ? NAN : std::tgamma(a + 1);
-        case Fn::Binom: {
-          double k = kid(1);
-          if (std::floor(a) == a && std::floor(k) == k) {
-            if (k < 0 || k > a) return 0;
-            k = std::min(k, a - k);
-            if (k <= 1000) {
-              double r = 1;
-              for (double j = 0; j < k; ++j) r = r * (a - j) / (j + 1);
-              return std::round(r);
-            }
-          }
-          return std::exp(std::lgamma(a + 1) - std::lgamma(k + 1) - std::lgamma(a - k + 1));
-        }
-        case Fn::Gcd:
-        case Fn::Lcm: {
-          int64_t acc = 0;
-          for (size_t k = 0; k < n.kids.size(); ++k) {
-            double v = int_or_nan(kid(k));
-            if (!(std::fabs(v) < 9.0e15)) return NAN;
-            auto iv = static_cast<int64_t>(std::fabs(v));
-            if (k == 0) {
-              acc = iv;
-            } else if (static_cast<Fn>(n.sub) == Fn::Gcd) {
-              acc = std::gcd(acc, iv);
-            } else if (acc != 0 && iv != 0) {
-              // lcm = acc / gcd * iv, computed wide: std::lcm overflow is undefined.
-              __int128 l = static_cast<__int128>(acc / std::gcd(acc, iv)) * iv;
-              if (l > static_cast<__int128>(9.0e15)) return NAN;
-              acc = static_cast<int64_t>(l);
-            } else {
-              acc = 0;
-            }
-          }
-          return static_cast<double>(acc);
-        }
-        case Fn::Max:
-        case Fn::Min: {
-          double best = a;
-          for (size_t k = 1; k < n.kids.size(); ++k) {
-            double v = kid(k);
-            best = static_cast<Fn>(n.sub) == Fn::Max ? std::max(best, v) : std::min(best, v);
-          }
-          return best;
-        }
-      }
-      return NAN;
-    }
+    case NodeKind::Func: return ev_func(e, n, env, depth);
     default:
       return NAN;
   }

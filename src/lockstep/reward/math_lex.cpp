@@ -47,9 +47,13 @@ const char* const kStyleCommands[] = {"mathrm", "mathbf", "mathit", "mathsf", "m
                                       "displaystyle", "textstyle", "scriptstyle", "dot", "ddot", "mathring",
                                       "overrightarrow", "overleftrightarrow", "pmb", "smash", "underbrace",
                                       "overbrace"};
-// Commands dropped together with their first braced argument.
+// Commands dropped together with their first braced argument (\textcolor{red}{x}
+// drops the colour and keeps x).
 const char* const kSkipArgCommands[] = {"hspace", "vspace", "phantom", "hphantom", "vphantom", "label", "tag",
-                                        "color", "hskip", "kern", "mathstrut"};
+                                        "color", "hskip", "kern", "mathstrut", "textcolor"};
+// Delimiter sizes: dropped, the delimiter after them is lexed on its own.
+const char* const kSizingCommands[] = {"left", "right", "bigl", "bigr", "Bigl", "Bigr", "big", "Big", "bigg",
+                                       "Bigg", "biggl", "biggr", "Biggl", "Biggr", "middle"};
 // Commands that are dropped: sizing, spacing, decoration.
 const char* const kIgnoredCommands[] = {"left", "right", "big", "Big", "bigg", "Bigg", "bigl", "bigr", "Bigl",
                                         "Bigr", "biggl", "biggr", "Biggl", "Biggr", "quad", "qquad", "limits",
@@ -61,6 +65,53 @@ const char* const kIgnoredCommands[] = {"left", "right", "big", "Big", "bigg", "
                                         "rightarrow", "Longrightarrow", "longrightarrow", "iff", "to"};
 const char* const kMatrixEnvs[] = {"pmatrix", "bmatrix", "Bmatrix", "vmatrix", "Vmatrix", "matrix",
                                    "smallmatrix", "array"};
+// Commands the verifier does not evaluate (set operations, quantifiers,
+// calculus): they lex to a Bad token, and parse_answer gives up on the answer.
+const char* const kUnsupportedCommands[] = {"cap", "setminus", "subset", "subseteq", "notin", "forall", "exists",
+                                            "int", "sum", "prod", "lim", "partial", "nabla"};
+
+// Commands that stand for one token.
+struct CommandToken {
+  const char* name;
+  Tk kind;
+  const char* text;
+};
+const CommandToken kCommandTokens[] = {
+    {"pi", Tk::Pi, ""},           {"infty", Tk::Inf, ""},          {"infin", Tk::Inf, ""},
+    {"infinity", Tk::Inf, ""},    {"cdot", Tk::Op, "*"},           {"times", Tk::Op, "*"},
+    {"ast", Tk::Op, "*"},         {"bullet", Tk::Op, "*"},         {"div", Tk::Op, "/"},
+    {"pm", Tk::Op, "pm"},         {"mp", Tk::Op, "mp"},            {"cup", Tk::Cup, ""},
+    {"emptyset", Tk::Empty, ""},  {"varnothing", Tk::Empty, ""},   {"empty", Tk::Empty, ""},
+    {"dots", Tk::Ellipsis, ""},   {"ldots", Tk::Ellipsis, ""},     {"cdots", Tk::Ellipsis, ""},
+    {"dotsc", Tk::Ellipsis, ""},  {"dotsb", Tk::Ellipsis, ""},     {"vdots", Tk::Ellipsis, ""},
+    {"lfloor", Tk::FloorOpen, ""}, {"rfloor", Tk::FloorClose, ""}, {"lceil", Tk::CeilOpen, ""},
+    {"rceil", Tk::CeilClose, ""}, {"lvert", Tk::Bar, ""},          {"rvert", Tk::Bar, ""},
+    {"vert", Tk::Bar, ""},        {"mid", Tk::Bar, ""},            {"lVert", Tk::Bar, ""},
+    {"rVert", Tk::Bar, ""},       {"Vert", Tk::Bar, ""}};
+// Bracket commands: Open or Close tokens that also count in the bracket depth.
+const CommandToken kCommandBrackets[] = {{"langle", Tk::Open, "<"},  {"rangle", Tk::Close, ">"},
+                                         {"lbrace", Tk::Open, "\\{"}, {"rbrace", Tk::Close, "\\}"},
+                                         {"lbrack", Tk::Open, "["},  {"rbrack", Tk::Close, "]"}};
+
+struct CommandRel {
+  const char* name;
+  RelOp rel;
+};
+const CommandRel kCommandRelations[] = {
+    {"le", RelOp::Le},         {"leq", RelOp::Le},          {"leqslant", RelOp::Le},
+    {"leqq", RelOp::Le},       {"ge", RelOp::Ge},           {"geq", RelOp::Ge},
+    {"geqslant", RelOp::Ge},   {"geqq", RelOp::Ge},         {"lt", RelOp::Lt},
+    {"gt", RelOp::Gt},         {"ne", RelOp::Ne},           {"neq", RelOp::Ne},
+    {"approx", RelOp::Approx}, {"simeq", RelOp::Approx},    {"thickapprox", RelOp::Approx},
+    {"sim", RelOp::Approx},    {"cong", RelOp::Approx},     {"equiv", RelOp::Eq},
+    {"coloneqq", RelOp::Eq},   {"eqqcolon", RelOp::Eq},     {"in", RelOp::In}};
+
+template <typename Row, size_t N>
+const Row* find_row(std::string_view name, const Row (&table)[N]) {
+  for (const Row& r : table)
+    if (name == r.name) return &r;
+  return nullptr;
+}
 
 struct FnName {
   const char* name;
@@ -318,153 +369,142 @@ class Lexer {
     if (s_[i_] == '\\' && matrix_depth_ == 0 && i_ + 1 < s_.size() &&
         (is_alpha(s_[i_ + 1]) || s_[i_ + 1] == '%' || s_[i_ + 1] == '{' || s_[i_ + 1] == '}'))
       ++i_;
-    char c = s_[i_];
-    if (!is_alpha(c)) {
-      ++i_;
-      switch (c) {
-        case '{': ++bracket_depth_; return emit(Tk::Open, "\\{");
-        case '}': --bracket_depth_; return emit(Tk::Close, "\\}");
-        case '%': return emit(Tk::Percent);
-        case '\\': return matrix_depth_ > 0 ? emit(Tk::RowSep) : emit(Tk::Sep, ";");
-        case '|': return emit(Tk::Bar);
-        case '$': case ',': case '!': case ';': case ':': case ' ': case '(': case ')': case '[': case ']':
-        case '>': case '<': case '/': case '-': case '\n': case '\t': case '&': case '#': case '_':
-          return;  // spacing, math delimiters, escaped currency
-        default:
-          return;
-      }
-    }
+    if (!is_alpha(s_[i_])) return lex_escaped_char();
     size_t j = i_;
     while (j < s_.size() && is_alpha(s_[j])) ++j;
     std::string name(s_.substr(i_, j - i_));
     i_ = j;
-
-    if (name == "left" || name == "right" || name == "bigl" || name == "bigr" || name == "Bigl" ||
-        name == "Bigr" || name == "big" || name == "Big" || name == "bigg" || name == "Bigg" ||
-        name == "biggl" || name == "biggr" || name == "Biggl" || name == "Biggr" || name == "middle") {
-      if (peek() == '.') ++i_;  // \left. is an invisible delimiter
+    // The families are tried in this order: a name in two lists (\displaystyle
+    // is a style and an ignored command) takes the first.
+    if (lex_sizing(name) || lex_structure(name) || lex_argument_command(name) || lex_environment(name) ||
+        lex_command_token(name) || lex_named_command(name))
       return;
-    }
-    if (name == "frac" || name == "dfrac" || name == "tfrac" || name == "cfrac") {
-      emit(Tk::Frac);
-      skip_spaces();
-      pending_digit_args_ = 2;
-      return;
-    }
-    if (name == "binom" || name == "dbinom" || name == "tbinom") {
-      emit(Tk::Binom);
-      skip_spaces();
-      pending_digit_args_ = 2;
-      return;
-    }
-    if (name == "sqrt") {
-      emit(Tk::Sqrt);
-      skip_spaces();
-      pending_digit_args_ = 1;
-      return;
-    }
-    if (in_list(name, kTextCommands) || in_list(name, kStyleCommands)) {
-      bool text = in_list(name, kTextCommands);
-      skip_spaces();
-      if (peek() == '{') {
-        ++i_;
-        open_brace(true, text);
-      }
-      return;
-    }
-    if (in_list(name, kSkipArgCommands)) {
-      skip_spaces();
-      if (peek() == '{') read_braced();
-      return;
-    }
-    if (name == "textcolor") {  // \textcolor{red}{x}: drop the colour, keep x
-      skip_spaces();
-      if (peek() == '{') read_braced();
-      return;
-    }
-    if (name == "begin" || name == "end") {
-      skip_spaces();
-      if (peek() != '{') throw ParseError{};
-      std::string env(read_braced());
-      if (!env.empty() && env.back() == '*') env.pop_back();
-      if (in_list(env, kMatrixEnvs)) {
-        if (name == "begin") {
-          ++matrix_depth_;
-          emit(Tk::MatBegin);
-          skip_spaces();
-          if (env == "array" && peek() == '{') read_braced();  // column spec {cc}
-        } else {
-          --matrix_depth_;
-          emit(Tk::MatEnd);
-        }
-      }
-      return;  // other environments (align, aligned, ...) are transparent
-    }
-    if (name == "pi") return emit(Tk::Pi);
-    if (name == "infty" || name == "infin" || name == "infinity") return emit(Tk::Inf);
-    if (name == "cdot" || name == "times" || name == "ast" || name == "bullet") return emit(Tk::Op, "*");
-    if (name == "div") return emit(Tk::Op, "/");
-    if (name == "pm") return emit(Tk::Op, "pm");
-    if (name == "mp") return emit(Tk::Op, "mp");
-    if (name == "le" || name == "leq" || name == "leqslant" || name == "leqq") return emit_rel(RelOp::Le);
-    if (name == "ge" || name == "geq" || name == "geqslant" || name == "geqq") return emit_rel(RelOp::Ge);
-    if (name == "lt") return emit_rel(RelOp::Lt);
-    if (name == "gt") return emit_rel(RelOp::Gt);
-    if (name == "ne" || name == "neq") return emit_rel(RelOp::Ne);
-    if (name == "approx" || name == "simeq" || name == "thickapprox" || name == "sim" || name == "cong")
-      return emit_rel(RelOp::Approx);
-    if (name == "equiv" || name == "coloneqq" || name == "eqqcolon") return emit_rel(RelOp::Eq);
-    if (name == "in") return emit_rel(RelOp::In);
-    if (name == "cup") return emit(Tk::Cup);
-    if (name == "emptyset" || name == "varnothing" || name == "empty") return emit(Tk::Empty);
-    if (name == "dots" || name == "ldots" || name == "cdots" || name == "dotsc" || name == "dotsb" ||
-        name == "vdots")
-      return emit(Tk::Ellipsis);
-    if (name == "lfloor") return emit(Tk::FloorOpen);
-    if (name == "rfloor") return emit(Tk::FloorClose);
-    if (name == "lceil") return emit(Tk::CeilOpen);
-    if (name == "rceil") return emit(Tk::CeilClose);
-    if (name == "lvert" || name == "rvert" || name == "vert" || name == "mid" || name == "lVert" ||
-        name == "rVert" || name == "Vert")
-      return emit(Tk::Bar);
-    if (name == "langle") {
-      ++bracket_depth_;
-      return emit(Tk::Open, "<");
-    }
-    if (name == "rangle") {
-      --bracket_depth_;
-      return emit(Tk::Close, ">");
-    }
-    if (name == "lbrace") {
-      ++bracket_depth_;
-      return emit(Tk::Open, "\\{");
-    }
-    if (name == "rbrace") {
-      --bracket_depth_;
-      return emit(Tk::Close, "\\}");
-    }
-    if (name == "lbrack") {
-      ++bracket_depth_;
-      return emit(Tk::Open, "[");
-    }
-    if (name == "rbrack") {
-      --bracket_depth_;
-      return emit(Tk::Close, "]");
-    }
-    if (name == "exp" || name == "ln" || name == "log" || name == "lg") {
-      return emit_fn(name == "exp" ? Fn::Exp : (name == "lg" ? Fn::Log : function_named(name).value()));
-    }
-    if (auto f = function_named(name)) return emit_fn(*f);
-    if (in_list(name, kGreek)) return emit(Tk::Ident, "\\" + name + read_subscript());
-    if (name == "cap" || name == "setminus" || name == "subset" || name == "subseteq" || name == "notin" ||
-        name == "forall" || name == "exists" || name == "int" || name == "sum" || name == "prod" ||
-        name == "lim" || name == "partial" || name == "nabla")
-      return emit(Tk::Bad);
+    if (in_list(name, kUnsupportedCommands)) return emit(Tk::Bad);
     if (in_list(name, kIgnoredCommands)) return;
     // Unknown commands: with an argument, drop the command and parse the
     // group; alone, a named symbol (\hbar, \zzz).
     skip_spaces();
     if (peek() != '{') emit(Tk::Ident, "\\" + name + read_subscript());
+  }
+
+  // A backslash and a non-letter: escaped braces, \%, a line break, spacing.
+  void lex_escaped_char() {
+    char c = s_[i_++];
+    switch (c) {
+      case '{': ++bracket_depth_; return emit(Tk::Open, "\\{");
+      case '}': --bracket_depth_; return emit(Tk::Close, "\\}");
+      case '%': return emit(Tk::Percent);
+      case '\\': return matrix_depth_ > 0 ? emit(Tk::RowSep) : emit(Tk::Sep, ";");
+      case '|': return emit(Tk::Bar);
+      case '$': case ',': case '!': case ';': case ':': case ' ': case '(': case ')': case '[': case ']':
+      case '>': case '<': case '/': case '-': case '\n': case '\t': case '&': case '#': case '_':
+        return;  // spacing, math delimiters, escaped currency
+      default:
+        return;
+    }
+  }
+
+  bool lex_sizing(const std::string& name) {
+    if (!in_list(name, kSizingCommands)) return false;
+    if (peek() == '.') ++i_;  // \left. is an invisible delimiter
+    return true;
+  }
+
+  // \frac, \binom, \sqrt; their arguments may be bare digits (\frac12).
+  bool lex_structure(const std::string& name) {
+    Tk kind;
+    int digit_args;
+    if (name == "frac" || name == "dfrac" || name == "tfrac" || name == "cfrac") {
+      kind = Tk::Frac;
+      digit_args = 2;
+    } else if (name == "binom" || name == "dbinom" || name == "tbinom") {
+      kind = Tk::Binom;
+      digit_args = 2;
+    } else if (name == "sqrt") {
+      kind = Tk::Sqrt;
+      digit_args = 1;
+    } else {
+      return false;
+    }
+    emit(kind);
+    skip_spaces();
+    pending_digit_args_ = digit_args;
+    return true;
+  }
+
+  // Text and style commands open a brace that emits no tokens; skip-argument
+  // commands drop their first braced argument.
+  bool lex_argument_command(const std::string& name) {
+    const bool text = in_list(name, kTextCommands);
+    if (text || in_list(name, kStyleCommands)) {
+      skip_spaces();
+      if (peek() == '{') {
+        ++i_;
+        open_brace(true, text);
+      }
+      return true;
+    }
+    if (in_list(name, kSkipArgCommands)) {
+      skip_spaces();
+      if (peek() == '{') read_braced();
+      return true;
+    }
+    return false;
+  }
+
+  bool lex_environment(const std::string& name) {
+    if (name != "begin" && name != "end") return false;
+    skip_spaces();
+    if (peek() != '{') throw ParseError{};
+    std::string env(read_braced());
+    if (!env.empty() && env.back() == '*') env.pop_back();
+    if (in_list(env, kMatrixEnvs)) {
+      if (name == "begin") {
+        ++matrix_depth_;
+        emit(Tk::MatBegin);
+        skip_spaces();
+        if (env == "array" && peek() == '{') read_braced();  // column spec {cc}
+      } else {
+        --matrix_depth_;
+        emit(Tk::MatEnd);
+      }
+    }
+    return true;  // other environments (align, aligned, ...) are transparent
+  }
+
+  // Symbols, operators, relations and brackets spelled as commands.
+  bool lex_command_token(const std::string& name) {
+    if (const CommandToken* t = find_row(name, kCommandTokens)) {
+      emit(t->kind, t->text);
+      return true;
+    }
+    if (const CommandRel* r = find_row(name, kCommandRelations)) {
+      emit_rel(r->rel);
+      return true;
+    }
+    if (const CommandToken* b = find_row(name, kCommandBrackets)) {
+      bracket_depth_ += b->kind == Tk::Open ? 1 : -1;
+      emit(b->kind, b->text);
+      return true;
+    }
+    return false;
+  }
+
+  // Functions (\lg is log base 10, as \log) and Greek letters.
+  bool lex_named_command(const std::string& name) {
+    if (name == "lg") {
+      emit_fn(Fn::Log);
+      return true;
+    }
+    if (auto f = function_named(name)) {
+      emit_fn(*f);
+      return true;
+    }
+    if (in_list(name, kGreek)) {
+      emit(Tk::Ident, "\\" + name + read_subscript());
+      return true;
+    }
+    return false;
   }
 
   // Non-ASCII characters that have a meaning in answers (UTF-8 sequences).
