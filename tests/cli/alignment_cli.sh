@@ -41,11 +41,11 @@ print("generate/score logprobs identical for", len(g), "samples")
 PY
 "$BIN" check-alignment --model "$T/m" --data "$T/p.jsonl" --n 4 --max-new-tokens 12 --json "$T/a.json" >/dev/null
 python3 -c "import json,sys; j=json.loads(open('$T/a.json').read()); assert j['train/train_rollout_logprob_abs_diff']==0 and j['train/train_rollout_logprob_bitwise_equal_frac']==1, j"
-"$BIN" check-alignment --model "$T/m" --data "$T/p.jsonl" --precision bf16 --n 4 --max-new-tokens 12 --json "$T/b.json" >/dev/null
+"$BIN" check-alignment --model "$T/m" --data "$T/p.jsonl" --precision bf16 --trainer-precision f32 --n 4 --max-new-tokens 12 --json "$T/b.json" >/dev/null
 python3 -c "import json; j=json.loads(open('$T/b.json').read()); assert j['train/train_rollout_logprob_abs_diff']>0, j"
 # A fast-mode gap above an explicit limit fails with exit code 1.
 set +e
-"$BIN" check-alignment --model "$T/m" --data "$T/p.jsonl" --precision fp8 --n 4 --max-new-tokens 12 --max-abs-diff 1e-9 >/dev/null
+"$BIN" check-alignment --model "$T/m" --data "$T/p.jsonl" --precision fp8 --trainer-precision f32 --n 4 --max-new-tokens 12 --max-abs-diff 1e-9 >/dev/null
 rc=$?
 set -e
 [ $rc -eq 1 ] || { echo "expected exit 1 from check-alignment over the limit, got $rc"; exit 1; }
