@@ -11,7 +11,10 @@
 #include <set>
 
 #include "common/test_util.h"
+#include "lockstep/kernels/cpu/fp8_quant.h"
+#include "lockstep/kernels/cpu/gemm.h"
 #include "lockstep/model/forward.h"
+#include "lockstep/model/weights.h"
 #include "lockstep/model/params.h"
 
 namespace lockstep::model {
@@ -273,6 +276,46 @@ TEST(ModelForward, RoutingReplayUsesTheReplayedExpertsNotTheRoutersChoice) {
   int64_t changed = 0;
   for (int64_t i = 0; i < got.logits.numel(); ++i) changed += got.logits.f32()[i] != own.logits.f32()[i];
   EXPECT_GT(changed, got.logits.numel() / 2) << "replay should change the logits of an un-replayed forward";
+}
+
+// With fp8 weights the forward quantizes each projection's input per token
+// and per 128 channels (power-of-two scales) before the GEMM: attn_out is
+// quantize(attn) · Woᵀ, not attn · Woᵀ. Both engines share this function, so
+// this is where fp8 activations enter the aligned forward.
+TEST(ModelForward, Fp8WeightsQuantizeTheProjectionInputs) {
+  ModelConfig c = tiny_moe(false);
+  c.hidden_size = 160;  // more than one 128-channel group per row
+  c.num_heads = 4;
+  c.head_dim = 40;
+  Fixture f(c);
+  ModelWeights fp8(f.ctx, f.layout, f.buf.as<float>(), DType::FP8E4M3, 32);
+  auto b = full_batch({random_tokens(6, int(c.vocab_size), 4), random_tokens(3, int(c.vocab_size), 5)}, 4, 8);
+  std::vector<float> attn, attn_out;
+  CaptureFn grab = [&](const Captured& x) {
+    const std::string name = x.name;
+    if (x.layer != 0 || (name != "attn" && name != "attn_out")) return;
+    const float* d = x.data.f32();
+    (name == "attn" ? attn : attn_out).assign(d, d + x.rows() * x.cols());
+  };
+  ForwardOptions o;
+  o.capture = &grab;
+  ForwardResult r;
+  KvCache kv(c, 64, 4);
+  Workspace ws;
+  forward(f.ctx, fp8, kv, ws, b, o, &r);
+  const int64_t T = int64_t(b.tokens.size()), HD = c.num_heads * c.head_dim, D = c.hidden_size;
+  ASSERT_EQ(int64_t(attn.size()), T * HD);
+  ASSERT_EQ(int64_t(attn_out.size()), T * D);
+  std::vector<float> q = attn, want(size_t(T * D)), plain(size_t(T * D));
+  kernels::fp8_quantize_rows(f.ctx, Tensor(q.data(), DType::F32, {T, HD}), 128);
+  kernels::gemm_xwt(f.ctx, Tensor(want.data(), DType::F32, {T, D}), Tensor(q.data(), DType::F32, {T, HD}),
+                    fp8.layer(0).wo);
+  kernels::gemm_xwt(f.ctx, Tensor(plain.data(), DType::F32, {T, D}), Tensor(attn.data(), DType::F32, {T, HD}),
+                    fp8.layer(0).wo);
+  test::expect_bits_equal(attn_out.data(), want.data(), T * D, "attn_out = quantize(attn) · Woᵀ");
+  int64_t differ = 0;
+  for (int64_t i = 0; i < T * D; ++i) differ += plain[size_t(i)] != want[size_t(i)];
+  EXPECT_GT(differ, 0) << "quantizing attn should change o_proj's output";
 }
 
 TEST(ModelForward, AddSequenceBuildsTheRaggedBatch) {

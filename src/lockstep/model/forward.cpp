@@ -9,6 +9,7 @@
 #include "lockstep/base/error.h"
 #include "lockstep/kernels/cpu/attention.h"
 #include "lockstep/kernels/cpu/embedding.h"
+#include "lockstep/kernels/cpu/fp8_quant.h"
 #include "lockstep/kernels/cpu/gemm.h"
 #include "lockstep/kernels/cpu/rmsnorm.h"
 #include "lockstep/kernels/cpu/rope.h"
@@ -66,13 +67,34 @@ void RaggedBatch::validate(const ModelConfig& c, const KvCache& kv) const {
 
 namespace {
 
+// Group width of the fp8 activation scales (DeepSeek's 1 x 128 tiles).
+constexpr int64_t kFp8ActivationGroup = 128;
+
+// y (M, N) (+)= x (M, K) · Wᵀ for a packed projection. With fp8 weights the
+// input is first quantized as an FP8 forward quantizes it: per token, per 128
+// channels, power-of-two scales (kernels::fp8_quantize_rows), on a copy, so
+// the caller's x (saved for backward, read by the router) stays f32. Both
+// engines call this, so they multiply the same quantized activations.
+void project(const Context& ctx, Tensor y, const Tensor& x, const kernels::PackedWeight& w, bool accumulate = false) {
+  if (w.storage != DType::FP8E4M3 || x.dim(0) == 0) {
+    k::gemm_xwt(ctx, y, x, w, accumulate);
+    return;
+  }
+  const int64_t M = x.dim(0), K = x.dim(1);
+  OwnedTensor xq(DType::F32, {M, K});  // (M, K)
+  for (int64_t m = 0; m < M; ++m)
+    std::memcpy(xq.f32() + m * K, static_cast<const float*>(x.data) + m * x.stride[0], size_t(K) * sizeof(float));
+  k::fp8_quantize_rows(ctx, xq.view(), kFp8ActivationGroup);
+  k::gemm_xwt(ctx, y, xq.view(), w, accumulate);
+}
+
 // Runs one SwiGLU FFN on rows x (N, D): gu (N, 2F) = x·[Wg;Wu]ᵀ, act = silu(g)*u, y = act·Wdᵀ.
 void mlp_forward(const Context& ctx, Tensor y, Tensor gu, Tensor act, const Tensor& x, const PackedMlp& w,
                  bool accumulate) {
   const int64_t F = act.dim(1);
-  k::gemm_xwt(ctx, gu, x, w.gate_up);
+  project(ctx, gu, x, w.gate_up);
   k::swiglu_forward(ctx, act, gu.slice_cols(0, F), gu.slice_cols(F, 2 * F));
-  k::gemm_xwt(ctx, y, act, w.down, accumulate);
+  project(ctx, y, act, w.down, accumulate);
 }
 
 // The capture hook of one forward call (ForwardOptions::capture). Without a
@@ -237,7 +259,7 @@ AttentionOut attention_block(const LayerEnv& env, int64_t l, const Tensor& x, co
   Tensor normed1 = out.get(&LA::normed1, kSlotNormed, f32, {T, D});
   k::rmsnorm_forward(ctx, normed1, rstd1, x, p.attn_norm, eps);
   env.capture("attn_norm", l, normed1);
-  k::gemm_xwt(ctx, env.qkv, normed1, w.wqkv);
+  project(ctx, env.qkv, normed1, w.wqkv);
   if (c.qkv_bias) add_row_bias(ctx, env.qkv, p.bqkv);
   Tensor q = out.get(&LA::q, kSlotQ, f32, {T, H, Dh});
   split_heads(env, p, out, q);
@@ -252,7 +274,7 @@ AttentionOut attention_block(const LayerEnv& env, int64_t l, const Tensor& x, co
   k::attention_forward(ctx, attn.reshape({T, H, Dh}), lse, q, env.kv.k(l), env.kv.v(l), env.ab, attention_scale(c));
   env.capture("attn", l, attn);
   // h = x + attn·Woᵀ, then normed2 = rmsnorm(h).
-  k::gemm_xwt(ctx, env.ffn, attn, w.wo);
+  project(ctx, env.ffn, attn, w.wo);
   env.capture("attn_out", l, env.ffn);
   Tensor h = out.get(&LA::h, kSlotH, f32, {T, D});
   Tensor rstd2 = out.get(&LA::rstd2, kSlotRstd, f32, {T});
@@ -531,7 +553,7 @@ void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, Works
   k::rmsnorm_forward(ctx, rows_normed, rstd_f, rows, weights.params().final_norm, float(c.rms_norm_eps));
   capture("final_norm", c.num_layers, rows_normed, true);
   Tensor logits = reuse(result->logits, f32, {R, c.vocab_size});
-  if (R > 0) k::gemm_xwt(ctx, logits, rows_normed, weights.lm_head());
+  if (R > 0) project(ctx, logits, rows_normed, weights.lm_head());
   capture("logits", c.num_layers, logits, true);
 }
 
