@@ -4,7 +4,7 @@
 # dense Qwen3 and a Qwen3-MoE model. For f32, bf16 and fp8, `generate
 # --precision P` then `score --precision P` give bitwise-equal logprobs, and
 # `check-alignment --precision P` reports a gap of exactly 0; fast mode
-# (--trainer-precision f32) reports a gap above 0.
+# (--trainer-precision f32) reports a gap above 0, and --localise names where.
 set -euo pipefail
 BIN=$1
 T=$(mktemp -d)
@@ -111,6 +111,12 @@ PY
     fi
   done
 done
+# --localise: nothing differs in aligned mode; fast mode names the first point.
+out=$("$BIN" check-alignment --model "$T/moe" --data "$T/p.jsonl" --precision fp8 --n 2 --max-new-tokens 6 --localise)
+echo "$out" | grep -q "localiser: no intermediate differs" || { echo "aligned localise: $out"; exit 1; }
+out=$("$BIN" check-alignment --model "$T/moe" --data "$T/p.jsonl" --precision bf16 --trainer-precision f32 --n 2 \
+  --max-new-tokens 6 --localise)
+echo "$out" | grep -q "localiser: first divergence: layer 0 'q'" || { echo "fast-mode localise: $out"; exit 1; }
 # [rollout] precision is an error that says where the key went.
 cat > "$T/old.toml" <<'TOML'
 [model]

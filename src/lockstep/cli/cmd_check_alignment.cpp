@@ -1,9 +1,11 @@
-// `lockstep check-alignment`: samples with the rollout engine (in the chosen
-// precision), rescores the same tokens with the trainer (f32), and prints the
-// mismatch metrics. In aligned mode (f32) every gap must be exactly zero.
+// `lockstep check-alignment`: samples with the rollout engine (in --precision),
+// rescores the same tokens with the trainer (in --trainer-precision, by default
+// the same), and prints the mismatch metrics. In aligned mode every gap must be
+// exactly zero; --localise names the first intermediate that differs.
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <sstream>
 
 #include "lockstep/base/error.h"
 #include "lockstep/cli/command.h"
@@ -11,6 +13,7 @@
 #include "lockstep/cli/rollout_flags.h"
 #include "lockstep/data/dataset.h"
 #include "lockstep/data/jsonl.h"
+#include "lockstep/rollout/localise.h"
 #include "lockstep/rollout/rollout_config.h"
 #include "lockstep/train/mismatch.h"
 #include "lockstep/train/trainer.h"
@@ -18,9 +21,25 @@
 namespace lockstep::cli {
 namespace {
 
+// Re-runs the rollout (a fresh engine: the same request ids, seeds and so
+// tokens) with a capture hook that compares every intermediate with the
+// trainer's forward over the same tokens; names the first that differs.
+std::string localise(const Context& ctx, const model::ModelWeights& rollout_weights,
+                     const model::ModelWeights& trainer_weights, rollout::EngineConfig ec,
+                     const std::vector<rollout::Request>& requests, const std::vector<rollout::RequestResult>& results) {
+  const rollout::CaptureReference ref = rollout::trainer_reference(ctx, trainer_weights, rollout::samples_of(results));
+  rollout::CaptureComparer cmp(ref);
+  ec.capture = [&](const model::Captured& c) { cmp(c); };
+  rollout::Engine engine(ctx, &rollout_weights, ec);
+  engine.generate(requests);
+  std::ostringstream os;
+  os << cmp.first().str() << " [" << cmp.compared_rows() << " rows compared]";
+  return os.str();
+}
+
 int run_check(const Args& args) {
   auto known = kRolloutFlags;
-  for (const char* k : {"model", "data", "max-abs-diff", "replay", "limit", "json", "trainer-precision"})
+  for (const char* k : {"model", "data", "max-abs-diff", "replay", "limit", "json", "trainer-precision", "localise"})
     known.push_back(k);
   args.check_known(known);
   auto pool = make_pool(args.get_int("threads", 0));
@@ -62,6 +81,7 @@ int run_check(const Args& args) {
     q.return_experts = n_moe > 0;
     reqs.push_back(std::move(q));
   }
+  const std::vector<rollout::Request> requests = reqs;  // kept for --localise's second run
   auto results = engine.generate(std::move(reqs));
 
   // Trainer side: f32 master weights, its forward in trainer_precision, every token new.
@@ -109,6 +129,10 @@ int run_check(const Args& args) {
     std::snprintf(name, sizeof name, "router top-k disagreement, MoE layer %zu", l);
     std::printf("  %-44s %.6f\n", name, ms.router_disagreement[l]);
   }
+  if (args.flag("localise")) {
+    const std::string where = localise(ctx, rollout_weights, trainer.weights(), ec, requests, results);
+    std::printf("\n  localiser: %s\n", where.c_str());
+  }
   if (args.has("json")) {
     nlohmann::json j = ms.to_json();
     j["samples"] = ms.samples;
@@ -133,18 +157,20 @@ LS_REGISTER_COMMAND(Command{
     "check-alignment", "compare rollout and trainer logprobs on sampled responses",
     std::string("usage: lockstep check-alignment --model DIR --data PROMPTS.jsonl [--precision f32|bf16|fp8]\n"
                 "                                [--trainer-precision f32|bf16|fp8] [--n 8] [--max-abs-diff X]\n"
-                "                                [--replay] [--limit N] [--json OUT]\n\n"
+                "                                [--replay] [--limit N] [--json OUT] [--localise]\n\n"
                 "Samples n responses per prompt with the rollout engine (weights in --precision), rescores\n"
                 "the same tokens with the trainer (its forward in --trainer-precision, by default the same:\n"
                 "aligned mode; another precision is fast mode, the rollout's KV cache then in bf16), and\n"
                 "prints: mean |dlogp| per sample then\n"
                 "over samples (train/train_rollout_logprob_abs_diff), its max, the k3 KL estimate, the\n"
                 "fraction of bitwise-equal logprobs, and the router top-k disagreement per MoE layer.\n"
-                "--replay makes the trainer use the rollout's experts (R3). Exits 1 when the mean gap\n"
+                "--replay makes the trainer use the rollout's experts (R3). --localise re-runs the rollout\n"
+                "comparing every intermediate with the trainer's and names the first that differs (layer,\n"
+                "point, sample, position). Exits 1 when the mean gap\n"
                 "exceeds --max-abs-diff (default 0 in aligned mode, no limit in fast mode).\n"
                 "Prompt lines hold prompt_ids, messages, or prompt/text (chat template applied).\n\nflags:\n") +
         kRolloutFlagsHelp,
-    {"replay", "ignore-eos", "no-prefix-cache"}, run_check});
+    {"replay", "ignore-eos", "no-prefix-cache", "localise"}, run_check});
 
 }  // namespace
 }  // namespace lockstep::cli

@@ -534,8 +534,8 @@ void Runner::check_gap(const std::vector<std::vector<float>>& rollout, const std
                            describe_gap(*g, b.seqs[g->sample].prompt_len);
   if (cfg_.on_gap == RlConfig::OnGap::Abort)
     LS_THROW << what << ". The step stopped before the optimizer ran ([rl] on_gap = \"abort\"); "
-             << "docs/alignment.md (\"Localising a divergence\") shows how to find the first intermediate "
-             << "that differs";
+             << "`lockstep check-alignment --model <checkpoint> --data <prompts> --precision "
+             << cfg_.rollout.precision << " --localise` names the first intermediate that differs";
   LS_LOG(Warn) << what << " ([rl] on_gap = \"warn\": training goes on)";
 }
 
