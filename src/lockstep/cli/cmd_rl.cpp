@@ -37,6 +37,12 @@ parallel::DistConfig read_dist(const toml::table& root, const std::string& path,
 }
 
 // The trainer side; rc is null in a single-process run.
+// "bf16 (aligned)" or "rollout bf16, trainer f32 (fast mode)".
+std::string precision_summary(const rollout::RolloutSection& r) {
+  if (r.aligned()) return r.precision + " (aligned)";
+  return "rollout " + r.precision + ", trainer " + r.trainer_precision + " (fast mode)";
+}
+
 int run_trainer(const Args& args, const toml::table& root, const std::string& cfg_path, const rl::RlConfig& cfg,
                 const data::DataConfig& dc, parallel::RoleComms* rc) {
   const bool writer = !rc || rc->roles.is_trainer_root();
@@ -74,8 +80,9 @@ int run_trainer(const Args& args, const toml::table& root, const std::string& cf
     std::cout << "rl: " << in.train.size() << " prompts" << (in.eval.empty() ? "" : ", ")
               << (in.eval.empty() ? "" : std::to_string(in.eval.size()) + " eval problems") << "; " << cfg.steps
               << " steps of " << cfg.batch_size << " prompts x " << cfg.rollout.sampling.n << " samples ("
-              << rl::to_string(cfg.algo.advantage) << ", " << rl::to_string(cfg.algo.policy_loss) << ", rollout "
-              << cfg.rollout.precision << "), " << ctx.threads() << " threads -> " << cfg.out_dir << std::endl;
+              << rl::to_string(cfg.algo.advantage) << ", " << rl::to_string(cfg.algo.policy_loss) << ", "
+              << precision_summary(cfg.rollout) << "), " << ctx.threads() << " threads -> " << cfg.out_dir
+              << std::endl;
   }
   train::Trainer trainer(ctx, m.config, std::move(m.params), cfg.trainer);
   std::shared_ptr<rl::MpiRollout> remote;
@@ -148,8 +155,8 @@ int run_rl_cmd(const Args& args) {
   if (check_only) {  // every section but the model's weights, which are not loaded
     std::cout << cfg_path << ": OK (" << cfg.steps << " steps of " << cfg.batch_size << " prompts x "
               << cfg.rollout.sampling.n << " samples; " << rl::to_string(cfg.algo.advantage) << ", "
-              << rl::to_string(cfg.algo.policy_loss) << ", " << rl::to_string(cfg.algo.loss_agg) << "; rollout "
-              << cfg.rollout.precision << "; out " << cfg.out_dir;
+              << rl::to_string(cfg.algo.policy_loss) << ", " << rl::to_string(cfg.algo.loss_agg) << "; "
+              << precision_summary(cfg.rollout) << "; out " << cfg.out_dir;
     if (has_dist)
       std::cout << "; dist: " << (dcfg.trainer_ranks ? std::to_string(dcfg.trainer_ranks) : std::string("all other"))
                 << " trainer + " << dcfg.rollout_ranks << " rollout ranks"

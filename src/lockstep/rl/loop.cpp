@@ -200,9 +200,9 @@ class Runner {
   train::ScoreOptions score_options() const;
   void old_logprobs(UpdateBatch& b, bool same_version);
   void ref_logprobs(UpdateBatch& b);
-  void weigh_samples(UpdateBatch& b) const;
+  void weigh_samples(UpdateBatch& b);
   void check_gap(const std::vector<std::vector<float>>& rollout, const std::vector<std::vector<float>>& trainer,
-                 const UpdateBatch& b, size_t first_sample) const;
+                 const UpdateBatch& b, size_t first_sample);
   UpdateTotals train_minibatches(const std::vector<Group>& groups, UpdateBatch& b);
   double accumulate_minibatch(const std::vector<Group>& groups, const UpdateBatch& b, int64_t mb, ProgressBar& bar,
                               UpdateTotals& tot);
@@ -505,7 +505,7 @@ void Runner::ref_logprobs(UpdateBatch& b) {
 // Importance weights between the trainer's old logprobs and the rollout's;
 // the mismatch of recomputed old logprobs (the shortcut measures it on the
 // first mini-batch's forward instead, which runs under the rollout's weights).
-void Runner::weigh_samples(UpdateBatch& b) const {
+void Runner::weigh_samples(UpdateBatch& b) {
   const AlgoConfig& a = cfg_.algo;
   b.isw.resize(b.seqs.size());
   for (size_t i = 0; i < b.seqs.size(); ++i) {
@@ -523,20 +523,24 @@ void Runner::weigh_samples(UpdateBatch& b) const {
 
 // Aligned mode fails closed ([rl] on_gap): any token whose trainer logprob
 // differs from the rollout's stops the step before the optimizer runs (abort)
-// or is reported (warn). Fast mode only measures the gap.
+// or is reported (warn). Fast mode only measures the gap. Collective over the
+// trainer ranks (each checks its shard), so all of them stop together.
 void Runner::check_gap(const std::vector<std::vector<float>>& rollout, const std::vector<std::vector<float>>& trainer,
-                       const UpdateBatch& b, size_t first_sample) const {
+                       const UpdateBatch& b, size_t first_sample) {
   if (!rollout_->aligned()) return;
   const std::optional<GapToken> g = first_gap(rollout, trainer, first_sample);
-  if (!g) return;
-  const std::string what = "rl: aligned mode (both engines in " + cfg_.rollout.precision +
-                           "), but the trainer's logprob differs from the rollout's: " +
-                           describe_gap(*g, b.seqs[g->sample].prompt_len);
+  if (group_.max(g ? 1.0 : 0.0) == 0.0) return;
+  const std::string what =
+      "rl: aligned mode (both engines in " + cfg_.rollout.precision +
+      "), but the trainer's logprob differs from the rollout's: " +
+      (g ? describe_gap(*g, b.seqs[g->sample].prompt_len) : std::string("on another trainer rank (see its message)"));
   if (cfg_.on_gap == RlConfig::OnGap::Abort)
     LS_THROW << what << ". The step stopped before the optimizer ran ([rl] on_gap = \"abort\"); "
              << "`lockstep check-alignment --model <checkpoint> --data <prompts> --precision "
              << cfg_.rollout.precision << " --localise` names the first intermediate that differs";
-  LS_LOG(Warn) << what << " ([rl] on_gap = \"warn\": training goes on)";
+  if (g) {
+    LS_LOG(Warn) << what << " ([rl] on_gap = \"warn\": training goes on)";
+  }
 }
 
 // Mini-batches: contiguous slices of the samples, one optimizer step each.
