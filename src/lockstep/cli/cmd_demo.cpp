@@ -141,28 +141,18 @@ nlohmann::json figures_json(const Figures& f) {
   return {{"pass@1", f.pass1}, {"pass@8", f.pass8}, {"truncated_ratio", f.truncated}, {"response_len_mean", f.len_mean}};
 }
 
-int run_demo(const Args& args) {
-  args.check_known({"out", "seed", "sft-steps", "rl-steps", "threads", "precision", "trainer-precision",
-                    "print-config", "teacher-verbose-rate"});
-  if (args.flag("print-config")) {
-    std::cout << kDemoRlConfig;
-    return 0;
-  }
-  const std::string out = args.get("out", "runs/demo");
-  const uint64_t seed = uint64_t(args.get_int("seed", 0));
-  const int64_t sft_steps = args.get_int("sft-steps", 600);
-  const std::string precision = args.get("precision", "f32");
-  const double verbose_rate = args.get_double("teacher-verbose-rate", 0.8);
-  auto pool = make_pool(args.get_int("threads", 0));
-  Context ctx{pool.get(), 0};
-  Timer total;
-  // The demo owns its directory: a previous demo run there is replaced.
-  for (const char* old : {"sft", "checkpoints", "samples", "eval", "metrics.jsonl", "report.html", "summary.json"})
-    std::filesystem::remove_all(std::filesystem::path(out) / old);
-  std::filesystem::create_directories(out + "/data");
+// The demo's options, read once.
+struct DemoOptions {
+  std::string out;
+  uint64_t seed = 0;
+  int64_t sft_steps = 600;
+  std::string precision = "f32";
+  double verbose_rate = 0.8;
+};
 
-  // 1. A tiny Qwen3-MoE-shaped model with the byte-level tokenizer.
-  ModelConfig c;
+// 1. A tiny Qwen3-MoE-shaped model with the byte-level tokenizer, written as a
+// Hugging Face directory; returns its random initial parameters.
+Buffer make_demo_model(const DemoOptions& o, const Context& ctx, const std::string& model_dir, ModelConfig& c) {
   c.architecture = Architecture::Qwen3Moe;
   c.vocab_size = 272;  // 256 bytes + 3 specials, rounded up
   c.hidden_size = 96;
@@ -179,79 +169,92 @@ int run_demo(const Args& args) {
   c.eos_token_ids = {258};  // <|im_end|>
   ParamLayout layout(c);
   Buffer params = alloc_params(layout);
-  init_params(layout, params.as<float>(), seed, 0.02f, &ctx);
-  const std::string model_dir = out + "/model";
+  init_params(layout, params.as<float>(), o.seed, 0.02f, &ctx);
   save_pretrained(model_dir, c, layout, params.as<float>());
   tokenizer::write_byte_level_tokenizer(model_dir);
-  auto tok = tokenizer::Tokenizer::load(model_dir);
   std::cout << "lockstep demo: tiny MoE (" << layout.numel() << " parameters, " << c.num_experts << " experts, top-"
             << c.num_experts_per_tok << "), task \"a+b=\" -> \\boxed{a+b}, " << ctx.threads() << " threads\n";
+  return params;
+}
 
-  // 2. The task, written as JSONL like any user dataset.
-  const auto test_set = make_problems(128, seed, 2), train_set = make_problems(4000, seed, 1, test_set);
-  std::mt19937_64 teacher(seed + 7);
+// 2. The task, written as JSONL like any user dataset; returns the SFT
+// warm-up sequences (the teacher's worked solutions).
+std::vector<train::TrainSequence> write_demo_task(const DemoOptions& o, const tokenizer::Tokenizer& tok) {
+  const auto test_set = make_problems(128, o.seed, 2), train_set = make_problems(4000, o.seed, 1, test_set);
+  std::mt19937_64 teacher(o.seed + 7);
   auto write_set = [&](const std::string& path, const std::vector<Problem>& ps, bool with_response) {
     std::vector<nlohmann::json> lines;
     for (const auto& p : ps) {
       nlohmann::json j = {{"prompt", p.prompt}, {"label", p.answer}};
-      if (with_response) j["response"] = teacher_response(p, verbose_rate, teacher);
+      if (with_response) j["response"] = teacher_response(p, o.verbose_rate, teacher);
       lines.push_back(std::move(j));
     }
     data::write_jsonl_atomic(path, lines);
   };
-  write_set(out + "/data/train.jsonl", train_set, false);
-  write_set(out + "/data/test.jsonl", test_set, false);
-  write_set(out + "/data/sft.jsonl", train_set, true);
+  write_set(o.out + "/data/train.jsonl", train_set, false);
+  write_set(o.out + "/data/test.jsonl", test_set, false);
+  write_set(o.out + "/data/sft.jsonl", train_set, true);
   data::DataConfig dc;
   dc.apply_chat_template = false;
-  auto sft_examples = data::load_sft_examples(out + "/data/sft.jsonl", dc, tok);
-
-  // 3. SFT warm-up: the model learns the answer format and some arithmetic.
   std::vector<train::TrainSequence> sft_data;
-  for (const auto& e : sft_examples) {
+  for (const auto& e : data::load_sft_examples(o.out + "/data/sft.jsonl", dc, tok)) {
     train::TrainSequence s;
     s.tokens = e.prompt_ids;
     s.tokens.insert(s.tokens.end(), e.response_ids.begin(), e.response_ids.end());
     s.prompt_len = int32_t(e.prompt_ids.size());
     sft_data.push_back(std::move(s));
   }
+  return sft_data;
+}
+
+// 3. SFT warm-up: the model learns the answer format and some arithmetic, in
+// the policy's precision from the start. Returns its seconds.
+double run_demo_sft(const DemoOptions& o, const Context& ctx, const ModelConfig& c, Buffer params,
+                    const std::vector<train::TrainSequence>& sft_data, const std::string& model_dir) {
   train::TrainerConfig tc;
   tc.optim.lr = 3e-3;
   tc.optim.warmup_steps = 20;
-  tc.optim.decay_steps = sft_steps;
+  tc.optim.decay_steps = o.sft_steps;
   tc.optim.min_lr = 3e-4;
   tc.optim.weight_decay = 0.01;
-  tc.precision = rollout::precision_dtype(precision);  // the policy's precision from the start
+  tc.precision = rollout::precision_dtype(o.precision);
   train::Trainer sft_trainer(ctx, c, std::move(params), tc);
   train::SftConfig sc;
-  sc.steps = sft_steps;
+  sc.steps = o.sft_steps;
   sc.batch_size = 32;
-  sc.seed = seed;
-  sc.log_interval = std::max<int64_t>(1, sft_steps / 5);
+  sc.seed = o.seed;
+  sc.log_interval = std::max<int64_t>(1, o.sft_steps / 5);
   sc.keep_last = 1;
-  std::cout << "\n== SFT warm-up: " << sft_steps << " steps of 32 examples\n";
+  std::cout << "\n== SFT warm-up: " << o.sft_steps << " steps of 32 examples\n";
   Timer sft_timer;
-  train::run_sft(sft_trainer, sft_data, out + "/sft", sc, false, model_dir);
-  const double sft_s = sft_timer.seconds();
+  train::run_sft(sft_trainer, sft_data, o.out + "/sft", sc, false, model_dir);
+  return sft_timer.seconds();
+}
 
-  // 4. GRPO with the RL loop, starting from the SFT weights.
+// 4a. The RL stage's config: the embedded text, the precision flags, the
+// user's --set overrides and the run directory's paths.
+toml::table demo_rl_config(const Args& args, const DemoOptions& o) {
   std::vector<std::string> sets = args.sets();
-  if (precision != "f32") sets.push_back("model.precision=\"" + precision + "\"");  // aligned at that precision
+  if (o.precision != "f32") sets.push_back("model.precision=\"" + o.precision + "\"");  // aligned at that precision
   if (args.has("trainer-precision")) {  // fast mode: correct the gap with TIS
     sets.push_back("model.trainer_precision=\"" + args.get("trainer-precision", "f32") + "\"");
     sets.push_back("algo.rollout_is=\"token\"");  // TIS: truncated importance weights
     sets.push_back("algo.rollout_is_mode=\"truncate\"");
   }
   if (args.has("rl-steps")) sets.push_back("train.steps=" + std::to_string(args.get_int("rl-steps", 50)));
-  sets.push_back("train.out_dir=\"" + out + "\"");
-  sets.push_back("model.path=\"" + out + "/sft/checkpoints/latest\"");
-  sets.push_back("data.train_file=\"" + out + "/data/train.jsonl\"");
-  sets.push_back("data.eval_file=\"" + out + "/data/test.jsonl\"");
+  sets.push_back("train.out_dir=\"" + o.out + "\"");
+  sets.push_back("model.path=\"" + o.out + "/sft/checkpoints/latest\"");
+  sets.push_back("data.train_file=\"" + o.out + "/data/train.jsonl\"");
+  sets.push_back("data.eval_file=\"" + o.out + "/data/test.jsonl\"");
   toml::table root = parse_toml_with_overrides(kDemoRlConfig, "demo config", sets);
   if (const auto* d = root["dist"].as_table(); d && !d->empty())
     LS_THROW << "demo config: [dist] is not used by the demo (one process); run `lockstep rl` under mpirun "
                 "for a distributed run (docs/distributed.md)";
-  rl::RlConfig cfg = rl::rl_config_from_toml(root, "demo config");
+  return root;
+}
+
+// 4b. GRPO with the RL loop, starting from the SFT checkpoint.
+rl::RlResult run_demo_rl(const Context& ctx, const toml::table& root, const rl::RlConfig& cfg, const std::string& out) {
   LoadedModel m = load_model_from_config(root, "demo config", ctx);
   TomlSection data_s(root["data"].as_table(), "demo config", "data");
   const data::DataConfig rdc = data::data_config_from_toml(data_s);
@@ -270,13 +273,17 @@ int run_demo(const Args& args) {
   std::cout << "\n== GRPO: " << cfg.steps << " steps of " << cfg.batch_size << " prompts x "
             << cfg.rollout.sampling.n << " samples, precision " << cfg.rollout.precision
             << (cfg.rollout.aligned() ? " (aligned)" : " rollout vs " + cfg.rollout.trainer_precision + " trainer (fast mode)")
-            << "; held-out eval: " << in.eval.size()
-            << " problems x " << cfg.eval.config.n << " samples\n";
+            << "; held-out eval: " << in.eval.size() << " problems x " << cfg.eval.config.n << " samples\n";
   train::Trainer trainer(ctx, m.config, std::move(m.params), cfg.trainer);
-  const rl::RlResult r = rl::run_rl(trainer, in, cfg, false);
+  rl::RlResult r = rl::run_rl(trainer, in, cfg, false);
   LS_CHECK(r.first_eval && r.last_eval) << "demo: evaluation did not run";
-  const Figures before = figures(*r.first_eval), after = figures(*r.last_eval);
+  return r;
+}
 
+// 5. The before/after table on the console and DIR/summary.json.
+void report_demo(const DemoOptions& o, const rl::RlConfig& cfg, const rl::RlResult& r, double sft_s,
+                 double total_s) {
+  const Figures before = figures(*r.first_eval), after = figures(*r.last_eval);
   std::printf("\n%-36s %12s %12s %10s\n", "held-out (128 problems x 8 samples)", "after SFT", "after RL", "change");
   auto row = [](const char* name, double a, double b) {
     std::printf("%-36s %12.3f %12.3f %+10.3f\n", name, a, b, b - a);
@@ -290,7 +297,7 @@ int run_demo(const Args& args) {
   std::printf("\nmean seconds per RL step:");
   for (const auto& [k, v] : r.phase_seconds) std::printf(" %s %.3f", k.c_str(), v);
   std::printf("\nSFT %.1f s, RL %.1f s, total %.1f s. Run directory: %s (report.html, metrics.jsonl)\n", sft_s,
-              r.seconds, total.seconds(), out.c_str());
+              r.seconds, total_s, o.out.c_str());
   nlohmann::json phases = nlohmann::json::object();
   for (const auto& [k, v] : r.phase_seconds) phases[k] = v;
   nlohmann::json summary = {{"before", figures_json(before)},
@@ -299,13 +306,45 @@ int run_demo(const Args& args) {
                             {"train_rollout_logprob_token_abs_diff_max", r.max_logprob_abs_diff_max},
                             {"rollout_precision", cfg.rollout.precision},
                             {"trainer_precision", cfg.rollout.trainer_precision},
-                            {"seed", seed},
-                            {"sft_steps", sft_steps},
+                            {"seed", o.seed},
+                            {"sft_steps", o.sft_steps},
                             {"rl_steps", cfg.steps},
                             {"sft_seconds", sft_s},
                             {"rl_seconds", r.seconds},
                             {"seconds_per_step", phases}};
-  write_file_atomic(out + "/summary.json", summary.dump(2) + "\n");
+  write_file_atomic(o.out + "/summary.json", summary.dump(2) + "\n");
+}
+
+int run_demo(const Args& args) {
+  args.check_known({"out", "seed", "sft-steps", "rl-steps", "threads", "precision", "trainer-precision",
+                    "print-config", "teacher-verbose-rate"});
+  if (args.flag("print-config")) {
+    std::cout << kDemoRlConfig;
+    return 0;
+  }
+  DemoOptions o;
+  o.out = args.get("out", "runs/demo");
+  o.seed = uint64_t(args.get_int("seed", 0));
+  o.sft_steps = args.get_int("sft-steps", 600);
+  o.precision = args.get("precision", "f32");
+  o.verbose_rate = args.get_double("teacher-verbose-rate", 0.8);
+  auto pool = make_pool(args.get_int("threads", 0));
+  Context ctx{pool.get(), 0};
+  Timer total;
+  // The demo owns its directory: a previous demo run there is replaced.
+  for (const char* old : {"sft", "checkpoints", "samples", "eval", "metrics.jsonl", "report.html", "summary.json"})
+    std::filesystem::remove_all(std::filesystem::path(o.out) / old);
+  std::filesystem::create_directories(o.out + "/data");
+
+  const std::string model_dir = o.out + "/model";
+  ModelConfig c;
+  Buffer params = make_demo_model(o, ctx, model_dir, c);
+  const auto sft_data = write_demo_task(o, tokenizer::Tokenizer::load(model_dir));
+  const double sft_s = run_demo_sft(o, ctx, c, std::move(params), sft_data, model_dir);
+  const toml::table root = demo_rl_config(args, o);
+  const rl::RlConfig cfg = rl::rl_config_from_toml(root, "demo config");
+  const rl::RlResult r = run_demo_rl(ctx, root, cfg, o.out);
+  report_demo(o, cfg, r, sft_s, total.seconds());
   rl::finish_report(cfg);
   if (cfg.rollout.aligned() && r.max_logprob_abs_diff_max != 0.0) {
     std::cout << "FAIL: rollout and trainer logprobs differ in aligned mode\n";
