@@ -7,6 +7,7 @@
 # (--trainer-precision f32) reports a gap above 0, and --localise names where.
 set -euo pipefail
 BIN=$1
+SRC=$2
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 
@@ -117,6 +118,16 @@ echo "$out" | grep -q "localiser: no intermediate differs" || { echo "aligned lo
 out=$("$BIN" check-alignment --model "$T/moe" --data "$T/p.jsonl" --precision bf16 --trainer-precision f32 --n 2 \
   --max-new-tokens 6 --localise)
 echo "$out" | grep -q "localiser: first divergence: layer 0 'q'" || { echo "fast-mode localise: $out"; exit 1; }
+# eval takes the precision from --precision or from a config's [model] precision,
+# and ignores the RL-only [rl] section of the same config.
+"$BIN" init --config "$SRC/configs/bench/moe-tiny.toml" --out "$T/tiny" >/dev/null
+printf '{"prompt": "1+1=", "label": "2"}\n{"prompt": "2+3=", "label": "5"}\n' > "$T/e.jsonl"
+"$BIN" eval --model "$T/tiny" --data "$T/e.jsonl" --n 2 --max-new-tokens 4 --precision bf16 --no-chat-template \
+  --summary "$T/e1.json" >/dev/null 2>&1
+printf '[model]\npath = "%s"\nprecision = "fp8"\n[data]\neval_file = "%s"\napply_chat_template = false\n[rl]\non_gap = "warn"\n' \
+  "$T/tiny" "$T/e.jsonl" > "$T/e.toml"
+"$BIN" eval --config "$T/e.toml" --n 2 --max-new-tokens 4 --summary "$T/e2.json" >/dev/null 2>&1
+python3 -c "import json; [json.load(open(f)) for f in ('$T/e1.json', '$T/e2.json')]"
 # [rollout] precision is an error that says where the key went.
 cat > "$T/old.toml" <<'TOML'
 [model]

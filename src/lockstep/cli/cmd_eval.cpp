@@ -17,6 +17,7 @@
 #include "lockstep/base/file_util.h"
 #include "lockstep/model/weights.h"
 #include "lockstep/rollout/engine.h"
+#include "lockstep/rollout/rollout_config.h"
 
 namespace lockstep::cli {
 namespace {
@@ -52,16 +53,18 @@ const char* const kHelp =
     "  --threads N            compute threads (default: all cores)\n"
     "  --kv-blocks N          KV cache blocks of 16 tokens (default 1024)\n"
     "  --max-batch-tokens N   tokens per engine step (default 2048)\n"
+    "  --precision P          f32 | bf16 | fp8 weights (default: [model] precision, else f32)\n"
+    "  --fp8-block B          fp8 scale block (default: [model] fp8_block, else 128)\n"
     "\n"
     "--config FILE reads [model] (path = DIR), [data] (eval_file, prompt_key, label_key, ...),\n"
     "[eval] (n, temperature, top_p, top_k, min_p, max_new_tokens, seed, name, output, summary,\n"
     "stop_token_ids, stop_at_end_of_turn) and [reward]; flags override the config. Other\n"
-    "sections of an RL config ([rollout] [train] [algo] [sync] [dist] [log]) are ignored.\n"
+    "sections of an RL config ([rollout] [train] [algo] [sync] [dist] [log] [rl]) are ignored.\n"
     "Output files are written to a temporary file and renamed. A bad data line stops the run\n"
     "with file:line (exit code 2).\n";
 
 // Sections an RL config may hold that eval has no use for.
-const std::vector<std::string> kIgnoredSections = {"rollout", "train", "algo", "sync", "dist", "log"};
+const std::vector<std::string> kIgnoredSections = {"rollout", "train", "algo", "sync", "dist", "log", "rl"};
 
 nlohmann::json reward_config_json(const std::string& arg) {
   std::string text = arg;
@@ -87,6 +90,8 @@ struct EvalInputs {
 EvalInputs load_config(const Args& args) {
   args.check_known({"config",
                     "model",
+                    "precision",
+                    "fp8-block",
                     "data",
                     "n",
                     "temperature",
@@ -245,7 +250,10 @@ int run_eval(const Args& args) {
   auto problems = load_problems(in.dc, m);
 
   ParamLayout layout(m.config);
-  model::ModelWeights weights(ctx, layout, m.params.as<float>());
+  // The policy's precision: --precision, else the config's [model] precision.
+  const PrecisionConfig pc = in.root.contains("model") ? precision_from_toml(in.root, in.source) : PrecisionConfig{};
+  const DType storage = rollout::precision_dtype(args.get("precision", pc.precision));
+  model::ModelWeights weights(ctx, layout, m.params.as<float>(), storage, args.get_int("fp8-block", pc.fp8_block));
   rollout::Engine engine(ctx, &weights, engine_cfg);
   eval::Evaluator evaluator(ec);
   std::cerr << "eval " << ec.name << ": " << problems.size() << " problems x " << ec.n << " samples from "
