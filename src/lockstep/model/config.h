@@ -22,6 +22,9 @@ enum class Architecture {
   Qwen3Moe,  // Qwen3MoeForCausalLM: q/k RMSNorm, softmax router, no shared expert
   Dots1,     // Dots1ForCausalLM: Qwen3 attention + DeepSeek-V3 MoE (sigmoid router,
              // score-correction bias, shared experts, first k layers dense)
+  DeepseekV4,  // DeepseekV4ForCausalLM: mHC residual streams, low-rank MQA with a sink,
+               // compressed KV (HCA/CSA) with a lightning indexer, hash-routed and
+               // sqrtsoftplus MoE, MTP (docs/deepseek-v4.md)
 };
 
 const char* architecture_name(Architecture a);        // "Qwen3MoeForCausalLM"
@@ -33,8 +36,20 @@ std::string supported_architectures();  // "LlamaForCausalLM, Qwen2ForCausalLM, 
 enum class RouterScoring {
   Softmax,  // p = softmax(logits) over the E experts (Qwen MoE)
   Sigmoid,  // p = sigmoid(logit) per expert (DeepSeek-V3, dots.llm1)
+  SqrtSoftplus,  // p = sqrt(softplus(logit)) per expert (DeepSeek-V4)
 };
-const char* router_scoring_name(RouterScoring s);  // "softmax" | "sigmoid"
+const char* router_scoring_name(RouterScoring s);  // "softmax" | "sigmoid" | "sqrtsoftplus"
+
+// YaRN rope_scaling (DeepSeek-V4 applies it in compressed layers only).
+// type "" = none.
+struct RopeScaling {
+  std::string type;  // "" or "yarn"
+  double factor = 1.0;
+  int64_t original_max_position_embeddings = 0;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  bool operator==(const RopeScaling&) const = default;
+};
 
 // Dimension letters (docs/architecture.md section 10): V vocab, D width, L layers, H query heads,
 // Hkv key/value heads, Dh head width, F dense FFN width, E experts, K top-k,
@@ -74,6 +89,27 @@ struct ModelConfig {
   int64_t decoder_sparse_step = 1;              // layer i is MoE only if (i + 1) % step == 0
   std::vector<int64_t> mlp_only_layers;         // these layers are dense
 
+  // DeepSeek-V4 only (docs/deepseek-v4.md; 0 / empty for other architectures).
+  // Dimension letters: Rq, G, Ro, Dr, W, n, HI, DI, KI.
+  int64_t q_lora_rank = 0;                // Rq: low-rank query bottleneck
+  int64_t o_groups = 0;                   // G: groups of the low-rank output projection
+  int64_t o_lora_rank = 0;                // Ro: rank of each output group
+  int64_t qk_rope_head_dim = 0;           // Dr: RoPE on the last Dr dims of every head
+  int64_t sliding_window = 0;             // W: causal window (includes the query token)
+  std::vector<int64_t> compress_ratios;   // (L + num_nextn_predict_layers): 0, 4 (CSA) or 128 (HCA)
+  double compress_rope_theta = 0.0;       // RoPE base where the ratio is > 0
+  RopeScaling rope_scaling;               // YaRN, where the ratio is > 0
+  int64_t index_n_heads = 0;              // HI
+  int64_t index_head_dim = 0;             // DI
+  int64_t index_topk = 0;                 // KI: compressed entries kept per query (CSA layers)
+  int64_t num_hash_layers = 0;            // layers [0, n) route by tid2eid[token id]
+  double swiglu_limit = 0.0;              // SwiGLU clamp (routed and shared experts); 0 = none
+  int64_t hc_mult = 0;                    // n: residual streams (mHC)
+  int64_t hc_sinkhorn_iters = 20;
+  double hc_eps = 1e-6;
+  int64_t num_nextn_predict_layers = 0;   // MTP blocks
+  std::string expert_dtype;               // checkpoint format of routed experts: "", "fp4", "fp8"
+
   int64_t bos_token_id = -1;           // -1: none
   std::vector<int64_t> eos_token_ids;  // may be empty
 
@@ -85,6 +121,14 @@ struct ModelConfig {
   // How many layers are MoE (L_moe: the middle dimension of routing tables).
   int64_t num_moe_layers() const;
   bool has_shared_expert() const { return n_shared_experts > 0; }
+  bool is_v4() const { return architecture == Architecture::DeepseekV4; }
+  // DeepSeek-V4: layer i's compression ratio (0 outside V4), whether it is
+  // hash-routed, and the mixing values per token of one mHC site (2n + n*n).
+  int64_t compress_ratio(int64_t layer) const {
+    return layer < int64_t(compress_ratios.size()) ? compress_ratios[size_t(layer)] : 0;
+  }
+  bool is_hash_layer(int64_t layer) const { return is_v4() && layer < num_hash_layers; }
+  int64_t hc_mix_size() const { return 2 * hc_mult + hc_mult * hc_mult; }
 
   // Throws Error (prefixed by `source`, e.g. the file) naming the first bad
   // field: non-positive sizes, H % Hkv != 0, K > E, odd Dh, a combination

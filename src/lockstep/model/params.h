@@ -21,6 +21,8 @@ enum class ParamKind {
   Matrix,  // normal(0, std): projections, embeddings, routers, gates
   Norm,    // ones: RMSNorm weights
   Bias,    // zeros: q/k/v biases, score-correction bias
+  Index,   // an integer table (DeepSeek-V4 tid2eid): int32 bit patterns in the
+           // flat buffer, never a float; not trained, saved as I64
 };
 
 struct ParamInfo {
@@ -31,6 +33,12 @@ struct ParamInfo {
   ParamKind kind = ParamKind::Matrix;
   int64_t layer = -1;   // decoder layer of a per-layer tensor; -1: embedding, final norm, LM head
   int64_t expert = -1;  // routed expert of an expert projection; -1: any other tensor
+  // Backward writes no gradient and the optimizer leaves it unchanged
+  // (Index tables; DeepSeek-V4's lightning indexer, trained only by its own loss).
+  bool frozen = false;
+  // Saved as F32 whatever the checkpoint dtype (DeepSeek-V4's mHC mixes,
+  // attention sinks, router bias, compressor position bias).
+  bool keep_f32 = false;
   bool routed_expert() const { return expert >= 0; }
 };
 
@@ -153,6 +161,42 @@ struct LayerParams {
   std::vector<MlpParams> experts;  // E views into the two above; empty for experts the layout lacks
   MlpParams shared;                // Fs = shared_expert_intermediate_size [n_shared_experts > 0]
   Tensor shared_gate;              // (1, D)       shared_expert_gate.weight [shared_expert_gate]
+
+  // DeepSeek-V4 (docs/deepseek-v4.md). attn_norm, mlp_norm (ffn_norm), router,
+  // router_bias (ffn.gate.bias), experts (w1 = gate, w3 = up, w2 = down) and
+  // shared (shared_experts) above are reused; wq, wk, wv, wo are empty.
+  Tensor hc_attn_fn, hc_attn_base, hc_attn_scale;  // (M, n*D) (M) (3), M = 2n + n*n
+  Tensor hc_ffn_fn, hc_ffn_base, hc_ffn_scale;     // idem
+  Tensor wq_a;        // (Rq, D)        attn.wq_a.weight
+  Tensor q_a_norm;    // (Rq)           attn.q_norm.weight
+  Tensor wq_b;        // (H*Dh, Rq)     attn.wq_b.weight
+  Tensor wkv;         // (Dh, D)        attn.wkv.weight (the one K = V head)
+  Tensor kv_norm;     // (Dh)           attn.kv_norm.weight
+  Tensor wo_a;        // (G*Ro, H*Dh/G) attn.wo_a.weight (group g: rows [g*Ro, (g+1)*Ro))
+  Tensor wo_b;        // (D, G*Ro)      attn.wo_b.weight
+  Tensor attn_sink;   // (H)            attn.attn_sink
+  // Compressed layers (ratio c > 0; kappa = 2 if c == 4 else 1):
+  Tensor cmp_wkv;     // (kappa*Dh, D)  attn.compressor.wkv.weight
+  Tensor cmp_wgate;   // (kappa*Dh, D)  attn.compressor.wgate.weight
+  Tensor cmp_ape;     // (c, kappa*Dh)  attn.compressor.ape
+  Tensor cmp_norm;    // (Dh)           attn.compressor.norm.weight
+  // CSA layers (c == 4): the lightning indexer.
+  Tensor idx_wq_b;       // (HI*DI, Rq) attn.indexer.wq_b.weight
+  Tensor idx_wproj;      // (HI, D)     attn.indexer.weights_proj.weight
+  Tensor idx_cmp_wkv;    // (2*DI, D)   attn.indexer.compressor.wkv.weight
+  Tensor idx_cmp_wgate;  // (2*DI, D)   attn.indexer.compressor.wgate.weight
+  Tensor idx_cmp_ape;    // (4, 2*DI)   attn.indexer.compressor.ape
+  Tensor idx_cmp_norm;   // (DI)        attn.indexer.compressor.norm.weight
+  Tensor tid2eid;        // (V, K) i32  ffn.gate.tid2eid [hash layers]
+};
+
+// DeepSeek-V4's multi-token-prediction block j (tensors under "mtp.j.").
+struct MtpParams {
+  Tensor e_proj, h_proj;    // (D, D)
+  Tensor enorm, hnorm;      // (D)
+  LayerParams block;        // a window-only (ratio 0), non-hash MoE block
+  Tensor norm;              // (D)
+  Tensor hc_head_fn, hc_head_base, hc_head_scale;  // (n, n*D) (n) (1)
 };
 
 struct ModelParams {
@@ -160,6 +204,9 @@ struct ModelParams {
   std::vector<LayerParams> layers;
   Tensor final_norm;  // (D)
   Tensor lm_head;     // (V, D); the same view as embed when tie_word_embeddings
+  // DeepSeek-V4: the head mix before final_norm, and the MTP blocks.
+  Tensor hc_head_fn, hc_head_base, hc_head_scale;  // (n, n*D) (n) (1)
+  std::vector<MtpParams> mtp;
 };
 
 // Views over base[0, layout.numel()). base should be 64-byte aligned (Buffer is).

@@ -23,6 +23,8 @@ namespace lockstep::kernels {
 enum class RouterScoring {
   Softmax,  // p = softmax(logits) over E (Qwen3-MoE, Mixtral)
   Sigmoid,  // p = sigmoid(logit) per expert (DeepSeek-V3)
+  SqrtSoftplus,  // p = sqrt(softplus(logit)) per expert (DeepSeek-V4); softplus(x) = x for x > 20,
+                 // else log1(1 + exp1(x)); dp/dlogit = sigmoid1(x) / (2 p) (0 where p == 0)
 };
 
 // The router's hyper-parameters, named after their Hugging Face config keys.
@@ -121,5 +123,19 @@ void moe_gather_backward(const Context& ctx, Tensor dx, const Tensor& dxe, const
 // the same tokens (one layer): a (T, K) i32, b (T, K) i32; slot order is
 // ignored (sets compared as multisets). 0 when T == 0.
 double topk_disagreement(const Tensor& a, const Tensor& b);
+
+// Routing weight before the down projection (DeepSeek-V4): rows of an
+// expert's activations scaled by their token's weight.
+//   y[r] = topk_w[token(r), slot(r)] * x[r]   (one f32 multiply), y, x (R, F), may alias.
+void moe_scale_rows(const Context& ctx, Tensor y, const Tensor& x, const Tensor& topk_w, const MoeDispatch& plan);
+// Backward of moe_scale_rows: dx[r] = w * dy[r] (written, may alias dy);
+// dtopk_w[t, s] = canonical_dot(dy[row_of(t,s)], x[row_of(t,s)], F) (written).
+void moe_scale_rows_backward(const Context& ctx, Tensor dx, Tensor dtopk_w, const Tensor& dy, const Tensor& x,
+                             const Tensor& topk_w, const MoeDispatch& plan);
+// y[t] = sum over s of ye[row_of(t, s)], slot order from 0 (plain adds): the
+// combine of rows already weighted. y (T, D) written.
+void moe_sum(const Context& ctx, Tensor y, const Tensor& ye, const MoeDispatch& plan);
+// dye[row_of(t, s)] = dy[t] (a copy), (R, D) written.
+void moe_sum_backward(const Context& ctx, Tensor dye, const Tensor& dy, const MoeDispatch& plan);
 
 }  // namespace lockstep::kernels

@@ -54,4 +54,42 @@ void rope_backward(const Context& ctx, Tensor dx, const Tensor& positions, doubl
 void rope_forward(const Context& ctx, Tensor x, const Tensor& positions, const RopeTable& table);
 void rope_backward(const Context& ctx, Tensor dx, const Tensor& positions, const RopeTable& table);
 
+// ---- Interleaved RoPE with YaRN (DeepSeek-V3/V4) ----------------------------
+// DeepSeek rotates consecutive pairs (x[2j], x[2j+1]) of a rope_dim-wide tail
+// (a complex multiply), not the (i, i + Dh/2) halves above, and may scale the
+// frequencies with YaRN.
+
+// YaRN frequency scaling. Off when factor == 1 (or original_max_positions == 0).
+// With omega_j = theta^(-2j / rope_dim) (double):
+//   lo = max(0, floor(d(beta_fast))), hi = min(rope_dim/2 - 1, ceil(d(beta_slow))),
+//   d(beta) = rope_dim * ln(original_max_positions / (beta * 2 pi)) / (2 ln theta);
+//   hi += 0.001 when hi == lo; gamma_j = clamp((j - lo) / (hi - lo), 0, 1);
+//   omega_j <- omega_j * (1 - gamma_j * (1 - 1 / factor))   (all double).
+// No attention-scale (mscale) factor is applied.
+struct YarnConfig {
+  double factor = 1.0;
+  int64_t original_max_positions = 0;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  bool enabled() const { return factor != 1.0 && original_max_positions > 0; }
+};
+
+// The inverse frequency of pair j (double), YaRN applied when enabled.
+double rope_inv_freq(int64_t j, int64_t rope_dim, double theta, const YarnConfig& yarn);
+
+// A (max_positions, rope_dim/2) table: angle = double(pos) * rope_inv_freq(j),
+// cos/sin in double, rounded once to float.
+RopeTable make_rope_table(const Context& ctx, int64_t rope_dim, double theta, int64_t max_positions,
+                          const YarnConfig& yarn);
+
+// In place on x (T, H, rope_dim) (unit last stride; heads and tokens may be
+// strided, e.g. the tail of every head of a (T, H, Dh) tensor): for pair j,
+// with (c, s) from the table at positions[t], a = x[2j], b = x[2j+1]:
+//   x[2j] = a * c - b * s;  x[2j+1] = b * c + a * s   (f32, no FMA)
+void rope_interleaved_forward(const Context& ctx, Tensor x, const Tensor& positions, const RopeTable& table);
+// The inverse rotation (by -angle): x[2j] = a * c + b * s;  x[2j+1] = b * c - a * s.
+// It is both the backward of the forward and DeepSeek-V4's de-rotation of the
+// attention output.
+void rope_interleaved_inverse(const Context& ctx, Tensor x, const Tensor& positions, const RopeTable& table);
+
 }  // namespace lockstep::kernels

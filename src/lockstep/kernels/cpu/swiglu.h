@@ -25,4 +25,12 @@ void swiglu_forward(const Context& ctx, Tensor out, const Tensor& gate, const Te
 void swiglu_backward(const Context& ctx, Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate,
                      const Tensor& up);
 
+// Clamped SwiGLU (DeepSeek-V4's swiglu_limit L > 0): g' = min(gate, L),
+// u' = min(max(up, -L), L), out = silu(g') * u' with the same silu as above.
+void swiglu_clamped_forward(const Context& ctx, Tensor out, const Tensor& gate, const Tensor& up, float limit);
+// Its backward: the unclamped formulas at (g', u'), then dgate = 0 where
+// gate > L and dup = 0 where |up| > L (the forward's masks). Aliasing as swiglu_backward.
+void swiglu_clamped_backward(const Context& ctx, Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate,
+                             const Tensor& up, float limit);
+
 }  // namespace lockstep::kernels
