@@ -14,6 +14,7 @@
 #include "lockstep/kernels/cpu/swiglu.h"
 #include "lockstep/model/forward.h"
 #include "lockstep/model/forward_util.h"
+#include "lockstep/model/v4_forward.h"
 
 namespace lockstep::model {
 
@@ -49,6 +50,10 @@ void zero(const Context& ctx, Tensor t) {
 void backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv, Workspace& ws,
               const RaggedBatch& batch, Activations& saved, const Tensor& dlogits, const ModelParams& grads) {
   const ModelConfig& c = weights.config();
+  if (c.is_v4()) {
+    v4_backward(ctx, weights, kv, batch, saved, dlogits, grads);
+    return;
+  }
   const ModelParams& p = weights.backward_params();  // the quantized weights in bf16/fp8 (straight-through)
   for (int32_t n : batch.n_ctx) LS_CHECK(n == 0) << "backward needs a batch with every token new (n_ctx == 0)";
   const int64_t T = batch.num_tokens(), D = c.hidden_size, H = c.num_heads, Hkv = c.num_kv_heads,

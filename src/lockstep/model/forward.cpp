@@ -16,6 +16,7 @@
 #include "lockstep/kernels/cpu/simd.h"
 #include "lockstep/kernels/cpu/swiglu.h"
 #include "lockstep/model/forward_util.h"
+#include "lockstep/model/v4_forward.h"
 
 namespace lockstep::model {
 
@@ -67,27 +68,6 @@ void RaggedBatch::validate(const ModelConfig& c, const KvCache& kv) const {
 
 namespace {
 
-// Group width of the fp8 activation scales (DeepSeek's 1 x 128 tiles).
-constexpr int64_t kFp8ActivationGroup = 128;
-
-// y (M, N) (+)= x (M, K) · Wᵀ for a packed projection. With fp8 weights the
-// input is first quantized as an FP8 forward quantizes it: per token, per 128
-// channels, power-of-two scales (kernels::fp8_quantize_rows), on a copy, so
-// the caller's x (saved for backward, read by the router) stays f32. Both
-// engines call this, so they multiply the same quantized activations.
-void project(const Context& ctx, Tensor y, const Tensor& x, const kernels::PackedWeight& w, bool accumulate = false) {
-  if (w.storage != DType::FP8E4M3 || x.dim(0) == 0) {
-    k::gemm_xwt(ctx, y, x, w, accumulate);
-    return;
-  }
-  const int64_t M = x.dim(0), K = x.dim(1);
-  OwnedTensor xq(DType::F32, {M, K});  // (M, K)
-  for (int64_t m = 0; m < M; ++m)
-    std::memcpy(xq.f32() + m * K, static_cast<const float*>(x.data) + m * x.stride[0], size_t(K) * sizeof(float));
-  k::fp8_quantize_rows(ctx, xq.view(), kFp8ActivationGroup);
-  k::gemm_xwt(ctx, y, xq.view(), w, accumulate);
-}
-
 // Runs one SwiGLU FFN on rows x (N, D): gu (N, 2F) = x·[Wg;Wu]ᵀ, act = silu(g)*u, y = act·Wdᵀ.
 void mlp_forward(const Context& ctx, Tensor y, Tensor gu, Tensor act, const Tensor& x, const PackedMlp& w,
                  bool accumulate) {
@@ -96,49 +76,6 @@ void mlp_forward(const Context& ctx, Tensor y, Tensor gu, Tensor act, const Tens
   k::swiglu_forward(ctx, act, gu.slice_cols(0, F), gu.slice_cols(F, 2 * F));
   project(ctx, y, act, w.down, accumulate);
 }
-
-// The capture hook of one forward call (ForwardOptions::capture). Without a
-// hook it holds nothing and each capture point is one pointer test.
-class CapturePoints {
- public:
-  CapturePoints(const ForwardOptions& o, const RaggedBatch& b, const std::vector<int32_t>& positions)
-      : fn_(o.capture), ids_(o.capture_ids) {
-    if (fn_ == nullptr) return;
-    LS_CHECK(ids_ == nullptr || static_cast<int64_t>(ids_->size()) == b.num_seqs())
-        << "capture_ids has " << ids_->size() << " entries, the batch " << b.num_seqs() << " sequences";
-    seq_.reserve(positions.size());
-    for (int64_t i = 0; i < b.num_seqs(); ++i) seq_.insert(seq_.end(), size_t(b.n_new[size_t(i)]), int32_t(i));
-    pos_ = positions;
-    for (int32_t r : b.logit_rows) {
-      logit_seq_.push_back(seq_[size_t(r)]);
-      logit_pos_.push_back(pos_[size_t(r)]);
-    }
-  }
-  // Hands t (rows first, the other dims flattened) to the hook; `logit_rows`:
-  // t's rows are the batch's logit rows, else all T tokens.
-  void operator()(const char* name, int64_t layer, const Tensor& t, bool logit_rows = false) const {
-    if (fn_ != nullptr) emit(name, layer, t, logit_rows);
-  }
-
- private:
-  void emit(const char* name, int64_t layer, const Tensor& t, bool logit_rows) const {
-    int64_t cols = 1;
-    for (int i = 1; i < t.ndim; ++i) cols *= t.shape[i];
-    Captured c;
-    c.name = name;
-    c.layer = layer;
-    c.data = Tensor(t.data, t.dtype, {t.dim(0), cols});
-    c.seq = logit_rows ? logit_seq_.data() : seq_.data();
-    c.pos = logit_rows ? logit_pos_.data() : pos_.data();
-    c.seq_ids = ids_ ? ids_->data() : nullptr;
-    (*fn_)(c);
-  }
-
-  const CaptureFn* fn_;
-  const std::vector<uint64_t>* ids_;
-  std::vector<int32_t> seq_, pos_;              // (T)
-  std::vector<int32_t> logit_seq_, logit_pos_;  // (R)
-};
 
 // The one place an activation's buffer is chosen: the saved tensor backward
 // reads (`saved`, reused from the previous call when the shape matches), or
@@ -497,6 +434,10 @@ void recompute_layer(const Context& ctx, const ModelWeights& weights, const KvCa
 void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, Workspace& ws, const RaggedBatch& batch,
              const ForwardOptions& opt, ForwardResult* result, Activations* saved) {
   const ModelConfig& c = weights.config();
+  if (c.is_v4()) {
+    v4_forward(ctx, weights, kv, batch, opt, result, saved);
+    return;
+  }
   batch.validate(c, kv);
   check_options(weights, batch, opt, saved);
   const int64_t T = batch.num_tokens(), D = c.hidden_size, R = static_cast<int64_t>(batch.logit_rows.size());

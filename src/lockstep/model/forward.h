@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "lockstep/base/thread_pool.h"
@@ -90,6 +91,11 @@ struct ForwardOptions {
   // Routing replay (R3): (T, L_moe, K) experts to use instead of this router's
   // top-k; gate weights are still computed from this router's scores.
   const std::vector<int32_t>* replay_experts = nullptr;
+  // DeepSeek-V4 only. record_indexer fills ForwardResult::indexer_topk;
+  // replay_indexer (T, L_csa, KI), as recorded, replaces the lightning
+  // indexer's top-k choice of compressed entries in the CSA (ratio 4) layers.
+  bool record_indexer = false;
+  const std::vector<int32_t>* replay_indexer = nullptr;
   // Debug hook: called with every named intermediate (Captured). Null (the
   // default) costs one pointer test per capture point.
   const CaptureFn* capture = nullptr;
@@ -106,7 +112,13 @@ struct ForwardOptions {
 struct ForwardResult {
   OwnedTensor logits;                   // (R, V), R = logit_rows.size()
   std::vector<int32_t> routed_experts;  // (T, L_moe, K) when record_experts
+  // DeepSeek-V4, when record_indexer: (T, L_csa, KI) the compressed entries
+  // (block indices, ascending, -1 padding) each token attended to in each CSA
+  // layer (L_csa = layers with ratio 4, in layer order).
+  std::vector<int32_t> indexer_topk;
 };
+
+struct V4Activations;  // DeepSeek-V4's saved activations (v4_forward.h)
 
 // Everything one layer's backward needs.
 struct LayerActivations {
@@ -154,6 +166,7 @@ struct Activations {
   OwnedTensor x_final;             // (T, D)
   OwnedTensor rstd_f;              // (T)
   OwnedTensor normed_rows;         // (R, D) final-normed rows fed to lm_head
+  std::shared_ptr<V4Activations> v4;  // DeepSeek-V4 models: everything else above is unused
 };
 
 // Runs the model. New keys/values are written into `kv` (at the blocks the

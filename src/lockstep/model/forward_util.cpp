@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "lockstep/base/error.h"
+#include "lockstep/kernels/cpu/fp8_quant.h"
 #include "lockstep/kernels/cpu/simd.h"
 
 namespace lockstep::model {
@@ -260,6 +261,49 @@ void add_shared_expert(const Context& ctx, Tensor ffn, const Tensor& ys, const T
     for (int64_t t = t0; t < t1; ++t)
       for (int64_t d = 0; d < D; ++d) f[t * D + d] = f[t * D + d] + (g ? y[t * D + d] * g[t] : y[t * D + d]);
   }, row_grain(D));
+}
+
+// Group width of the fp8 activation scales (DeepSeek's 1 x 128 tiles).
+constexpr int64_t kFp8ActivationGroup = 128;
+
+void project(const Context& ctx, Tensor y, const Tensor& x, const kernels::PackedWeight& w, bool accumulate) {
+  if (w.storage != DType::FP8E4M3 || x.dim(0) == 0) {
+    kernels::gemm_xwt(ctx, y, x, w, accumulate);
+    return;
+  }
+  const int64_t M = x.dim(0), K = x.dim(1);
+  OwnedTensor xq(DType::F32, {M, K});  // (M, K)
+  for (int64_t m = 0; m < M; ++m)
+    std::memcpy(xq.f32() + m * K, static_cast<const float*>(x.data) + m * x.stride[0], size_t(K) * sizeof(float));
+  kernels::fp8_quantize_rows(ctx, xq.view(), kFp8ActivationGroup);
+  kernels::gemm_xwt(ctx, y, xq.view(), w, accumulate);
+}
+
+CapturePoints::CapturePoints(const ForwardOptions& o, const RaggedBatch& b, const std::vector<int32_t>& positions)
+    : fn_(o.capture), ids_(o.capture_ids) {
+  if (fn_ == nullptr) return;
+  LS_CHECK(ids_ == nullptr || static_cast<int64_t>(ids_->size()) == b.num_seqs())
+      << "capture_ids has " << ids_->size() << " entries, the batch " << b.num_seqs() << " sequences";
+  seq_.reserve(positions.size());
+  for (int64_t i = 0; i < b.num_seqs(); ++i) seq_.insert(seq_.end(), size_t(b.n_new[size_t(i)]), int32_t(i));
+  pos_ = positions;
+  for (int32_t r : b.logit_rows) {
+    logit_seq_.push_back(seq_[size_t(r)]);
+    logit_pos_.push_back(pos_[size_t(r)]);
+  }
+}
+
+void CapturePoints::emit(const char* name, int64_t layer, const Tensor& t, bool logit_rows) const {
+  int64_t cols = 1;
+  for (int i = 1; i < t.ndim; ++i) cols *= t.shape[i];
+  Captured c;
+  c.name = name;
+  c.layer = layer;
+  c.data = Tensor(t.data, t.dtype, {t.dim(0), cols});
+  c.seq = logit_rows ? logit_seq_.data() : seq_.data();
+  c.pos = logit_rows ? logit_pos_.data() : pos_.data();
+  c.seq_ids = ids_ ? ids_->data() : nullptr;
+  (*fn_)(c);
 }
 
 }  // namespace lockstep::model

@@ -103,6 +103,33 @@ void for_each_expert(const Context& ctx, const kernels::MoeDispatch& plan,
 
 kernels::RouterConfig router_config(const ModelConfig& c);
 
+// y (M, N) (+)= x (M, K) · Wᵀ for a packed projection. With fp8 weights the
+// input is first quantized as an FP8 forward quantizes it: per token, per 128
+// channels, power-of-two scales (kernels::fp8_quantize_rows), on a copy, so
+// the caller's x (saved for backward, read by the router) stays f32. Both
+// engines call this, so they multiply the same quantized activations.
+void project(const Context& ctx, Tensor y, const Tensor& x, const kernels::PackedWeight& w, bool accumulate = false);
+
+// The capture hook of one forward call (ForwardOptions::capture). Without a
+// hook it holds nothing and each capture point is one pointer test.
+class CapturePoints {
+ public:
+  CapturePoints(const ForwardOptions& o, const RaggedBatch& b, const std::vector<int32_t>& positions);
+  // Hands t (rows first, the other dims flattened) to the hook; `logit_rows`:
+  // t's rows are the batch's logit rows, else all T tokens.
+  void operator()(const char* name, int64_t layer, const Tensor& t, bool logit_rows = false) const {
+    if (fn_ != nullptr) emit(name, layer, t, logit_rows);
+  }
+
+ private:
+  void emit(const char* name, int64_t layer, const Tensor& t, bool logit_rows) const;
+
+  const CaptureFn* fn_;
+  const std::vector<uint64_t>* ids_;
+  std::vector<int32_t> seq_, pos_;              // (T)
+  std::vector<int32_t> logit_seq_, logit_pos_;  // (R)
+};
+
 OwnedTensor copy_of(const Tensor& t);  // contiguous copy
 // y (T, N) += b (N) on every row (one f32 add per element).
 void add_row_bias(const Context& ctx, Tensor y, const Tensor& b);

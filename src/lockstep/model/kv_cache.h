@@ -22,8 +22,26 @@ class KvCache {
   KvCache(const ModelConfig& config, int64_t num_blocks, int block_size, DType dtype = DType::F32);
 
   // (num_blocks, block_size, Hkv, Dh) views of layer `layer`, in dtype().
+  // Empty for DeepSeek-V4, whose layers use the stores below.
   Tensor k(int64_t layer) const { return k_[static_cast<size_t>(layer)].view(); }
   Tensor v(int64_t layer) const { return v_[static_cast<size_t>(layer)].view(); }
+
+  // DeepSeek-V4 (docs/deepseek-v4.md, "Cache"). Every store has rows per token
+  // slot, slot = block * block_size + offset, so the block table that places a
+  // sequence's positions places all of them, and copy_block copies all:
+  //   kv_store     (slots * 2, Dh) f32: row 2*slot is the token's window key
+  //                (= value); row 2*slot + 1 the compressed entry whose block
+  //                ends at this position (ratio > 0)
+  //   cz_store     (slots, 2*kappa*Dh): the token's compressor inputs [C | Z]
+  //   index_cz     (slots, 4*DI): the indexer compressor's inputs (ratio 4)
+  //   index_keys   (slots, DI): the indexer key of the entry ending here (ratio 4)
+  // An entry depends only on positions up to its slot's, so blocks shared by
+  // a common prefix hold the same entries for every sequence sharing them.
+  // Empty views where the layer has no such store.
+  Tensor kv_store(int64_t layer) const { return flat(v4_[static_cast<size_t>(layer)].kv); }
+  Tensor cz_store(int64_t layer) const { return flat(v4_[static_cast<size_t>(layer)].cz); }
+  Tensor index_cz(int64_t layer) const { return flat(v4_[static_cast<size_t>(layer)].index_cz); }
+  Tensor index_keys(int64_t layer) const { return flat(v4_[static_cast<size_t>(layer)].index_keys); }
   DType dtype() const { return dtype_; }
   // Copies block `src` of every layer's K and V into block `dst` (copy on write).
   void copy_block(int64_t dst, int64_t src);
@@ -33,7 +51,16 @@ class KvCache {
   size_t nbytes() const;  // the K/V memory
 
  private:
+  struct V4Stores {
+    OwnedTensor kv, cz, index_cz, index_keys;  // (num_blocks, block_size, ...) each
+  };
+  // (num_blocks, block_size, ...) as (slots * rows per slot, width).
+  static Tensor flat(const OwnedTensor& t);
+  void add_v4_layer(const ModelConfig& c, int64_t layer);
+  std::vector<const OwnedTensor*> arrays() const;  // every allocated array
+
   std::vector<OwnedTensor> k_, v_;
+  std::vector<V4Stores> v4_;
   int block_size_ = 0;
   int64_t num_blocks_ = 0;
   DType dtype_ = DType::F32;

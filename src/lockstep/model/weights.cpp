@@ -16,6 +16,17 @@ void pack_into(const Context& ctx, kernels::PackedWeight& pw, const Tensor& w, D
     kernels::repack_weight(ctx, pw, w);
   }
 }
+// Two parameters adjacent in the flat buffer as one (rows_a + rows_b, cols) matrix.
+Tensor stacked(const Tensor& a, const Tensor& b) {
+  LS_CHECK(static_cast<const float*>(a.data) + a.numel() == b.data && a.dim(1) == b.dim(1))
+      << "DeepSeek-V4 compressor: wkv and wgate must be adjacent in the layout";
+  return Tensor(a.data, DType::F32, {a.dim(0) + b.dim(0), a.dim(1)});
+}
+
+// Group g of wo_a (G*Ro, H*Dh/G): rows [g*Ro, (g+1)*Ro).
+Tensor wo_a_group(const ModelConfig& c, const Tensor& wo_a, int64_t g) {
+  return wo_a.slice_rows(g * c.o_lora_rank, (g + 1) * c.o_lora_rank);
+}
 }  // namespace
 
 ModelWeights::ModelWeights(const Context& ctx, const ParamLayout& layout, float* params, DType storage,
@@ -36,7 +47,53 @@ ModelWeights::ModelWeights(const Context& ctx, const ParamLayout& layout, float*
   }
   pack_all(ctx, true);
   const ModelConfig& c = layout.config();
-  rope_ = kernels::make_rope_table(ctx, c.head_dim, c.rope_theta, c.max_position_embeddings);
+  if (!c.is_v4()) {
+    rope_ = kernels::make_rope_table(ctx, c.head_dim, c.rope_theta, c.max_position_embeddings);
+    return;
+  }
+  const int64_t Dr = c.qk_rope_head_dim;
+  rope_ = kernels::make_rope_table(ctx, Dr, c.rope_theta, c.max_position_embeddings, kernels::YarnConfig{});
+  kernels::YarnConfig yarn;
+  if (c.rope_scaling.type == "yarn")
+    yarn = {c.rope_scaling.factor, c.rope_scaling.original_max_position_embeddings, c.rope_scaling.beta_fast,
+            c.rope_scaling.beta_slow};
+  rope_compressed_ = kernels::make_rope_table(ctx, Dr, c.compress_rope_theta, c.max_position_embeddings, yarn);
+  ones_ = OwnedTensor(DType::F32, {c.head_dim});
+  for (int64_t i = 0; i < c.head_dim; ++i) ones_.f32()[i] = 1.0f;
+}
+
+// DeepSeek-V4: the attention projections and experts in the storage
+// precision; the compressors, the indexer and the router in f32 (as the
+// official code keeps them, and as FP8 trainers keep them for stability).
+void ModelWeights::pack_v4_layer(const Context& ctx, size_t i, bool fresh) {
+  const ModelConfig& c = config();
+  const DType s = storage_, f32 = DType::F32;
+  const int64_t b = fp8_block_;
+  const LayerParams& p = params_.layers[i];
+  PackedLayer& q = layers_[i];
+  pack_into(ctx, q.wq_a, p.wq_a, s, b, fresh);
+  pack_into(ctx, q.wq_b, p.wq_b, s, b, fresh);
+  pack_into(ctx, q.wkv, p.wkv, s, b, fresh);
+  q.wo_a.resize(size_t(c.o_groups));
+  for (int64_t g = 0; g < c.o_groups; ++g) pack_into(ctx, q.wo_a[size_t(g)], wo_a_group(c, p.wo_a, g), s, b, fresh);
+  pack_into(ctx, q.wo_b, p.wo_b, s, b, fresh);
+  if (p.cmp_wkv.data != nullptr) pack_into(ctx, q.cmp, stacked(p.cmp_wkv, p.cmp_wgate), f32, 0, fresh);
+  if (p.idx_wq_b.data != nullptr) {
+    pack_into(ctx, q.idx_wq_b, p.idx_wq_b, f32, 0, fresh);
+    pack_into(ctx, q.idx_wproj, p.idx_wproj, f32, 0, fresh);
+    pack_into(ctx, q.idx_cmp, stacked(p.idx_cmp_wkv, p.idx_cmp_wgate), f32, 0, fresh);
+  }
+}
+
+void ModelWeights::unpack_v4_layer(const Context& ctx, size_t i) {
+  const ModelConfig& c = config();
+  const PackedLayer& q = layers_[i];
+  LayerParams& e = effective_.layers[i];
+  kernels::unpack_weight(ctx, e.wq_a, q.wq_a);
+  kernels::unpack_weight(ctx, e.wq_b, q.wq_b);
+  kernels::unpack_weight(ctx, e.wkv, q.wkv);
+  for (int64_t g = 0; g < c.o_groups; ++g) kernels::unpack_weight(ctx, wo_a_group(c, e.wo_a, g), q.wo_a[size_t(g)]);
+  kernels::unpack_weight(ctx, e.wo_b, q.wo_b);
 }
 
 void ModelWeights::refresh(const Context& ctx, uint64_t version) {
@@ -50,8 +107,12 @@ void ModelWeights::pack_all(const Context& ctx, bool fresh) {
   for (size_t i = 0; i < params_.layers.size(); ++i) {
     const LayerParams& p = params_.layers[i];
     PackedLayer& q = layers_[i];
-    pack_into(ctx, q.wqkv, p.wqkv, s, b, fresh);
-    pack_into(ctx, q.wo, p.wo, s, b, fresh);
+    if (config().is_v4()) {
+      pack_v4_layer(ctx, i, fresh);
+    } else {
+      pack_into(ctx, q.wqkv, p.wqkv, s, b, fresh);
+      pack_into(ctx, q.wo, p.wo, s, b, fresh);
+    }
     if (!p.is_moe) {
       pack_into(ctx, q.mlp.gate_up, p.mlp.w_gate_up, s, b, fresh);
       pack_into(ctx, q.mlp.down, p.mlp.w_down, s, b, fresh);
@@ -70,7 +131,8 @@ void ModelWeights::pack_all(const Context& ctx, bool fresh) {
     }
     if (p.shared_gate.data != nullptr) pack_into(ctx, q.shared_gate, p.shared_gate, DType::F32, 0, fresh);
   }
-  pack_into(ctx, lm_head_, params_.lm_head, s, b, fresh);
+  // DeepSeek-V4 holds its output head in f32 (the official code does).
+  pack_into(ctx, lm_head_, params_.lm_head, config().is_v4() ? DType::F32 : s, b, fresh);
   if (effective_flat_.size()) unpack_effective(ctx);
 }
 
@@ -82,8 +144,12 @@ void ModelWeights::unpack_effective(const Context& ctx) {
   for (size_t i = 0; i < params_.layers.size(); ++i) {
     const PackedLayer& q = layers_[i];
     LayerParams& e = effective_.layers[i];
-    kernels::unpack_weight(ctx, e.wqkv, q.wqkv);
-    kernels::unpack_weight(ctx, e.wo, q.wo);
+    if (config().is_v4()) {
+      unpack_v4_layer(ctx, i);
+    } else {
+      kernels::unpack_weight(ctx, e.wqkv, q.wqkv);
+      kernels::unpack_weight(ctx, e.wo, q.wo);
+    }
     if (!params_.layers[i].is_moe) {
       kernels::unpack_weight(ctx, e.mlp.w_gate_up, q.mlp.gate_up);
       kernels::unpack_weight(ctx, e.mlp.w_down, q.mlp.down);

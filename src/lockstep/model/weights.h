@@ -31,6 +31,13 @@ struct PackedLayer {
   std::vector<PackedMlp> experts;  // (E); empty outside ModelWeights::experts()
   PackedMlp shared;
   kernels::PackedWeight shared_gate;  // (1, D)
+
+  // DeepSeek-V4 (params.h names). The compressors' [wkv; wgate] are packed as
+  // one (2*kappa*Dc, D) matrix (adjacent in the layout).
+  kernels::PackedWeight wq_a, wq_b, wkv, wo_b;
+  std::vector<kernels::PackedWeight> wo_a;  // (G) one (Ro, H*Dh/G) block each
+  kernels::PackedWeight cmp;                // (2*kappa*Dh, D), f32 always
+  kernels::PackedWeight idx_wq_b, idx_wproj, idx_cmp;  // CSA layers; f32 always
 };
 
 class ModelWeights {
@@ -62,6 +69,14 @@ class ModelWeights {
   const PackedLayer& layer(int64_t i) const { return layers_[static_cast<size_t>(i)]; }
   const kernels::PackedWeight& lm_head() const { return lm_head_; }
   const kernels::RopeTable& rope() const { return rope_; }
+  // DeepSeek-V4: the interleaved rope_dim-wide tables of layers with ratio 0
+  // (rope(): rope_theta) and of compressed layers (compress_rope_theta + YaRN).
+  const kernels::RopeTable& rope_compressed() const { return rope_compressed_; }
+  const kernels::RopeTable& rope_of_layer(int64_t layer) const {
+    return config().compress_ratio(layer) > 0 ? rope_compressed_ : rope_;
+  }
+  // DeepSeek-V4: (Dh) ones, the weight of the unweighted per-head query RMS.
+  const Tensor& ones() const { return ones_.view(); }
   DType storage() const { return storage_; }
   const ExpertShard& experts() const { return experts_; }
   uint64_t version() const { return version_; }
@@ -78,7 +93,12 @@ class ModelWeights {
   ExpertShard experts_;
   std::vector<PackedLayer> layers_;
   kernels::PackedWeight lm_head_;
+  void pack_v4_layer(const Context& ctx, size_t i, bool fresh);
+  void unpack_v4_layer(const Context& ctx, size_t i);
+
   kernels::RopeTable rope_;  // cos/sin for positions [0, max_position_embeddings)
+  kernels::RopeTable rope_compressed_;
+  OwnedTensor ones_;
   Buffer effective_flat_;    // (layout numel) f32; empty unless effective and storage != F32
   ModelParams effective_;    // views into effective_flat_
   uint64_t version_ = 0;

@@ -1,0 +1,256 @@
+// Backward of DeepSeek-V4's forward for the training case (every token new):
+// activation gradients written, parameter gradients accumulated (+=) in a
+// fixed order, so the result is a pure function of the batch. The indexer's
+// selection and the hash table are constants; the indexer's own weights get
+// no gradient (its inputs are detached, as in DeepSeek's training recipe).
+#include <cstring>
+
+#include "lockstep/base/error.h"
+#include "lockstep/kernels/cpu/embedding.h"
+#include "lockstep/kernels/cpu/gemm.h"
+#include "lockstep/kernels/cpu/kv_compress.h"
+#include "lockstep/kernels/cpu/rmsnorm.h"
+#include "lockstep/kernels/cpu/rope.h"
+#include "lockstep/kernels/cpu/sparse_attention.h"
+#include "lockstep/model/forward_util.h"
+#include "lockstep/model/v4_forward.h"
+#include "lockstep/model/v4_util.h"
+
+namespace lockstep::model {
+
+namespace k = lockstep::kernels;
+
+namespace {
+
+const DType f32 = DType::F32;
+
+struct V4BackEnv {
+  const Context& ctx;
+  const ModelConfig& c;
+  const ModelWeights& weights;
+  const ModelParams& p;  // the weights backward multiplies by (straight-through in bf16/fp8)
+  const ModelParams& g;  // gradients
+  const KvCache& kv;
+  const V4Batch& vb;
+  int64_t T;
+};
+
+void zero(Tensor t) { std::memset(t.data, 0, t.nbytes()); }
+
+// Two adjacent parameters as one matrix (the compressors' [wkv; wgate]).
+Tensor stacked(const Tensor& a, const Tensor& b) {
+  LS_CHECK(static_cast<const float*>(a.data) + a.numel() == b.data) << "wkv and wgate must be adjacent";
+  return Tensor(a.data, DType::F32, {a.dim(0) + b.dim(0), a.dim(1)});
+}
+
+// dz (T, D) = gradient of the MoE input given df (T, D) of its output.
+void moe_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations& a, const Tensor& df, Tensor dz) {
+  const Context& ctx = env.ctx;
+  const ModelConfig& c = env.c;
+  const int64_t T = env.T, D = c.hidden_size, K = c.num_experts_per_tok, Fe = c.moe_intermediate_size,
+                E = c.num_experts;
+  const LayerParams& p = env.p.layers[size_t(l)];
+  const LayerParams& g = env.g.layers[size_t(l)];
+  const k::MoeDispatch& plan = a.plan;
+  // The shared expert.
+  OwnedTensor dact_s(f32, {T, Fe}), dgu_s(f32, {T, 2 * Fe});
+  k::gemm_dyw(ctx, dact_s.view(), df, p.shared.w_down);
+  k::gemm_dytx(ctx, g.shared.w_down, df, a.act_s.view());
+  const Tensor gu_s = a.gu_s.view();
+  swiglu_v4_backward(ctx, dgu_s.view().slice_cols(0, Fe), dgu_s.view().slice_cols(Fe, 2 * Fe), dact_s.view(),
+                     gu_s.slice_cols(0, Fe), gu_s.slice_cols(Fe, 2 * Fe), c.swiglu_limit);
+  k::gemm_dyw(ctx, dz, dgu_s.view(), p.shared.w_gate_up);
+  k::gemm_dytx(ctx, g.shared.w_gate_up, dgu_s.view(), a.z.view());
+  // The routed experts: down projection, routing weight, SwiGLU, up projection.
+  OwnedTensor dye(f32, {T * K, D}), dacts(f32, {T * K, Fe}), dact(f32, {T * K, Fe}), dgu(f32, {T * K, 2 * Fe}),
+      dxe(f32, {T * K, D}), dw(f32, {T, K});
+  k::moe_sum_backward(ctx, dye.view(), df, plan);
+  const Tensor gu = a.gu_e.view();
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = plan.offsets[size_t(e)], r1 = plan.offsets[size_t(e) + 1];
+    if (r1 == r0) continue;
+    const MlpParams& pe = p.experts[size_t(e)];
+    const MlpParams& ge = g.experts[size_t(e)];
+    k::gemm_dyw(ctx, dacts.view().slice_rows(r0, r1), dye.view().slice_rows(r0, r1), pe.w_down);
+    k::gemm_dytx(ctx, ge.w_down, dye.view().slice_rows(r0, r1), a.acts_e.view().slice_rows(r0, r1));
+  }
+  k::moe_scale_rows_backward(ctx, dact.view(), dw.view(), dacts.view(), a.act_e.view(), a.topk_w.view(), plan);
+  swiglu_v4_backward(ctx, dgu.view().slice_cols(0, Fe), dgu.view().slice_cols(Fe, 2 * Fe), dact.view(),
+                     gu.slice_cols(0, Fe), gu.slice_cols(Fe, 2 * Fe), c.swiglu_limit);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = plan.offsets[size_t(e)], r1 = plan.offsets[size_t(e) + 1];
+    if (r1 == r0) continue;
+    k::gemm_dyw(ctx, dxe.view().slice_rows(r0, r1), dgu.view().slice_rows(r0, r1), p.experts[size_t(e)].w_gate_up);
+    k::gemm_dytx(ctx, g.experts[size_t(e)].w_gate_up, dgu.view().slice_rows(r0, r1), a.xe.view().slice_rows(r0, r1));
+  }
+  k::moe_gather_backward(ctx, dz, dxe.view(), plan);
+  // The router (its selection is constant; the weights carry the gradient).
+  OwnedTensor dlogits(f32, {T, E});
+  k::moe_route_backward(ctx, dlogits.view(), dw.view(), a.scores.view(), a.topk_idx.view(), router_config(c));
+  k::gemm_dyw(ctx, dz, dlogits.view(), p.router, true);
+  k::gemm_dytx(ctx, g.router, dlogits.view(), a.z.view());
+}
+
+// da += the compressed entries' gradient through the compressor (rows of
+// dstore at each entry's slot).
+void compressor_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations& a, const Tensor& dstore,
+                         Tensor da) {
+  const Context& ctx = env.ctx;
+  const ModelConfig& c = env.c;
+  const int64_t ratio = c.compress_ratio(l), kappa = ratio == 4 ? 2 : 1, Dh = c.head_dim, T = env.T;
+  const int64_t Ne = a.entries.count();
+  const LayerParams& p = env.p.layers[size_t(l)];
+  const LayerParams& g = env.g.layers[size_t(l)];
+  OwnedTensor dentry(f32, {Ne, 1, Dh}), dpre(f32, {Ne, Dh});
+  load_rows(dentry.view().reshape({Ne, Dh}), dstore, a.entries.slot, 2, 1);
+  const Tensor pos(const_cast<int32_t*>(a.entries.pos.data()), DType::I32, {Ne});
+  k::rope_interleaved_inverse(ctx, rope_tail(dentry.view(), c.qk_rope_head_dim), pos, env.weights.rope_of_layer(l));
+  k::rmsnorm_backward(ctx, dpre.view(), g.cmp_norm, dentry.view().reshape({Ne, Dh}), a.entry_pre.view(), p.cmp_norm,
+                      a.rstd_entry.view());
+  const Tensor cz_store = env.kv.cz_store(l);
+  OwnedTensor dcz_store(f32, {cz_store.dim(0), cz_store.dim(1)}), dcz(f32, {T, 2 * kappa * Dh});
+  zero(dcz_store.view());
+  if (Ne > 0) {
+    const Tensor rows(const_cast<int32_t*>(a.entries.rows.data()), DType::I32, {Ne, kappa * ratio});
+    k::compress_backward(ctx, dcz_store.view(), g.cmp_ape, dpre.view(), cz_store, rows, p.cmp_ape, int(ratio),
+                         ratio == 4);
+  }
+  load_rows(dcz.view(), dcz_store.view(), env.vb.slots, 1, 0);
+  k::gemm_dyw(ctx, da, dcz.view(), stacked(p.cmp_wkv, p.cmp_wgate), true);
+  k::gemm_dytx(ctx, stacked(g.cmp_wkv, g.cmp_wgate), dcz.view(), a.a.view());
+}
+
+// da (T, D) = gradient of attn_norm's output given df (T, D) of the attention output.
+void attention_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations& a, const Tensor& df, Tensor da) {
+  const Context& ctx = env.ctx;
+  const ModelConfig& c = env.c;
+  const int64_t T = env.T, H = c.num_heads, Dh = c.head_dim, G = c.o_groups, Ro = c.o_lora_rank,
+                Rq = c.q_lora_rank, Dr = c.qk_rope_head_dim, per_group = H * Dh / G;
+  const LayerParams& p = env.p.layers[size_t(l)];
+  const LayerParams& g = env.g.layers[size_t(l)];
+  const kernels::RopeTable& rope = env.weights.rope_of_layer(l);
+  const Tensor positions = env.vb.positions.view();
+  // Output projections, then the inverse RoPE's transpose (the forward rotation).
+  OwnedTensor dyo(f32, {T, G * Ro}), dattn(f32, {T, H, Dh});
+  k::gemm_dyw(ctx, dyo.view(), df, p.wo_b);
+  k::gemm_dytx(ctx, g.wo_b, df, a.yo.view());
+  Tensor do_ = dattn.view().reshape({T, H * Dh});
+  for (int64_t gi = 0; gi < G; ++gi) {
+    const Tensor dy_g = dyo.view().slice_cols(gi * Ro, (gi + 1) * Ro);
+    k::gemm_dyw(ctx, do_.slice_cols(gi * per_group, (gi + 1) * per_group), dy_g,
+                p.wo_a.slice_rows(gi * Ro, (gi + 1) * Ro));
+    k::gemm_dytx(ctx, g.wo_a.slice_rows(gi * Ro, (gi + 1) * Ro), dy_g,
+                 a.o.view().slice_cols(gi * per_group, (gi + 1) * per_group));
+  }
+  k::rope_interleaved_forward(ctx, rope_tail(dattn.view(), Dr), positions, rope);
+  // The attention core: dq, and the gradient of every store row it read.
+  const Tensor store = env.kv.kv_store(l);
+  OwnedTensor dq(f32, {T, H, Dh}), dstore(f32, {store.dim(0), store.dim(1)});
+  zero(dstore.view());
+  k::sparse_attention_backward(ctx, dq.view(), dstore.view(), g.attn_sink, dattn.view(), a.attn.view(), a.lse.view(),
+                               a.q.view(), store, a.cand.view(), p.attn_sink, attention_scale(c));
+  // The query path: RoPE, the per-head RMS, wq_b, q_norm, wq_a.
+  k::rope_interleaved_inverse(ctx, rope_tail(dq.view(), Dr), positions, rope);
+  OwnedTensor dq_pre(f32, {T * H, Dh}), dones(f32, {Dh}), dqr(f32, {T, Rq}), dqa(f32, {T, Rq});
+  zero(dones.view());
+  k::rmsnorm_backward(ctx, dq_pre.view(), dones.view(), dq.view().reshape({T * H, Dh}),
+                      a.q_pre.view().reshape({T * H, Dh}), env.weights.ones(), a.rstd_q.view());
+  const Tensor dq_rows = dq_pre.view().reshape({T, H * Dh});
+  k::gemm_dyw(ctx, dqr.view(), dq_rows, p.wq_b);
+  k::gemm_dytx(ctx, g.wq_b, dq_rows, a.qr.view());
+  k::rmsnorm_backward(ctx, dqa.view(), g.q_a_norm, dqr.view(), a.qa.view(), p.q_a_norm, a.rstd_qa.view());
+  k::gemm_dyw(ctx, da, dqa.view(), p.wq_a);
+  k::gemm_dytx(ctx, g.wq_a, dqa.view(), a.a.view());
+  // The window key = value of each token.
+  OwnedTensor dkv(f32, {T, 1, Dh}), dkv_pre(f32, {T, Dh});
+  load_rows(dkv.view().reshape({T, Dh}), dstore.view(), env.vb.slots, 2, 0);
+  k::rope_interleaved_inverse(ctx, rope_tail(dkv.view(), Dr), positions, rope);
+  k::rmsnorm_backward(ctx, dkv_pre.view(), g.kv_norm, dkv.view().reshape({T, Dh}), a.kv_pre.view(), p.kv_norm,
+                      a.rstd_kv.view());
+  k::gemm_dyw(ctx, da, dkv_pre.view(), p.wkv, true);
+  k::gemm_dytx(ctx, g.wkv, dkv_pre.view(), a.a.view());
+  if (c.compress_ratio(l) > 0) compressor_backward(env, l, a, dstore.view(), da);
+}
+
+// One mHC site's backward: du (the sublayer input's gradient) through the
+// pre-mix, and the mixing values' gradients, into dx (+=).
+void mix_backward(const V4BackEnv& env, Tensor dx, const Tensor& du, const Tensor& dpost, const Tensor& dcomb,
+                  const Tensor& x, const MhcSaved& mix, const Tensor& fn, const Tensor& base, const Tensor& scale,
+                  const Tensor& dfn, const Tensor& dbase, const Tensor& dscale) {
+  const int64_t n = env.c.hc_mult;
+  OwnedTensor dpre(f32, {env.T, n});
+  k::mhc_pre_apply_backward(env.ctx, dx, dpre.view(), du, x, mix.pre.view(), int(n));
+  k::mhc_mix_backward(env.ctx, dx, dfn, dbase, dscale, dpre.view(), dpost, dcomb, x, mix.view(), fn, base, scale,
+                      mhc_config(env.c));
+}
+
+// dx_in (T, n*D) written from dx_out (T, n*D), the gradient of layer l's output.
+void layer_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations& a, const Tensor& dx_out,
+                    Tensor dx_in) {
+  const Context& ctx = env.ctx;
+  const ModelConfig& c = env.c;
+  const int64_t T = env.T, D = c.hidden_size, n = c.hc_mult;
+  const LayerParams& p = env.p.layers[size_t(l)];
+  const LayerParams& g = env.g.layers[size_t(l)];
+  OwnedTensor dmid(f32, {T, n * D}), df(f32, {T, D}), dpost(f32, {T, n}), dcomb(f32, {T, n, n}), dz(f32, {T, D}),
+      du(f32, {T, D});
+  // The MoE sublayer.
+  k::mhc_post_backward(ctx, dmid.view(), df.view(), dpost.view(), dcomb.view(), dx_out, a.f_ffn.view(),
+                       a.x_mid.view(), a.mix_ffn.post.view(), a.mix_ffn.comb.view(), int(n));
+  moe_backward(env, l, a, df.view(), dz.view());
+  k::rmsnorm_backward(ctx, du.view(), g.mlp_norm, dz.view(), a.u_ffn.view(), p.mlp_norm, a.rstd_ffn.view());
+  mix_backward(env, dmid.view(), du.view(), dpost.view(), dcomb.view(), a.x_mid.view(), a.mix_ffn, p.hc_ffn_fn,
+               p.hc_ffn_base, p.hc_ffn_scale, g.hc_ffn_fn, g.hc_ffn_base, g.hc_ffn_scale);
+  // The attention sublayer.
+  k::mhc_post_backward(ctx, dx_in, df.view(), dpost.view(), dcomb.view(), dmid.view(), a.f_attn.view(),
+                       a.x_in.view(), a.mix_attn.post.view(), a.mix_attn.comb.view(), int(n));
+  attention_backward(env, l, a, df.view(), dz.view());
+  k::rmsnorm_backward(ctx, du.view(), g.attn_norm, dz.view(), a.u_attn.view(), p.attn_norm, a.rstd_attn.view());
+  mix_backward(env, dx_in, du.view(), dpost.view(), dcomb.view(), a.x_in.view(), a.mix_attn, p.hc_attn_fn,
+               p.hc_attn_base, p.hc_attn_scale, g.hc_attn_fn, g.hc_attn_base, g.hc_attn_scale);
+}
+
+// dx (T, n*D) written: the head's gradient on the logit rows, 0 elsewhere.
+void head_backward(const V4BackEnv& env, const RaggedBatch& batch, const V4Activations& s, const Tensor& dlogits,
+                   Tensor dx) {
+  const Context& ctx = env.ctx;
+  const ModelConfig& c = env.c;
+  const int64_t R = int64_t(batch.logit_rows.size()), D = c.hidden_size, n = c.hc_mult;
+  zero(dx);
+  if (R == 0) return;
+  OwnedTensor dnormed(f32, {R, D}), dh(f32, {R, D}), drows(f32, {R, n * D});
+  k::gemm_dyw(ctx, dnormed.view(), dlogits, env.p.lm_head);
+  k::gemm_dytx(ctx, env.g.lm_head, dlogits, s.normed_rows.view());
+  k::rmsnorm_backward(ctx, dh.view(), env.g.final_norm, dnormed.view(), s.h_rows.view(), env.p.final_norm,
+                      s.rstd_f.view());
+  zero(drows.view());
+  k::mhc_head_backward(ctx, drows.view(), env.g.hc_head_fn, env.g.hc_head_base, env.g.hc_head_scale, dh.view(),
+                       s.x_rows.view(), s.head_w.view(), s.head_raw.view(), s.head_rstd.view(), env.p.hc_head_fn,
+                       env.p.hc_head_base, env.p.hc_head_scale, mhc_config(c));
+  scatter_rows(ctx, dx, drows.view(), batch.logit_rows);
+}
+
+}  // namespace
+
+void v4_backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv, const RaggedBatch& batch,
+                 Activations& saved, const Tensor& dlogits, const ModelParams& grads) {
+  const ModelConfig& c = weights.config();
+  for (int32_t n : batch.n_ctx) LS_CHECK(n == 0) << "backward needs a batch with every token new (n_ctx == 0)";
+  LS_CHECK(saved.v4 && saved.v4->layers.size() == size_t(c.num_layers)) << "no saved activations for this batch";
+  const int64_t T = batch.num_tokens(), D = c.hidden_size, n = c.hc_mult;
+  check_shape(dlogits, {int64_t(batch.logit_rows.size()), c.vocab_size}, "dlogits");
+  const V4Batch vb(batch, kv.block_size());
+  const V4BackEnv env{ctx, c, weights, weights.backward_params(), grads, kv, vb, T};
+  const V4Activations& s = *saved.v4;
+  OwnedTensor dx(f32, {T, n * D}), dprev(f32, {T, n * D});
+  head_backward(env, batch, s, dlogits, dx.view());
+  for (int64_t l = c.num_layers - 1; l >= 0; --l) {
+    layer_backward(env, l, s.layers[size_t(l)], dx.view(), dprev.view());
+    std::swap(dx, dprev);
+  }
+  OwnedTensor de(f32, {T, D});
+  sum_streams(ctx, de.view(), dx.view(), n);
+  k::embedding_backward(ctx, grads.embed, de.view(), vb.tokens_t.view());
+}
+
+}  // namespace lockstep::model

@@ -1,0 +1,415 @@
+// DeepSeek-V4 forward over a ragged batch and its paged cache: one code path
+// for prefill, decode and the trainer. Every compressed entry is computed
+// once, by the call whose tokens complete its block, from the per-token
+// compressor inputs in the cache, and stored at the slot of the block's last
+// token; queries then gather their candidates (window, compressed entries)
+// from the cache. So a token's bits do not depend on how its sequence was cut
+// into calls.
+#include "lockstep/model/v4_forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "lockstep/base/error.h"
+#include "lockstep/kernels/cpu/embedding.h"
+#include "lockstep/kernels/cpu/gemm.h"
+#include "lockstep/kernels/cpu/kv_compress.h"
+#include "lockstep/kernels/cpu/rmsnorm.h"
+#include "lockstep/kernels/cpu/rope.h"
+#include "lockstep/kernels/cpu/sparse_attention.h"
+#include "lockstep/kernels/cpu/swiglu.h"
+#include "lockstep/model/forward_util.h"
+#include "lockstep/model/v4_util.h"
+
+namespace lockstep::model {
+
+namespace k = lockstep::kernels;
+
+kernels::MhcConfig mhc_config(const ModelConfig& c) {
+  return {int(c.hc_mult), int(c.hc_sinkhorn_iters), float(c.hc_eps), float(c.rms_norm_eps)};
+}
+
+int64_t csa_index(const ModelConfig& c, int64_t layer) {
+  int64_t n = 0;
+  for (int64_t l = 0; l < layer; ++l) n += c.compress_ratio(l) == 4;
+  return n;
+}
+
+int64_t num_csa_layers(const ModelConfig& c) { return csa_index(c, c.num_layers); }
+
+namespace {
+
+const DType f32 = DType::F32;
+
+// What every layer of one forward call shares.
+struct V4Env {
+  const Context& ctx;
+  const ModelConfig& c;
+  const ModelWeights& weights;
+  KvCache& kv;
+  const RaggedBatch& batch;
+  const V4Batch& vb;
+  const CapturePoints& capture;
+  const ForwardOptions& opt;
+  ForwardResult* result;
+  int64_t T;
+};
+
+void mix_forward(const V4Env& env, MhcSaved& s, const Tensor& x, const Tensor& fn, const Tensor& base,
+                 const Tensor& scale) {
+  const int64_t T = env.T, n = env.c.hc_mult;
+  reuse(s.raw, f32, {T, env.c.hc_mix_size()});
+  reuse(s.rstd, f32, {T});
+  reuse(s.pre, f32, {T, n});
+  reuse(s.post, f32, {T, n});
+  reuse(s.comb, f32, {T, n, n});
+  k::mhc_mix_forward(env.ctx, s.view(), x, fn, base, scale, mhc_config(env.c));
+}
+
+// q (T, H, Dh): low-rank, q_norm, per-head unweighted RMS, RoPE on the tail.
+void query(const V4Env& env, int64_t l, V4LayerActivations& a) {
+  const ModelConfig& c = env.c;
+  const int64_t T = env.T, H = c.num_heads, Dh = c.head_dim, Rq = c.q_lora_rank;
+  const float eps = float(c.rms_norm_eps);
+  const LayerParams& p = env.weights.params().layers[size_t(l)];
+  const PackedLayer& w = env.weights.layer(l);
+  project(env.ctx, reuse(a.qa, f32, {T, Rq}), a.a.view(), w.wq_a);
+  k::rmsnorm_forward(env.ctx, reuse(a.qr, f32, {T, Rq}), reuse(a.rstd_qa, f32, {T}), a.qa.view(), p.q_a_norm, eps);
+  project(env.ctx, reuse(a.q_pre, f32, {T, H, Dh}).reshape({T, H * Dh}), a.qr.view(), w.wq_b);
+  Tensor q = reuse(a.q, f32, {T, H, Dh});
+  k::rmsnorm_forward(env.ctx, q.reshape({T * H, Dh}), reuse(a.rstd_q, f32, {T * H}), a.q_pre.view().reshape({T * H, Dh}),
+                     env.weights.ones(), eps);
+  k::rope_interleaved_forward(env.ctx, rope_tail(q, c.qk_rope_head_dim), env.vb.positions.view(),
+                              env.weights.rope_of_layer(l));
+  env.capture("q", l, q);
+}
+
+// The window key (= value) of every new token, into kv_store row 2*slot.
+void window_kv(const V4Env& env, int64_t l, V4LayerActivations& a) {
+  const ModelConfig& c = env.c;
+  const int64_t T = env.T, Dh = c.head_dim;
+  const LayerParams& p = env.weights.params().layers[size_t(l)];
+  project(env.ctx, reuse(a.kv_pre, f32, {T, Dh}), a.a.view(), env.weights.layer(l).wkv);
+  OwnedTensor kvn(f32, {T, 1, Dh});
+  k::rmsnorm_forward(env.ctx, kvn.view().reshape({T, Dh}), reuse(a.rstd_kv, f32, {T}), a.kv_pre.view(), p.kv_norm,
+                     float(c.rms_norm_eps));
+  k::rope_interleaved_forward(env.ctx, rope_tail(kvn.view(), c.qk_rope_head_dim), env.vb.positions.view(),
+                              env.weights.rope_of_layer(l));
+  env.capture("k", l, kvn.view());
+  store_rows(env.kv.kv_store(l), kvn.view().reshape({T, Dh}), env.vb.slots, 2, 0);
+}
+
+// The compressed entries this call completes in layer l (main compressor):
+// the new tokens' [C | Z] into cz_store, then every completed block's entry
+// (compress, norm, RoPE at its block's first position) into kv_store row
+// 2*slot + 1 of the block's last token.
+void compress_main(const V4Env& env, int64_t l, V4LayerActivations& a) {
+  const ModelConfig& c = env.c;
+  const int64_t ratio = c.compress_ratio(l), kappa = ratio == 4 ? 2 : 1, Dh = c.head_dim;
+  const LayerParams& p = env.weights.params().layers[size_t(l)];
+  OwnedTensor cz(f32, {env.T, 2 * kappa * Dh});
+  k::gemm_xwt(env.ctx, cz.view(), a.a.view(), env.weights.layer(l).cmp);
+  store_rows(env.kv.cz_store(l), cz.view(), env.vb.slots, 1, 0);
+  a.entries = completed_entries(env.batch, env.vb, ratio, ratio == 4);
+  const int64_t Ne = a.entries.count();
+  Tensor pre = reuse(a.entry_pre, f32, {Ne, Dh});
+  OwnedTensor out(f32, {Ne, 1, Dh});
+  if (Ne > 0) {
+    const std::vector<int32_t>& rows = a.entries.rows;
+    const Tensor rows_t(const_cast<int32_t*>(rows.data()), DType::I32, {Ne, kappa * ratio});
+    k::compress_forward(env.ctx, pre, env.kv.cz_store(l), rows_t, p.cmp_ape, int(ratio), ratio == 4);
+  }
+  k::rmsnorm_forward(env.ctx, out.view().reshape({Ne, Dh}), reuse(a.rstd_entry, f32, {Ne}), pre, p.cmp_norm,
+                     float(c.rms_norm_eps));
+  const Tensor pos(const_cast<int32_t*>(a.entries.pos.data()), DType::I32, {Ne});
+  k::rope_interleaved_forward(env.ctx, rope_tail(out.view(), c.qk_rope_head_dim), pos, env.weights.rope_of_layer(l));
+  store_rows(env.kv.kv_store(l), out.view().reshape({Ne, Dh}), a.entries.slot, 2, 1);
+}
+
+// The indexer's own compressor (CSA layers): its keys into index_keys.
+void compress_index_keys(const V4Env& env, int64_t l, const Tensor& a) {
+  const ModelConfig& c = env.c;
+  const int64_t DI = c.index_head_dim;
+  const LayerParams& p = env.weights.params().layers[size_t(l)];
+  OwnedTensor cz(f32, {env.T, 4 * DI});
+  k::gemm_xwt(env.ctx, cz.view(), a, env.weights.layer(l).idx_cmp);
+  store_rows(env.kv.index_cz(l), cz.view(), env.vb.slots, 1, 0);
+  const EntryBatch e = completed_entries(env.batch, env.vb, 4, true);
+  const int64_t Ne = e.count();
+  OwnedTensor pre(f32, {Ne, DI}), rstd(f32, {Ne}), out(f32, {Ne, 1, DI});
+  if (Ne > 0) {
+    const Tensor rows_t(const_cast<int32_t*>(e.rows.data()), DType::I32, {Ne, 8});
+    k::compress_forward(env.ctx, pre.view(), env.kv.index_cz(l), rows_t, p.idx_cmp_ape, 4, true);
+  }
+  k::rmsnorm_forward(env.ctx, out.view().reshape({Ne, DI}), rstd.view(), pre.view(), p.idx_cmp_norm,
+                     float(c.rms_norm_eps));
+  const Tensor pos(const_cast<int32_t*>(e.pos.data()), DType::I32, {Ne});
+  k::rope_interleaved_forward(env.ctx, rope_tail(out.view(), c.qk_rope_head_dim), pos, env.weights.rope_of_layer(l));
+  store_rows(env.kv.index_keys(l), out.view().reshape({Ne, DI}), e.slot, 1, 0);
+}
+
+// The lightning indexer's choice (T, KI) of compressed entries (block
+// indices, ascending, -1 padding) for each query of CSA layer l, or the
+// replayed choice.
+std::vector<int32_t> indexer_choice(const V4Env& env, int64_t l, const V4LayerActivations& a) {
+  const ModelConfig& c = env.c;
+  const int64_t T = env.T, HI = c.index_n_heads, DI = c.index_head_dim, KI = c.index_topk;
+  std::vector<int32_t> chosen(size_t(T * KI), -1);
+  if (env.opt.replay_indexer != nullptr) {
+    const int64_t L_csa = num_csa_layers(c), j = csa_index(c, l);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t s = 0; s < KI; ++s) chosen[size_t(t * KI + s)] = (*env.opt.replay_indexer)[size_t((t * L_csa + j) * KI + s)];
+    check_replayed_entries(chosen, env.vb, 4, KI, l);
+    return chosen;
+  }
+  const PackedLayer& w = env.weights.layer(l);
+  OwnedTensor qi(f32, {T, HI, DI}), wt(f32, {T, HI});
+  k::gemm_xwt(env.ctx, qi.view().reshape({T, HI * DI}), a.qr.view(), w.idx_wq_b);
+  k::rope_interleaved_forward(env.ctx, rope_tail(qi.view(), c.qk_rope_head_dim), env.vb.positions.view(),
+                              env.weights.rope_of_layer(l));
+  k::gemm_xwt(env.ctx, wt.view(), a.a.view(), w.idx_wproj);
+  const float head_scale = float(1.0 / std::sqrt(double(DI) * double(HI)));
+  for (int64_t i = 0; i < T * HI; ++i) wt.f32()[i] *= head_scale;
+  const VisibleEntries vis = visible_entries(env.batch, env.vb, 4);
+  OwnedTensor sel(DType::I32, {T, KI});
+  k::indexer_select(env.ctx, sel.view(), Tensor(), qi.view(), wt.view(), env.kv.index_keys(l), vis.rows_tensor());
+  std::memcpy(chosen.data(), sel.view().data, chosen.size() * sizeof(int32_t));
+  return chosen;
+}
+
+// The candidate kv_store rows of every query of layer l: its window, then the
+// compressed entries it sees (all visible ones at ratio 128, the indexer's
+// choice at ratio 4).
+void candidates(const V4Env& env, int64_t l, V4LayerActivations& a) {
+  const ModelConfig& c = env.c;
+  const int64_t ratio = c.compress_ratio(l), KI = c.index_topk, T = env.T;
+  std::vector<int32_t> chosen;
+  if (ratio == 4) {
+    chosen = indexer_choice(env, l, a);
+    if (env.opt.record_indexer) {
+      const int64_t L_csa = num_csa_layers(c), j = csa_index(c, l);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t s = 0; s < KI; ++s)
+          env.result->indexer_topk[size_t((t * L_csa + j) * KI + s)] = chosen[size_t(t * KI + s)];
+    }
+  }
+  build_candidates(a.cand, env.batch, env.vb, c.sliding_window, ratio, chosen, KI);
+}
+
+// Layer l's attention on the pre-mixed input: f_attn (T, D).
+void attention(const V4Env& env, int64_t l, V4LayerActivations& a) {
+  const ModelConfig& c = env.c;
+  const int64_t T = env.T, D = c.hidden_size, H = c.num_heads, Dh = c.head_dim, G = c.o_groups, Ro = c.o_lora_rank;
+  const LayerParams& p = env.weights.params().layers[size_t(l)];
+  const PackedLayer& w = env.weights.layer(l);
+  k::rmsnorm_forward(env.ctx, reuse(a.a, f32, {T, D}), reuse(a.rstd_attn, f32, {T}), a.u_attn.view(), p.attn_norm,
+                     float(c.rms_norm_eps));
+  env.capture("attn_norm", l, a.a.view());
+  query(env, l, a);
+  window_kv(env, l, a);
+  const int64_t ratio = c.compress_ratio(l);
+  if (ratio > 0) compress_main(env, l, a);
+  if (ratio == 4) compress_index_keys(env, l, a.a.view());
+  candidates(env, l, a);
+  Tensor attn = reuse(a.attn, f32, {T, H, Dh});
+  k::sparse_attention_forward(env.ctx, attn, reuse(a.lse, f32, {T, H}), a.q.view(), env.kv.kv_store(l),
+                              a.cand.view(), p.attn_sink, attention_scale(c));
+  Tensor o = reuse(a.o, f32, {T, H * Dh});
+  std::memcpy(o.data, attn.data, attn.nbytes());
+  k::rope_interleaved_inverse(env.ctx, rope_tail(o.reshape({T, H, Dh}), c.qk_rope_head_dim), env.vb.positions.view(),
+                              env.weights.rope_of_layer(l));
+  env.capture("attn", l, o);
+  // Grouped low-rank output: group g's heads through wo_a[g], then wo_b.
+  const int64_t per_group = H * Dh / G;
+  Tensor yo = reuse(a.yo, f32, {T, G * Ro});
+  for (int64_t g = 0; g < G; ++g)
+    project(env.ctx, yo.slice_cols(g * Ro, (g + 1) * Ro), o.slice_cols(g * per_group, (g + 1) * per_group),
+            w.wo_a[size_t(g)]);
+  project(env.ctx, reuse(a.f_attn, f32, {T, D}), yo, w.wo_b);
+  env.capture("attn_out", l, a.f_attn.view());
+}
+
+// The routing of MoE layer l: hash layers take their token's tid2eid row,
+// the others the router's top-k (or the replayed experts).
+void route(const V4Env& env, int64_t l, V4LayerActivations& a) {
+  const ModelConfig& c = env.c;
+  const int64_t T = env.T, E = c.num_experts, K = c.num_experts_per_tok;
+  const LayerParams& p = env.weights.params().layers[size_t(l)];
+  OwnedTensor logits(f32, {T, E}), replay;
+  k::gemm_xwt(env.ctx, logits.view(), a.z.view(), env.weights.layer(l).router);
+  env.capture("router_logits", l, logits.view());
+  if (c.is_hash_layer(l)) {
+    replay = OwnedTensor(DType::I32, {T, K});
+    hash_experts(replay.view(), p.tid2eid, env.vb.tokens, K);
+  } else if (env.opt.replay_experts != nullptr) {
+    replay = OwnedTensor(DType::I32, {T, K});
+    gather_layer_experts(replay.view(), *env.opt.replay_experts, l, c.num_moe_layers(), K);
+  }
+  k::moe_route(env.ctx, reuse(a.topk_idx, DType::I32, {T, K}), reuse(a.topk_w, f32, {T, K}),
+               reuse(a.scores, f32, {T, E}), logits.view(), p.router_bias, replay.view(), router_config(c));
+  env.capture("experts", l, a.topk_idx.view());
+  env.capture("expert_weights", l, a.topk_w.view());
+  if (env.opt.record_experts)
+    scatter_layer_experts(env.result->routed_experts, a.topk_idx.view(), l, c.num_moe_layers(), K);
+}
+
+// The first half of an expert on rows x: gu = x · w_gate_upᵀ, act = the clamped SwiGLU.
+void expert_act(const Context& ctx, const ModelConfig& c, Tensor gu, Tensor act, const Tensor& x, const PackedMlp& w) {
+  const int64_t F = act.dim(1);
+  project(ctx, gu, x, w.gate_up);
+  swiglu_v4(ctx, act, gu.slice_cols(0, F), gu.slice_cols(F, 2 * F), c.swiglu_limit);
+}
+
+// Layer l's MoE on the pre-mixed input: f_ffn (T, D).
+void moe(const V4Env& env, int64_t l, V4LayerActivations& a) {
+  const ModelConfig& c = env.c;
+  const Context& ctx = env.ctx;
+  const int64_t T = env.T, D = c.hidden_size, K = c.num_experts_per_tok, Fe = c.moe_intermediate_size;
+  const LayerParams& p = env.weights.params().layers[size_t(l)];
+  const PackedLayer& w = env.weights.layer(l);
+  k::rmsnorm_forward(ctx, reuse(a.z, f32, {T, D}), reuse(a.rstd_ffn, f32, {T}), a.u_ffn.view(), p.mlp_norm,
+                     float(c.rms_norm_eps));
+  env.capture("ffn_norm", l, a.z.view());
+  route(env, l, a);
+  a.plan = k::moe_plan(a.topk_idx.view(), int(c.num_experts));
+  const k::MoeDispatch& plan = a.plan;
+  Tensor xe = reuse(a.xe, f32, {T * K, D}), gu = reuse(a.gu_e, f32, {T * K, 2 * Fe});
+  Tensor act = reuse(a.act_e, f32, {T * K, Fe}), acts = reuse(a.acts_e, f32, {T * K, Fe});
+  OwnedTensor ye(f32, {T * K, D});
+  k::moe_gather(ctx, xe, a.z.view(), plan);
+  // The routing weight multiplies each row before the down projection.
+  for_each_expert(ctx, plan, [&](int64_t e, const Context& ectx) {
+    const int64_t r0 = plan.offsets[size_t(e)], r1 = plan.offsets[size_t(e) + 1];
+    expert_act(ectx, c, gu.slice_rows(r0, r1), act.slice_rows(r0, r1), xe.slice_rows(r0, r1), w.experts[size_t(e)]);
+  });
+  k::moe_scale_rows(ctx, acts, act, a.topk_w.view(), plan);
+  for_each_expert(ctx, plan, [&](int64_t e, const Context& ectx) {
+    const int64_t r0 = plan.offsets[size_t(e)], r1 = plan.offsets[size_t(e) + 1];
+    project(ectx, ye.view().slice_rows(r0, r1), acts.slice_rows(r0, r1), w.experts[size_t(e)].down);
+  });
+  Tensor f = reuse(a.f_ffn, f32, {T, D});
+  k::moe_sum(ctx, f, ye.view(), plan);
+  env.capture("moe_out", l, f);
+  // The shared expert: the same clamp, no routing weight.
+  OwnedTensor ys(f32, {T, D});
+  expert_act(ctx, c, reuse(a.gu_s, f32, {T, 2 * Fe}), reuse(a.act_s, f32, {T, Fe}), a.z.view(), w.shared);
+  project(ctx, ys.view(), a.act_s.view(), w.shared.down);
+  env.capture("shared_out", l, ys.view());
+  add_into(ctx, f, f, ys.view());
+  env.capture("ffn_out", l, f);
+}
+
+// One block: attention and MoE, each between an mHC pre-mix and post-mix.
+// x (T, n*D) in; returns the streams out (next layer's x_in when saving).
+void run_layer(const V4Env& env, int64_t l, V4LayerActivations& a, Tensor x_out) {
+  const ModelConfig& c = env.c;
+  const Context& ctx = env.ctx;
+  const int64_t T = env.T, D = c.hidden_size, n = c.hc_mult;
+  const LayerParams& p = env.weights.params().layers[size_t(l)];
+  const Tensor x = a.x_in.view();
+  mix_forward(env, a.mix_attn, x, p.hc_attn_fn, p.hc_attn_base, p.hc_attn_scale);
+  k::mhc_pre_apply(ctx, reuse(a.u_attn, f32, {T, D}), x, a.mix_attn.pre.view(), int(n));
+  attention(env, l, a);
+  Tensor mid = reuse(a.x_mid, f32, {T, n * D});
+  k::mhc_post(ctx, mid, a.f_attn.view(), x, a.mix_attn.post.view(), a.mix_attn.comb.view(), int(n));
+  env.capture("attn_residual", l, mid);
+  mix_forward(env, a.mix_ffn, mid, p.hc_ffn_fn, p.hc_ffn_base, p.hc_ffn_scale);
+  k::mhc_pre_apply(ctx, reuse(a.u_ffn, f32, {T, D}), mid, a.mix_ffn.pre.view(), int(n));
+  moe(env, l, a);
+  k::mhc_post(ctx, x_out, a.f_ffn.view(), mid, a.mix_ffn.post.view(), a.mix_ffn.comb.view(), int(n));
+  env.capture("residual", l, x_out);
+}
+
+void check_v4_options(const ModelWeights& weights, const RaggedBatch& batch, const ForwardOptions& opt,
+                      const Activations* saved) {
+  const ModelConfig& c = weights.config();
+  LS_CHECK(!opt.save_activations || saved != nullptr) << "save_activations needs an Activations";
+  LS_CHECK(opt.experts == nullptr) << "DeepSeek-V4: expert parallelism is not implemented for this architecture yet";
+  const int64_t T = batch.num_tokens();
+  if (opt.replay_experts != nullptr) {
+    LS_CHECK(int64_t(opt.replay_experts->size()) == T * c.num_moe_layers() * c.num_experts_per_tok)
+        << "replay_experts has " << opt.replay_experts->size() << " entries, expected T*L_moe*K = " << T << "*"
+        << c.num_moe_layers() << "*" << c.num_experts_per_tok;
+  }
+  if (opt.replay_indexer != nullptr) {
+    LS_CHECK(int64_t(opt.replay_indexer->size()) == T * num_csa_layers(c) * c.index_topk)
+        << "replay_indexer has " << opt.replay_indexer->size() << " entries, expected T*L_csa*KI = " << T << "*"
+        << num_csa_layers(c) << "*" << c.index_topk;
+  }
+}
+
+// The head: hc_head mix of the logit rows' streams, final norm, vocabulary projection.
+void head(const V4Env& env, const Tensor& x, V4Activations& s) {
+  const ModelConfig& c = env.c;
+  const int64_t R = int64_t(env.batch.logit_rows.size()), D = c.hidden_size, n = c.hc_mult;
+  const ModelParams& mp = env.weights.params();
+  Tensor rows = reuse(s.x_rows, f32, {R, n * D});
+  gather_rows(env.ctx, rows, x, env.batch.logit_rows);
+  Tensor h = reuse(s.h_rows, f32, {R, D});
+  k::mhc_head_forward(env.ctx, h, reuse(s.head_w, f32, {R, n}), reuse(s.head_raw, f32, {R, n}),
+                      reuse(s.head_rstd, f32, {R}), rows, mp.hc_head_fn, mp.hc_head_base, mp.hc_head_scale,
+                      mhc_config(c));
+  Tensor normed = reuse(s.normed_rows, f32, {R, D});
+  k::rmsnorm_forward(env.ctx, normed, reuse(s.rstd_f, f32, {R}), h, mp.final_norm, float(c.rms_norm_eps));
+  env.capture("final_norm", c.num_layers, normed, true);
+  Tensor logits = reuse(env.result->logits, f32, {R, c.vocab_size});
+  if (R > 0) project(env.ctx, logits, normed, env.weights.lm_head());
+  env.capture("logits", c.num_layers, logits, true);
+}
+
+}  // namespace
+
+void v4_forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const RaggedBatch& batch,
+                const ForwardOptions& opt, ForwardResult* result, Activations* saved) {
+  const ModelConfig& c = weights.config();
+  batch.validate(c, kv);
+  check_v4_options(weights, batch, opt, saved);
+  const int64_t T = batch.num_tokens(), D = c.hidden_size, n = c.hc_mult;
+  if (opt.record_experts)
+    result->routed_experts.assign(size_t(T * c.num_moe_layers() * c.num_experts_per_tok), 0);
+  if (opt.record_indexer) result->indexer_topk.assign(size_t(T * num_csa_layers(c) * c.index_topk), -1);
+
+  const V4Batch vb(batch, kv.block_size());
+  const CapturePoints capture(opt, batch, vb.positions_vec);
+  std::shared_ptr<V4Activations> keep;
+  if (opt.save_activations) {
+    if (!saved->v4) saved->v4 = std::make_shared<V4Activations>();
+    keep = saved->v4;
+    saved->positions = vb.positions_vec;
+  } else {
+    keep = std::make_shared<V4Activations>();
+  }
+  V4Activations& s = *keep;
+  s.slots = vb.slots;
+  // Only the current layer is kept unless saving for backward.
+  s.layers.resize(opt.save_activations ? size_t(c.num_layers) : 1);
+  auto layer_acts = [&](int64_t l) -> V4LayerActivations& {
+    return s.layers[opt.save_activations ? size_t(l) : 0];
+  };
+
+  // The n streams start as copies of the embedding.
+  OwnedTensor e(f32, {T, D});
+  k::embedding_forward(ctx, e.view(), weights.params().embed, vb.tokens_t.view());
+  capture("embed", -1, e.view());
+  Tensor x = reuse(layer_acts(0).x_in, f32, {T, n * D});
+  repeat_streams(ctx, x, e.view(), n);
+
+  const V4Env env{ctx, c, weights, kv, batch, vb, capture, opt, result, T};
+  OwnedTensor last(f32, {T, n * D}), next;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    V4LayerActivations& a = layer_acts(l);
+    const bool final_layer = l + 1 == c.num_layers;
+    Tensor out = final_layer             ? last.view()
+                 : opt.save_activations ? reuse(s.layers[size_t(l) + 1].x_in, f32, {T, n * D})
+                                        : reuse(next, f32, {T, n * D});
+    run_layer(env, l, a, out);
+    // Without saving, one set of buffers serves every layer: the output
+    // becomes the next layer's input.
+    if (!final_layer && !opt.save_activations) std::swap(a.x_in, next);
+  }
+  head(env, last.view(), s);
+  if (!opt.save_activations) s.layers.clear();
+}
+
+}  // namespace lockstep::model

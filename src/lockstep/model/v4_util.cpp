@@ -1,0 +1,183 @@
+// DeepSeek-V4 batch bookkeeping (v4_util.h).
+#include "lockstep/model/v4_util.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "lockstep/base/error.h"
+#include "lockstep/kernels/cpu/swiglu.h"
+
+namespace lockstep::model {
+
+V4Batch::V4Batch(const RaggedBatch& b, int bs) : batch(b), block_size(bs) {
+  const int64_t T = b.num_tokens();
+  tokens = b.tokens;
+  seq.reserve(size_t(T));
+  positions_vec.reserve(size_t(T));
+  slots.reserve(size_t(T));
+  for (int64_t i = 0; i < b.num_seqs(); ++i)
+    for (int32_t j = 0; j < b.n_new[size_t(i)]; ++j) {
+      const int32_t pos = b.n_ctx[size_t(i)] + j;
+      seq.push_back(int32_t(i));
+      positions_vec.push_back(pos);
+      slots.push_back(slot(i, pos));
+    }
+  positions = OwnedTensor(DType::I32, {T});
+  tokens_t = OwnedTensor(DType::I32, {T});
+  if (T > 0) {
+    std::memcpy(positions.view().data, positions_vec.data(), size_t(T) * sizeof(int32_t));
+    std::memcpy(tokens_t.view().data, tokens.data(), size_t(T) * sizeof(int32_t));
+  }
+}
+
+int32_t V4Batch::slot(int64_t s, int64_t pos) const {
+  const int32_t block = batch.block_table[size_t(s * batch.max_blocks + pos / block_size)];
+  return block * block_size + int32_t(pos % block_size);
+}
+
+Tensor rope_tail(const Tensor& x, int64_t dr) {
+  Tensor t = x;
+  const int64_t W = x.shape[2];
+  t.data = static_cast<float*>(x.data) + (W - dr);
+  t.shape[2] = dr;
+  return t;
+}
+
+void store_rows(Tensor store, const Tensor& src, const std::vector<int32_t>& slots, int per_slot, int kind) {
+  const int64_t W = src.dim(1);
+  LS_CHECK(store.dim(1) == W) << "store_rows: width " << store.dim(1) << " vs " << W;
+  for (int64_t i = 0; i < src.dim(0); ++i) {
+    const int64_t row = int64_t(slots[size_t(i)]) * per_slot + kind;
+    LS_CHECK(row >= 0 && row < store.dim(0)) << "store_rows: row " << row << " outside the store";
+    std::memcpy(store.f32() + row * store.stride[0], src.f32() + i * src.stride[0], size_t(W) * sizeof(float));
+  }
+}
+
+void load_rows(Tensor dst, const Tensor& store, const std::vector<int32_t>& slots, int per_slot, int kind) {
+  const int64_t W = dst.dim(1);
+  for (int64_t i = 0; i < dst.dim(0); ++i) {
+    const int64_t row = int64_t(slots[size_t(i)]) * per_slot + kind;
+    std::memcpy(dst.f32() + i * dst.stride[0], store.f32() + row * store.stride[0], size_t(W) * sizeof(float));
+  }
+}
+
+EntryBatch completed_entries(const RaggedBatch& b, const V4Batch& vb, int64_t ratio, bool overlap) {
+  EntryBatch e;
+  for (int64_t s = 0; s < b.num_seqs(); ++s) {
+    const int64_t lo = b.n_ctx[size_t(s)], hi = lo + b.n_new[size_t(s)];
+    // Blocks whose last position (t + 1) * ratio - 1 lies in [lo, hi).
+    for (int64_t t = lo / ratio; (t + 1) * ratio - 1 < hi; ++t) {
+      if ((t + 1) * ratio - 1 < lo) continue;
+      if (overlap)
+        for (int64_t p = 0; p < ratio; ++p) e.rows.push_back(t == 0 ? -1 : vb.slot(s, (t - 1) * ratio + p));
+      for (int64_t p = 0; p < ratio; ++p) e.rows.push_back(vb.slot(s, t * ratio + p));
+      e.pos.push_back(int32_t(t * ratio));
+      e.slot.push_back(vb.slot(s, (t + 1) * ratio - 1));
+    }
+  }
+  return e;
+}
+
+VisibleEntries visible_entries(const RaggedBatch&, const V4Batch& vb, int64_t ratio) {
+  VisibleEntries v;
+  v.T = int64_t(vb.tokens.size());
+  for (int32_t p : vb.positions_vec) v.C = std::max<int64_t>(v.C, (p + 1) / ratio);
+  v.rows.assign(size_t(v.T * v.C), -1);
+  for (int64_t t = 0; t < v.T; ++t) {
+    const int64_t n = (vb.positions_vec[size_t(t)] + 1) / ratio;
+    for (int64_t e = 0; e < n; ++e) v.rows[size_t(t * v.C + e)] = vb.slot(vb.seq[size_t(t)], (e + 1) * ratio - 1);
+  }
+  return v;
+}
+
+void build_candidates(OwnedTensor& cand, const RaggedBatch&, const V4Batch& vb, int64_t window, int64_t ratio,
+                      const std::vector<int32_t>& chosen, int64_t KI) {
+  const int64_t T = int64_t(vb.tokens.size());
+  int64_t extra = 0;
+  if (ratio == 4) extra = KI;
+  if (ratio == 128)
+    for (int32_t p : vb.positions_vec) extra = std::max<int64_t>(extra, (p + 1) / ratio);
+  const int64_t C = window + extra;
+  reuse(cand, DType::I32, {T, C});
+  int32_t* out = cand.view().i32();
+  std::fill(out, out + T * C, -1);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t s = vb.seq[size_t(t)], p = vb.positions_vec[size_t(t)];
+    int32_t* row = out + t * C;
+    int64_t j = 0;
+    for (int64_t q = std::max<int64_t>(0, p - window + 1); q <= p; ++q) row[j++] = 2 * vb.slot(s, q);
+    auto entry_row = [&](int64_t e) { return 2 * vb.slot(s, (e + 1) * ratio - 1) + 1; };
+    if (ratio == 128)
+      for (int64_t e = 0; e < (p + 1) / ratio; ++e) row[j++] = entry_row(e);
+    if (ratio == 4)
+      for (int64_t k = 0; k < KI; ++k)
+        if (chosen[size_t(t * KI + k)] >= 0) row[j++] = entry_row(chosen[size_t(t * KI + k)]);
+  }
+}
+
+void check_replayed_entries(const std::vector<int32_t>& chosen, const V4Batch& vb, int64_t ratio, int64_t KI,
+                            int64_t layer) {
+  for (size_t t = 0; t < vb.positions_vec.size(); ++t) {
+    const int64_t visible = (vb.positions_vec[t] + 1) / ratio;
+    int32_t prev = -1;
+    bool padding = false;
+    for (int64_t k = 0; k < KI; ++k) {
+      const int32_t e = chosen[t * size_t(KI) + size_t(k)];
+      if (e < 0) {
+        padding = true;
+        continue;
+      }
+      LS_CHECK(!padding && e > prev && e < visible)
+          << "replay_indexer: layer " << layer << ", token " << t << ", slot " << k << ": block " << e
+          << " (entries must be ascending, visible (< " << visible << "), then -1 padding)";
+      prev = e;
+    }
+  }
+}
+
+void hash_experts(Tensor out, const Tensor& tid2eid, const std::vector<int32_t>& tokens, int64_t K) {
+  LS_CHECK(tid2eid.data != nullptr && tid2eid.dim(1) == K) << "hash routing: no tid2eid table of width " << K;
+  for (size_t t = 0; t < tokens.size(); ++t)
+    std::memcpy(out.i32() + int64_t(t) * K, tid2eid.i32() + int64_t(tokens[t]) * K, size_t(K) * sizeof(int32_t));
+}
+
+void swiglu_v4(const Context& ctx, Tensor act, const Tensor& gate, const Tensor& up, double limit) {
+  if (limit > 0)
+    kernels::swiglu_clamped_forward(ctx, act, gate, up, float(limit));
+  else
+    kernels::swiglu_forward(ctx, act, gate, up);
+}
+
+void swiglu_v4_backward(const Context& ctx, Tensor dgate, Tensor dup, const Tensor& dact, const Tensor& gate,
+                        const Tensor& up, double limit) {
+  if (limit > 0)
+    kernels::swiglu_clamped_backward(ctx, dgate, dup, dact, gate, up, float(limit));
+  else
+    kernels::swiglu_backward(ctx, dgate, dup, dact, gate, up);
+}
+
+void repeat_streams(const Context& ctx, Tensor x, const Tensor& e, int64_t n) {
+  const int64_t T = e.dim(0), D = e.dim(1);
+  ctx.parallel_for(T, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t i = 0; i < n; ++i)
+        std::memcpy(x.f32() + t * x.stride[0] + i * D, e.f32() + t * e.stride[0], size_t(D) * sizeof(float));
+  });
+}
+
+void sum_streams(const Context& ctx, Tensor de, const Tensor& dx, int64_t n) {
+  const int64_t T = de.dim(0), D = de.dim(1);
+  ctx.parallel_for(T, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float* o = de.f32() + t * de.stride[0];
+      const float* g = dx.f32() + t * dx.stride[0];
+      for (int64_t d = 0; d < D; ++d) {
+        float acc = g[d];
+        for (int64_t i = 1; i < n; ++i) acc += g[i * D + d];
+        o[d] = acc;
+      }
+    }
+  });
+}
+
+}  // namespace lockstep::model

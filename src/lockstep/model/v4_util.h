@@ -1,0 +1,79 @@
+// Bookkeeping of DeepSeek-V4's forward and backward that is not a kernel:
+// token slots in the paged cache, which compressed entries a call completes,
+// which entries and window positions each query sees, hash routing.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "lockstep/base/thread_pool.h"
+#include "lockstep/model/forward.h"
+#include "lockstep/model/v4_forward.h"
+
+namespace lockstep::model {
+
+// The batch's tokens with their sequence, position and cache slot.
+struct V4Batch {
+  V4Batch(const RaggedBatch& b, int block_size);
+  // Cache slot of position `pos` of batch sequence `seq` (block table lookup).
+  int32_t slot(int64_t seq, int64_t pos) const;
+
+  const RaggedBatch& batch;
+  int block_size;
+  std::vector<int32_t> tokens;         // (T)
+  std::vector<int32_t> seq;            // (T) batch sequence of each token
+  std::vector<int32_t> positions_vec;  // (T)
+  std::vector<int32_t> slots;          // (T)
+  OwnedTensor positions;               // (T) i32
+  OwnedTensor tokens_t;                // (T) i32
+};
+
+// The last dr columns of every head of x (T, H, W): a (T, H, dr) view.
+Tensor rope_tail(const Tensor& x, int64_t dr);
+
+// store[slots[i] * per_slot + kind] = src[i] for every row i of src (N, W);
+// store (rows, W).
+void store_rows(Tensor store, const Tensor& src, const std::vector<int32_t>& slots, int per_slot, int kind);
+// dst[i] = store[slots[i] * per_slot + kind].
+void load_rows(Tensor dst, const Tensor& store, const std::vector<int32_t>& slots, int per_slot, int kind);
+
+// The compressed entries whose block (of `ratio` positions) ends among the
+// batch's new tokens, in batch order: each entry's store slots (ratio, or
+// 2 * ratio when overlapping: the previous block's, -1 for block 0, then
+// its own), RoPE position and storage slot.
+EntryBatch completed_entries(const RaggedBatch& b, const V4Batch& vb, int64_t ratio, bool overlap);
+
+// For every query, the slots of the entries it may see (entry e is visible at
+// position p iff e < floor((p + 1) / ratio)), in entry order, -1 padding.
+struct VisibleEntries {
+  std::vector<int32_t> rows;  // (T, C)
+  int64_t T = 0, C = 0;
+  Tensor rows_tensor() const { return Tensor(const_cast<int32_t*>(rows.data()), DType::I32, {T, C}); }
+};
+VisibleEntries visible_entries(const RaggedBatch& b, const V4Batch& vb, int64_t ratio);
+
+// cand (T, C) i32: kv_store rows of each query's candidates: its window
+// (positions max(0, p - window + 1) .. p, ascending, rows 2 * slot), then its
+// compressed entries, ascending (rows 2 * slot + 1): every visible one at
+// ratio 128, `chosen` (T, KI) block indices (-1 padding) at ratio 4, none at 0.
+void build_candidates(OwnedTensor& cand, const RaggedBatch& b, const V4Batch& vb, int64_t window, int64_t ratio,
+                      const std::vector<int32_t>& chosen, int64_t KI);
+
+// Replayed indexer choices must be ascending visible block indices then -1s.
+void check_replayed_entries(const std::vector<int32_t>& chosen, const V4Batch& vb, int64_t ratio, int64_t KI,
+                            int64_t layer);
+
+// out (T, K) i32 = tid2eid[tokens[t]] (tid2eid (V, K) i32).
+void hash_experts(Tensor out, const Tensor& tid2eid, const std::vector<int32_t>& tokens, int64_t K);
+
+// SwiGLU clamped at `limit` (0: unclamped).
+void swiglu_v4(const Context& ctx, Tensor act, const Tensor& gate, const Tensor& up, double limit);
+void swiglu_v4_backward(const Context& ctx, Tensor dgate, Tensor dup, const Tensor& dact, const Tensor& gate,
+                        const Tensor& up, double limit);
+
+// x (T, n*D): n copies of e (T, D). Its backward: de = sum over streams in
+// stream order (plain adds from the first).
+void repeat_streams(const Context& ctx, Tensor x, const Tensor& e, int64_t n);
+void sum_streams(const Context& ctx, Tensor de, const Tensor& dx, int64_t n);
+
+}  // namespace lockstep::model
