@@ -1,0 +1,296 @@
+// DeepSeek-V4 at model level: finite-difference gradients of the whole model
+// (mHC, compressed attention with both compressors, hash and scored MoE), and
+// the alignment property: a token's logits are bit-identical whether its
+// sequence is prefilled whole, in chunks that split compression blocks and
+// windows, decoded token by token, batched with others, on 1 or 2 threads,
+// or in blocks shared with another sequence; indexer and routing replay.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "common/test_util.h"
+#include "lockstep/model/forward.h"
+#include "lockstep/model/params.h"
+#include "lockstep/model/v4_forward.h"
+#include "lockstep/model/weights.h"
+
+namespace lockstep::model {
+namespace {
+
+// Every V4 part at toy width: layer 0 hash-routed and window-only, layers 1
+// and 3 CSA (ratio 4, indexer), layer 2 HCA (ratio 128).
+ModelConfig tiny_v4() {
+  ModelConfig c;
+  c.architecture = Architecture::DeepseekV4;
+  c.vocab_size = 48;
+  c.hidden_size = 16;
+  c.num_layers = 4;
+  c.num_heads = 4;
+  c.num_kv_heads = 1;
+  c.head_dim = 8;
+  c.qk_rope_head_dim = 4;
+  c.q_lora_rank = 8;
+  c.o_groups = 2;
+  c.o_lora_rank = 6;
+  c.sliding_window = 5;
+  c.compress_ratios = {0, 4, 128, 4};
+  c.rope_theta = 10000;
+  c.compress_rope_theta = 160000;
+  c.rope_scaling = {"yarn", 4.0, 64, 32.0, 1.0};
+  c.max_position_embeddings = 512;
+  c.index_n_heads = 2;
+  c.index_head_dim = 6;
+  c.index_topk = 3;
+  c.num_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 8;
+  c.n_shared_experts = 1;
+  c.shared_expert_intermediate_size = 8;
+  c.router_scoring = RouterScoring::SqrtSoftplus;
+  c.norm_topk_prob = true;
+  c.routed_scaling_factor = 1.5;
+  c.score_correction_bias = true;
+  c.num_hash_layers = 1;
+  c.swiglu_limit = 0.6;
+  c.hc_mult = 2;
+  c.hc_sinkhorn_iters = 4;
+  c.hc_eps = 1e-6;
+  c.rms_norm_eps = 1e-6;
+  c.bos_token_id = 0;
+  c.eos_token_ids = {1};
+  return c;
+}
+
+struct Fixture {
+  explicit Fixture(const ModelConfig& c, uint64_t seed = 7) : layout(c), buf(alloc_params(layout)), ctx{nullptr, 0} {
+    init_params(layout, buf.as<float>(), seed, 0.3f);
+    // Non-trivial norms, biases, sinks and mixes so their gradients are exercised.
+    auto noise = test::randn(layout.numel(), 99, 0.1f);
+    for (const auto& p : layout.params())
+      if (p.kind == ParamKind::Norm || p.kind == ParamKind::Bias)
+        for (int64_t j = 0; j < p.numel; ++j) buf.as<float>()[p.offset + j] += noise[size_t(p.offset + j)];
+    weights = std::make_unique<ModelWeights>(ctx, layout, buf.as<float>());
+  }
+  ParamLayout layout;
+  Buffer buf;
+  Context ctx;
+  std::unique_ptr<ModelWeights> weights;
+};
+
+RaggedBatch full_batch(const std::vector<std::vector<int32_t>>& seqs, int max_blocks) {
+  RaggedBatch b(max_blocks);
+  std::vector<int32_t> blocks(static_cast<size_t>(max_blocks));
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    std::iota(blocks.begin(), blocks.end(), int32_t(i) * max_blocks);
+    b.add_sequence(seqs[i].data(), int32_t(seqs[i].size()), 0, blocks.data(), max_blocks);
+  }
+  b.logit_rows.resize(b.tokens.size());
+  std::iota(b.logit_rows.begin(), b.logit_rows.end(), 0);
+  return b;
+}
+
+std::vector<int32_t> random_tokens(int n, int vocab, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = int32_t(g() % uint32_t(vocab));
+  return t;
+}
+
+struct Run {
+  std::vector<float> logits;
+  std::vector<int32_t> experts, indexer;
+};
+
+Run run(const Fixture& f, const RaggedBatch& b, int blocks, int block_size) {
+  KvCache kv(f.layout.config(), blocks, block_size);
+  Workspace ws;
+  ForwardResult r;
+  ForwardOptions o;
+  o.record_experts = true;
+  o.record_indexer = true;
+  forward(f.ctx, *f.weights, kv, ws, b, o, &r);
+  return {std::vector<float>(r.logits.f32(), r.logits.f32() + r.logits.numel()), r.routed_experts, r.indexer_topk};
+}
+
+// Central differences of a random projection of the logits on a spread of
+// elements of every trained tensor; the indexer's tensors must get exactly 0.
+void gradient_check(Fixture& f, const std::vector<std::vector<int32_t>>& seqs, int trials) {
+  const ModelConfig& c = f.layout.config();
+  auto b = full_batch(seqs, 48);
+  const int64_t R = int64_t(b.logit_rows.size());
+  auto probe = test::randn(R * c.vocab_size, 3);
+  const int nblocks = 48 * int(seqs.size()), BS = 4;
+  KvCache kv(c, nblocks, BS);
+  Workspace ws;
+  ForwardResult r;
+  Activations acts;
+  ForwardOptions opt;
+  opt.save_activations = true;
+  opt.record_experts = true;
+  opt.record_indexer = true;
+  forward(f.ctx, *f.weights, kv, ws, b, opt, &r, &acts);
+  Buffer gbuf = alloc_params(f.layout);
+  ModelParams grads = bind(f.layout, gbuf.as<float>());
+  backward(f.ctx, *f.weights, kv, ws, b, acts, Tensor(probe.data(), DType::F32, {R, c.vocab_size}), grads);
+
+  double gmax = 0;
+  for (int64_t i = 0; i < f.layout.numel(); ++i) gmax = std::max(gmax, double(std::fabs(gbuf.as<float>()[i])));
+  std::mt19937 g(5);
+  int checked = 0, skipped = 0;
+  for (const auto& p : f.layout.params()) {
+    if (p.frozen) {
+      for (int64_t j = 0; j < p.numel; ++j) ASSERT_EQ(gbuf.as<float>()[p.offset + j], 0.0f) << p.name;
+      continue;
+    }
+    for (int trial = 0; trial < trials; ++trial) {
+      const int64_t j = p.offset + int64_t(g() % uint64_t(p.numel));
+      float* w = f.buf.as<float>() + j;
+      const float orig = *w;
+      const float eps = 2e-3f * std::max(1.0f, std::fabs(orig));
+      auto eval = [&](float v) {
+        *w = v;
+        f.weights->refresh(f.ctx, 0);
+        Run x = run(f, b, nblocks, BS);
+        double s = 0;
+        for (size_t i = 0; i < x.logits.size(); ++i) s += double(x.logits[i]) * probe[i];
+        return std::make_pair(s, x);
+      };
+      auto [lp, rp] = eval(orig + eps);
+      auto [lm, rm] = eval(orig - eps);
+      *w = orig;
+      f.weights->refresh(f.ctx, 0);
+      // A flipped top-k (experts or compressed entries) is not differentiable there.
+      if (rp.experts != r.routed_experts || rm.experts != r.routed_experts || rp.indexer != r.indexer_topk ||
+          rm.indexer != r.indexer_topk) {
+        ++skipped;
+        continue;
+      }
+      const double fd = (lp - lm) / (2.0 * double(eps));
+      const double an = gbuf.as<float>()[j];
+      EXPECT_NEAR(an, fd, 1e-2 * std::fabs(fd) + 2e-3 * gmax) << p.name << " element " << j - p.offset;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, int(f.layout.params().size()));
+  EXPECT_LE(skipped, checked / 4);
+}
+
+}  // namespace
+
+// Short sequences: the window, CSA entries and the indexer, hash routing, mHC.
+TEST(V4Grad, WholeModelShortSequences) {
+  Fixture f(tiny_v4());
+  gradient_check(f, {random_tokens(11, 48, 1), random_tokens(6, 48, 2)}, 3);
+}
+
+// 131 tokens: the HCA layer's first entry (positions 0..127) is in play.
+TEST(V4Grad, WholeModelWithAnHcaEntry) {
+  Fixture f(tiny_v4());
+  gradient_check(f, {random_tokens(131, 48, 4)}, 1);
+}
+
+TEST(V4Alignment, ChunkingDecodeBatchingThreadsAndBlockOrderGiveIdenticalBits) {
+  const ModelConfig c = tiny_v4();
+  Fixture f(c);
+  const int L = 137, V = int(c.vocab_size), BS = 4, MB = 40;
+  auto seq = random_tokens(L, V, 11);
+  const Run ref = run(f, full_batch({seq}, MB), MB, BS);
+  for (int chunk : {1, 3, 5, 64}) {
+    for (int threads : {1, 2}) {
+      ThreadPool pool(threads);
+      Context ctx{&pool, 0};
+      KvCache kv(c, MB, BS);
+      Workspace ws;
+      std::vector<int32_t> scrambled(static_cast<size_t>(MB));  // physical blocks in reverse order
+      for (int j = 0; j < MB; ++j) scrambled[size_t(j)] = MB - 1 - j;
+      for (int start = 0; start < L; start += chunk) {
+        const int n = std::min(chunk, L - start);
+        RaggedBatch b(MB);
+        b.add_sequence(seq.data() + start, n, start, scrambled.data(), MB);
+        for (int j = 0; j < n; ++j) b.logit_rows.push_back(j);
+        ForwardResult r;
+        ForwardOptions o;
+        o.record_indexer = true;
+        forward(ctx, *f.weights, kv, ws, b, o, &r);
+        test::expect_bits_equal(r.logits.f32(), ref.logits.data() + int64_t(start) * V, int64_t(n) * V,
+                                "chunked logits");
+      }
+    }
+  }
+  // Inside a batch with two other sequences of different lengths.
+  const Run rb = run(f, full_batch({random_tokens(9, V, 12), seq, random_tokens(30, V, 13)}, MB), 3 * MB, BS);
+  test::expect_bits_equal(rb.logits.data() + 9 * V, ref.logits.data(), int64_t(L) * V, "batched logits");
+}
+
+// Two sequences sharing a 12-token prefix in the same physical blocks, the
+// second one's suffix decoded after the first has gone further: the shared
+// blocks hold only entries of the prefix, so both match their own prefill.
+TEST(V4Alignment, SharedPrefixBlocksServeBothSequences) {
+  const ModelConfig c = tiny_v4();
+  Fixture f(c);
+  const int BS = 4, MB = 10, V = int(c.vocab_size);
+  auto a = random_tokens(30, V, 21), b = a;
+  for (size_t i = 12; i < b.size(); ++i) b[i] = int32_t((b[i] + 7) % V);
+  const Run ra = run(f, full_batch({a}, MB), MB, BS), rb = run(f, full_batch({b}, MB), MB, BS);
+  KvCache kv(c, 2 * MB, BS);
+  Workspace ws;
+  std::vector<int32_t> blocks_a(MB), blocks_b(MB);
+  std::iota(blocks_a.begin(), blocks_a.end(), 0);
+  blocks_b = blocks_a;
+  for (int j = 3; j < MB; ++j) blocks_b[size_t(j)] = MB + j;  // first 3 blocks (12 positions) shared
+  auto step = [&](const std::vector<int32_t>& toks, int start, int n, const std::vector<int32_t>& blocks) {
+    RaggedBatch batch(MB);
+    batch.add_sequence(toks.data() + start, n, start, blocks.data(), MB);
+    for (int j = 0; j < n; ++j) batch.logit_rows.push_back(j);
+    ForwardResult r;
+    forward(f.ctx, *f.weights, kv, ws, batch, {}, &r);
+    return std::vector<float>(r.logits.f32(), r.logits.f32() + r.logits.numel());
+  };
+  auto la = step(a, 0, 30, blocks_a);
+  auto lb = step(b, 12, 18, blocks_b);  // reuses the prefix's cached blocks
+  test::expect_bits_equal(la.data(), ra.logits.data(), 30 * int64_t(V), "sequence a");
+  test::expect_bits_equal(lb.data(), rb.logits.data() + 12 * int64_t(V), 18 * int64_t(V), "sequence b suffix");
+}
+
+// Replaying the recorded routing and indexer choices reproduces the run; a
+// replayed indexer choice the indexer would not make changes the logits.
+TEST(V4Forward, IndexerAndRoutingReplay) {
+  const ModelConfig c = tiny_v4();
+  Fixture f(c);
+  auto b = full_batch({random_tokens(40, int(c.vocab_size), 31)}, 12);
+  const Run ref = run(f, b, 12, 4);
+  ASSERT_EQ(ref.indexer.size(), size_t(40 * 2 * c.index_topk));
+  KvCache kv(c, 12, 4);
+  Workspace ws;
+  ForwardResult r;
+  ForwardOptions o;
+  o.replay_experts = &ref.experts;
+  o.replay_indexer = &ref.indexer;
+  forward(f.ctx, *f.weights, kv, ws, b, o, &r);
+  test::expect_bits_equal(r.logits.f32(), ref.logits.data(), int64_t(ref.logits.size()), "replayed logits");
+  // Token 39 sees 10 CSA entries and keeps 3: replay a different 3.
+  std::vector<int32_t> other = ref.indexer;
+  int32_t* row = other.data() + (39 * 2 + 0) * c.index_topk;
+  std::vector<int32_t> alt;
+  for (int32_t e = 0; e < 10 && int64_t(alt.size()) < c.index_topk; ++e)
+    if (std::find(row, row + c.index_topk, e) == row + c.index_topk) alt.push_back(e);
+  std::copy(alt.begin(), alt.end(), row);
+  KvCache kv2(c, 12, 4);
+  ForwardResult r2;
+  o.replay_indexer = &other;
+  forward(f.ctx, *f.weights, kv2, ws, b, o, &r2);
+  const int64_t V = c.vocab_size;
+  test::expect_bits_equal(r2.logits.f32(), ref.logits.data(), 39 * V, "rows before the changed one");
+  EXPECT_NE(0, std::memcmp(r2.logits.f32() + 39 * V, ref.logits.data() + 39 * V, size_t(V) * sizeof(float)));
+  // Not ascending, or not visible: refused.
+  std::vector<int32_t> bad = ref.indexer;
+  bad[size_t((5 * 2 + 1) * c.index_topk)] = 9;  // token 5 sees one entry
+  o.replay_indexer = &bad;
+  KvCache kv3(c, 12, 4);
+  EXPECT_THROW(forward(f.ctx, *f.weights, kv3, ws, b, o, &r2), Error);
+}
+
+}  // namespace lockstep::model
