@@ -256,8 +256,8 @@ struct MixOut {
 
 MixOut run_mix(const Context& ctx, Problem& p) {
   MixOut out(p.T, p.c.n);
-  mhc_mix_forward(ctx, out.view(p.T, p.c.n), view(p.x, {p.T, p.W}), view(p.fn, {p.K, p.W}), view(p.base, {p.K}),
-                  view(p.scale, {3}), p.cfg);
+  mhc_mix_forward(ctx, out.view(p.T, p.c.n), view(p.x, {p.T, p.W}), view(p.fn, {p.K, p.W}),
+                  view(p.base, {p.K}), view(p.scale, {3}), p.cfg);
   return out;
 }
 
@@ -271,10 +271,11 @@ struct MixGrads {
         dscale(test::randn(int64_t(p.scale.size()), seed + 3, 0.1f)) {}
 };
 
-void run_mix_backward(const Context& ctx, Problem& p, MixOut& out, MixGrads& g, vf* dpre, vf* dpost, vf* dcomb) {
+void run_mix_backward(const Context& ctx, Problem& p, MixOut& out, MixGrads& g, vf* dpre, vf* dpost,
+                      vf* dcomb) {
   const int64_t n = p.c.n;
-  mhc_mix_backward(ctx, view(g.dx, {p.T, p.W}), view(g.dfn, {p.K, p.W}), view(g.dbase, {p.K}), view(g.dscale, {3}),
-                   view(*dpre, {p.T, n}), dpost ? view(*dpost, {p.T, n}) : Tensor(),
+  mhc_mix_backward(ctx, view(g.dx, {p.T, p.W}), view(g.dfn, {p.K, p.W}), view(g.dbase, {p.K}),
+                   view(g.dscale, {3}), view(*dpre, {p.T, n}), dpost ? view(*dpost, {p.T, n}) : Tensor(),
                    dcomb ? view(*dcomb, {p.T, n, n}) : Tensor(), view(p.x, {p.T, p.W}), out.view(p.T, p.c.n),
                    view(p.fn, {p.K, p.W}), view(p.base, {p.K}), view(p.scale, {3}), p.cfg);
 }
@@ -390,8 +391,8 @@ TEST(Mhc, PreApplyMatchesReferenceAndFiniteDifferences) {
       vf dx = test::randn(T * n * D, seed++, 0.1f);
       const vf dx0 = dx;
       vf dpre(sz(T * n), -7.0f);
-      mhc_pre_apply_backward(ctx, view(dx, {T, n * D}), view(dpre, {T, n}), view(du, {T, D}), view(x, {T, n * D}),
-                             view(pre, {T, n}), n);
+      mhc_pre_apply_backward(ctx, view(dx, {T, n * D}), view(dpre, {T, n}), view(du, {T, D}),
+                             view(x, {T, n * D}), view(pre, {T, n}), n);
       const vd up = to_double(du);
       auto loss = [&] { return dot(up, ref_weighted(xd, pd, T, n, D)); };
       expect_close(dx, plus(dx0, fd_grad(xd, loss)), 1e-5, "dx");
@@ -413,7 +414,8 @@ TEST(Mhc, PostMatchesReferenceAndFiniteDifferences) {
       vf f = test::randn(T * D, seed++), x = test::randn(T * W, seed++);
       vf post = test::uniform(T * n, seed++, 0.0f, 2.0f), comb = test::uniform(T * n * n, seed++, 0.0f, 1.0f);
       Guarded y(T * W, -7.0f);
-      mhc_post(ctx, y.tensor({T, W}), view(f, {T, D}), view(x, {T, W}), view(post, {T, n}), view(comb, {T, n, n}), n);
+      mhc_post(ctx, y.tensor({T, W}), view(f, {T, D}), view(x, {T, W}), view(post, {T, n}),
+               view(comb, {T, n, n}), n);
       y.check("y");
       vd fd = to_double(f), xd = to_double(x), pd = to_double(post), cd = to_double(comb);
       expect_close(y.values(), ref_post(fd, xd, pd, cd, T, n, D), 1e-6, "y");
@@ -483,7 +485,8 @@ TEST(Mhc, ChainedMixPreAndPostMatchFiniteDifferences) {
     Problem p = make_problem(c, 2, false, seed += 20);
     const int n = c.n;
     const int64_t D = c.D, T = p.T, W = p.W;
-    vf f = test::randn(T * D, seed + 9), gu = test::randn(T * D, seed + 10), gy = test::randn(T * W, seed + 11);
+    vf f = test::randn(T * D, seed + 9), gu = test::randn(T * D, seed + 10),
+       gy = test::randn(T * W, seed + 11);
 
     MixOut out = run_mix(ctx, p);
     vf u(sz(T * D)), y(sz(T * W));
@@ -496,9 +499,9 @@ TEST(Mhc, ChainedMixPreAndPostMatchFiniteDifferences) {
     vf df(sz(T * D)), dpost(sz(T * n)), dcomb(sz(T * n * n)), dpre(sz(T * n));
     // The post backward writes dx; the pre-mix and the mixing values add to it.
     vf dx_post(sz(T * W));
-    mhc_post_backward(ctx, view(dx_post, {T, W}), view(df, {T, D}), view(dpost, {T, n}), view(dcomb, {T, n, n}),
-                      view(gy, {T, W}), view(f, {T, D}), view(p.x, {T, W}), view(out.post, {T, n}),
-                      view(out.comb, {T, n, n}), n);
+    mhc_post_backward(ctx, view(dx_post, {T, W}), view(df, {T, D}), view(dpost, {T, n}),
+                      view(dcomb, {T, n, n}), view(gy, {T, W}), view(f, {T, D}), view(p.x, {T, W}),
+                      view(out.post, {T, n}), view(out.comb, {T, n, n}), n);
     for (size_t i = 0; i < g.dx.size(); ++i) g.dx[i] = g.dx[i] + dx_post[i];
     mhc_pre_apply_backward(ctx, view(g.dx, {T, W}), view(dpre, {T, n}), view(gu, {T, D}), view(p.x, {T, W}),
                            view(out.pre, {T, n}), n);
@@ -526,22 +529,25 @@ TEST(Mhc, ChainedMixPreAndPostMatchFiniteDifferences) {
 
 struct HeadOut {
   vf h, w, raw, rstd;
-  HeadOut(int64_t T, int n, int64_t D) : h(sz(T * D), -7.0f), w(sz(T * n), -7.0f), raw(sz(T * n), -7.0f), rstd(sz(T), -7.0f) {}
+  HeadOut(int64_t T, int n, int64_t D)
+      : h(sz(T * D), -7.0f), w(sz(T * n), -7.0f), raw(sz(T * n), -7.0f), rstd(sz(T), -7.0f) {}
 };
 
 HeadOut run_head(const Context& ctx, Problem& p) {
   const int n = p.c.n;
   HeadOut o(p.T, n, p.c.D);
-  mhc_head_forward(ctx, view(o.h, {p.T, p.c.D}), view(o.w, {p.T, n}), view(o.raw, {p.T, n}), view(o.rstd, {p.T}),
-                   view(p.x, {p.T, p.W}), view(p.fn, {p.K, p.W}), view(p.base, {p.K}), view(p.scale, {1}), p.cfg);
+  mhc_head_forward(ctx, view(o.h, {p.T, p.c.D}), view(o.w, {p.T, n}), view(o.raw, {p.T, n}),
+                   view(o.rstd, {p.T}), view(p.x, {p.T, p.W}), view(p.fn, {p.K, p.W}), view(p.base, {p.K}),
+                   view(p.scale, {1}), p.cfg);
   return o;
 }
 
 void run_head_backward(const Context& ctx, Problem& p, HeadOut& o, MixGrads& g, vf& dh) {
   const int n = p.c.n;
-  mhc_head_backward(ctx, view(g.dx, {p.T, p.W}), view(g.dfn, {p.K, p.W}), view(g.dbase, {p.K}), view(g.dscale, {1}),
-                    view(dh, {p.T, p.c.D}), view(p.x, {p.T, p.W}), view(o.w, {p.T, n}), view(o.raw, {p.T, n}),
-                    view(o.rstd, {p.T}), view(p.fn, {p.K, p.W}), view(p.base, {p.K}), view(p.scale, {1}), p.cfg);
+  mhc_head_backward(ctx, view(g.dx, {p.T, p.W}), view(g.dfn, {p.K, p.W}), view(g.dbase, {p.K}),
+                    view(g.dscale, {1}), view(dh, {p.T, p.c.D}), view(p.x, {p.T, p.W}), view(o.w, {p.T, n}),
+                    view(o.raw, {p.T, n}), view(o.rstd, {p.T}), view(p.fn, {p.K, p.W}), view(p.base, {p.K}),
+                    view(p.scale, {1}), p.cfg);
 }
 
 TEST(Mhc, HeadMatchesReferenceAndFiniteDifferences) {
@@ -591,9 +597,7 @@ TokenRun run_all(const Context& ctx, Problem& full, Problem& head_full, const vf
                  const vf& gy_all, int64_t t0, int64_t t1) {
   const int n = full.c.n;
   const int64_t D = full.c.D, W = full.W, T = t1 - t0;
-  auto rows = [&](const vf& v, int64_t width) {
-    return vf(v.begin() + t0 * width, v.begin() + t1 * width);
-  };
+  auto rows = [&](const vf& v, int64_t width) { return vf(v.begin() + t0 * width, v.begin() + t1 * width); };
   Problem p = full, ph = head_full;
   p.T = ph.T = T;
   p.x = ph.x = rows(full.x, W);
@@ -617,8 +621,8 @@ TokenRun run_all(const Context& ctx, Problem& full, Problem& head_full, const vf
                     view(r.mix.post, {T, n}), view(r.mix.comb, {T, n, n}), n);
   r.dx_pre.assign(sz(T * W), 0.0f);
   r.dpre.assign(sz(T * n), 0.0f);
-  mhc_pre_apply_backward(ctx, view(r.dx_pre, {T, W}), view(r.dpre, {T, n}), view(gu, {T, D}), view(p.x, {T, W}),
-                         view(r.mix.pre, {T, n}), n);
+  mhc_pre_apply_backward(ctx, view(r.dx_pre, {T, W}), view(r.dpre, {T, n}), view(gu, {T, D}),
+                         view(p.x, {T, W}), view(r.mix.pre, {T, n}), n);
   MixGrads g(p, 5);
   g.dx = r.dx_pre;
   run_mix_backward(ctx, p, r.mix, g, &r.dpre, &r.dpost, &r.dcomb);
@@ -721,17 +725,26 @@ TEST(Mhc, BadShapesNameTheArgument) {
   MixOut out(T, n);
   vf big(4096, 0.0f);
   auto t = [&](std::initializer_list<int64_t> shape) { return view(big, shape); };
-  const Tensor x = view(p.x, {T, W}), fn = view(p.fn, {M, W}), base = view(p.base, {M}), scale = view(p.scale, {3});
+  const Tensor x = view(p.x, {T, W}), fn = view(p.fn, {M, W}), base = view(p.base, {M}),
+               scale = view(p.scale, {3});
   const MhcMix mv = out.view(T, n);
   auto expect_names = [](const std::function<void()>& fn_call, const std::string& needle) {
     const std::string e = error_of(fn_call);
     EXPECT_NE(e.find(needle), std::string::npos) << "message: '" << e << "' should name " << needle;
   };
 
-  expect_names([&] { mhc_mix_forward(ctx, mv, x, t({M, W + 1}), base, scale, p.cfg); }, "mhc_mix_forward: fn");
+  expect_names(
+      [&] {
+        mhc_mix_forward(ctx, mv, x, t({M, W + 1}), base, scale, p.cfg);
+      },
+      "mhc_mix_forward: fn");
   expect_names([&] { mhc_mix_forward(ctx, mv, x, fn, t({M + 1}), scale, p.cfg); }, "mhc_mix_forward: base");
   expect_names([&] { mhc_mix_forward(ctx, mv, x, fn, base, t({1}), p.cfg); }, "mhc_mix_forward: scale");
-  expect_names([&] { mhc_mix_forward(ctx, mv, t({T, W + 1}), fn, base, scale, p.cfg); }, "mhc_mix_forward: x");
+  expect_names(
+      [&] {
+        mhc_mix_forward(ctx, mv, t({T, W + 1}), fn, base, scale, p.cfg);
+      },
+      "mhc_mix_forward: x");
   MhcMix bad = mv;
   bad.comb = t({T, n * n});
   expect_names([&] { mhc_mix_forward(ctx, bad, x, fn, base, scale, p.cfg); }, "out.comb");
@@ -747,20 +760,20 @@ TEST(Mhc, BadShapesNameTheArgument) {
 
   expect_names(
       [&] {
-        mhc_mix_backward(ctx, t({T, W}), t({M, W}), t({M}), t({3}), t({T, n + 1}), Tensor(), Tensor(), x, mv, fn,
-                         base, scale, p.cfg);
+        mhc_mix_backward(ctx, t({T, W}), t({M, W}), t({M}), t({3}), t({T, n + 1}), Tensor(), Tensor(), x, mv,
+                         fn, base, scale, p.cfg);
       },
       "mhc_mix_backward: dpre");
   expect_names(
       [&] {
-        mhc_mix_backward(ctx, t({T, W}), t({M, W}), t({M}), t({2}), t({T, n}), Tensor(), Tensor(), x, mv, fn, base,
-                         scale, p.cfg);
+        mhc_mix_backward(ctx, t({T, W}), t({M, W}), t({M}), t({2}), t({T, n}), Tensor(), Tensor(), x, mv, fn,
+                         base, scale, p.cfg);
       },
       "mhc_mix_backward: dscale");
   expect_names(
       [&] {
-        mhc_mix_backward(ctx, t({T, W}), t({M, W}), t({M}), t({3}), t({T, n}), t({T, n}), t({T, n, n + 1}), x, mv,
-                         fn, base, scale, p.cfg);
+        mhc_mix_backward(ctx, t({T, W}), t({M, W}), t({M}), t({3}), t({T, n}), t({T, n}), t({T, n, n + 1}), x,
+                         mv, fn, base, scale, p.cfg);
       },
       "mhc_mix_backward: dcomb");
 
@@ -769,19 +782,28 @@ TEST(Mhc, BadShapesNameTheArgument) {
   expect_names([&] { mhc_pre_apply(ctx, t({T, D + 1}), x, t({T, n}), n); }, "mhc_pre_apply: u");
   expect_names([&] { mhc_pre_apply(ctx, view(u, {T, D}), x, t({T, n}), 3); }, "mhc_pre_apply: x");
   expect_names([&] { mhc_pre_apply(ctx, view(u, {T, D}), x, t({T, n}), 0); }, "n (hc_mult)");
-  expect_names([&] { mhc_pre_apply_backward(ctx, t({T, W}), t({T, n}), t({T + 1, D}), x, t({T, n}), n); },
-               "mhc_pre_apply_backward: du");
+  expect_names(
+      [&] {
+        mhc_pre_apply_backward(ctx, t({T, W}), t({T, n}), t({T + 1, D}), x, t({T, n}), n);
+      },
+      "mhc_pre_apply_backward: du");
 
   vf y(sz(T * W));
-  expect_names([&] { mhc_post(ctx, view(y, {T, W}), t({T, D}), x, t({T, n}), t({T, n, n + 1}), n); },
-               "mhc_post: comb");
-  expect_names([&] { mhc_post(ctx, view(y, {T, W}), t({T, D + 1}), x, t({T, n}), t({T, n, n}), n); },
-               "mhc_post: f");
+  expect_names(
+      [&] {
+        mhc_post(ctx, view(y, {T, W}), t({T, D}), x, t({T, n}), t({T, n, n + 1}), n);
+      },
+      "mhc_post: comb");
+  expect_names(
+      [&] {
+        mhc_post(ctx, view(y, {T, W}), t({T, D + 1}), x, t({T, n}), t({T, n, n}), n);
+      },
+      "mhc_post: f");
   expect_names([&] { mhc_post(ctx, x, t({T, D}), x, t({T, n}), t({T, n, n}), n); }, "y must not alias x");
   expect_names(
       [&] {
-        mhc_post_backward(ctx, view(y, {T, W}), t({T, D}), t({T, n + 1}), t({T, n, n}), t({T, W}), t({T, D}), x,
-                          t({T, n}), t({T, n, n}), n);
+        mhc_post_backward(ctx, view(y, {T, W}), t({T, D}), t({T, n + 1}), t({T, n, n}), t({T, W}), t({T, D}),
+                          x, t({T, n}), t({T, n, n}), n);
       },
       "mhc_post_backward: dpost");
 
@@ -801,8 +823,8 @@ TEST(Mhc, BadShapesNameTheArgument) {
       "mhc_head_forward: fn");
   expect_names(
       [&] {
-        mhc_head_backward(ctx, t({T, W}), t({n, W}), t({n}), t({1}), t({T, D + 2}), x, t({T, n}), t({T, n}), t({T}),
-                          view(ph.fn, {n, W}), view(ph.base, {n}), view(ph.scale, {1}), ph.cfg);
+        mhc_head_backward(ctx, t({T, W}), t({n, W}), t({n}), t({1}), t({T, D + 2}), x, t({T, n}), t({T, n}),
+                          t({T}), view(ph.fn, {n, W}), view(ph.base, {n}), view(ph.scale, {1}), ph.cfg);
       },
       "mhc_head_backward: dh");
 }

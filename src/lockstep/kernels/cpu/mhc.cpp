@@ -66,7 +66,8 @@ void check_n(int n, const char* fn) {
 
 void check_cfg(const MhcConfig& cfg, const char* fn) {
   check_n(cfg.n, fn);
-  if (cfg.sinkhorn_iters < 1) LS_THROW << fn << ": cfg.sinkhorn_iters must be >= 1, got " << cfg.sinkhorn_iters;
+  if (cfg.sinkhorn_iters < 1)
+    LS_THROW << fn << ": cfg.sinkhorn_iters must be >= 1, got " << cfg.sinkhorn_iters;
 }
 
 // x (T, n*D) f32 with n*D >= 1 and a multiple of n; returns D.
@@ -123,8 +124,8 @@ void weighted_streams(float* u, const float* x, const float* w, int64_t n, int64
 }
 
 // Backward of weighted_streams: dX_i = fma(w_i, du, dX_i); dw_i = <du, X_i>.
-void weighted_streams_backward(float* dx, float* dw, const float* du, const float* x, const float* w, int64_t n,
-                               int64_t D) {
+void weighted_streams_backward(float* dx, float* dw, const float* du, const float* x, const float* w,
+                               int64_t n, int64_t D) {
   for (int64_t i = 0; i < n; ++i) {
     dw[i] = canonical_dot(du, x + i * D, D);
     const float wi = w[i];
@@ -321,8 +322,8 @@ void check_mix_params(const Tensor& fn, const Tensor& base, const Tensor& scale,
 
 // ---- site mixing values ---------------------------------------------------------
 
-void mhc_mix_forward(const Context& ctx, const MhcMix& out, const Tensor& x, const Tensor& fn, const Tensor& base,
-                     const Tensor& scale, const MhcConfig& cfg) {
+void mhc_mix_forward(const Context& ctx, const MhcMix& out, const Tensor& x, const Tensor& fn,
+                     const Tensor& base, const Tensor& scale, const MhcConfig& cfg) {
   check_cfg(cfg, "mhc_mix_forward");
   const int64_t n = cfg.n, M = 2 * n + n * n;
   check_streams(x, n, "mhc_mix_forward: x (T, n*D)");
@@ -352,9 +353,10 @@ void mhc_mix_forward(const Context& ctx, const MhcMix& out, const Tensor& x, con
       token_grain(width));
 }
 
-void mhc_mix_backward(const Context& ctx, Tensor dx, Tensor dfn, Tensor dbase, Tensor dscale, const Tensor& dpre,
-                      const Tensor& dpost, const Tensor& dcomb, const Tensor& x, const MhcMix& saved,
-                      const Tensor& fn, const Tensor& base, const Tensor& scale, const MhcConfig& cfg) {
+void mhc_mix_backward(const Context& ctx, Tensor dx, Tensor dfn, Tensor dbase, Tensor dscale,
+                      const Tensor& dpre, const Tensor& dpost, const Tensor& dcomb, const Tensor& x,
+                      const MhcMix& saved, const Tensor& fn, const Tensor& base, const Tensor& scale,
+                      const MhcConfig& cfg) {
   check_cfg(cfg, "mhc_mix_backward");
   const int64_t n = cfg.n, M = 2 * n + n * n;
   check_streams(x, n, "mhc_mix_backward: x (T, n*D)");
@@ -372,8 +374,8 @@ void mhc_mix_backward(const Context& ctx, Tensor dx, Tensor dfn, Tensor dbase, T
   check_mat(saved.raw, T, M, "mhc_mix_backward: saved.raw (T, M)");
   check_vec(saved.rstd, T, "mhc_mix_backward: saved.rstd (T)");
 
-  MixGrads mg{OwnedTensor(DType::F32, {T, M}), OwnedTensor(DType::F32, {T, M}), OwnedTensor(DType::F32, {T, 3}),
-              OwnedTensor(DType::F32, {T})};
+  MixGrads mg{OwnedTensor(DType::F32, {T, M}), OwnedTensor(DType::F32, {T, M}),
+              OwnedTensor(DType::F32, {T, 3}), OwnedTensor(DType::F32, {T})};
   const float* bp = base.f32();
   const float* sp = scale.f32();
   const float* rp = saved.rstd.f32();
@@ -381,12 +383,13 @@ void mhc_mix_backward(const Context& ctx, Tensor dx, Tensor dfn, Tensor dbase, T
       T,
       [&](int64_t t0, int64_t t1) {
         std::vector<float> tape(sz(tape_floats(n, cfg.sinkhorn_iters)));  // recomputed Sinkhorn steps
-        std::vector<float> work(sz(n * n));                                // (n, n) recomputed comb
+        std::vector<float> work(sz(n * n));                               // (n, n) recomputed comb
         for (int64_t t = t0; t < t1; ++t) {
           const float* m = row<const float>(saved.raw, t);
           float* dl = mg.dlog.f32() + t * M;
           mix_token_dlogit(dl, m, row<const float>(dpre, t), has_post ? row<const float>(dpost, t) : nullptr,
-                           has_comb ? row<const float>(dcomb, t) : nullptr, bp, sp, cfg, tape.data(), work.data());
+                           has_comb ? row<const float>(dcomb, t) : nullptr, bp, sp, cfg, tape.data(),
+                           work.data());
           token_param_terms(dl, m, rp[t], sp, n, M, width, mg.g.f32() + t * M, mg.ds.f32() + t * 3,
                             mg.c.f32() + t);
         }
@@ -435,8 +438,8 @@ void mhc_pre_apply_backward(const Context& ctx, Tensor dx, Tensor dpre, const Te
 
 // ---- post-mix -------------------------------------------------------------------
 
-void mhc_post(const Context& ctx, Tensor y, const Tensor& f, const Tensor& x, const Tensor& post, const Tensor& comb,
-              int n) {
+void mhc_post(const Context& ctx, Tensor y, const Tensor& f, const Tensor& x, const Tensor& post,
+              const Tensor& comb, int n) {
   check_n(n, "mhc_post");
   const int64_t D = check_streams(x, n, "mhc_post: x (T, n*D)");
   const int64_t T = x.shape[0];
@@ -552,9 +555,10 @@ void mhc_head_forward(const Context& ctx, Tensor h, Tensor w, Tensor raw, Tensor
       token_grain(width));
 }
 
-void mhc_head_backward(const Context& ctx, Tensor dx, Tensor dfn, Tensor dbase, Tensor dscale, const Tensor& dh,
-                       const Tensor& x, const Tensor& w, const Tensor& raw, const Tensor& rstd, const Tensor& fn,
-                       const Tensor& base, const Tensor& scale, const MhcConfig& cfg) {
+void mhc_head_backward(const Context& ctx, Tensor dx, Tensor dfn, Tensor dbase, Tensor dscale,
+                       const Tensor& dh, const Tensor& x, const Tensor& w, const Tensor& raw,
+                       const Tensor& rstd, const Tensor& fn, const Tensor& base, const Tensor& scale,
+                       const MhcConfig& cfg) {
   check_n(cfg.n, "mhc_head_backward");
   const int64_t n = cfg.n;
   const int64_t D = check_streams(x, n, "mhc_head_backward: x (T, n*D)");
@@ -571,8 +575,8 @@ void mhc_head_backward(const Context& ctx, Tensor dx, Tensor dfn, Tensor dbase, 
   check_vec(rstd, T, "mhc_head_backward: rstd (T)");
   if (overlaps(dx, dh)) LS_THROW << "mhc_head_backward: dx must not alias dh";
 
-  MixGrads mg{OwnedTensor(DType::F32, {T, n}), OwnedTensor(DType::F32, {T, n}), OwnedTensor(DType::F32, {T, 3}),
-              OwnedTensor(DType::F32, {T})};
+  MixGrads mg{OwnedTensor(DType::F32, {T, n}), OwnedTensor(DType::F32, {T, n}),
+              OwnedTensor(DType::F32, {T, 3}), OwnedTensor(DType::F32, {T})};
   const float* bp = base.f32();
   const float* sp = scale.f32();
   const float* rp = rstd.f32();

@@ -57,8 +57,8 @@ struct MhcMix {
 //   a column (row) step: s = sum over the column (row) sequential,
 //            d = s + eps, M = M / d.
 // fn (M, n*D), base (M), scale (3) f32. out: every field written.
-void mhc_mix_forward(const Context& ctx, const MhcMix& out, const Tensor& x, const Tensor& fn, const Tensor& base,
-                     const Tensor& scale, const MhcConfig& cfg);
+void mhc_mix_forward(const Context& ctx, const MhcMix& out, const Tensor& x, const Tensor& fn,
+                     const Tensor& base, const Tensor& scale, const MhcConfig& cfg);
 
 // Backward of mhc_mix_forward given the gradients of pre, post and comb
 // (dpost or dcomb may be empty Tensor()s, meaning zero). The Sinkhorn steps are
@@ -74,9 +74,10 @@ void mhc_mix_forward(const Context& ctx, const MhcMix& out, const Tensor& x, con
 //   c = ((fma-dot(dm, m) * r) * r) / (n*D)
 // then dbase += dlogit and dscale += the terms, token by token;
 // dfn += gemm_dytx(G, x̂); dx += gemm_dyw(G, fn); dx_j = dx_j - c * x̂_j.
-void mhc_mix_backward(const Context& ctx, Tensor dx, Tensor dfn, Tensor dbase, Tensor dscale, const Tensor& dpre,
-                      const Tensor& dpost, const Tensor& dcomb, const Tensor& x, const MhcMix& saved,
-                      const Tensor& fn, const Tensor& base, const Tensor& scale, const MhcConfig& cfg);
+void mhc_mix_backward(const Context& ctx, Tensor dx, Tensor dfn, Tensor dbase, Tensor dscale,
+                      const Tensor& dpre, const Tensor& dpost, const Tensor& dcomb, const Tensor& x,
+                      const MhcMix& saved, const Tensor& fn, const Tensor& base, const Tensor& scale,
+                      const MhcConfig& cfg);
 
 // u[t] = sum over i of pre[t, i] * X_i[t]   (u (T, D); fma chain over i = 0..n-1 from 0)
 void mhc_pre_apply(const Context& ctx, Tensor u, const Tensor& x, const Tensor& pre, int n);
@@ -88,8 +89,8 @@ void mhc_pre_apply_backward(const Context& ctx, Tensor dx, Tensor dpre, const Te
 // y_c[t] = post[t, c] * f[t] + sum over a of comb[t, a, c] * X_a[t]  (note the
 // transpose: a is the source stream). y (T, n*D) must not alias x.
 // Per element: acc = post_c * f, then acc = fma(comb[a][c], X_a, acc) for a = 0..n-1.
-void mhc_post(const Context& ctx, Tensor y, const Tensor& f, const Tensor& x, const Tensor& post, const Tensor& comb,
-              int n);
+void mhc_post(const Context& ctx, Tensor y, const Tensor& f, const Tensor& x, const Tensor& post,
+              const Tensor& comb, int n);
 // Gradients of mhc_post, all written: dx (T, n*D): dX_a = sum_c comb[a][c] * dY_c;
 // df (T, D) = sum_c post_c * dY_c (both fma chains over c = 0..n-1 from 0);
 // dpost (T, n) = canonical_dot(dY_c, f); dcomb (T, n, n) = canonical_dot(dY_c, X_a).
@@ -107,8 +108,9 @@ void mhc_head_forward(const Context& ctx, Tensor h, Tensor w, Tensor raw, Tensor
 // dx accumulated (+=); dfn (n, n*D), dbase (n), dscale (1) accumulated in token order.
 // First dX_i = fma(w_i, dh, dX_i) and dw_i = canonical_dot(dh, X_i); then
 // dlogit_i = dw_i * (g * (1 - g)) and the rest as in mhc_mix_backward.
-void mhc_head_backward(const Context& ctx, Tensor dx, Tensor dfn, Tensor dbase, Tensor dscale, const Tensor& dh,
-                       const Tensor& x, const Tensor& w, const Tensor& raw, const Tensor& rstd, const Tensor& fn,
-                       const Tensor& base, const Tensor& scale, const MhcConfig& cfg);
+void mhc_head_backward(const Context& ctx, Tensor dx, Tensor dfn, Tensor dbase, Tensor dscale,
+                       const Tensor& dh, const Tensor& x, const Tensor& w, const Tensor& raw,
+                       const Tensor& rstd, const Tensor& fn, const Tensor& base, const Tensor& scale,
+                       const MhcConfig& cfg);
 
 }  // namespace lockstep::kernels
