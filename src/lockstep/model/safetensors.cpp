@@ -1,5 +1,6 @@
 // safetensors reading (mmap + header validation + dtype conversion) and
-// writing (F32/BF16, 8-byte-aligned header, atomic files, shards + index).
+// writing (F32/BF16 or pre-encoded bytes, 8-byte-aligned header, atomic
+// files, shards + index).
 #include "lockstep/model/safetensors.h"
 
 #include <fcntl.h>
@@ -17,6 +18,7 @@
 
 #include "lockstep/base/error.h"
 #include "lockstep/base/file_util.h"
+#include "lockstep/model/hf_quant.h"
 
 namespace lockstep {
 
@@ -31,13 +33,8 @@ namespace {
 // The reference implementation refuses headers above 100 MB; so do we.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
-// Element size of a safetensors dtype, 0 if unknown.
 size_t element_size(const std::string& dt) {
-  static const std::map<std::string, size_t> sizes = {
-      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},
-      {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4},     {"I64", 8},     {"U64", 8}, {"F64", 8}};
-  auto it = sizes.find(dt);
-  return it == sizes.end() ? 0 : it->second;
+  return safetensors_dtype_size(dt);
 }
 
 std::string shape_string(const std::vector<int64_t>& s) {
@@ -56,7 +53,25 @@ int64_t checked_numel(const std::vector<int64_t>& shape, const std::string& what
   return n;
 }
 
+template <typename T>
+void widen_ints(const uint8_t* src, int64_t* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    T v;
+    std::memcpy(&v, src + sizeof(T) * i, sizeof(T));  // data offsets need not be aligned
+    dst[i] = static_cast<int64_t>(v);
+  }
+}
+
 }  // namespace
+
+size_t safetensors_dtype_size(const std::string& dtype) {
+  static const std::map<std::string, size_t> sizes = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"F8_E8M0", 1},
+      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},     {"U32", 4},
+      {"F32", 4},  {"I64", 8}, {"U64", 8}, {"F64", 8}};
+  auto it = sizes.find(dtype);
+  return it == sizes.end() ? 0 : it->second;
+}
 
 float f16_to_f32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
@@ -192,10 +207,41 @@ void SafetensorsFile::read_f32(const SafetensorsEntry& e, float* dst) const {
       std::memcpy(&h, src + 2 * i, 2);
       dst[i] = f16_to_f32(h);
     }
+  } else if (e.dtype == "F8_E4M3") {
+    for (size_t i = 0; i < n; ++i) dst[i] = fp8_to_f32(src[i]);
+  } else if (e.dtype == "F8_E8M0") {
+    for (size_t i = 0; i < n; ++i) dst[i] = e8m0_to_f32(src[i]);
   } else {
     LS_THROW << path_ << ": tensor '" << e.name << "' has dtype " << e.dtype
-             << "; lockstep reads F32, BF16 and F16";
+             << "; lockstep reads floats from F32, BF16, F16, F8_E4M3 and F8_E8M0";
   }
+}
+
+void SafetensorsFile::read_i64(const SafetensorsEntry& e, int64_t* dst) const {
+  const uint8_t* src = data(e);
+  const size_t n = static_cast<size_t>(e.numel);
+  if (e.dtype == "I64") {
+    std::memcpy(dst, src, n * 8);
+  } else if (e.dtype == "I32") {
+    widen_ints<int32_t>(src, dst, n);
+  } else if (e.dtype == "I16") {
+    widen_ints<int16_t>(src, dst, n);
+  } else if (e.dtype == "I8") {
+    widen_ints<int8_t>(src, dst, n);
+  } else if (e.dtype == "U32") {
+    widen_ints<uint32_t>(src, dst, n);
+  } else if (e.dtype == "U16") {
+    widen_ints<uint16_t>(src, dst, n);
+  } else if (e.dtype == "U8") {
+    widen_ints<uint8_t>(src, dst, n);
+  } else {
+    LS_THROW << path_ << ": tensor '" << e.name << "' has dtype " << e.dtype
+             << "; lockstep reads integers from I8, I16, I32, I64, U8, U16 and U32";
+  }
+}
+
+void SafetensorsFile::read_bytes(const SafetensorsEntry& e, void* dst) const {
+  if (e.end > e.begin) std::memcpy(dst, data(e), e.end - e.begin);
 }
 
 // ---- checkpoint (single or sharded) ----
@@ -291,8 +337,21 @@ bool is_shard_file_name(const std::string& name) {
   return true;
 }
 
+namespace {
+// The dtype name a tensor is stored as; Error for a raw tensor of an unknown
+// dtype or one that sets both data and raw.
+std::string stored_dtype(const SafetensorsTensor& t, DType dtype) {
+  if (!t.raw) return dtype == DType::BF16 ? "BF16" : "F32";
+  if (t.data) LS_THROW << "tensor '" << t.name << "': set data or raw, not both";
+  if (safetensors_dtype_size(t.raw_dtype) == 0)
+    LS_THROW << "tensor '" << t.name << "': unknown safetensors dtype '" << t.raw_dtype << "'";
+  return t.raw_dtype;
+}
+}  // namespace
+
 uint64_t safetensors_nbytes(const SafetensorsTensor& t, DType dtype) {
-  return static_cast<uint64_t>(checked_numel(t.shape, t.name)) * dtype_size(dtype);
+  const size_t esize = t.raw ? safetensors_dtype_size(stored_dtype(t, dtype)) : dtype_size(dtype);
+  return static_cast<uint64_t>(checked_numel(t.shape, t.name)) * esize;
 }
 
 void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors, DType dtype) {
@@ -305,9 +364,7 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
     if (t.name == "__metadata__" || h.contains(t.name))
       LS_THROW << path << ": duplicate or reserved tensor name '" << t.name << "'";
     const uint64_t nb = safetensors_nbytes(t, dtype);
-    h[t.name] = {{"dtype", dtype == DType::BF16 ? "BF16" : "F32"},
-                 {"shape", t.shape},
-                 {"data_offsets", {off, off + nb}}};
+    h[t.name] = {{"dtype", stored_dtype(t, dtype)}, {"shape", t.shape}, {"data_offsets", {off, off + nb}}};
     off += nb;
   }
   std::string header = h.dump();
@@ -321,7 +378,11 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
   std::vector<bf16_t> scratch;
   for (const auto& t : tensors) {
     const size_t numel = static_cast<size_t>(checked_numel(t.shape, t.name));
-    LS_CHECK(t.data != nullptr || numel == 0) << "tensor " << t.name << " has no data";
+    LS_CHECK(t.data != nullptr || t.raw != nullptr || numel == 0) << "tensor " << t.name << " has no data";
+    if (t.raw) {
+      f.write(t.raw, safetensors_nbytes(t, dtype));
+      continue;
+    }
     if (dtype == DType::F32) {
       f.write(t.data, numel * 4);
       continue;

@@ -1,6 +1,8 @@
 // The safetensors format: memory-mapped, validated reading of one file or of a
-// sharded checkpoint (model.safetensors.index.json), with F32/BF16/F16 → f32
-// conversion; writing of F32 or BF16 files (atomically) and sharded sets.
+// sharded checkpoint (model.safetensors.index.json), with F32/BF16/F16 (and
+// unscaled F8) → f32 conversion, integer and raw-byte reads; writing of f32
+// values as F32 or BF16, or of bytes already encoded in any dtype (F8_E4M3,
+// F8_E8M0, I8, I64, ...), atomically, as one file or a sharded set.
 // File layout: u64 little-endian header length N, N bytes of JSON header
 // {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {...}},
 // then the data; offsets are relative to the first data byte.
@@ -42,9 +44,16 @@ class SafetensorsFile {
   const SafetensorsEntry* find(const std::string& name) const;               // nullptr if absent
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const uint8_t* data(const SafetensorsEntry& e) const { return base_ + e.begin; }
-  // Converts F32, BF16 or F16 data to f32 (dst has e.numel floats); other
-  // dtypes throw Error naming the tensor, its dtype and the file.
+  // Converts F32, BF16, F16, F8_E4M3 (e4m3fn) or F8_E8M0 (2^(e-127)) data to
+  // f32, exactly (dst has e.numel floats). F8 values come out unscaled: block
+  // scales are the caller's (hf_quant.h). Other dtypes throw Error naming the
+  // tensor, its dtype and the file.
   void read_f32(const SafetensorsEntry& e, float* dst) const;
+  // Converts integer data (I8, I16, I32, I64, U8, U16, U32) to int64 (dst has
+  // e.numel values); other dtypes throw Error naming the tensor and the file.
+  void read_i64(const SafetensorsEntry& e, int64_t* dst) const;
+  // Copies the tensor's bytes as stored (e.end - e.begin of them, little-endian).
+  void read_bytes(const SafetensorsEntry& e, void* dst) const;
 
  private:
   std::string path_;
@@ -81,20 +90,30 @@ class SafetensorsCheckpoint {
   std::map<std::string, size_t> where_;  // tensor name -> files_ index
 };
 
-// A tensor to write: f32 values converted to the file dtype.
+// Bytes per element of a safetensors dtype name ("F32", "F8_E8M0", "I64",
+// ...); 0 for a name the format does not define.
+size_t safetensors_dtype_size(const std::string& dtype);
+
+// A tensor to write: either f32 values (data), converted to the writer's
+// dtype, or bytes already encoded (raw, raw_dtype: a safetensors dtype name),
+// written as they are whatever the writer's dtype. Exactly one of data and
+// raw is set (both may be null for an empty tensor).
 struct SafetensorsTensor {
   std::string name;
   std::vector<int64_t> shape;
   const float* data = nullptr;  // numel(shape) floats
+  const void* raw = nullptr;    // numel(shape) x safetensors_dtype_size(raw_dtype) bytes
+  std::string raw_dtype = "";   // empty unless raw
 };
 
-// Bytes one tensor takes in a file of this dtype.
+// Bytes one tensor takes in a file whose f32 values are stored as `dtype`.
 uint64_t safetensors_nbytes(const SafetensorsTensor& t, DType dtype);
 
 // Writes one file: header with `__metadata__` {"format": "pt"}, padded with
 // spaces to a multiple of 8 bytes (as the reference writer does), data in the
-// given order. dtype F32, or BF16 (round to nearest even). Written to a
-// temporary file and renamed, so an existing file is never half-overwritten.
+// given order. f32 values are stored as dtype F32 or BF16 (round to nearest
+// even); raw tensors as their raw_dtype. Written to a temporary file and
+// renamed, so an existing file is never half-overwritten.
 void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors, DType dtype);
 
 // Writes `tensors` into `dir` as model.safetensors if they fit in
