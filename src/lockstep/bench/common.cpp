@@ -3,6 +3,8 @@
 // from the architecture, benchmark configs and parameters, the text table.
 #include "lockstep/bench/common.h"
 
+#include <algorithm>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -114,7 +116,51 @@ Peak measure_fma_peak(int threads, double seconds, int trials) {
   return pk;
 }
 
+namespace {
+
+// DeepSeek-V4's matrix parameters one token multiplies by (docs/deepseek-v4.md):
+// low-rank q, the K = V head, the grouped output, compressors, the indexer,
+// the mHC mixes, the router, K routed experts and the shared one, the head.
+double v4_active_matmul_params(const ModelConfig& c) {
+  const double D = double(c.hidden_size), Dh = double(c.head_dim), H = double(c.num_heads),
+               Rq = double(c.q_lora_rank), Ro = double(c.o_lora_rank), G = double(c.o_groups),
+               HI = double(c.index_n_heads), DI = double(c.index_head_dim), nD = double(c.hc_mult) * D,
+               Fe = double(c.moe_intermediate_size);
+  double n = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const int64_t ratio = c.compress_ratio(l);
+    n += Rq * D + H * Dh * Rq + Dh * D + Ro * H * Dh + D * G * Ro;  // wq_a, wq_b, wkv, wo_a, wo_b
+    if (ratio > 0) n += 2.0 * (ratio == 4 ? 2.0 : 1.0) * Dh * D;    // compressor wkv | wgate
+    if (ratio == 4) n += HI * DI * Rq + HI * D + 4.0 * DI * D;      // indexer q, weights, compressor
+    n += 2.0 * double(c.hc_mix_size()) * nD;                         // hc_attn, hc_ffn
+    n += D * double(c.num_experts) + (double(c.num_experts_per_tok) + 1.0) * 3.0 * D * Fe;
+  }
+  return n + D * double(c.vocab_size) + double(c.hc_mult) * nD;  // head, hc_head
+}
+
+// DeepSeek-V4's attention per token, averaged over positions 0..T-1: q·k and
+// p·v over the window and the compressed entries each query sees, plus the
+// indexer's scores over every visible CSA entry.
+double v4_attention_flops_per_token(const ModelConfig& c, int64_t T) {
+  const double per_candidate = 2.0 * 2.0 * double(c.head_dim) * double(c.num_heads);
+  const double per_index_entry = 2.0 * double(c.index_n_heads) * double(c.index_head_dim);
+  double total = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const int64_t ratio = c.compress_ratio(l);
+    for (int64_t p = 0; p < T; ++p) {
+      const int64_t visible = ratio > 0 ? (p + 1) / ratio : 0;
+      const int64_t entries = ratio == 4 ? std::min(visible, c.index_topk) : visible;
+      total += per_candidate * double(std::min(p + 1, c.sliding_window) + entries);
+      if (ratio == 4) total += per_index_entry * double(visible);
+    }
+  }
+  return T > 0 ? total / double(T) : 0.0;
+}
+
+}  // namespace
+
 double active_matmul_params(const ModelConfig& c) {
+  if (c.is_v4()) return v4_active_matmul_params(c);
   const double D = double(c.hidden_size);
   double n = 0;
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -134,6 +180,7 @@ double active_matmul_params(const ModelConfig& c) {
 }
 
 double attention_flops_per_token(const ModelConfig& c, int64_t T) {
+  if (c.is_v4()) return v4_attention_flops_per_token(c, T);
   return double(c.num_layers) * 2.0 * 2.0 * double(T) * double(c.head_dim) * double(c.num_heads);
 }
 
