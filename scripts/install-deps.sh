@@ -17,6 +17,7 @@ PACKAGES=(
   libssl-dev zlib1g-dev libbrotli-dev  # cpp-httplib's link dependencies
   openmpi-bin libopenmpi-dev  # scale-out (comm/)
   python3               # small helper scripts in tests
+  python3-numpy         # the float64 DeepSeek-V4 reference model (tests/v4ref)
   chromium fonts-dejavu-core  # headless browser test of the HTML run report (tests/cli/report_chromium.sh)
 )
 

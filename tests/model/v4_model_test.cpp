@@ -54,7 +54,7 @@ ModelConfig tiny_v4() {
   c.routed_scaling_factor = 1.5;
   c.score_correction_bias = true;
   c.num_hash_layers = 1;
-  c.swiglu_limit = 0.6;
+  c.swiglu_limit = 3.0;  // clamps a few rows; finite differences rarely straddle it
   c.hc_mult = 2;
   c.hc_sinkhorn_iters = 4;
   c.hc_eps = 1e-6;
@@ -99,12 +99,12 @@ std::vector<int32_t> random_tokens(int n, int vocab, uint32_t seed) {
   return t;
 }
 
-struct Run {
+struct RunOut {
   std::vector<float> logits;
   std::vector<int32_t> experts, indexer;
 };
 
-Run run(const Fixture& f, const RaggedBatch& b, int blocks, int block_size) {
+RunOut run(const Fixture& f, const RaggedBatch& b, int blocks, int block_size) {
   KvCache kv(f.layout.config(), blocks, block_size);
   Workspace ws;
   ForwardResult r;
@@ -139,8 +139,9 @@ void gradient_check(Fixture& f, const std::vector<std::vector<int32_t>>& seqs, i
   double gmax = 0;
   for (int64_t i = 0; i < f.layout.numel(); ++i) gmax = std::max(gmax, double(std::fabs(gbuf.as<float>()[i])));
   std::mt19937 g(5);
-  int checked = 0, skipped = 0;
+  int checked = 0, skipped = 0, trained = 0;
   for (const auto& p : f.layout.params()) {
+    trained += !p.frozen;
     if (p.frozen) {
       for (int64_t j = 0; j < p.numel; ++j) ASSERT_EQ(gbuf.as<float>()[p.offset + j], 0.0f) << p.name;
       continue;
@@ -153,7 +154,7 @@ void gradient_check(Fixture& f, const std::vector<std::vector<int32_t>>& seqs, i
       auto eval = [&](float v) {
         *w = v;
         f.weights->refresh(f.ctx, 0);
-        Run x = run(f, b, nblocks, BS);
+        RunOut x = run(f, b, nblocks, BS);
         double s = 0;
         for (size_t i = 0; i < x.logits.size(); ++i) s += double(x.logits[i]) * probe[i];
         return std::make_pair(s, x);
@@ -174,7 +175,7 @@ void gradient_check(Fixture& f, const std::vector<std::vector<int32_t>>& seqs, i
       ++checked;
     }
   }
-  EXPECT_GT(checked, int(f.layout.params().size()));
+  EXPECT_GE(checked, trained * trials * 3 / 4);
   EXPECT_LE(skipped, checked / 4);
 }
 
@@ -186,10 +187,15 @@ TEST(V4Grad, WholeModelShortSequences) {
   gradient_check(f, {random_tokens(11, 48, 1), random_tokens(6, 48, 2)}, 3);
 }
 
-// 131 tokens: the HCA layer's first entry (positions 0..127) is in play.
+// 131 tokens: the HCA layer's first entry (positions 0..127) is in play. Both
+// layers hash-routed and no CSA layer, so no top-k choice can flip.
 TEST(V4Grad, WholeModelWithAnHcaEntry) {
-  Fixture f(tiny_v4());
-  gradient_check(f, {random_tokens(131, 48, 4)}, 1);
+  ModelConfig c = tiny_v4();
+  c.num_layers = 2;
+  c.compress_ratios = {0, 128};
+  c.num_hash_layers = 2;
+  Fixture f(c);
+  gradient_check(f, {random_tokens(131, 48, 4)}, 2);
 }
 
 TEST(V4Alignment, ChunkingDecodeBatchingThreadsAndBlockOrderGiveIdenticalBits) {
@@ -197,7 +203,7 @@ TEST(V4Alignment, ChunkingDecodeBatchingThreadsAndBlockOrderGiveIdenticalBits) {
   Fixture f(c);
   const int L = 137, V = int(c.vocab_size), BS = 4, MB = 40;
   auto seq = random_tokens(L, V, 11);
-  const Run ref = run(f, full_batch({seq}, MB), MB, BS);
+  const RunOut ref = run(f, full_batch({seq}, MB), MB, BS);
   for (int chunk : {1, 3, 5, 64}) {
     for (int threads : {1, 2}) {
       ThreadPool pool(threads);
@@ -221,7 +227,7 @@ TEST(V4Alignment, ChunkingDecodeBatchingThreadsAndBlockOrderGiveIdenticalBits) {
     }
   }
   // Inside a batch with two other sequences of different lengths.
-  const Run rb = run(f, full_batch({random_tokens(9, V, 12), seq, random_tokens(30, V, 13)}, MB), 3 * MB, BS);
+  const RunOut rb = run(f, full_batch({random_tokens(9, V, 12), seq, random_tokens(30, V, 13)}, MB), 3 * MB, BS);
   test::expect_bits_equal(rb.logits.data() + 9 * V, ref.logits.data(), int64_t(L) * V, "batched logits");
 }
 
@@ -234,7 +240,7 @@ TEST(V4Alignment, SharedPrefixBlocksServeBothSequences) {
   const int BS = 4, MB = 10, V = int(c.vocab_size);
   auto a = random_tokens(30, V, 21), b = a;
   for (size_t i = 12; i < b.size(); ++i) b[i] = int32_t((b[i] + 7) % V);
-  const Run ra = run(f, full_batch({a}, MB), MB, BS), rb = run(f, full_batch({b}, MB), MB, BS);
+  const RunOut ra = run(f, full_batch({a}, MB), MB, BS), rb = run(f, full_batch({b}, MB), MB, BS);
   KvCache kv(c, 2 * MB, BS);
   Workspace ws;
   std::vector<int32_t> blocks_a(MB), blocks_b(MB);
@@ -261,7 +267,7 @@ TEST(V4Forward, IndexerAndRoutingReplay) {
   const ModelConfig c = tiny_v4();
   Fixture f(c);
   auto b = full_batch({random_tokens(40, int(c.vocab_size), 31)}, 12);
-  const Run ref = run(f, b, 12, 4);
+  const RunOut ref = run(f, b, 12, 4);
   ASSERT_EQ(ref.indexer.size(), size_t(40 * 2 * c.index_topk));
   KvCache kv(c, 12, 4);
   Workspace ws;

@@ -9,10 +9,12 @@
 
 #include "lockstep/base/error.h"
 #include "lockstep/base/file_util.h"
+#include "lockstep/model/config_detail.h"
 
 namespace lockstep {
 
 using json = nlohmann::json;
+using config_detail::JsonFields;
 
 namespace {
 
@@ -29,6 +31,7 @@ constexpr ArchInfo kArchs[] = {
     {Architecture::Qwen2Moe, "Qwen2MoeForCausalLM", "qwen2_moe"},
     {Architecture::Qwen3Moe, "Qwen3MoeForCausalLM", "qwen3_moe"},
     {Architecture::Dots1, "Dots1ForCausalLM", "dots1"},
+    {Architecture::DeepseekV4, "DeepseekV4ForCausalLM", "deepseek_v4"},
 };
 
 const ArchInfo& arch_info(Architecture a) {
@@ -39,7 +42,8 @@ const ArchInfo& arch_info(Architecture a) {
 }
 
 bool is_moe_arch(Architecture a) {
-  return a == Architecture::Qwen2Moe || a == Architecture::Qwen3Moe || a == Architecture::Dots1;
+  return a == Architecture::Qwen2Moe || a == Architecture::Qwen3Moe || a == Architecture::Dots1 ||
+         a == Architecture::DeepseekV4;
 }
 
 // Layers whose FFN is dense, by index.
@@ -76,9 +80,18 @@ Architecture parse_architecture(const std::string& name) {
 }
 
 const char* router_scoring_name(RouterScoring s) {
-  return s == RouterScoring::Softmax ? "softmax" : "sigmoid";
+  switch (s) {
+    case RouterScoring::Softmax: return "softmax";
+    case RouterScoring::Sigmoid: return "sigmoid";
+    case RouterScoring::SqrtSoftplus: return "sqrtsoftplus";
+  }
+  LS_CHECK(false) << "unknown RouterScoring value " << static_cast<int>(s);
+  return "";
 }
 
+// DeepSeek-V4 has no dense layer: its main layers and its MTP blocks (layers
+// L .. L + num_nextn_predict_layers - 1 here) are all MoE, as validate() makes
+// the dense-layer fields say.
 bool ModelConfig::is_moe_layer(int64_t layer) const {
   if (num_experts <= 0) return false;
   if (layer < first_k_dense_replace) return false;
@@ -146,6 +159,11 @@ void ModelConfig::validate(const std::string& source) const {
     fail("shared_expert_intermediate_size", "set, but n_shared_experts is 0");
   if (n_shared_experts == 0 && shared_expert_gate)
     fail("shared_expert_gate", "set, but there is no shared expert");
+  // Before the dense-layer check below: V4 names its own reason for a dense layer.
+  if (is_v4())
+    config_detail::validate_v4(*this, source);
+  else
+    config_detail::validate_no_v4_fields(*this, source);
   if (!dense_layers(*this).empty() && intermediate_size <= 0)
     fail("intermediate_size", "must be positive: some layers have a dense FFN");
   if (bos_token_id < -1 || bos_token_id >= vocab_size) fail("bos_token_id", "outside [0, vocab_size)");
@@ -177,7 +195,12 @@ void ModelConfig::validate(const std::string& source) const {
       need(qk_norm, "qk_norm", "always has q/k norm");
       need(!qkv_bias, "qkv_bias", "has no q/k/v-only bias");
       break;
+    case Architecture::DeepseekV4:
+      need(!qk_norm, "qk_norm", "normalises its low-rank query and its kv instead (no per-head q/k norm)");
+      need(!qkv_bias, "qkv_bias", "has no q/k/v bias");
+      break;
   }
+
   if (architecture == Architecture::Qwen2Moe || architecture == Architecture::Qwen3Moe) {
     need(router_scoring == RouterScoring::Softmax, "router_scoring", "routes with softmax");
     need(!score_correction_bias, "score_correction_bias", "has no score-correction bias");
@@ -206,6 +229,8 @@ void ModelConfig::validate(const std::string& source) const {
 }
 
 Architecture infer_architecture(const ModelConfig& c) {
+  // Only DeepSeek-V4 has mHC streams; without them it is never inferred.
+  if (c.hc_mult > 0) return Architecture::DeepseekV4;
   if (!c.is_moe()) {
     if (c.qkv_bias) return Architecture::Qwen2;
     if (c.qk_norm) return Architecture::Qwen3;
@@ -221,70 +246,6 @@ Architecture infer_architecture(const ModelConfig& c) {
 // ---- config.json reading ----
 
 namespace {
-
-// Field access with the file name in every error. JSON null counts as absent,
-// as Hugging Face writes null for unset optional fields.
-class JsonFields {
- public:
-  JsonFields(const json& j, const std::string& source) : j_(j), source_(source) {}
-
-  bool has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
-  const json& at(const char* key) const { return j_.at(key); }
-
-  int64_t req_int(const char* key) const {
-    if (!has(key)) LS_THROW << source_ << ": missing required field '" << key << "'";
-    return to_int(key, j_.at(key));
-  }
-  int64_t opt_int(const char* key, int64_t def) const { return has(key) ? to_int(key, j_.at(key)) : def; }
-  double opt_double(const char* key, double def) const {
-    if (!has(key)) return def;
-    const json& v = j_.at(key);
-    if (!v.is_number()) LS_THROW << source_ << ": field '" << key << "' must be a number, got " << v.dump();
-    return v.get<double>();
-  }
-  bool opt_bool(const char* key, bool def) const {
-    if (!has(key)) return def;
-    const json& v = j_.at(key);
-    if (!v.is_boolean())
-      LS_THROW << source_ << ": field '" << key << "' must be true or false, got " << v.dump();
-    return v.get<bool>();
-  }
-  std::string opt_string(const char* key, const std::string& def) const {
-    if (!has(key)) return def;
-    const json& v = j_.at(key);
-    if (!v.is_string()) LS_THROW << source_ << ": field '" << key << "' must be a string, got " << v.dump();
-    return v.get<std::string>();
-  }
-  // An integer or a list of integers (eos_token_id, mlp_only_layers).
-  std::vector<int64_t> opt_int_list(const char* key) const {
-    std::vector<int64_t> out;
-    if (!has(key)) return out;
-    const json& v = j_.at(key);
-    if (v.is_array()) {
-      for (const json& x : v) out.push_back(to_int(key, x));
-    } else {
-      out.push_back(to_int(key, v));
-    }
-    return out;
-  }
-  [[noreturn]] void unsupported(const std::string& what) const {
-    LS_THROW << source_ << ": " << what << " is not supported by lockstep";
-  }
-
- private:
-  int64_t to_int(const char* key, const json& v) const {
-    if (v.is_number_integer()) return v.get<int64_t>();
-    // 1e6-style integral floats appear in hand-written configs.
-    if (v.is_number_float()) {
-      const double d = v.get<double>();
-      if (std::floor(d) == d && std::fabs(d) < 9.0e15) return static_cast<int64_t>(d);
-    }
-    LS_THROW << source_ << ": field '" << key << "' must be an integer, got " << v.dump();
-  }
-
-  const json& j_;
-  const std::string& source_;
-};
 
 Architecture architecture_of(const JsonFields& f, const std::string& source) {
   std::string name;
@@ -356,7 +317,8 @@ ModelConfig model_config_from_hf_json(const json& j, const std::string& source) 
   c.max_position_embeddings = f.opt_int(
       "max_position_embeddings", (a == Architecture::Llama || a == Architecture::Dots1) ? 2048 : 32768);
   c.tie_word_embeddings = f.opt_bool("tie_word_embeddings", false);
-  read_rope(f, c);
+  // DeepSeek-V4 reads its YaRN rope_scaling and its sliding window itself.
+  if (a != Architecture::DeepseekV4) read_rope(f, c);
 
   const std::string act = f.opt_string("hidden_act", "silu");
   if (act != "silu") f.unsupported("hidden_act '" + act + "' (only silu)");
@@ -412,6 +374,7 @@ ModelConfig model_config_from_hf_json(const json& j, const std::string& source) 
       c.router_scoring = RouterScoring::Sigmoid;
       c.score_correction_bias = true;
       break;
+    case Architecture::DeepseekV4: config_detail::read_v4_hf_json(f, c, source); break;
   }
   // Dense layers must know their width; the MoE architectures only need it
   // when some layer is dense.
@@ -477,6 +440,8 @@ json model_config_to_hf_json(const ModelConfig& c, DType dtype) {
     j["attention_bias"] = false;
     j["mlp_bias"] = false;
     j["pretraining_tp"] = 1;
+  } else if (a == Architecture::DeepseekV4) {
+    config_detail::write_v4_hf_json(c, j);
   } else {
     if (a != Architecture::Qwen2 && a != Architecture::Qwen2Moe) j["attention_bias"] = false;
     j["use_sliding_window"] = false;

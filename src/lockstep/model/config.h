@@ -1,6 +1,7 @@
 // ModelConfig: the shape and hyper-parameters of a dense or MoE decoder, read
 // from a Hugging Face config.json (Llama, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE,
-// dots.llm1) or lockstep's TOML [model] section, and written back as config.json.
+// dots.llm1, DeepSeek-V4) or lockstep's TOML [model] section, and written back
+// as config.json.
 #pragma once
 
 #include <cstdint>
@@ -132,14 +133,16 @@ struct ModelConfig {
 
   // Throws Error (prefixed by `source`, e.g. the file) naming the first bad
   // field: non-positive sizes, H % Hkv != 0, K > E, odd Dh, a combination
-  // the architecture cannot express in its config.json, ...
+  // the architecture cannot express in its config.json, a DeepSeek-V4 field
+  // outside V4 or out of range in it (docs/deepseek-v4.md, "checked"), ...
   void validate(const std::string& source = "model config") const;
 
   bool operator==(const ModelConfig&) const = default;
 };
 
 // Picks the Hugging Face class able to express `c` (used when the TOML omits
-// `architecture`): dense → Qwen2 if qkv_bias, Qwen3 if qk_norm, else Llama;
+// `architecture`): DeepSeek-V4 if hc_mult > 0 (never otherwise);
+// dense → Qwen2 if qkv_bias, Qwen3 if qk_norm, else Llama;
 // MoE → Dots1 if sigmoid scoring, score-correction bias or ungated shared
 // experts, Qwen2Moe if qkv_bias or a gated shared expert, else Qwen3Moe.
 Architecture infer_architecture(const ModelConfig& c);
@@ -147,6 +150,8 @@ Architecture infer_architecture(const ModelConfig& c);
 // Reads a Hugging Face config.json. `source` names the file in errors.
 // Unknown architecture, missing required field, unsupported feature (MLA,
 // sliding window, rope scaling, non-SiLU activation, o_proj bias) → Error.
+// DeepSeek-V4 reads its official keys (docs/deepseek-v4.md), its sliding
+// window and YaRN rope_scaling included; quantization_config is ignored.
 ModelConfig model_config_from_hf_json(const nlohmann::json& j, const std::string& source);
 ModelConfig load_hf_config(const std::string& path);
 

@@ -94,8 +94,11 @@ kernels::RouterConfig router_config(const ModelConfig& c) {
   kernels::RouterConfig r;
   r.num_experts = static_cast<int>(c.num_experts);
   r.top_k = static_cast<int>(c.num_experts_per_tok);
-  r.scoring = c.router_scoring == RouterScoring::Sigmoid ? kernels::RouterScoring::Sigmoid
-                                                          : kernels::RouterScoring::Softmax;
+  switch (c.router_scoring) {
+    case RouterScoring::Softmax: r.scoring = kernels::RouterScoring::Softmax; break;
+    case RouterScoring::Sigmoid: r.scoring = kernels::RouterScoring::Sigmoid; break;
+    case RouterScoring::SqrtSoftplus: r.scoring = kernels::RouterScoring::SqrtSoftplus; break;
+  }
   r.normalize = c.norm_topk_prob;
   r.routed_scaling = static_cast<float>(c.routed_scaling_factor);
   r.n_group = static_cast<int>(c.n_group);

@@ -85,6 +85,9 @@ struct ExpertBlocks {
 // Each entry records its layer and, for routed experts, its expert
 // (ParamInfo), and each MoE layer its two expert blocks (expert_blocks()), so
 // code that shards or gathers experts needs no tensor names.
+// DeepSeek-V4 uses its official names and order instead (docs/deepseek-v4.md,
+// "Parameters"); its MTP block j counts as layer L + j in ParamInfo::layer
+// and expert_blocks(), so expert parallelism shards the MTP experts too.
 class ParamLayout {
  public:
   ParamLayout() = default;
@@ -110,18 +113,28 @@ class ParamLayout {
     return all_experts() || (e >= expert_first_ && e < expert_first_ + expert_count_);
   }
   // Where MoE layer `layer`'s routed experts lie (Error for a dense layer).
+  // DeepSeek-V4: layers [0, L + num_nextn_predict_layers), MTP blocks last.
   const ExpertBlocks& expert_blocks(int64_t layer) const;
 
  private:
-  void add(std::string name, std::vector<int64_t> shape, ParamKind kind, int64_t layer = -1, int64_t expert = -1);
+  ParamInfo& add(std::string name, std::vector<int64_t> shape, ParamKind kind, int64_t layer = -1,
+                 int64_t expert = -1);
   void add_layer(int64_t i);  // layer i's tensors, in the order above
+  // Layer `layer`'s routed experts under `prefix` ("...experts."): every held
+  // expert's gate and up tensors interleaved, then every held expert's down.
+  void add_experts(int64_t layer, const std::string& prefix, const char* gate, const char* up, const char* down);
+  // DeepSeek-V4: the whole model; one block (a main layer or an MTP block's);
+  // an mHC site's fn, base and scale (`mix` rows, `scale` scales).
+  void add_v4_model();
+  void add_v4_block(const std::string& prefix, int64_t layer);
+  void add_hc(const std::string& prefix, int64_t layer, int64_t mix, int64_t scale);
 
   ModelConfig config_;
   std::vector<ParamInfo> params_;
   std::unordered_map<std::string, size_t> index_;
   int64_t numel_ = 0;
   int64_t expert_first_ = 0, expert_count_ = -1;
-  std::vector<ExpertBlocks> expert_blocks_;  // (L); empty ranges for dense layers
+  std::vector<ExpertBlocks> expert_blocks_;  // (L), V4 (L + MTP blocks); empty ranges for dense layers
 };
 
 // A tensor that is absent in this model (e.g. bq without qkv_bias) is an
@@ -219,6 +232,10 @@ Buffer alloc_params(const ParamLayout& layout);
 // Element j of tensor `name` is Philox(seed).normal(stream = hash(name),
 // counter = j): a pure function of (seed, name, j), so the result does not
 // depend on the thread count or on which other tensors exist. ctx may be null.
+// Index (a (V, K) table over E = num_experts): row v holds the K experts with
+// the smallest Philox(seed).u64(hash(name), v*E + e), ties to the lower e,
+// smallest first, as int32 bit patterns: K distinct experts, a pure function
+// of (seed, name, v).
 void init_params(const ParamLayout& layout, float* base, uint64_t seed, float stddev = 0.02f,
                  const Context* ctx = nullptr);
 

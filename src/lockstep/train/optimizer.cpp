@@ -1,7 +1,8 @@
 // AdamW on flat buffers: decayed and non-decayed parameter ranges come from
-// the layout (ParamKind::Matrix decays).
+// the layout (ParamKind::Matrix decays); frozen tensors are left alone.
 #include "lockstep/train/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -36,6 +37,10 @@ void AdamW::ensure_state() {
 OptimizerStats AdamW::step(const Context& ctx, float* params, float* grads, const GradNormFn& norm) {
   OptimizerStats s;
   const int64_t n = layout_->numel();
+  // A frozen tensor's gradient slots are cleared first, so whatever they hold
+  // counts neither in the norm (this buffer's or `norm`'s) nor in clipping.
+  for (const auto& info : layout_->params())
+    if (info.frozen) std::fill(grads + info.offset, grads + info.offset + info.numel, 0.0f);
   s.grad_norm = norm ? norm(ctx, grads) : kernels::global_grad_norm(ctx, grads, n);
   if (!std::isfinite(s.grad_norm)) {
     s.skipped = true;
@@ -54,6 +59,9 @@ OptimizerStats AdamW::step(const Context& ctx, float* params, float* grads, cons
   p.eps = float(config_.eps);
   p.step = step_;
   for (const auto& info : layout_->params()) {
+    // Frozen: no update and no decay; the moments stay zero. (An Index
+    // table's slots hold int32 bits, which must never pass through float math.)
+    if (info.frozen) continue;
     p.weight_decay = info.kind == ParamKind::Matrix ? float(config_.weight_decay) : 0.0f;
     kernels::adamw_step(ctx, params + info.offset, grads + info.offset, m_.as<float>() + info.offset,
                         v_.as<float>() + info.offset, info.numel, p);

@@ -1,6 +1,9 @@
 // AdamW over the flat parameter buffer, with warmup + cosine learning-rate
 // schedule and global-norm gradient clipping. Weight decay applies to
 // matrices only (not to norms and biases), the usual choice in Megatron/HF.
+// Frozen tensors (ParamInfo::frozen: Index tables, DeepSeek-V4's indexer)
+// are never updated or decayed, and their gradients are zeroed by step()
+// before the norm, so they are not counted in it.
 #pragma once
 
 #include <cstdint>
@@ -50,8 +53,9 @@ class AdamW {
   AdamW(const ParamLayout& layout, OptimizerConfig config, const ParamLayout* model = nullptr);
 
   // One step on params from grads (both layout.numel() floats); grads are
-  // clipped in place. A non-finite gradient norm skips the update. `norm`,
-  // if set, gives the global norm instead of this buffer's.
+  // clipped in place, and frozen tensors' grads zeroed first. A non-finite
+  // gradient norm skips the update. `norm`, if set, gives the global norm
+  // instead of this buffer's (it sees the zeroed frozen grads).
   OptimizerStats step(const Context& ctx, float* params, float* grads, const GradNormFn& norm = {});
 
   int64_t steps_done() const { return step_; }

@@ -1,6 +1,7 @@
 // MoE dispatch and combine: the dispatch handle (rows grouped by expert, in
 // token order), gather of token rows to expert rows, the weighted combine back
-// to tokens, their backward passes, and the top-k disagreement metric.
+// to tokens, their backward passes, the DeepSeek-V4 pair (routing weight on
+// the expert rows, then an unweighted sum), and the top-k disagreement metric.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -17,6 +18,8 @@ namespace {
 
 // Tokens per thread range: each token moves K rows of D values.
 constexpr int64_t kTokenGrain = 4;
+// Rows per thread range for the row-wise kernels (a row is one (token, slot)).
+constexpr int64_t kRowGrain = 16;
 
 // 2-D operands: unit column stride, row stride at least the width.
 void check_rows(const Tensor& t, const char* what) {
@@ -189,6 +192,96 @@ void moe_gather_backward(const Context& ctx, Tensor dx, const Tensor& dxe, const
           }
           float* out = row<float>(dx, t);
           for (int64_t d = 0; d < D; ++d) out[d] = out[d] + acc[static_cast<size_t>(d)];
+        }
+      },
+      kTokenGrain);
+}
+
+void moe_scale_rows(const Context& ctx, Tensor y, const Tensor& x, const Tensor& topk_w, const MoeDispatch& plan) {
+  check_plan(plan, "moe_scale_rows");
+  const int64_t T = plan.num_tokens, K = plan.top_k, R = plan.num_rows();
+  check_f32_rows(x, {R, -1}, "moe_scale_rows: x");
+  const int64_t F = x.shape[1];
+  check_f32_rows(y, {R, F}, "moe_scale_rows: y");
+  check_f32_rows(topk_w, {T, K}, "moe_scale_rows: topk_w");
+  // Rows, not tokens, split across threads: an expert's rows are contiguous.
+  ctx.parallel_for(
+      R,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const size_t i = static_cast<size_t>(r);
+          const float w = row<const float>(topk_w, plan.token[i])[plan.slot[i]];
+          const float* src = row<const float>(x, r);  // (F)
+          float* dst = row<float>(y, r);              // (F), may be src
+          for (int64_t f = 0; f < F; ++f) dst[f] = w * src[f];
+        }
+      },
+      kRowGrain);
+}
+
+void moe_scale_rows_backward(const Context& ctx, Tensor dx, Tensor dtopk_w, const Tensor& dy, const Tensor& x,
+                             const Tensor& topk_w, const MoeDispatch& plan) {
+  check_plan(plan, "moe_scale_rows_backward");
+  const int64_t T = plan.num_tokens, K = plan.top_k, R = plan.num_rows();
+  check_f32_rows(x, {R, -1}, "moe_scale_rows_backward: x");
+  const int64_t F = x.shape[1];
+  check_f32_rows(dy, {R, F}, "moe_scale_rows_backward: dy");
+  check_f32_rows(dx, {R, F}, "moe_scale_rows_backward: dx");
+  check_f32_rows(topk_w, {T, K}, "moe_scale_rows_backward: topk_w");
+  check_f32_rows(dtopk_w, {T, K}, "moe_scale_rows_backward: dtopk_w");
+  // Each row is one (token, slot), so threads write distinct dtopk_w elements.
+  ctx.parallel_for(
+      R,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const size_t i = static_cast<size_t>(r);
+          const float w = row<const float>(topk_w, plan.token[i])[plan.slot[i]];
+          const float* g = row<const float>(dy, r);  // (F)
+          // The dot reads dy before dx (which may be dy) is written.
+          row<float>(dtopk_w, plan.token[i])[plan.slot[i]] = canonical_dot(g, row<const float>(x, r), F);
+          float* dst = row<float>(dx, r);  // (F)
+          for (int64_t f = 0; f < F; ++f) dst[f] = w * g[f];
+        }
+      },
+      kRowGrain);
+}
+
+void moe_sum(const Context& ctx, Tensor y, const Tensor& ye, const MoeDispatch& plan) {
+  check_plan(plan, "moe_sum");
+  const int64_t T = plan.num_tokens, K = plan.top_k;
+  check_f32_rows(ye, {T * K, -1}, "moe_sum: ye");
+  const int64_t D = ye.shape[1];
+  check_f32_rows(y, {T, D}, "moe_sum: y");
+  ctx.parallel_for(
+      T,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+          float* out = row<float>(y, t);  // (D)
+          std::fill(out, out + D, 0.0f);
+          for (int64_t s = 0; s < K; ++s) {
+            const float* src = row<const float>(ye, plan.row_of[static_cast<size_t>(t * K + s)]);  // (D)
+            for (int64_t d = 0; d < D; ++d) out[d] = out[d] + src[d];
+          }
+        }
+      },
+      kTokenGrain);
+}
+
+void moe_sum_backward(const Context& ctx, Tensor dye, const Tensor& dy, const MoeDispatch& plan) {
+  check_plan(plan, "moe_sum_backward");
+  const int64_t T = plan.num_tokens, K = plan.top_k;
+  check_f32_rows(dy, {T, -1}, "moe_sum_backward: dy");
+  const int64_t D = dy.shape[1];
+  check_f32_rows(dye, {T * K, D}, "moe_sum_backward: dye");
+  const size_t row_bytes = static_cast<size_t>(D) * sizeof(float);
+  ctx.parallel_for(
+      T,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+          const float* src = row<const float>(dy, t);
+          for (int64_t s = 0; s < K; ++s) {
+            if (D > 0) std::memcpy(row<float>(dye, plan.row_of[static_cast<size_t>(t * K + s)]), src, row_bytes);
+          }
         }
       },
       kTokenGrain);

@@ -24,7 +24,9 @@ enum class RouterScoring {
   Softmax,  // p = softmax(logits) over E (Qwen3-MoE, Mixtral)
   Sigmoid,  // p = sigmoid(logit) per expert (DeepSeek-V3)
   SqrtSoftplus,  // p = sqrt(softplus(logit)) per expert (DeepSeek-V4); softplus(x) = x for x > 20,
-                 // else log1(1 + exp1(x)); dp/dlogit = sigmoid1(x) / (2 p) (0 where p == 0)
+                 // else log1(1 + exp1(x)); dp/dlogit = sigmoid(x) / (2 p) (0 where p == 0). The
+                 // backward sees only p, so it uses sigmoid(x) = 1 - exp1(-p^2), evaluated near
+                 // p = 0 as (1 - u) p^2 / -log1(u), u = exp1(-p^2), to keep small gradients exact
 };
 
 // The router's hyper-parameters, named after their Hugging Face config keys.
@@ -133,7 +135,7 @@ void moe_scale_rows(const Context& ctx, Tensor y, const Tensor& x, const Tensor&
 void moe_scale_rows_backward(const Context& ctx, Tensor dx, Tensor dtopk_w, const Tensor& dy, const Tensor& x,
                              const Tensor& topk_w, const MoeDispatch& plan);
 // y[t] = sum over s of ye[row_of(t, s)], slot order from 0 (plain adds): the
-// combine of rows already weighted. y (T, D) written.
+// combine of rows already weighted. y (T, D) written; ye (R, D); y must not alias ye.
 void moe_sum(const Context& ctx, Tensor y, const Tensor& ye, const MoeDispatch& plan);
 // dye[row_of(t, s)] = dy[t] (a copy), (R, D) written.
 void moe_sum_backward(const Context& ctx, Tensor dye, const Tensor& dy, const MoeDispatch& plan);

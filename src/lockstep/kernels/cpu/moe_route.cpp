@@ -98,12 +98,50 @@ void select_token(const float* p, const float* bias, const RouterConfig& cfg, Sc
   select_topk(v, 0, E, cfg.top_k, [&](int32_t e) { return s.group_ok[static_cast<size_t>(e / size)] != 0; }, idx);
 }
 
-// p = softmax(z) or sigmoid(z) over one token's E logits.
+// Past this logit softplus(x) = log(1 + e^x) equals x in f32 (e^-20 is below
+// half an ulp of 20), and exp1 stays far from overflow (PyTorch's threshold too).
+constexpr float kSoftplusLinear = 20.0f;
+
+// sqrt(softplus(x)), the DeepSeek-V4 score. log1(u) >= 0 for every float u in
+// [1, 1 + e^20], so the square root never sees a negative number.
+inline float sqrt_softplus(float x) {
+  const float sp = x > kSoftplusLinear ? x : log1(1.0f + exp1(x));
+  return std::sqrt(sp);
+}
+
+// dp/dx of p = sqrt(softplus(x)) from p alone (the backward keeps no logits):
+// sigmoid(x) / (2p), with sigmoid(x) = 1 - e^{-softplus(x)} = 1 - exp(-p^2).
+// Where u = exp(-p^2) > 1/2, 1 - u would lose the small sigmoid of a negative
+// logit to cancellation, so it is evaluated as (1 - u) * s / -log(u) (Kahan's
+// expm1 trick: 1 - u is exact there and the rounding of u cancels in the
+// ratio). 0 where p == 0, as the limit p/2 is below any gradient that matters.
+inline float sqrt_softplus_grad(float p) {
+  if (p == 0.0f) return 0.0f;
+  const float s = p * p;     // softplus(x)
+  const float u = exp1(-s);  // 1 - sigmoid(x)
+  float sig;                 // sigmoid(x)
+  if (u <= 0.5f) {
+    sig = 1.0f - u;
+  } else if (u == 1.0f) {
+    sig = s;
+  } else {
+    sig = (1.0f - u) * (s / -log1(u));
+  }
+  return sig / (2.0f * p);
+}
+
+// p = softmax(z), sigmoid(z) or sqrt(softplus(z)) over one token's E logits.
 void score_token(const float* z, float* p, const RouterConfig& cfg) {
   const int E = cfg.num_experts;
-  if (cfg.scoring == RouterScoring::Sigmoid) {
-    vsigmoid(z, p, E);
-    return;
+  switch (cfg.scoring) {
+    case RouterScoring::Sigmoid:
+      vsigmoid(z, p, E);
+      return;
+    case RouterScoring::SqrtSoftplus:
+      for (int e = 0; e < E; ++e) p[e] = sqrt_softplus(z[e]);
+      return;
+    case RouterScoring::Softmax:
+      break;
   }
   const float m = max_reduce(z, E);
   for (int e = 0; e < E; ++e) p[e] = z[e] - m;
@@ -137,6 +175,8 @@ void RouterConfig::validate() const {
   if (num_experts < 1) LS_THROW << "RouterConfig: num_experts must be >= 1, got " << num_experts;
   if (top_k < 1 || top_k > num_experts)
     LS_THROW << "RouterConfig: top_k must be in [1, num_experts=" << num_experts << "], got " << top_k;
+  if (scoring != RouterScoring::Softmax && scoring != RouterScoring::Sigmoid && scoring != RouterScoring::SqrtSoftplus)
+    LS_THROW << "RouterConfig: scoring must be Softmax, Sigmoid or SqrtSoftplus, got " << static_cast<int>(scoring);
   if (!std::isfinite(routed_scaling)) LS_THROW << "RouterConfig: routed_scaling must be finite, got " << routed_scaling;
   if (n_group < 1 || num_experts % n_group != 0)
     LS_THROW << "RouterConfig: n_group must be >= 1 and divide num_experts=" << num_experts << ", got " << n_group;
@@ -246,13 +286,21 @@ void moe_route_backward(const Context& ctx, Tensor dlogits, const Tensor& dtopk_
             for (int s = 0; s < K; ++s) dp[static_cast<size_t>(idx[s])] += c * g[s];
           }
           float* dz = row<float>(dlogits, t);  // (E)
-          if (cfg.scoring == RouterScoring::Softmax) {
-            // dz_j = p_j (dp_j - sum_k p_k dp_k)
-            const float dot = canonical_dot(p, dp.data(), E);
-            for (int e = 0; e < E; ++e) dz[e] = p[e] * (dp[static_cast<size_t>(e)] - dot);
-          } else {
-            // dz_j = dp_j p_j (1 - p_j)
-            for (int e = 0; e < E; ++e) dz[e] = dp[static_cast<size_t>(e)] * (p[e] * (1.0f - p[e]));
+          switch (cfg.scoring) {
+            case RouterScoring::Softmax: {
+              // dz_j = p_j (dp_j - sum_k p_k dp_k)
+              const float dot = canonical_dot(p, dp.data(), E);
+              for (int e = 0; e < E; ++e) dz[e] = p[e] * (dp[static_cast<size_t>(e)] - dot);
+              break;
+            }
+            case RouterScoring::Sigmoid:
+              // dz_j = dp_j p_j (1 - p_j)
+              for (int e = 0; e < E; ++e) dz[e] = dp[static_cast<size_t>(e)] * (p[e] * (1.0f - p[e]));
+              break;
+            case RouterScoring::SqrtSoftplus:
+              // dz_j = dp_j sigmoid(z_j) / (2 p_j)
+              for (int e = 0; e < E; ++e) dz[e] = dp[static_cast<size_t>(e)] * sqrt_softplus_grad(p[e]);
+              break;
           }
         }
       },

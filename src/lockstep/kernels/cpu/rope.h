@@ -61,10 +61,12 @@ void rope_backward(const Context& ctx, Tensor dx, const Tensor& positions, const
 
 // YaRN frequency scaling. Off when factor == 1 (or original_max_positions == 0).
 // With omega_j = theta^(-2j / rope_dim) (double):
-//   lo = max(0, floor(d(beta_fast))), hi = min(rope_dim/2 - 1, ceil(d(beta_slow))),
+//   lo = max(0, floor(d(beta_fast))), hi = min(rope_dim - 1, ceil(d(beta_slow))),
 //   d(beta) = rope_dim * ln(original_max_positions / (beta * 2 pi)) / (2 ln theta);
 //   hi += 0.001 when hi == lo; gamma_j = clamp((j - lo) / (hi - lo), 0, 1);
 //   omega_j <- omega_j * (1 - gamma_j * (1 - 1 / factor))   (all double).
+// (hi is clamped at rope_dim - 1, not at the last pair, as DeepSeek's and Hugging
+// Face's find_correction_range do: a ramp may end past the last pair.)
 // No attention-scale (mscale) factor is applied.
 struct YarnConfig {
   double factor = 1.0;

@@ -35,7 +35,12 @@ void sparse_attention_forward(const Context& ctx, Tensor out, Tensor lse, const 
 //   dstore (N, Dh) accumulated (+=): row j gets sum over (t, h, column) of
 //       dz_j * scale * q[t,h] + p_j * dout[t,h], in (t, h, column) order
 //   dsink (H) accumulated: -sum over t of p_sink * Dt, in t order
-// Deterministic whatever the thread count.
+// Deterministic whatever the thread count. The f32 steps, per (t, h): Dt =
+// canonical_dot(dout, out); p_j = exp1(z_j - lse); ds_j = p_j * (canonical_dot(dout,
+// kv_j) - Dt) * scale; dq = fma chain of ds_j * kv_j over the columns from 0;
+// each reference updates its store row in place, row = fma(p_j, dout, fma(ds_j,
+// q, row)), so the bits do not depend on how tokens are chunked;
+// dsink[h] -= exp1(sink[h] - lse) * Dt.
 void sparse_attention_backward(const Context& ctx, Tensor dq, Tensor dstore, Tensor dsink, const Tensor& dout,
                                const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& store,
                                const Tensor& cand, const Tensor& sink, float scale);

@@ -26,10 +26,15 @@ void swiglu_backward(const Context& ctx, Tensor dgate, Tensor dup, const Tensor&
                      const Tensor& up);
 
 // Clamped SwiGLU (DeepSeek-V4's swiglu_limit L > 0): g' = min(gate, L),
-// u' = min(max(up, -L), L), out = silu(g') * u' with the same silu as above.
+// u' = min(max(up, -L), L), out = silu(g') * u' with the same silu as above,
+// so out has the bits of swiglu_forward on (g', u'). NaN stays NaN. A limit
+// that is not > 0 (or NaN) throws Error; L = +inf is swiglu_forward itself.
+// Shapes and aliasing as swiglu_forward.
 void swiglu_clamped_forward(const Context& ctx, Tensor out, const Tensor& gate, const Tensor& up, float limit);
-// Its backward: the unclamped formulas at (g', u'), then dgate = 0 where
-// gate > L and dup = 0 where |up| > L (the forward's masks). Aliasing as swiglu_backward.
+// Its backward: the unclamped formulas at (g', u') (the bits of swiglu_backward
+// on (g', u')), then dgate = +0 where gate > L and dup = +0 where |up| > L (the
+// forward's masks). The masks are strict: at gate == L or |up| == L exactly the
+// gradient passes, as in PyTorch's clamp backward. Aliasing as swiglu_backward.
 void swiglu_clamped_backward(const Context& ctx, Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate,
                              const Tensor& up, float limit);
 
