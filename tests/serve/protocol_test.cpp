@@ -93,7 +93,8 @@ TEST(ServeProtocol, RoutingAndIndexerRecordsAreReturnedWhenAsked) {
   EXPECT_FALSE(m0.contains("routed_experts"));
   EXPECT_FALSE(m0.contains("indexer_topk"));
   const GenJob both = parse_generate(
-      json{{"input_ids", {1, 2}}, {"return_routed_experts", true}, {"return_indexer_topk", true}}, nullptr, kLimits);
+      json{{"input_ids", {1, 2}}, {"return_routed_experts", true}, {"return_indexer_topk", true}}, nullptr,
+      kLimits);
   EXPECT_TRUE(both.return_experts);
   EXPECT_TRUE(both.return_indexer);
   const json m1 = generate_item(both, r, 0, out, nullptr, "x")["meta_info"];

@@ -104,9 +104,9 @@ int run_check(const Args& args) {
       if (replay && n_csa > 0) t.indexer_topk = s.indexer_topk;
       rollout_lp.push_back(s.logprobs);
       if (n_moe > 0 || n_csa > 0) {
-        train::TrainerChoices own = train::trainer_choices(
-            ctx, trainer.weights(), t.tokens, replay && n_moe > 0 ? &s.routed_experts : nullptr,
-            replay && n_csa > 0 ? &s.indexer_topk : nullptr);
+        train::TrainerChoices own = train::trainer_choices(ctx, trainer.weights(), t.tokens,
+                                                           replay && n_moe > 0 ? &s.routed_experts : nullptr,
+                                                           replay && n_csa > 0 ? &s.indexer_topk : nullptr);
         rollout_routes.push_back(s.routed_experts);
         train_routes.push_back(std::move(own.experts));
         rollout_indexer.push_back(s.indexer_topk);
@@ -122,7 +122,8 @@ int run_check(const Args& args) {
   for (auto& s : scores) train_lp.push_back(s.logp);
   train::MismatchStats ms = train::compute_mismatch(rollout_lp, train_lp);
   if (n_moe > 0) ms.router_disagreement = train::router_disagreement(rollout_routes, train_routes, n_moe, K);
-  if (n_csa > 0) ms.indexer_disagreement = train::indexer_disagreement(rollout_indexer, train_indexer, n_csa, KI);
+  if (n_csa > 0)
+    ms.indexer_disagreement = train::indexer_disagreement(rollout_indexer, train_indexer, n_csa, KI);
 
   std::printf("check-alignment: %lld samples, %lld response tokens, rollout %s, trainer %s (%s)%s\n\n",
               (long long)ms.samples, (long long)ms.tokens, precision.c_str(), trainer_precision.c_str(),

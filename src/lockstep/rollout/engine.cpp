@@ -78,8 +78,8 @@ DType choose_kv_dtype(const model::ModelWeights& w, const EngineConfig& c) {
 // A sequence's per-token record (routes, indexer choices; `row` ints a token)
 // takes the batch rows [row0, row0 + n) of `batch` as its tokens [begin,
 // begin + n); a recompute after preemption re-records positions already known.
-void record_rows(std::vector<int32_t>& seq, const std::vector<int32_t>& batch, int64_t begin, int64_t row0, int64_t n,
-                 int64_t row) {
+void record_rows(std::vector<int32_t>& seq, const std::vector<int32_t>& batch, int64_t begin, int64_t row0,
+                 int64_t n, int64_t row) {
   seq.resize(size_t(begin * row));
   seq.insert(seq.end(), batch.begin() + row0 * row, batch.begin() + (row0 + n) * row);
 }
@@ -88,7 +88,8 @@ void record_rows(std::vector<int32_t>& seq, const std::vector<int32_t>& batch, i
 // never fed, so its row repeats the previous one (see engine.h).
 std::vector<int32_t> rows_per_token(std::vector<int32_t> rec, size_t tokens, size_t row) {
   rec.resize(std::min(rec.size(), tokens * row));
-  while (rec.size() < tokens * row && rec.size() >= row) rec.insert(rec.end(), rec.end() - int64_t(row), rec.end());
+  while (rec.size() < tokens * row && rec.size() >= row)
+    rec.insert(rec.end(), rec.end() - int64_t(row), rec.end());
   return rec;
 }
 }  // namespace

@@ -83,8 +83,8 @@ std::vector<double> router_disagreement(const std::vector<std::vector<int32_t>>&
   return out;
 }
 
-double indexer_disagreement(const std::vector<std::vector<int32_t>>& a, const std::vector<std::vector<int32_t>>& b,
-                            int64_t n_csa, int64_t ki) {
+double indexer_disagreement(const std::vector<std::vector<int32_t>>& a,
+                            const std::vector<std::vector<int32_t>>& b, int64_t n_csa, int64_t ki) {
   LS_CHECK(a.size() == b.size()) << "indexer records of different sample counts";
   if (n_csa * ki == 0) return 0.0;
   double differ = 0;

@@ -46,8 +46,8 @@ std::vector<double> router_disagreement(const std::vector<std::vector<int32_t>>&
 // for the same sequences, each (len, L_csa, KI) per sequence: the fraction of
 // (token, CSA layer) rows over positions [0, len-1) whose entry sets differ
 // (the rollout never computes the last token's). 0 when there are no rows.
-double indexer_disagreement(const std::vector<std::vector<int32_t>>& a, const std::vector<std::vector<int32_t>>& b,
-                            int64_t n_csa, int64_t ki);
+double indexer_disagreement(const std::vector<std::vector<int32_t>>& a,
+                            const std::vector<std::vector<int32_t>>& b, int64_t n_csa, int64_t ki);
 
 // The experts the trainer's forward (f32 master weights, every token new)
 // picks for each sequence: (len, L_moe, K). With `replay`, the given routing

@@ -255,8 +255,8 @@ int32_t blocks_of(const TrainSequence& s, int bs) { return int32_t((s.tokens.siz
 
 // Every token new, sequences [b0, b1) on consecutive KV blocks from block 0; the logit
 // rows and targets of their response tokens, and each sequence's first row.
-model::RaggedBatch build_batch(const std::vector<TrainSequence>& seqs, size_t b0, size_t b1, int bs, bool replay,
-                               std::vector<int32_t>& targets, ReplayRows& replay_rows,
+model::RaggedBatch build_batch(const std::vector<TrainSequence>& seqs, size_t b0, size_t b1, int bs,
+                               bool replay, std::vector<int32_t>& targets, ReplayRows& replay_rows,
                                std::vector<int64_t>& first_row) {
   int32_t max_blocks = 1;
   for (size_t i = b0; i < b1; ++i) max_blocks = std::max(max_blocks, blocks_of(seqs[i], bs));
