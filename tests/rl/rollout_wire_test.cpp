@@ -86,6 +86,7 @@ std::vector<rollout::RequestResult> sample_results() {
   rs[0].samples[0].weight_version_end = 13;
   rs[0].samples[0].ttft_s = 0.25;
   rs[0].samples[0].latency_s = 1.5;
+  rs[0].samples[0].indexer_topk = {0, 2, -1, 1, 3, -1};  // DeepSeek-V4: last field of a sample
   rs[0].samples[1].finish_reason = "stop";
   rs[1].id = 78;  // a request with no samples
   return rs;
@@ -112,6 +113,7 @@ TEST(RolloutWire, ResultsRoundTripBitForBit) {
       EXPECT_EQ(a.weight_version_end, b.weight_version_end);
       EXPECT_EQ(a.ttft_s, b.ttft_s);
       EXPECT_EQ(a.latency_s, b.latency_s);
+      EXPECT_EQ(a.indexer_topk, b.indexer_topk);
     }
   }
   EXPECT_TRUE(std::signbit(back[0].samples[0].logprobs[0]));

@@ -263,6 +263,7 @@ TEST(Engine, RoutedExpertsCoverEveryTokenAndReplayReproducesTrainerLogprobs) {
   for (auto& s : out.samples) {
     ASSERT_EQ(int64_t(s.routed_experts.size()), int64_t(11 + s.output_ids.size()) * row);
     for (int32_t x : s.routed_experts) ASSERT_TRUE(x >= 0 && x < 4);
+    EXPECT_TRUE(s.indexer_topk.empty()) << "no CSA layers, no indexer record";
   }
   Buffer copy(m.layout.nbytes());
   std::memcpy(copy.data(), m.params.data(), m.layout.nbytes());

@@ -78,6 +78,33 @@ TEST(ServeProtocol, ExplicitMaxTokensThatDoNotFitAreRejected) {
   EXPECT_EQ(job.model, "tiny");
 }
 
+TEST(ServeProtocol, RoutingAndIndexerRecordsAreReturnedWhenAsked) {
+  rollout::RequestResult r;
+  r.prompt_ids = {1, 2};
+  r.samples.resize(1);
+  r.samples[0].output_ids = {3};
+  r.samples[0].routed_experts = {0, 1, 1, 2, 2, 3};
+  r.samples[0].indexer_topk = {-1, -1, 0, -1, 0, -1};
+  const SampleOutput out;
+  const GenJob plain = parse_generate(json{{"input_ids", {1, 2}}}, nullptr, kLimits);
+  EXPECT_FALSE(plain.return_experts);
+  EXPECT_FALSE(plain.return_indexer);
+  const json m0 = generate_item(plain, r, 0, out, nullptr, "x")["meta_info"];
+  EXPECT_FALSE(m0.contains("routed_experts"));
+  EXPECT_FALSE(m0.contains("indexer_topk"));
+  const GenJob both = parse_generate(
+      json{{"input_ids", {1, 2}}, {"return_routed_experts", true}, {"return_indexer_topk", true}}, nullptr,
+      kLimits);
+  EXPECT_TRUE(both.return_experts);
+  EXPECT_TRUE(both.return_indexer);
+  const json m1 = generate_item(both, r, 0, out, nullptr, "x")["meta_info"];
+  EXPECT_EQ(m1["routed_experts"], json(r.samples[0].routed_experts));
+  EXPECT_EQ(m1["indexer_topk"], json(r.samples[0].indexer_topk));
+  EXPECT_NE(std::string(parse_error(json{{"input_ids", {1}}, {"return_indexer_topk", 3}}).what())
+                .find("return_indexer_topk"),
+            std::string::npos);
+}
+
 TEST(ServeProtocol, StopStrings) {
   std::string matched;
   EXPECT_EQ(find_stop("abc</s>def", {"def", "</s>"}, &matched), 3u);

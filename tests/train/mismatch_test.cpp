@@ -42,6 +42,25 @@ TEST(Mismatch, RouterDisagreementIsOrderFreePerLayer) {
   EXPECT_DOUBLE_EQ(d[1], 0.5);  // token 1 differs in layer 1
 }
 
+TEST(Mismatch, IndexerDisagreementCountsTokenLayerRowsOrderFree) {
+  // Sample 0: 3 tokens (+1 unscored last token), 2 CSA layers, KI = 2.
+  std::vector<int32_t> a = {0, 1, 0, -1, /*t1*/ 0, 2, 1, 2, /*t2*/ 0, 1, 0, 1, /*t3*/ 5, 5, 5, 5};
+  std::vector<int32_t> b = {1, 0, 0, -1, /*t1*/ 0, 2, 1, -1, /*t2*/ 0, 1, 1, 0, /*t3*/ 0, 0, 0, 0};
+  // Sample 1: one token only (nothing scored); sample 2: 2 tokens, one row differs.
+  std::vector<int32_t> c = {0, -1, 0, -1}, d = {0, -1, 0, -1};
+  std::vector<int32_t> e = {0, 1, 1, 0, /*t1*/ 0, 0, 0, 0}, f = {0, 1, 1, 2, /*t1*/ 1, 1, 1, 1};
+  // Rows scored: 3*2 + 0 + 1*2 = 8; differing: (t1, layer 1) and (s2 t0, layer 1).
+  EXPECT_DOUBLE_EQ(indexer_disagreement({a, c, e}, {b, d, f}, 2, 2), 2.0 / 8.0);
+  EXPECT_DOUBLE_EQ(indexer_disagreement({a}, {a}, 2, 2), 0.0);
+  EXPECT_DOUBLE_EQ(indexer_disagreement({}, {}, 2, 2), 0.0);
+  EXPECT_THROW(indexer_disagreement({a}, {c}, 2, 2), Error);
+  // The JSON has the key only when it was measured (other models' output is unchanged).
+  MismatchStats s;
+  EXPECT_FALSE(s.to_json().contains("train/indexer_topk_disagreement"));
+  s.indexer_disagreement = 0.25;
+  EXPECT_EQ(s.to_json()["train/indexer_topk_disagreement"], 0.25);
+}
+
 namespace {
 ModelConfig tiny_moe() {
   ModelConfig c;
@@ -200,6 +219,42 @@ TEST(FastMode, LowPrecisionRolloutHasAGapAndReplayRemovesRouterDisagreement) {
       }
     }
   }
+}
+
+// Replay needs one row per token of each record, and a model without CSA
+// layers takes no indexer record; the error names the sequence and the sizes.
+TEST(Replay, RecordsOfTheWrongSizeAreRefusedByName) {
+  const ModelConfig c = tiny_moe();
+  ParamLayout layout(c);
+  Buffer params = alloc_params(layout);
+  init_params(layout, params.as<float>(), 5, 0.3f);
+  Trainer t(Context{}, c, std::move(params), {});
+  TrainSequence s;
+  s.tokens = {1, 2, 3, 4, 5};
+  s.prompt_len = 2;
+  s.routed_experts = trainer_routing(Context{}, t.weights(), s.tokens, nullptr);
+  ScoreOptions replay;
+  replay.replay = true;
+  EXPECT_NO_THROW(t.score({s}, replay));
+  auto message = [&](const TrainSequence& bad) -> std::string {
+    try {
+      t.score({s, bad}, replay);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  TrainSequence short_routes = s;
+  short_routes.routed_experts.pop_back();
+  const std::string m1 = message(short_routes);
+  EXPECT_NE(m1.find("sequence 1: routing replay needs 20 expert ids, got 19"), std::string::npos) << m1;
+  TrainSequence with_indexer = s;
+  with_indexer.indexer_topk = {0, 1};
+  const std::string m2 = message(with_indexer);
+  EXPECT_NE(m2.find("sequence 1: indexer replay needs 0 indexer_topk entries"), std::string::npos) << m2;
+  EXPECT_NE(m2.find("got 2"), std::string::npos) << m2;
+  // Without replay the records are not looked at.
+  EXPECT_NO_THROW(t.score({with_indexer, short_routes}, ScoreOptions{}));
 }
 
 }  // namespace lockstep::train

@@ -10,6 +10,7 @@
 #include "lockstep/base/error.h"
 #include "lockstep/cli/command.h"
 #include "lockstep/model/model_source.h"
+#include "lockstep/model/v4_forward.h"
 #include "lockstep/cli/rollout_flags.h"
 #include "lockstep/data/dataset.h"
 #include "lockstep/data/jsonl.h"
@@ -59,6 +60,7 @@ int run_check(const Args& args) {
   const bool replay = args.flag("replay");
   const ModelConfig& c = m.config;
   const int64_t n_moe = c.num_moe_layers(), K = c.num_experts_per_tok;
+  const int64_t n_csa = model::num_csa_layers(c), KI = c.index_topk;  // DeepSeek-V4's indexer
 
   // Prompts: `prompt_ids`, or text through the tokenizer's chat template.
   std::vector<std::vector<int32_t>> prompts;
@@ -78,7 +80,7 @@ int run_check(const Args& args) {
     rollout::Request q;
     q.prompt_ids = p;
     q.params = sp;
-    q.return_experts = n_moe > 0;
+    q.return_experts = n_moe > 0 || n_csa > 0;
     reqs.push_back(std::move(q));
   }
   const std::vector<rollout::Request> requests = reqs;  // kept for --localise's second run
@@ -91,7 +93,7 @@ int run_check(const Args& args) {
   train::Trainer trainer(ctx, c, std::move(m.params), tc);
   std::vector<train::TrainSequence> seqs;
   std::vector<std::vector<float>> rollout_lp;
-  std::vector<std::vector<int32_t>> rollout_routes, train_routes;
+  std::vector<std::vector<int32_t>> rollout_routes, train_routes, rollout_indexer, train_indexer;
   for (auto& r : results)
     for (auto& s : r.samples) {
       train::TrainSequence t;
@@ -99,22 +101,29 @@ int run_check(const Args& args) {
       t.tokens.insert(t.tokens.end(), s.output_ids.begin(), s.output_ids.end());
       t.prompt_len = int32_t(r.prompt_ids.size());
       if (replay && n_moe > 0) t.routed_experts = s.routed_experts;
+      if (replay && n_csa > 0) t.indexer_topk = s.indexer_topk;
       rollout_lp.push_back(s.logprobs);
-      if (n_moe > 0) {
+      if (n_moe > 0 || n_csa > 0) {
+        train::TrainerChoices own = train::trainer_choices(ctx, trainer.weights(), t.tokens,
+                                                           replay && n_moe > 0 ? &s.routed_experts : nullptr,
+                                                           replay && n_csa > 0 ? &s.indexer_topk : nullptr);
         rollout_routes.push_back(s.routed_experts);
-        train_routes.push_back(train::trainer_routing(ctx, trainer.weights(), t.tokens,
-                                                      replay ? &s.routed_experts : nullptr));
+        train_routes.push_back(std::move(own.experts));
+        rollout_indexer.push_back(s.indexer_topk);
+        train_indexer.push_back(std::move(own.indexer));
       }
       seqs.push_back(std::move(t));
     }
   train::ScoreOptions so;
   so.temperature = sp.logprob_temperature();
-  so.replay = replay && n_moe > 0;
+  so.replay = replay && (n_moe > 0 || n_csa > 0);
   auto scores = trainer.score(seqs, so);
   std::vector<std::vector<float>> train_lp;
   for (auto& s : scores) train_lp.push_back(s.logp);
   train::MismatchStats ms = train::compute_mismatch(rollout_lp, train_lp);
   if (n_moe > 0) ms.router_disagreement = train::router_disagreement(rollout_routes, train_routes, n_moe, K);
+  if (n_csa > 0)
+    ms.indexer_disagreement = train::indexer_disagreement(rollout_indexer, train_indexer, n_csa, KI);
 
   std::printf("check-alignment: %lld samples, %lld response tokens, rollout %s, trainer %s (%s)%s\n\n",
               (long long)ms.samples, (long long)ms.tokens, precision.c_str(), trainer_precision.c_str(),
@@ -129,6 +138,8 @@ int run_check(const Args& args) {
     std::snprintf(name, sizeof name, "router top-k disagreement, MoE layer %zu", l);
     std::printf("  %-44s %.6f\n", name, ms.router_disagreement[l]);
   }
+  if (ms.indexer_disagreement)
+    std::printf("  %-44s %.6f\n", "indexer top-k disagreement, CSA layers", *ms.indexer_disagreement);
   if (args.flag("localise")) {
     const std::string where = localise(ctx, rollout_weights, trainer.weights(), ec, requests, results);
     std::printf("\n  localiser: %s\n", where.c_str());
@@ -163,8 +174,9 @@ LS_REGISTER_COMMAND(Command{
                 "aligned mode; another precision is fast mode, the rollout's KV cache then in bf16), and\n"
                 "prints: mean |dlogp| per sample then\n"
                 "over samples (train/train_rollout_logprob_abs_diff), its max, the k3 KL estimate, the\n"
-                "fraction of bitwise-equal logprobs, and the router top-k disagreement per MoE layer.\n"
-                "--replay makes the trainer use the rollout's experts (R3). --localise re-runs the rollout\n"
+                "fraction of bitwise-equal logprobs, the router top-k disagreement per MoE layer and, for\n"
+                "DeepSeek-V4, the indexer top-k disagreement over the CSA layers. --replay makes the trainer\n"
+                "use the rollout's experts (R3) and indexer choices. --localise re-runs the rollout\n"
                 "comparing every intermediate with the trainer's and names the first that differs (layer,\n"
                 "point, sample, position). Exits 1 when the mean gap\n"
                 "exceeds --max-abs-diff (default 0 in aligned mode, no limit in fast mode).\n"

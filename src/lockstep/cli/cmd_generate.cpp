@@ -82,6 +82,7 @@ int run_generate(const Args& args) {
         j["response"] = sp.stop.empty() ? text : rollout::cut_at_stop(text, sp.stop);
       }
       if (!s.routed_experts.empty()) j["routed_experts"] = s.routed_experts;
+      if (!s.indexer_topk.empty()) j["indexer_topk"] = s.indexer_topk;
       tokens += int64_t(s.output_ids.size());
       lines.push_back(std::move(j));
     }
@@ -99,10 +100,11 @@ LS_REGISTER_COMMAND(Command{
                 "Input lines hold `text` (raw text; --chat wraps it in the chat template), `messages`\n"
                 "(a chat) or `prompt_ids`. Each output line holds index, sample, prompt_ids, response_ids,\n"
                 "logprobs (of the tempered, untruncated distribution), finish_reason (stop|length|abort),\n"
-                "weight_version, the decoded `response`, and routed_experts with --return-experts.\n"
+                "weight_version, the decoded `response`, and routed_experts with --return-experts (and for\n"
+                "DeepSeek-V4 indexer_topk, the compressed entries each token chose in each CSA layer).\n"
                 "The output is valid input to `lockstep score`.\n\nflags:\n") +
         kRolloutFlagsHelp + "  --chat                 apply the tokenizer's chat template to `text`\n"
-                            "  --return-experts       include the MoE routing of every token\n",
+                            "  --return-experts       include the MoE routing (and V4 indexer choices) of every token\n",
     {"chat", "return-experts", "ignore-eos", "no-prefix-cache"}, run_generate});
 
 }  // namespace

@@ -58,6 +58,7 @@ struct Sample {
   std::vector<int32_t> output_ids;
   std::vector<float> rollout_logp;
   std::vector<int32_t> routed_experts;
+  std::vector<int32_t> indexer_topk;  // DeepSeek-V4
   std::string finish_reason, response;
   double reward = 0, score = 0, advantage = 0;
   bool correct = false, failed = false;
@@ -273,6 +274,7 @@ void Runner::fill(std::vector<Group>& groups, std::vector<rollout::RequestResult
       x.output_ids = std::move(s.output_ids);
       x.rollout_logp = std::move(s.logprobs);
       x.routed_experts = std::move(s.routed_experts);
+      x.indexer_topk = std::move(s.indexer_topk);
       x.finish_reason = s.finish_reason;
       x.version = s.weight_version;  // the weights the engine actually used
       x.version_end = s.weight_version_end;
@@ -466,7 +468,10 @@ bool Runner::make_sequences(const std::vector<Group>& groups, UpdateBatch& b) {
     t.tokens = g.prompt_ids;
     t.tokens.insert(t.tokens.end(), s.output_ids.begin(), s.output_ids.end());
     t.prompt_len = int32_t(g.prompt_ids.size());
-    if (cfg_.algo.routing_replay) t.routed_experts = s.routed_experts;
+    if (cfg_.algo.routing_replay) {
+      t.routed_experts = s.routed_experts;
+      t.indexer_topk = s.indexer_topk;
+    }
     b.seqs.push_back(std::move(t));
     b.rollout_lp.push_back(s.rollout_logp);
     same_version = same_version && s.version == trainer_.version() && s.version_end == trainer_.version();

@@ -12,10 +12,11 @@ namespace lockstep::rl {
 
 namespace {
 
-// "LSRQ" / "LSRS" + format version 1: a message of the other kind or of
-// another build's format is refused instead of misread.
+// "LSRQ" / "LSRS" + format version 2 (2: a sample ends with its
+// indexer_topk): a message of the other kind or of another build's format is
+// refused instead of misread.
 constexpr uint32_t kRequestsTag = 0x5152534cu, kResultsTag = 0x5352534cu;
-constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kFormatVersion = 2;
 
 class Writer {
  public:
@@ -180,6 +181,7 @@ std::vector<char> encode_results(const std::vector<rollout::RequestResult>& resu
       w.put(s.weight_version_end);
       w.put(s.ttft_s);
       w.put(s.latency_s);
+      w.put_vec(s.indexer_topk);
     }
   }
   return w.take();
@@ -206,6 +208,7 @@ std::vector<rollout::RequestResult> decode_results(const std::vector<char>& byte
       s.weight_version_end = r.get<uint64_t>();
       s.ttft_s = r.get<double>();
       s.latency_s = r.get<double>();
+      s.indexer_topk = r.get_vec<int32_t>();
     }
   }
   r.finish();

@@ -13,6 +13,7 @@
 #include "lockstep/base/log.h"
 #include "lockstep/base/rng.h"
 #include "lockstep/base/timer.h"
+#include "lockstep/model/v4_forward.h"
 
 namespace lockstep::rollout {
 
@@ -24,6 +25,7 @@ struct Engine::Sequence {
   std::vector<int32_t> blocks;   // physical KV blocks, in position order
   std::vector<float> logprobs;
   std::vector<int32_t> routes;   // (fed tokens, L_moe, K)
+  std::vector<int32_t> indexer;  // (fed tokens, L_csa, KI) DeepSeek-V4's indexer choices
   bool finished = false;
   bool forked = false;           // leader: the other samples exist
   bool running = false;          // admitted (holds blocks)
@@ -71,6 +73,24 @@ int64_t blocks_for(int64_t tokens, int bs) { return (tokens + bs - 1) / bs; }
 // store; a bf16 form of it is not implemented).
 DType choose_kv_dtype(const model::ModelWeights& w, const EngineConfig& c) {
   return w.storage() != DType::F32 && c.bf16_kv && !w.config().is_v4() ? DType::BF16 : DType::F32;
+}
+
+// A sequence's per-token record (routes, indexer choices; `row` ints a token)
+// takes the batch rows [row0, row0 + n) of `batch` as its tokens [begin,
+// begin + n); a recompute after preemption re-records positions already known.
+void record_rows(std::vector<int32_t>& seq, const std::vector<int32_t>& batch, int64_t begin, int64_t row0,
+                 int64_t n, int64_t row) {
+  seq.resize(size_t(begin * row));
+  seq.insert(seq.end(), batch.begin() + row0 * row, batch.begin() + (row0 + n) * row);
+}
+
+// The record of a finished sequence of `tokens` tokens: the last token was
+// never fed, so its row repeats the previous one (see engine.h).
+std::vector<int32_t> rows_per_token(std::vector<int32_t> rec, size_t tokens, size_t row) {
+  rec.resize(std::min(rec.size(), tokens * row));
+  while (rec.size() < tokens * row && rec.size() >= row)
+    rec.insert(rec.end(), rec.end() - int64_t(row), rec.end());
+  return rec;
 }
 }  // namespace
 
@@ -432,13 +452,15 @@ model::RaggedBatch Engine::build_batch(std::vector<Chunk>& chunks) {
   return batch;
 }
 
-// Phase 3: the forward pass, recording routed experts when a request asks.
+// Phase 3: the forward pass, recording routed experts (and DeepSeek-V4's
+// indexer choices) when a request asks.
 void Engine::run_forward(const std::vector<Chunk>& chunks, const model::RaggedBatch& batch,
                          model::ForwardResult* fr) {
   bool want_routes = false;
   for (const Chunk& w : chunks) want_routes = want_routes || w.s->group->req.return_experts;
   model::ForwardOptions fo;
   fo.record_experts = want_routes && weights_->config().num_moe_layers() > 0;
+  fo.record_indexer = want_routes && model::num_csa_layers(weights_->config()) > 0;
   std::vector<uint64_t> capture_ids;
   if (config_.capture) {
     for (const Chunk& w : chunks) capture_ids.push_back(capture_key(w.s->group->id, w.s->index));
@@ -457,17 +479,14 @@ void Engine::run_forward(const std::vector<Chunk>& chunks, const model::RaggedBa
 void Engine::record(const std::vector<Chunk>& chunks, const model::ForwardResult& fr) {
   const ModelConfig& c = weights_->config();
   const int bs = config_.block_size;
-  const int64_t n_moe = c.num_moe_layers(), K = c.num_experts_per_tok;
+  const int64_t route_row = c.num_moe_layers() * c.num_experts_per_tok;
+  const int64_t indexer_row = model::num_csa_layers(c) * c.index_topk;
   for (const Chunk& w : chunks) {
     Sequence& s = *w.s;
     s.n_cached += w.n;
-    if (s.group->req.return_experts && n_moe > 0) {
-      const int64_t row = n_moe * K;
-      // Rows of this chunk; a recompute re-records positions already known.
-      s.routes.resize(size_t(w.begin * row));
-      s.routes.insert(s.routes.end(), fr.routed_experts.begin() + w.row0 * row,
-                      fr.routed_experts.begin() + (w.row0 + w.n) * row);
-    }
+    if (!s.group->req.return_experts) continue;
+    if (route_row > 0) record_rows(s.routes, fr.routed_experts, w.begin, w.row0, w.n, route_row);
+    if (indexer_row > 0) record_rows(s.indexer, fr.indexer_topk, w.begin, w.row0, w.n, indexer_row);
   }
   for (const Chunk& w : chunks) {
     Sequence& s = *w.s;
@@ -502,6 +521,7 @@ void Engine::fork_leaders(std::vector<Chunk>& chunks) {
       q->blocks = lead.blocks;
       for (int32_t b : q->blocks) blocks_.retain(b);
       q->routes = lead.routes;
+      q->indexer = lead.indexer;
       q->forked = true;
       q->running = true;
       q->admit_order = lead.admit_order;
@@ -639,7 +659,8 @@ bool Engine::step() {
 
 void Engine::complete_finished_groups() {
   const ModelConfig& c = weights_->config();
-  const int64_t n_moe = c.num_moe_layers(), K = c.num_experts_per_tok;
+  const size_t route_row = size_t(c.num_moe_layers() * c.num_experts_per_tok);
+  const size_t indexer_row = size_t(model::num_csa_layers(c) * c.index_topk);
   for (auto it = active_.begin(); it != active_.end();) {
     Group& g = **it;
     bool done = int64_t(g.seqs.size()) == g.req.params.n || g.aborted;
@@ -664,16 +685,10 @@ void Engine::complete_finished_groups() {
         sr.weight_version_end = q->version_last;
         sr.ttft_s = q->t_first;
         sr.latency_s = q->t_end;
-        if (g.req.return_experts && n_moe > 0) {
-          const size_t row = size_t(n_moe * K);
-          const size_t total = q->tokens.size();
-          sr.routed_experts = q->routes;
-          sr.routed_experts.resize(std::min(sr.routed_experts.size(), total * row));
-          // The last token was never fed: repeat the previous row (see engine.h).
-          while (sr.routed_experts.size() < total * row && sr.routed_experts.size() >= row)
-            sr.routed_experts.insert(sr.routed_experts.end(), sr.routed_experts.end() - int64_t(row),
-                                     sr.routed_experts.end());
-        }
+        if (g.req.return_experts && route_row > 0)
+          sr.routed_experts = rows_per_token(q->routes, q->tokens.size(), route_row);
+        if (g.req.return_experts && indexer_row > 0)
+          sr.indexer_topk = rows_per_token(q->indexer, q->tokens.size(), indexer_row);
       } else {
         sr.finish_reason = "abort";
       }

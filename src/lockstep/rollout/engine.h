@@ -55,7 +55,9 @@ constexpr uint64_t capture_key(uint64_t request_id, int64_t sample) {
 struct Request {
   std::vector<int32_t> prompt_ids;
   SamplingParams params;
-  bool return_experts = false;  // routed experts of every token in every MoE layer
+  // Routed experts of every token in every MoE layer, and for DeepSeek-V4 the
+  // indexer's choice of compressed entries in every CSA layer.
+  bool return_experts = false;
   // Stop strings need text: called with a sample's output ids, returns the
   // offset in output tokens at which a stop string completes (or -1).
   std::function<int64_t(const std::vector<int32_t>&)> stop_checker;
@@ -69,6 +71,11 @@ struct SampleResult {
   // never fed to the model; its row repeats the previous token's (harmless:
   // no loss position depends on the last token's layers).
   std::vector<int32_t> routed_experts;
+  // DeepSeek-V4 (models with CSA layers), with return_experts: (prompt_len +
+  // output_len, L_csa, KI) the compressed entries (block indices, ascending,
+  // -1 padding) each token attended to in each CSA layer, the last row
+  // repeated like routed_experts'. Empty for other models.
+  std::vector<int32_t> indexer_topk;
   uint64_t weight_version = 0;  // weights that produced the first token
   uint64_t weight_version_end = 0;  // ... and the last
   double ttft_s = 0;     // submission to first token

@@ -91,7 +91,8 @@ std::shared_ptr<Inflight> ApiServer::Impl::submit(const GenJob& job) {
       rollout::Request r;
       r.prompt_ids = job.prompts[p];
       r.params = job.params;
-      r.return_experts = job.return_experts;
+      // The engine records the routing and the indexer's choices together.
+      r.return_experts = job.return_experts || job.return_indexer;
       if (!job.params.stop.empty() && tok())
         r.stop_checker = make_stop_checker(*tok(), job.params.stop, job.skip_special_tokens);
       // Runs on the engine thread under its lock: record and hand over, nothing more.

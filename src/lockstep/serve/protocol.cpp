@@ -288,6 +288,7 @@ GenJob parse_generate(const json& body, const tokenizer::Tokenizer* tok, const M
     bad("top_logprobs_num is not supported (only the sampled token's logprob is reported)");
   job.stream = f.get_bool("stream", false);
   job.return_experts = f.get_bool("return_routed_experts", false);
+  job.return_indexer = f.get_bool("return_indexer_topk", false);
   job.rid = f.get_string("rid", "");
   f.finish();
   if (!job.params.stop.empty()) need_tokenizer(tok, "sampling_params.stop");
@@ -559,6 +560,7 @@ json generate_item(const GenJob& job, const rollout::RequestResult& r, size_t sa
   if (job.return_logprob)
     meta["output_token_logprobs"] = sglang_logprobs(tok, s.output_ids, s.logprobs, job.logprob_text);
   if (job.return_experts) meta["routed_experts"] = s.routed_experts;
+  if (job.return_indexer) meta["indexer_topk"] = s.indexer_topk;
   return json{{"text", out.text}, {"output_ids", s.output_ids}, {"meta_info", meta}};
 }
 

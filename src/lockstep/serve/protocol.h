@@ -46,6 +46,7 @@ struct GenJob {
   bool skip_special_tokens = true;
   bool no_stop_trim = false;    // keep the matched stop string in the text
   bool return_experts = false;  // /generate return_routed_experts
+  bool return_indexer = false;  // /generate return_indexer_topk (DeepSeek-V4's indexer choices)
   bool include_usage = false;   // OpenAI stream_options.include_usage
   std::string rid;              // /generate rid: echoed as meta_info.id
   std::string model;            // OpenAI `model`, echoed back

@@ -1,4 +1,4 @@
-// Mismatch metrics between rollout and trainer logprobs and routings.
+// Mismatch metrics between rollout and trainer logprobs, routings and indexer choices.
 #include "lockstep/train/mismatch.h"
 
 #include <cmath>
@@ -8,6 +8,7 @@
 #include "lockstep/base/error.h"
 #include "lockstep/kernels/cpu/moe.h"
 #include "lockstep/model/forward.h"
+#include "lockstep/model/v4_forward.h"
 
 namespace lockstep::train {
 
@@ -23,6 +24,7 @@ nlohmann::json MismatchStats::to_json(const std::string& p) const {
     for (double d : router_disagreement) m += d;
     j[p + "router_topk_disagreement"] = m / double(router_disagreement.size());
   }
+  if (indexer_disagreement) j[p + "indexer_topk_disagreement"] = *indexer_disagreement;
   return j;
 }
 
@@ -81,8 +83,34 @@ std::vector<double> router_disagreement(const std::vector<std::vector<int32_t>>&
   return out;
 }
 
+double indexer_disagreement(const std::vector<std::vector<int32_t>>& a,
+                            const std::vector<std::vector<int32_t>>& b, int64_t n_csa, int64_t ki) {
+  LS_CHECK(a.size() == b.size()) << "indexer records of different sample counts";
+  if (n_csa * ki == 0) return 0.0;
+  double differ = 0;
+  int64_t rows = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    LS_CHECK(a[i].size() == b[i].size()) << "sample " << i << ": indexer records of different lengths";
+    const int64_t len = int64_t(a[i].size()) / (n_csa * ki);
+    if (len < 2) continue;
+    // Rows (token, CSA layer) are consecutive: the first (len-1)*n_csa of them.
+    const int64_t n = (len - 1) * n_csa;
+    const Tensor ta(const_cast<int32_t*>(a[i].data()), DType::I32, {n, ki});
+    const Tensor tb(const_cast<int32_t*>(b[i].data()), DType::I32, {n, ki});
+    differ += kernels::topk_disagreement(ta, tb) * double(n);
+    rows += n;
+  }
+  return rows ? differ / double(rows) : 0.0;
+}
+
 std::vector<int32_t> trainer_routing(const Context& ctx, const model::ModelWeights& weights,
                                      const std::vector<int32_t>& tokens, const std::vector<int32_t>* replay) {
+  return trainer_choices(ctx, weights, tokens, replay, nullptr).experts;
+}
+
+TrainerChoices trainer_choices(const Context& ctx, const model::ModelWeights& weights,
+                               const std::vector<int32_t>& tokens, const std::vector<int32_t>* replay_experts,
+                               const std::vector<int32_t>* replay_indexer) {
   const ModelConfig& c = weights.config();
   const int bs = 16;
   std::vector<int32_t> blocks((tokens.size() + bs - 1) / bs);
@@ -93,10 +121,12 @@ std::vector<int32_t> trainer_routing(const Context& ctx, const model::ModelWeigh
   model::Workspace ws;
   model::ForwardOptions fo;
   fo.record_experts = true;
-  fo.replay_experts = replay;
+  fo.replay_experts = replay_experts;
+  fo.record_indexer = model::num_csa_layers(c) > 0;
+  fo.replay_indexer = replay_indexer;
   model::ForwardResult fr;
   model::forward(ctx, weights, kv, ws, b, fo, &fr);
-  return fr.routed_experts;
+  return {std::move(fr.routed_experts), std::move(fr.indexer_topk)};
 }
 
 }  // namespace lockstep::train

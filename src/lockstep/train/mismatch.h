@@ -1,11 +1,12 @@
 // Train/rollout mismatch metrics, named as RL users know them:
 // train/train_rollout_logprob_abs_diff (mean |Δlogp| per sample, then over
 // samples), its max, train/train_rollout_kl (k3 estimator), the fraction of
-// tokens whose logprobs are bitwise equal, and the router top-k disagreement
-// rate per MoE layer.
+// tokens whose logprobs are bitwise equal, the router top-k disagreement
+// rate per MoE layer and, for DeepSeek-V4, the indexer top-k disagreement.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -23,6 +24,9 @@ struct MismatchStats {
   int64_t tokens = 0;
   int64_t samples = 0;
   std::vector<double> router_disagreement;  // per MoE layer; empty if not measured
+  // DeepSeek-V4: fraction of (token, CSA layer) rows whose chosen compressed
+  // entries differ; unset if not measured.
+  std::optional<double> indexer_disagreement;
 
   // {"train/train_rollout_logprob_abs_diff": ..., ...} under `prefix` (default "train/").
   nlohmann::json to_json(const std::string& prefix = "train/") const;
@@ -38,10 +42,29 @@ MismatchStats compute_mismatch(const std::vector<std::vector<float>>& rollout,
 std::vector<double> router_disagreement(const std::vector<std::vector<int32_t>>& a,
                                         const std::vector<std::vector<int32_t>>& b, int64_t n_moe, int64_t k);
 
+// Indexer disagreement between two records of DeepSeek-V4's indexer choices
+// for the same sequences, each (len, L_csa, KI) per sequence: the fraction of
+// (token, CSA layer) rows over positions [0, len-1) whose entry sets differ
+// (the rollout never computes the last token's). 0 when there are no rows.
+double indexer_disagreement(const std::vector<std::vector<int32_t>>& a,
+                            const std::vector<std::vector<int32_t>>& b, int64_t n_csa, int64_t ki);
+
 // The experts the trainer's forward (f32 master weights, every token new)
 // picks for each sequence: (len, L_moe, K). With `replay`, the given routing
 // is used instead (and returned as used).
 std::vector<int32_t> trainer_routing(const Context& ctx, const model::ModelWeights& weights,
                                      const std::vector<int32_t>& tokens, const std::vector<int32_t>* replay);
+
+// What the trainer's forward chooses for one sequence: its experts (len,
+// L_moe, K) and DeepSeek-V4's indexer entries (len, L_csa, KI; empty for
+// other models). A non-null replay is used instead of the forward's own
+// choice (and returned as used).
+struct TrainerChoices {
+  std::vector<int32_t> experts;
+  std::vector<int32_t> indexer;
+};
+TrainerChoices trainer_choices(const Context& ctx, const model::ModelWeights& weights,
+                               const std::vector<int32_t>& tokens, const std::vector<int32_t>* replay_experts,
+                               const std::vector<int32_t>* replay_indexer);
 
 }  // namespace lockstep::train

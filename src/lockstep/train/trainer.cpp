@@ -11,6 +11,7 @@
 #include "lockstep/base/error.h"
 #include "lockstep/kernels/cpu/adamw.h"
 #include "lockstep/kernels/cpu/softmax.h"
+#include "lockstep/model/v4_forward.h"
 
 namespace lockstep::train {
 
@@ -226,24 +227,36 @@ struct RunSpec {
 
 void check_sequences(const RunSpec& r, const std::vector<TrainSequence>& seqs, const ScoreOptions& opt) {
   const ModelConfig& c = r.weights.config();
-  const int64_t n_moe = c.num_moe_layers(), K = c.num_experts_per_tok;
+  const size_t route_row = size_t(c.num_moe_layers() * c.num_experts_per_tok);
+  const size_t indexer_row = size_t(model::num_csa_layers(c) * c.index_topk);
   for (size_t i = 0; i < seqs.size(); ++i) {
     const auto& s = seqs[i];
     if (s.prompt_len < 1 || s.prompt_len > int64_t(s.tokens.size()))
       LS_THROW << "sequence " << i << ": prompt_len " << s.prompt_len << " outside [1, " << s.tokens.size() << "]";
-    if (opt.replay && s.routed_experts.size() != s.tokens.size() * size_t(n_moe * K))
-      LS_THROW << "sequence " << i << ": routing replay needs " << s.tokens.size() * size_t(n_moe * K)
+    if (!opt.replay) continue;
+    if (s.routed_experts.size() != s.tokens.size() * route_row)
+      LS_THROW << "sequence " << i << ": routing replay needs " << s.tokens.size() * route_row
                << " expert ids, got " << s.routed_experts.size();
+    if (s.indexer_topk.size() != s.tokens.size() * indexer_row)
+      LS_THROW << "sequence " << i << ": indexer replay needs " << s.tokens.size() * indexer_row
+               << " indexer_topk entries (tokens * L_csa * index_topk = " << s.tokens.size() << " * "
+               << model::num_csa_layers(c) << " * " << c.index_topk << "), got " << s.indexer_topk.size();
   }
 }
+
+// The micro-batch's replayed choices, its sequences' in batch order.
+struct ReplayRows {
+  std::vector<int32_t> experts;  // (T, L_moe, K)
+  std::vector<int32_t> indexer;  // (T, L_csa, KI)
+};
 
 // KV blocks a sequence of the trainer's batch takes (every token new).
 int32_t blocks_of(const TrainSequence& s, int bs) { return int32_t((s.tokens.size() + size_t(bs) - 1) / size_t(bs)); }
 
 // Every token new, sequences [b0, b1) on consecutive KV blocks from block 0; the logit
 // rows and targets of their response tokens, and each sequence's first row.
-model::RaggedBatch build_batch(const std::vector<TrainSequence>& seqs, size_t b0, size_t b1, int bs, bool replay,
-                               std::vector<int32_t>& targets, std::vector<int32_t>& replay_ids,
+model::RaggedBatch build_batch(const std::vector<TrainSequence>& seqs, size_t b0, size_t b1, int bs,
+                               bool replay, std::vector<int32_t>& targets, ReplayRows& replay_rows,
                                std::vector<int64_t>& first_row) {
   int32_t max_blocks = 1;
   for (size_t i = b0; i < b1; ++i) max_blocks = std::max(max_blocks, blocks_of(seqs[i], bs));
@@ -263,7 +276,10 @@ model::RaggedBatch build_batch(const std::vector<TrainSequence>& seqs, size_t b0
       batch.logit_rows.push_back(row0 + int32_t(p));
       targets.push_back(s.tokens[p + 1]);
     }
-    if (replay) replay_ids.insert(replay_ids.end(), s.routed_experts.begin(), s.routed_experts.end());
+    if (replay) {
+      replay_rows.experts.insert(replay_rows.experts.end(), s.routed_experts.begin(), s.routed_experts.end());
+      replay_rows.indexer.insert(replay_rows.indexer.end(), s.indexer_topk.begin(), s.indexer_topk.end());
+    }
   }
   return batch;
 }
@@ -291,14 +307,16 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
   OwnedTensor &logp = rb.logp, &ent = rb.ent, &tgt = rb.tgt, &dlogp = rb.dlogp, &dent = rb.dent;
   double total = 0;
   for (auto [b0, b1] : mbs) {
-    std::vector<int32_t> targets, replay;
+    std::vector<int32_t> targets;
+    ReplayRows replay;
     std::vector<int64_t> first_row;
     const model::RaggedBatch batch = build_batch(seqs, b0, b1, bs, opt.replay, targets, replay, first_row);
     const int64_t R = int64_t(targets.size());
     model::ForwardOptions fo;
     fo.save_activations = loss != nullptr;
     fo.recompute = r.recompute;
-    if (opt.replay) fo.replay_experts = &replay;
+    if (opt.replay) fo.replay_experts = &replay.experts;
+    if (opt.replay && model::num_csa_layers(c) > 0) fo.replay_indexer = &replay.indexer;
     fo.experts = r.experts;
     model::forward(r.ctx, r.weights, rb.kv, rb.ws, batch, fo, &rb.fr, loss ? &rb.acts : nullptr);
 

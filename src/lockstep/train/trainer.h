@@ -27,6 +27,9 @@ struct TrainSequence {
   int32_t prompt_len = 1;  // >= 1: the first token is never predicted
   // Optional routing replay (R3): (len, L_moe, K) experts for every token.
   std::vector<int32_t> routed_experts;
+  // DeepSeek-V4's part of the replay: (len, L_csa, KI) the compressed entries
+  // each token's indexer chose in every CSA layer (rollout::SampleResult).
+  std::vector<int32_t> indexer_topk;
   int64_t num_targets() const { return int64_t(tokens.size()) - prompt_len; }
 };
 
@@ -66,7 +69,10 @@ struct TrainerConfig {
 struct ScoreOptions {
   float temperature = 1.0f;
   bool entropy = false;
-  bool replay = false;  // use TrainSequence::routed_experts
+  // Replay the rollout's choices: TrainSequence::routed_experts in the
+  // non-hash MoE layers and, for DeepSeek-V4, TrainSequence::indexer_topk in
+  // the CSA layers.
+  bool replay = false;
 };
 
 struct RunBuffers;  // trainer.cpp
