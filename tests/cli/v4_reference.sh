@@ -7,7 +7,8 @@
 #  2. `generate --precision P` then `score --precision P` give bitwise-equal
 #     logprobs for P = f32, bf16, fp8 (aligned at every precision);
 #  3. `check-alignment` reports a gap of exactly 0 aligned, and above 0 in fast
-#     mode (rollout fp8, trainer f32), with 0 router disagreement under --replay.
+#     mode (rollout fp8, trainer f32), with 0 router and indexer disagreement under
+#     --replay.
 set -euo pipefail
 BIN=$1
 SRC=$2
@@ -78,5 +79,6 @@ assert a[gap] == 0 and a["train/train_rollout_logprob_bitwise_equal_frac"] == 1,
 assert f[gap] > 0, f
 routers = [v for k, v in r.items() if "router" in k and "disagreement" in k and isinstance(v, (int, float))]
 assert routers and all(v == 0 for v in routers), r
+assert f["train/indexer_topk_disagreement"] > 0 and r["train/indexer_topk_disagreement"] == 0, (f, r)
 print(f"gap aligned 0, fast {f[gap]:.3g}, replayed {r[gap]:.3g}")
 PY
