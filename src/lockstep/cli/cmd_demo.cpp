@@ -148,7 +148,37 @@ struct DemoOptions {
   int64_t sft_steps = 600;
   std::string precision = "f32";
   double verbose_rate = 0.8;
+  std::string arch = "qwen3-moe";  // or "deepseek-v4"
 };
+
+// The demo's DeepSeek-V4-style model at the same width as the Qwen3-MoE one:
+// layer 0 window-only and hash-routed, layer 1 CSA (ratio 4, lightning
+// indexer); mHC with 2 streams. (A ratio-128 layer would see its first entry
+// only at the last of the 128 positions.)
+void demo_v4_config(ModelConfig& c) {
+  c.architecture = Architecture::DeepseekV4;
+  c.num_kv_heads = 1;
+  c.head_dim = 24;
+  c.qk_rope_head_dim = 8;
+  c.q_lora_rank = 48;
+  c.o_groups = 2;
+  c.o_lora_rank = 48;
+  c.sliding_window = 32;
+  c.compress_ratios = {0, 4};
+  c.compress_rope_theta = 160000.0;
+  c.index_n_heads = 2;
+  c.index_head_dim = 16;
+  c.index_topk = 4;
+  c.n_shared_experts = 1;
+  c.shared_expert_intermediate_size = c.moe_intermediate_size;
+  c.router_scoring = RouterScoring::SqrtSoftplus;
+  c.routed_scaling_factor = 1.5;
+  c.score_correction_bias = true;
+  c.num_hash_layers = 1;
+  c.swiglu_limit = 10.0;
+  c.hc_mult = 2;
+  c.qk_norm = false;
+}
 
 // 1. A tiny Qwen3-MoE-shaped model with the byte-level tokenizer, written as a
 // Hugging Face directory; returns its random initial parameters.
@@ -167,12 +197,13 @@ Buffer make_demo_model(const DemoOptions& o, const Context& ctx, const std::stri
   c.norm_topk_prob = true;
   c.max_position_embeddings = 128;
   c.eos_token_ids = {258};  // <|im_end|>
+  if (o.arch == "deepseek-v4") demo_v4_config(c);
   ParamLayout layout(c);
   Buffer params = alloc_params(layout);
   init_params(layout, params.as<float>(), o.seed, 0.02f, &ctx);
   save_pretrained(model_dir, c, layout, params.as<float>());
   tokenizer::write_byte_level_tokenizer(model_dir);
-  std::cout << "lockstep demo: tiny MoE (" << layout.numel() << " parameters, " << c.num_experts << " experts, top-"
+  std::cout << "lockstep demo: tiny " << (c.is_v4() ? "DeepSeek-V4-style MoE (" : "MoE (") << layout.numel() << " parameters, " << c.num_experts << " experts, top-"
             << c.num_experts_per_tok << "), task \"a+b=\" -> \\boxed{a+b}, " << ctx.threads() << " threads\n";
   return params;
 }
@@ -316,7 +347,7 @@ void report_demo(const DemoOptions& o, const rl::RlConfig& cfg, const rl::RlResu
 }
 
 int run_demo(const Args& args) {
-  args.check_known({"out", "seed", "sft-steps", "rl-steps", "threads", "precision", "trainer-precision",
+  args.check_known({"out", "seed", "sft-steps", "rl-steps", "threads", "precision", "trainer-precision", "arch",
                     "print-config", "teacher-verbose-rate"});
   if (args.flag("print-config")) {
     std::cout << kDemoRlConfig;
@@ -327,6 +358,9 @@ int run_demo(const Args& args) {
   o.seed = uint64_t(args.get_int("seed", 0));
   o.sft_steps = args.get_int("sft-steps", 600);
   o.precision = args.get("precision", "f32");
+  o.arch = args.get("arch", "qwen3-moe");
+  if (o.arch != "qwen3-moe" && o.arch != "deepseek-v4")
+    LS_THROW << "--arch must be qwen3-moe or deepseek-v4, got '" << o.arch << "'";
   o.verbose_rate = args.get_double("teacher-verbose-rate", 0.8);
   auto pool = make_pool(args.get_int("threads", 0));
   Context ctx{pool.get(), 0};
@@ -357,9 +391,11 @@ LS_REGISTER_COMMAND(Command{
     "demo", "run the embedded end-to-end demo (SFT warm-up, then GRPO)",
     "usage: lockstep demo [--out DIR] [--seed N] [--sft-steps N] [--rl-steps N] [--threads N]\n"
     "                     [--precision f32|bf16|fp8] [--trainer-precision f32|bf16|fp8]\n"
-    "                     [--teacher-verbose-rate R]\n"
+    "                     [--teacher-verbose-rate R] [--arch qwen3-moe|deepseek-v4]\n"
     "                     [--set section.key=value ...] [--print-config]\n\n"
-    "Builds a tiny MoE model (byte-level tokenizer) and a synthetic, verifiable task\n"
+    "Builds a tiny MoE model (byte-level tokenizer; --arch deepseek-v4: a DeepSeek-V4-style\n"
+    "one with mHC streams, a hash-routed layer and a CSA layer with its indexer) and a\n"
+    "synthetic, verifiable task\n"
     "(\"a+b=\" with a, b < 50, answered as \\boxed{a+b}; 4000 training prompts, 128 held-out\n"
     "problems). The SFT warm-up data (--sft-steps, default 600) comes from a teacher that\n"
     "usually (--teacher-verbose-rate 0.8) works the sum out in full, which teaches the\n"
