@@ -38,6 +38,27 @@ std::string localise(const Context& ctx, const model::ModelWeights& rollout_weig
   return os.str();
 }
 
+// The report's table: the gap, its max, k3, the bitwise-equal fraction, the
+// router and indexer disagreements.
+void print_mismatch(const train::MismatchStats& ms, const std::string& precision, const std::string& trainer_precision,
+                    bool aligned, bool replay) {
+  std::printf("check-alignment: %lld samples, %lld response tokens, rollout %s, trainer %s (%s)%s\n\n",
+              (long long)ms.samples, (long long)ms.tokens, precision.c_str(), trainer_precision.c_str(),
+              aligned ? "aligned" : "fast mode", replay ? ", routing replay" : "");
+  std::printf("  %-44s %s\n", "metric", "value");
+  std::printf("  %-44s %.6g\n", "train/train_rollout_logprob_abs_diff", ms.abs_diff_mean);
+  std::printf("  %-44s %.6g\n", "train/train_rollout_logprob_abs_diff_max", ms.abs_diff_max);
+  std::printf("  %-44s %.6g\n", "train/train_rollout_kl (k3)", ms.kl_k3);
+  std::printf("  %-44s %.6f\n", "tokens with bitwise-equal logprobs", ms.bitwise_equal_frac);
+  for (size_t l = 0; l < ms.router_disagreement.size(); ++l) {
+    char name[64];
+    std::snprintf(name, sizeof name, "router top-k disagreement, MoE layer %zu", l);
+    std::printf("  %-44s %.6f\n", name, ms.router_disagreement[l]);
+  }
+  if (ms.indexer_disagreement)
+    std::printf("  %-44s %.6f\n", "indexer top-k disagreement, CSA layers", *ms.indexer_disagreement);
+}
+
 int run_check(const Args& args) {
   auto known = kRolloutFlags;
   for (const char* k : {"model", "data", "max-abs-diff", "replay", "limit", "json", "trainer-precision", "localise"})
@@ -125,21 +146,7 @@ int run_check(const Args& args) {
   if (n_csa > 0)
     ms.indexer_disagreement = train::indexer_disagreement(rollout_indexer, train_indexer, n_csa, KI);
 
-  std::printf("check-alignment: %lld samples, %lld response tokens, rollout %s, trainer %s (%s)%s\n\n",
-              (long long)ms.samples, (long long)ms.tokens, precision.c_str(), trainer_precision.c_str(),
-              aligned ? "aligned" : "fast mode", replay ? ", routing replay" : "");
-  std::printf("  %-44s %s\n", "metric", "value");
-  std::printf("  %-44s %.6g\n", "train/train_rollout_logprob_abs_diff", ms.abs_diff_mean);
-  std::printf("  %-44s %.6g\n", "train/train_rollout_logprob_abs_diff_max", ms.abs_diff_max);
-  std::printf("  %-44s %.6g\n", "train/train_rollout_kl (k3)", ms.kl_k3);
-  std::printf("  %-44s %.6f\n", "tokens with bitwise-equal logprobs", ms.bitwise_equal_frac);
-  for (size_t l = 0; l < ms.router_disagreement.size(); ++l) {
-    char name[64];
-    std::snprintf(name, sizeof name, "router top-k disagreement, MoE layer %zu", l);
-    std::printf("  %-44s %.6f\n", name, ms.router_disagreement[l]);
-  }
-  if (ms.indexer_disagreement)
-    std::printf("  %-44s %.6f\n", "indexer top-k disagreement, CSA layers", *ms.indexer_disagreement);
+  print_mismatch(ms, precision, trainer_precision, aligned, replay);
   if (args.flag("localise")) {
     const std::string where = localise(ctx, rollout_weights, trainer.weights(), ec, requests, results);
     std::printf("\n  localiser: %s\n", where.c_str());

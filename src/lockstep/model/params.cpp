@@ -60,8 +60,9 @@ ParamInfo& ParamLayout::add(std::string name, std::vector<int64_t> shape, ParamK
 
 ParamLayout::ParamLayout(const ModelConfig& c) : ParamLayout(c, 0, -1) {}
 
-ParamLayout::ParamLayout(const ModelConfig& c, int64_t expert_first, int64_t expert_count)
-    : config_(c), expert_first_(expert_first), expert_count_(expert_count) {
+ParamLayout::ParamLayout(const ModelConfig& c, int64_t expert_first, int64_t expert_count) : config_(c) {
+  expert_first_ = expert_first;
+  expert_count_ = expert_count;
   c.validate();
   LS_CHECK(expert_count < 0 || (expert_first >= 0 && expert_count >= 1 && expert_first + expert_count <= c.num_experts))
       << "experts [" << expert_first << ", " << expert_first + expert_count << ") of a model with " << c.num_experts;
