@@ -3,7 +3,8 @@
 # independent float64 numpy reference (tests/v4ref) writes official-layout
 # directories (BF16, and FP8 + E8M0 scales with MXFP4 experts; sharded), and
 #  1. `lockstep score` agrees with the reference's float64 forward to < 1e-3 in
-#     every token logprob (300 tokens: both compressors and the indexer in play);
+#     every token logprob (300 tokens: both compressors and the indexer in play),
+#     and `score --mtp` with the MTP block's logprobs;
 #  2. `generate --precision P` then `score --precision P` give bitwise-equal
 #     logprobs for P = f32, bf16, fp8 (aligned at every precision);
 #  3. `check-alignment` reports a gap of exactly 0 aligned, and above 0 in fast
@@ -30,16 +31,17 @@ t = [rnd.randrange(V) for _ in range(300)]
 open(out, "w").write(json.dumps({"prompt_ids": t[:1], "response_ids": t[1:]}) + "\n")
 open(out + ".tokens", "w").write(",".join(map(str, t)))
 PY
-    "$BIN" score --model "$d" --input "$T/in_${preset}_$fmt.jsonl" --output "$T/out.jsonl" 2>/dev/null
-    $PY "$REF" logprobs "$d" --tokens "$(cat "$T/in_${preset}_$fmt.jsonl.tokens")" >"$T/ref.json"
+    "$BIN" score --model "$d" --input "$T/in_${preset}_$fmt.jsonl" --output "$T/out.jsonl" --mtp 2>/dev/null
+    $PY "$REF" logprobs "$d" --tokens "$(cat "$T/in_${preset}_$fmt.jsonl.tokens")" --mtp >"$T/ref.json"
     $PY - "$T/ref.json" "$T/out.jsonl" "${preset}_$fmt" <<'PY'
 import json, sys
-ref = json.load(open(sys.argv[1]))["logprobs"]
-got = json.loads(open(sys.argv[2]).readline())["logprobs"]
-assert len(ref) == len(got) == 299, (len(ref), len(got))
-worst = max(abs(a - b) for a, b in zip(ref, got))
-print(f"{sys.argv[3]}: max |lockstep - float64 reference| = {worst:.3g}")
-assert worst < 1e-3, worst
+ref = json.load(open(sys.argv[1]))
+got = json.loads(open(sys.argv[2]).readline())
+for key, n in (("logprobs", 299), ("mtp_logprobs", 298)):
+    assert len(ref[key]) == len(got[key]) == n, (key, len(ref[key]), len(got[key]))
+    worst = max(abs(a - b) for a, b in zip(ref[key], got[key]))
+    print(f"{sys.argv[3]} {key}: max |lockstep - float64 reference| = {worst:.3g}")
+    assert worst < 1e-3, worst
 PY
   done
 done

@@ -59,28 +59,32 @@ std::vector<int32_t> random_tokens(int n, int vocab, uint32_t seed) {
 }
 
 struct RunOut {
-  std::vector<float> logits;
+  std::vector<float> logits;  // the main logits, then (with mtp) each MTP block's
   std::vector<int32_t> experts, indexer;
 };
 
-RunOut run(const Fixture& f, const RaggedBatch& b, int blocks, int block_size) {
+RunOut run(const Fixture& f, const RaggedBatch& b, int blocks, int block_size, bool mtp = false) {
   KvCache kv(f.layout.config(), blocks, block_size);
   Workspace ws;
   ForwardResult r;
   ForwardOptions o;
   o.record_experts = true;
   o.record_indexer = true;
+  o.mtp = mtp;
   forward(f.ctx, *f.weights, kv, ws, b, o, &r);
-  return {std::vector<float>(r.logits.f32(), r.logits.f32() + r.logits.numel()), r.routed_experts, r.indexer_topk};
+  RunOut out{std::vector<float>(r.logits.f32(), r.logits.f32() + r.logits.numel()), r.routed_experts, r.indexer_topk};
+  for (const OwnedTensor& m : r.mtp_logits) out.logits.insert(out.logits.end(), m.f32(), m.f32() + m.numel());
+  return out;
 }
 
 // Central differences of a random projection of the logits on a spread of
 // elements of every trained tensor; the indexer's tensors must get exactly 0.
-void gradient_check(Fixture& f, const std::vector<std::vector<int32_t>>& seqs, int trials) {
+// With `mtp`, the MTP blocks' logits join the probed output.
+void gradient_check(Fixture& f, const std::vector<std::vector<int32_t>>& seqs, int trials, bool mtp = false) {
   const ModelConfig& c = f.layout.config();
   auto b = full_batch(seqs, 48);
-  const int64_t R = int64_t(b.logit_rows.size());
-  auto probe = test::randn(R * c.vocab_size, 3);
+  const int64_t R = int64_t(b.logit_rows.size()), n_mtp = mtp ? c.num_nextn_predict_layers : 0;
+  auto probe = test::randn(R * c.vocab_size * (1 + n_mtp), 3);
   const int nblocks = 48 * int(seqs.size()), BS = 4;
   KvCache kv(c, nblocks, BS);
   Workspace ws;
@@ -90,10 +94,14 @@ void gradient_check(Fixture& f, const std::vector<std::vector<int32_t>>& seqs, i
   opt.save_activations = true;
   opt.record_experts = true;
   opt.record_indexer = true;
+  opt.mtp = mtp;
   forward(f.ctx, *f.weights, kv, ws, b, opt, &r, &acts);
   Buffer gbuf = alloc_params(f.layout);
   ModelParams grads = bind(f.layout, gbuf.as<float>());
-  backward(f.ctx, *f.weights, kv, ws, b, acts, Tensor(probe.data(), DType::F32, {R, c.vocab_size}), grads);
+  std::vector<Tensor> dmtp;
+  for (int64_t j = 0; j < n_mtp; ++j)
+    dmtp.emplace_back(probe.data() + (j + 1) * R * c.vocab_size, DType::F32, std::initializer_list<int64_t>{R, c.vocab_size});
+  backward(f.ctx, *f.weights, kv, ws, b, acts, Tensor(probe.data(), DType::F32, {R, c.vocab_size}), grads, dmtp);
 
   double gmax = 0;
   for (int64_t i = 0; i < f.layout.numel(); ++i) gmax = std::max(gmax, double(std::fabs(gbuf.as<float>()[i])));
@@ -113,7 +121,7 @@ void gradient_check(Fixture& f, const std::vector<std::vector<int32_t>>& seqs, i
       auto eval = [&](float v) {
         *w = v;
         f.weights->refresh(f.ctx, 0);
-        RunOut x = run(f, b, nblocks, BS);
+        RunOut x = run(f, b, nblocks, BS, mtp);
         double s = 0;
         for (size_t i = 0; i < x.logits.size(); ++i) s += double(x.logits[i]) * probe[i];
         return std::make_pair(s, x);
@@ -155,6 +163,16 @@ TEST(V4Grad, WholeModelWithAnHcaEntry) {
   c.num_hash_layers = 2;
   Fixture f(c);
   gradient_check(f, {random_tokens(131, 48, 4)}, 2);
+}
+
+// One MTP block on top: its block, head, input projections and norms, and the
+// gradient it sends into the main model's final streams and the embedding.
+TEST(V4Grad, WholeModelWithTheMtpLoss) {
+  ModelConfig c = tiny_v4();
+  c.num_nextn_predict_layers = 1;
+  c.compress_ratios.push_back(0);
+  Fixture f(c);
+  gradient_check(f, {random_tokens(11, 48, 1), random_tokens(6, 48, 2)}, 2, true);
 }
 
 TEST(V4Alignment, ChunkingDecodeBatchingThreadsAndBlockOrderGiveIdenticalBits) {

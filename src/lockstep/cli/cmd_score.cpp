@@ -17,7 +17,7 @@ namespace {
 
 int run_score(const Args& args) {
   args.check_known(
-      {"model", "input", "output", "temperature", "threads", "micro-batch-tokens", "entropy", "precision", "fp8-block"});
+      {"model", "input", "output", "temperature", "threads", "micro-batch-tokens", "entropy", "precision", "fp8-block", "mtp"});
   const std::string in = args.require("input"), out = args.require("output");
   auto pool = make_pool(args.get_int("threads", 0));
   Context ctx{pool.get(), 0};
@@ -52,6 +52,8 @@ int run_score(const Args& args) {
   train::ScoreOptions so;
   so.temperature = float(temperature);
   so.entropy = args.flag("entropy");
+  so.mtp = args.flag("mtp");
+  if (so.mtp && m.config.num_nextn_predict_layers == 0) LS_THROW << "--mtp: the model has no MTP block";
   Timer timer;
   auto scores = trainer.score(seqs, so);
   std::vector<nlohmann::json> lines;
@@ -60,6 +62,7 @@ int run_score(const Args& args) {
     nlohmann::json j = records[i].value;
     j["logprobs"] = scores[i].logp;
     if (so.entropy) j["entropy"] = scores[i].entropy;
+    if (so.mtp) j["mtp_logprobs"] = scores[i].mtp_logp;
     tokens += int64_t(seqs[i].tokens.size());
     lines.push_back(std::move(j));
   }
@@ -73,15 +76,17 @@ LS_REGISTER_COMMAND(Command{
     "score", "per-token logprobs of responses under a model (trainer forward)",
     "usage: lockstep score --model DIR --input IN.jsonl --output OUT.jsonl [--temperature T]\n"
     "                      [--entropy] [--threads N] [--micro-batch-tokens N]\n"
-    "                      [--precision f32|bf16|fp8] [--fp8-block 128]\n\n"
+    "                      [--precision f32|bf16|fp8] [--fp8-block 128] [--mtp]\n\n"
     "Each input line holds prompt_ids and response_ids (token id arrays); the output repeats\n"
     "each line with `logprobs`: the log-probability of every response token under the model\n"
     "at temperature T (default 1), computed by the trainer's forward. `lockstep generate`\n"
     "output is valid input. --entropy adds the entropy of each position's distribution.\n"
     "--precision runs the forward with the weights in that precision (fp8: power-of-two\n"
     "scales per --fp8-block square); with the same --precision as `generate`, every logprob\n"
-    "equals the rollout's bit for bit.\n",
-    {"entropy"}, run_score});
+    "equals the rollout's bit for bit.\n"
+    "--mtp (DeepSeek-V4 with MTP blocks) adds `mtp_logprobs`: MTP block 0's log-probability\n"
+    "of the token two places on, for every response position that has one.\n",
+    {"entropy", "mtp"}, run_score});
 
 }  // namespace
 }  // namespace lockstep::cli

@@ -48,12 +48,14 @@ void zero(const Context& ctx, Tensor t) {
 
 // Temporaries live in the workspace's slots (see forward.cpp).
 void backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv, Workspace& ws,
-              const RaggedBatch& batch, Activations& saved, const Tensor& dlogits, const ModelParams& grads) {
+              const RaggedBatch& batch, Activations& saved, const Tensor& dlogits, const ModelParams& grads,
+              const std::vector<Tensor>& dmtp_logits) {
   const ModelConfig& c = weights.config();
   if (c.is_v4()) {
-    v4_backward(ctx, weights, kv, batch, saved, dlogits, grads);
+    v4_backward(ctx, weights, kv, batch, saved, dlogits, grads, dmtp_logits);
     return;
   }
+  LS_CHECK(dmtp_logits.empty()) << "MTP logits gradients for a model without MTP blocks";
   const ModelParams& p = weights.backward_params();  // the quantized weights in bf16/fp8 (straight-through)
   for (int32_t n : batch.n_ctx) LS_CHECK(n == 0) << "backward needs a batch with every token new (n_ctx == 0)";
   const int64_t T = batch.num_tokens(), D = c.hidden_size, H = c.num_heads, Hkv = c.num_kv_heads,

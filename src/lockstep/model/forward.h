@@ -96,6 +96,9 @@ struct ForwardOptions {
   // indexer's top-k choice of compressed entries in the CSA (ratio 4) layers.
   bool record_indexer = false;
   const std::vector<int32_t>* replay_indexer = nullptr;
+  // DeepSeek-V4 with MTP blocks, every token new: also run the MTP blocks and
+  // fill ForwardResult::mtp_logits (the trainer's MTP loss).
+  bool mtp = false;
   // Debug hook: called with every named intermediate (Captured). Null (the
   // default) costs one pointer test per capture point.
   const CaptureFn* capture = nullptr;
@@ -116,6 +119,9 @@ struct ForwardResult {
   // (block indices, ascending, -1 padding) each token attended to in each CSA
   // layer (L_csa = layers with ratio 4, in layer order).
   std::vector<int32_t> indexer_topk;
+  // ForwardOptions::mtp: per MTP block j, (R, V) logits of the batch's logit
+  // rows; the row of position p predicts the token at p + j + 2.
+  std::vector<OwnedTensor> mtp_logits;
 };
 
 struct V4Activations;  // DeepSeek-V4's saved activations (v4_forward.h)
@@ -185,8 +191,11 @@ void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, Works
 // With saved.recompute, each layer's activations are recomputed from its saved
 // input (and freed again) as backward reaches it. `kv` holds the forward's
 // keys and values (read only); `ws` may be the forward's workspace.
+// dmtp_logits: DeepSeek-V4 with ForwardOptions::mtp, the gradient of each
+// MTP block's logits (empty: none).
 void backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv, Workspace& ws,
-              const RaggedBatch& batch, Activations& saved, const Tensor& dlogits, const ModelParams& grads);
+              const RaggedBatch& batch, Activations& saved, const Tensor& dlogits, const ModelParams& grads,
+              const std::vector<Tensor>& dmtp_logits = {});
 
 // Attention softmax scale 1/sqrt(Dh), computed once in double and rounded.
 float attention_scale(const ModelConfig& c);

@@ -17,7 +17,7 @@ KvCache::KvCache(const ModelConfig& c, int64_t num_blocks, int block_size, DType
     LS_CHECK(dtype == DType::F32) << "DeepSeek-V4's cache is f32 (a bf16 cache is not implemented for it)";
     k_.resize(size_t(c.num_layers));
     v_.resize(size_t(c.num_layers));
-    for (int64_t l = 0; l < c.num_layers; ++l) add_v4_layer(c, l);
+    for (int64_t l = 0; l < c.num_layers + c.num_nextn_predict_layers; ++l) add_v4_layer(c, l);  // MTP blocks too
     return;
   }
   for (int64_t l = 0; l < c.num_layers; ++l) {

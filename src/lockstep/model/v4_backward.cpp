@@ -49,8 +49,8 @@ void moe_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations& a, 
   const ModelConfig& c = env.c;
   const int64_t T = env.T, D = c.hidden_size, K = c.num_experts_per_tok, Fe = c.moe_intermediate_size,
                 E = c.num_experts;
-  const LayerParams& p = env.p.layers[size_t(l)];
-  const LayerParams& g = env.g.layers[size_t(l)];
+  const LayerParams& p = block_params(env.p, l);
+  const LayerParams& g = block_params(env.g, l);
   const k::MoeDispatch& plan = a.plan;
   // The shared expert.
   OwnedTensor dact_s(f32, {T, Fe}), dgu_s(f32, {T, 2 * Fe});
@@ -99,8 +99,8 @@ void compressor_backward(const V4BackEnv& env, int64_t l, const V4LayerActivatio
   const ModelConfig& c = env.c;
   const int64_t ratio = c.compress_ratio(l), kappa = ratio == 4 ? 2 : 1, Dh = c.head_dim, T = env.T;
   const int64_t Ne = a.entries.count();
-  const LayerParams& p = env.p.layers[size_t(l)];
-  const LayerParams& g = env.g.layers[size_t(l)];
+  const LayerParams& p = block_params(env.p, l);
+  const LayerParams& g = block_params(env.g, l);
   OwnedTensor dentry(f32, {Ne, 1, Dh}), dpre(f32, {Ne, Dh});
   load_rows(dentry.view().reshape({Ne, Dh}), dstore, a.entries.slot, 2, 1);
   const Tensor pos(const_cast<int32_t*>(a.entries.pos.data()), DType::I32, {Ne});
@@ -126,8 +126,8 @@ void attention_backward(const V4BackEnv& env, int64_t l, const V4LayerActivation
   const ModelConfig& c = env.c;
   const int64_t T = env.T, H = c.num_heads, Dh = c.head_dim, G = c.o_groups, Ro = c.o_lora_rank,
                 Rq = c.q_lora_rank, Dr = c.qk_rope_head_dim, per_group = H * Dh / G;
-  const LayerParams& p = env.p.layers[size_t(l)];
-  const LayerParams& g = env.g.layers[size_t(l)];
+  const LayerParams& p = block_params(env.p, l);
+  const LayerParams& g = block_params(env.g, l);
   const kernels::RopeTable& rope = env.weights.rope_of_layer(l);
   const Tensor positions = env.vb.positions.view();
   // Output projections, then the inverse RoPE's transpose (the forward rotation).
@@ -190,8 +190,8 @@ void layer_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations& a
   const Context& ctx = env.ctx;
   const ModelConfig& c = env.c;
   const int64_t T = env.T, D = c.hidden_size, n = c.hc_mult;
-  const LayerParams& p = env.p.layers[size_t(l)];
-  const LayerParams& g = env.g.layers[size_t(l)];
+  const LayerParams& p = block_params(env.p, l);
+  const LayerParams& g = block_params(env.g, l);
   OwnedTensor dmid(f32, {T, n * D}), df(f32, {T, D}), dpost(f32, {T, n}), dcomb(f32, {T, n, n}), dz(f32, {T, D}),
       du(f32, {T, D});
   // The MoE sublayer.
@@ -210,9 +210,16 @@ void layer_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations& a
                p.hc_attn_base, p.hc_attn_scale, g.hc_attn_fn, g.hc_attn_base, g.hc_attn_scale);
 }
 
-// dx (T, n*D) written: the head's gradient on the logit rows, 0 elsewhere.
-void head_backward(const V4BackEnv& env, const RaggedBatch& batch, const V4Activations& s, const Tensor& dlogits,
-                   Tensor dx) {
+// The parameters and gradients of one head (the main one, or an MTP block's).
+struct HeadTensors {
+  const Tensor &fn, &base, &scale, &norm;     // the weights backward multiplies by
+  const Tensor &dfn, &dbase, &dscale, &dnorm;  // their gradients
+};
+
+// dx (T, n*D) written: a head's gradient on the logit rows, 0 elsewhere
+// (lm_head's gradient accumulated too).
+void head_backward(const V4BackEnv& env, const RaggedBatch& batch, const V4HeadActivations& s, const HeadTensors& w,
+                   const Tensor& dlogits, Tensor dx) {
   const Context& ctx = env.ctx;
   const ModelConfig& c = env.c;
   const int64_t R = int64_t(batch.logit_rows.size()), D = c.hidden_size, n = c.hc_mult;
@@ -221,19 +228,56 @@ void head_backward(const V4BackEnv& env, const RaggedBatch& batch, const V4Activ
   OwnedTensor dnormed(f32, {R, D}), dh(f32, {R, D}), drows(f32, {R, n * D});
   k::gemm_dyw(ctx, dnormed.view(), dlogits, env.p.lm_head);
   k::gemm_dytx(ctx, env.g.lm_head, dlogits, s.normed_rows.view());
-  k::rmsnorm_backward(ctx, dh.view(), env.g.final_norm, dnormed.view(), s.h_rows.view(), env.p.final_norm,
-                      s.rstd_f.view());
+  k::rmsnorm_backward(ctx, dh.view(), w.dnorm, dnormed.view(), s.h_rows.view(), w.norm, s.rstd_f.view());
   zero(drows.view());
-  k::mhc_head_backward(ctx, drows.view(), env.g.hc_head_fn, env.g.hc_head_base, env.g.hc_head_scale, dh.view(),
-                       s.x_rows.view(), s.head_w.view(), s.head_raw.view(), s.head_rstd.view(), env.p.hc_head_fn,
-                       env.p.hc_head_base, env.p.hc_head_scale, mhc_config(c));
+  k::mhc_head_backward(ctx, drows.view(), w.dfn, w.dbase, w.dscale, dh.view(), s.x_rows.view(), s.head_w.view(),
+                       s.head_raw.view(), s.head_rstd.view(), w.fn, w.base, w.scale, mhc_config(c));
   scatter_rows(ctx, dx, drows.view(), batch.logit_rows);
+}
+
+// The MTP blocks' backward, last depth first: each block's head and block,
+// its input projections and norms, into the embedding's gradient and the
+// gradient of the main model's final streams (dx_main, written).
+void mtp_backward(const V4BackEnv& env, const RaggedBatch& batch, const V4Activations& s,
+                  const std::vector<Tensor>& dmtp_logits, Tensor dx_main) {
+  const Context& ctx = env.ctx;
+  const ModelConfig& c = env.c;
+  const int64_t T = env.T, D = c.hidden_size, n = c.hc_mult, L = c.num_layers;
+  LS_CHECK(dmtp_logits.size() == s.mtp.size()) << "backward: " << dmtp_logits.size() << " MTP logit gradients for "
+                                               << s.mtp.size() << " MTP blocks run by the forward";
+  OwnedTensor dh_next(f32, {T, n * D}), dx_out(f32, {T, n * D}), dx0(f32, {T, n * D}), dpe(f32, {T, D}),
+      den(f32, {T, D}), de(f32, {T, D}), dhn(f32, {T * n, D});
+  zero(dh_next.view());
+  for (size_t jj = s.mtp.size(); jj-- > 0;) {
+    const V4MtpActivations& m = s.mtp[jj];
+    const MtpParams& p = env.p.mtp[jj];
+    const MtpParams& g = env.g.mtp[jj];
+    head_backward(env, batch, m.head,
+                  {p.hc_head_fn, p.hc_head_base, p.hc_head_scale, p.norm, g.hc_head_fn, g.hc_head_base,
+                   g.hc_head_scale, g.norm},
+                  dmtp_logits[jj], dx_out.view());
+    add_into(ctx, dx_out.view(), dx_out.view(), dh_next.view());
+    layer_backward(env, L + int64_t(jj), m.block, dx_out.view(), dx0.view());
+    // x0 = h_proj(hn) on every stream + e_proj(en) broadcast over the streams.
+    sum_streams(ctx, dpe.view(), dx0.view(), n);
+    const Tensor dph = dx0.view().reshape({T * n, D});
+    k::gemm_dyw(ctx, den.view(), dpe.view(), p.e_proj);
+    k::gemm_dytx(ctx, g.e_proj, dpe.view(), m.en.view());
+    k::gemm_dyw(ctx, dhn.view(), dph, p.h_proj);
+    k::gemm_dytx(ctx, g.h_proj, dph, m.hn.view());
+    k::rmsnorm_backward(ctx, de.view(), g.enorm, den.view(), m.e.view(), p.enorm, m.rstd_e.view());
+    k::embedding_backward(ctx, env.g.embed, de.view(), m.next_t.view());
+    k::rmsnorm_backward(ctx, dh_next.view().reshape({T * n, D}), g.hnorm, dhn.view(),
+                        m.h_in.view().reshape({T * n, D}), p.hnorm, m.rstd_h.view());
+  }
+  std::memcpy(dx_main.data, dh_next.view().data, dx_main.nbytes());
 }
 
 }  // namespace
 
 void v4_backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv, const RaggedBatch& batch,
-                 Activations& saved, const Tensor& dlogits, const ModelParams& grads) {
+                 Activations& saved, const Tensor& dlogits, const ModelParams& grads,
+                 const std::vector<Tensor>& dmtp_logits) {
   const ModelConfig& c = weights.config();
   for (int32_t n : batch.n_ctx) LS_CHECK(n == 0) << "backward needs a batch with every token new (n_ctx == 0)";
   LS_CHECK(saved.v4 && saved.v4->layers.size() == size_t(c.num_layers)) << "no saved activations for this batch";
@@ -243,7 +287,15 @@ void v4_backward(const Context& ctx, const ModelWeights& weights, const KvCache&
   const V4BackEnv env{ctx, c, weights, weights.backward_params(), grads, kv, vb, T};
   const V4Activations& s = *saved.v4;
   OwnedTensor dx(f32, {T, n * D}), dprev(f32, {T, n * D});
-  head_backward(env, batch, s, dlogits, dx.view());
+  const ModelParams &p = env.p, &g = env.g;
+  head_backward(env, batch, s.head,
+                {p.hc_head_fn, p.hc_head_base, p.hc_head_scale, p.final_norm, g.hc_head_fn, g.hc_head_base,
+                 g.hc_head_scale, g.final_norm},
+                dlogits, dx.view());
+  if (!dmtp_logits.empty() || !s.mtp.empty()) {
+    mtp_backward(env, batch, s, dmtp_logits, dprev.view());
+    add_into(ctx, dx.view(), dx.view(), dprev.view());
+  }
   for (int64_t l = c.num_layers - 1; l >= 0; --l) {
     layer_backward(env, l, s.layers[size_t(l)], dx.view(), dprev.view());
     std::swap(dx, dprev);

@@ -72,7 +72,7 @@ void query(const V4Env& env, int64_t l, V4LayerActivations& a) {
   const ModelConfig& c = env.c;
   const int64_t T = env.T, H = c.num_heads, Dh = c.head_dim, Rq = c.q_lora_rank;
   const float eps = float(c.rms_norm_eps);
-  const LayerParams& p = env.weights.params().layers[size_t(l)];
+  const LayerParams& p = block_params(env.weights.params(), l);
   const PackedLayer& w = env.weights.layer(l);
   project(env.ctx, reuse(a.qa, f32, {T, Rq}), a.a.view(), w.wq_a);
   k::rmsnorm_forward(env.ctx, reuse(a.qr, f32, {T, Rq}), reuse(a.rstd_qa, f32, {T}), a.qa.view(), p.q_a_norm, eps);
@@ -89,7 +89,7 @@ void query(const V4Env& env, int64_t l, V4LayerActivations& a) {
 void window_kv(const V4Env& env, int64_t l, V4LayerActivations& a) {
   const ModelConfig& c = env.c;
   const int64_t T = env.T, Dh = c.head_dim;
-  const LayerParams& p = env.weights.params().layers[size_t(l)];
+  const LayerParams& p = block_params(env.weights.params(), l);
   project(env.ctx, reuse(a.kv_pre, f32, {T, Dh}), a.a.view(), env.weights.layer(l).wkv);
   OwnedTensor kvn(f32, {T, 1, Dh});
   k::rmsnorm_forward(env.ctx, kvn.view().reshape({T, Dh}), reuse(a.rstd_kv, f32, {T}), a.kv_pre.view(), p.kv_norm,
@@ -107,7 +107,7 @@ void window_kv(const V4Env& env, int64_t l, V4LayerActivations& a) {
 void compress_main(const V4Env& env, int64_t l, V4LayerActivations& a) {
   const ModelConfig& c = env.c;
   const int64_t ratio = c.compress_ratio(l), kappa = ratio == 4 ? 2 : 1, Dh = c.head_dim;
-  const LayerParams& p = env.weights.params().layers[size_t(l)];
+  const LayerParams& p = block_params(env.weights.params(), l);
   OwnedTensor cz(f32, {env.T, 2 * kappa * Dh});
   k::gemm_xwt(env.ctx, cz.view(), a.a.view(), env.weights.layer(l).cmp);
   store_rows(env.kv.cz_store(l), cz.view(), env.vb.slots, 1, 0);
@@ -131,7 +131,7 @@ void compress_main(const V4Env& env, int64_t l, V4LayerActivations& a) {
 void compress_index_keys(const V4Env& env, int64_t l, const Tensor& a) {
   const ModelConfig& c = env.c;
   const int64_t DI = c.index_head_dim;
-  const LayerParams& p = env.weights.params().layers[size_t(l)];
+  const LayerParams& p = block_params(env.weights.params(), l);
   OwnedTensor cz(f32, {env.T, 4 * DI});
   k::gemm_xwt(env.ctx, cz.view(), a, env.weights.layer(l).idx_cmp);
   store_rows(env.kv.index_cz(l), cz.view(), env.vb.slots, 1, 0);
@@ -201,7 +201,7 @@ void candidates(const V4Env& env, int64_t l, V4LayerActivations& a) {
 void attention(const V4Env& env, int64_t l, V4LayerActivations& a) {
   const ModelConfig& c = env.c;
   const int64_t T = env.T, D = c.hidden_size, H = c.num_heads, Dh = c.head_dim, G = c.o_groups, Ro = c.o_lora_rank;
-  const LayerParams& p = env.weights.params().layers[size_t(l)];
+  const LayerParams& p = block_params(env.weights.params(), l);
   const PackedLayer& w = env.weights.layer(l);
   k::rmsnorm_forward(env.ctx, reuse(a.a, f32, {T, D}), reuse(a.rstd_attn, f32, {T}), a.u_attn.view(), p.attn_norm,
                      float(c.rms_norm_eps));
@@ -235,14 +235,15 @@ void attention(const V4Env& env, int64_t l, V4LayerActivations& a) {
 void route(const V4Env& env, int64_t l, V4LayerActivations& a) {
   const ModelConfig& c = env.c;
   const int64_t T = env.T, E = c.num_experts, K = c.num_experts_per_tok;
-  const LayerParams& p = env.weights.params().layers[size_t(l)];
+  const LayerParams& p = block_params(env.weights.params(), l);
   OwnedTensor logits(f32, {T, E}), replay;
   k::gemm_xwt(env.ctx, logits.view(), a.z.view(), env.weights.layer(l).router);
   env.capture("router_logits", l, logits.view());
+  const bool main_layer = l < c.num_layers;  // MTP blocks are neither replayed nor recorded
   if (c.is_hash_layer(l)) {
     replay = OwnedTensor(DType::I32, {T, K});
     hash_experts(replay.view(), p.tid2eid, env.vb.tokens, K);
-  } else if (env.opt.replay_experts != nullptr) {
+  } else if (env.opt.replay_experts != nullptr && main_layer) {
     replay = OwnedTensor(DType::I32, {T, K});
     gather_layer_experts(replay.view(), *env.opt.replay_experts, l, c.num_moe_layers(), K);
   }
@@ -250,7 +251,7 @@ void route(const V4Env& env, int64_t l, V4LayerActivations& a) {
                reuse(a.scores, f32, {T, E}), logits.view(), p.router_bias, replay.view(), router_config(c));
   env.capture("experts", l, a.topk_idx.view());
   env.capture("expert_weights", l, a.topk_w.view());
-  if (env.opt.record_experts)
+  if (env.opt.record_experts && main_layer)
     scatter_layer_experts(env.result->routed_experts, a.topk_idx.view(), l, c.num_moe_layers(), K);
 }
 
@@ -266,7 +267,7 @@ void moe(const V4Env& env, int64_t l, V4LayerActivations& a) {
   const ModelConfig& c = env.c;
   const Context& ctx = env.ctx;
   const int64_t T = env.T, D = c.hidden_size, K = c.num_experts_per_tok, Fe = c.moe_intermediate_size;
-  const LayerParams& p = env.weights.params().layers[size_t(l)];
+  const LayerParams& p = block_params(env.weights.params(), l);
   const PackedLayer& w = env.weights.layer(l);
   k::rmsnorm_forward(ctx, reuse(a.z, f32, {T, D}), reuse(a.rstd_ffn, f32, {T}), a.u_ffn.view(), p.mlp_norm,
                      float(c.rms_norm_eps));
@@ -306,7 +307,7 @@ void run_layer(const V4Env& env, int64_t l, V4LayerActivations& a, Tensor x_out)
   const ModelConfig& c = env.c;
   const Context& ctx = env.ctx;
   const int64_t T = env.T, D = c.hidden_size, n = c.hc_mult;
-  const LayerParams& p = env.weights.params().layers[size_t(l)];
+  const LayerParams& p = block_params(env.weights.params(), l);
   const Tensor x = a.x_in.view();
   mix_forward(env, a.mix_attn, x, p.hc_attn_fn, p.hc_attn_base, p.hc_attn_scale);
   k::mhc_pre_apply(ctx, reuse(a.u_attn, f32, {T, D}), x, a.mix_attn.pre.view(), int(n));
@@ -326,6 +327,10 @@ void check_v4_options(const ModelWeights& weights, const RaggedBatch& batch, con
   const ModelConfig& c = weights.config();
   LS_CHECK(!opt.save_activations || saved != nullptr) << "save_activations needs an Activations";
   LS_CHECK(opt.experts == nullptr) << "DeepSeek-V4: expert parallelism is not implemented for this architecture yet";
+  if (opt.mtp) {
+    LS_CHECK(c.num_nextn_predict_layers > 0) << "ForwardOptions::mtp: the model has no MTP block";
+    for (int32_t n_ctx : batch.n_ctx) LS_CHECK(n_ctx == 0) << "ForwardOptions::mtp needs every token new (n_ctx == 0)";
+  }
   const int64_t T = batch.num_tokens();
   if (opt.replay_experts != nullptr) {
     LS_CHECK(int64_t(opt.replay_experts->size()) == T * c.num_moe_layers() * c.num_experts_per_tok)
@@ -339,23 +344,60 @@ void check_v4_options(const ModelWeights& weights, const RaggedBatch& batch, con
   }
 }
 
-// The head: hc_head mix of the logit rows' streams, final norm, vocabulary projection.
-void head(const V4Env& env, const Tensor& x, V4Activations& s) {
+// A head on the logit rows of streams x: hc_head mix (fn, base, scale), norm,
+// vocabulary projection into logits (R, V).
+void head_forward(const V4Env& env, const Tensor& x, V4HeadActivations& s, const Tensor& fn, const Tensor& base,
+                  const Tensor& scale, const Tensor& norm, OwnedTensor& logits_out, int64_t layer) {
   const ModelConfig& c = env.c;
   const int64_t R = int64_t(env.batch.logit_rows.size()), D = c.hidden_size, n = c.hc_mult;
-  const ModelParams& mp = env.weights.params();
   Tensor rows = reuse(s.x_rows, f32, {R, n * D});
   gather_rows(env.ctx, rows, x, env.batch.logit_rows);
   Tensor h = reuse(s.h_rows, f32, {R, D});
   k::mhc_head_forward(env.ctx, h, reuse(s.head_w, f32, {R, n}), reuse(s.head_raw, f32, {R, n}),
-                      reuse(s.head_rstd, f32, {R}), rows, mp.hc_head_fn, mp.hc_head_base, mp.hc_head_scale,
-                      mhc_config(c));
+                      reuse(s.head_rstd, f32, {R}), rows, fn, base, scale, mhc_config(c));
   Tensor normed = reuse(s.normed_rows, f32, {R, D});
-  k::rmsnorm_forward(env.ctx, normed, reuse(s.rstd_f, f32, {R}), h, mp.final_norm, float(c.rms_norm_eps));
-  env.capture("final_norm", c.num_layers, normed, true);
-  Tensor logits = reuse(env.result->logits, f32, {R, c.vocab_size});
+  k::rmsnorm_forward(env.ctx, normed, reuse(s.rstd_f, f32, {R}), h, norm, float(c.rms_norm_eps));
+  env.capture("final_norm", layer, normed, true);
+  Tensor logits = reuse(logits_out, f32, {R, c.vocab_size});
   if (R > 0) project(env.ctx, logits, normed, env.weights.lm_head());
-  env.capture("logits", c.num_layers, logits, true);
+  env.capture("logits", layer, logits, true);
+}
+
+// The MTP blocks (ForwardOptions::mtp), each on the previous depth's streams
+// (the main model's final streams x first) and the embeddings of the tokens
+// one place further on; their logits into result->mtp_logits.
+void mtp_forward(const V4Env& env, const Tensor& x, V4Activations& s) {
+  const ModelConfig& c = env.c;
+  const Context& ctx = env.ctx;
+  const int64_t T = env.T, D = c.hidden_size, n = c.hc_mult, L = c.num_layers;
+  const float eps = float(c.rms_norm_eps);
+  s.mtp.resize(size_t(c.num_nextn_predict_layers));
+  env.result->mtp_logits.resize(s.mtp.size());
+  Tensor h = x;
+  for (size_t j = 0; j < s.mtp.size(); ++j) {
+    V4MtpActivations& m = s.mtp[j];
+    const MtpParams& p = env.weights.params().mtp[j];
+    const PackedMtp& w = env.weights.mtp(int64_t(j));
+    m.next = shifted_tokens(env.batch, int64_t(j) + 1);
+    reuse(m.next_t, DType::I32, {T});
+    if (T > 0) std::memcpy(m.next_t.view().data, m.next.data(), size_t(T) * sizeof(int32_t));
+    k::embedding_forward(ctx, reuse(m.e, f32, {T, D}), env.weights.params().embed, m.next_t.view());
+    k::rmsnorm_forward(ctx, reuse(m.en, f32, {T, D}), reuse(m.rstd_e, f32, {T}), m.e.view(), p.enorm, eps);
+    Tensor h_in = reuse(m.h_in, f32, {T, n * D});
+    if (T > 0) std::memcpy(h_in.data, h.data, h_in.nbytes());
+    k::rmsnorm_forward(ctx, reuse(m.hn, f32, {T * n, D}), reuse(m.rstd_h, f32, {T * n}), h_in.reshape({T * n, D}),
+                       p.hnorm, eps);
+    OwnedTensor pe(f32, {T, D});
+    project(ctx, pe.view(), m.en.view(), w.e_proj);
+    Tensor x0 = reuse(m.block.x_in, f32, {T, n * D});
+    project(ctx, x0.reshape({T * n, D}), m.hn.view(), w.h_proj);
+    add_to_streams(ctx, x0, pe.view(), n);
+    Tensor out = reuse(m.x_out, f32, {T, n * D});
+    run_layer(env, L + int64_t(j), m.block, out);
+    head_forward(env, out, m.head, p.hc_head_fn, p.hc_head_base, p.hc_head_scale, p.norm,
+                 env.result->mtp_logits[j], L + int64_t(j) + 1);
+    h = out;
+  }
 }
 
 }  // namespace
@@ -408,7 +450,10 @@ void v4_forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, co
     // becomes the next layer's input.
     if (!final_layer && !opt.save_activations) std::swap(a.x_in, next);
   }
-  head(env, last.view(), s);
+  const ModelParams& mp = weights.params();
+  head_forward(env, last.view(), s.head, mp.hc_head_fn, mp.hc_head_base, mp.hc_head_scale, mp.final_norm,
+               result->logits, c.num_layers);
+  if (opt.mtp) mtp_forward(env, last.view(), s);
   if (!opt.save_activations) s.layers.clear();
 }
 

@@ -71,21 +71,47 @@ struct V4LayerActivations {
   OwnedTensor f_ffn;       // (T, D) MoE output
 };
 
+// The head on the logit rows: hc_head mix, final norm, vocabulary projection.
+struct V4HeadActivations {
+  OwnedTensor x_rows;                       // (R, n*D) the logit rows' streams
+  OwnedTensor head_w, head_raw, head_rstd;  // (R, n) (R, n) (R) hc_head
+  OwnedTensor h_rows;                       // (R, D) head-mixed rows
+  OwnedTensor rstd_f;                       // (R)
+  OwnedTensor normed_rows;                  // (R, D) final-normed rows fed to the head
+};
+
+// MTP block j: position t's input is its depth-j streams (the main model's
+// final streams for j = 0) and the embedding of the token j + 1 places on.
+struct V4MtpActivations {
+  std::vector<int32_t> next;  // (T) token t + j + 1 of t's sequence (0 past its end)
+  OwnedTensor next_t;         // (T) i32, the same
+  OwnedTensor e, rstd_e, en;  // (T, D) embed[next], (T), enorm(e)
+  OwnedTensor h_in;           // (T, n*D) the streams entering
+  OwnedTensor rstd_h, hn;     // (T*n) (T*n, D) hnorm of every stream
+  V4LayerActivations block;   // x_in = h_proj(hn) + e_proj(en) on every stream
+  OwnedTensor x_out;          // (T, n*D)
+  V4HeadActivations head;
+};
+
 struct V4Activations {
   std::vector<V4LayerActivations> layers;
   std::vector<int32_t> slots;  // (T) each token's cache slot
-  OwnedTensor x_rows;          // (R, n*D) the logit rows' final streams
-  OwnedTensor head_w, head_raw, head_rstd;  // (R, n) (R, n) (R) hc_head
-  OwnedTensor h_rows;          // (R, D) head-mixed rows
-  OwnedTensor rstd_f;          // (R)
-  OwnedTensor normed_rows;     // (R, D) final-normed rows fed to the head
+  V4HeadActivations head;
+  std::vector<V4MtpActivations> mtp;  // ForwardOptions::mtp
 };
 
 void v4_forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const RaggedBatch& batch,
                 const ForwardOptions& options, ForwardResult* result, Activations* saved);
 
 void v4_backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv, const RaggedBatch& batch,
-                 Activations& saved, const Tensor& dlogits, const ModelParams& grads);
+                 Activations& saved, const Tensor& dlogits, const ModelParams& grads,
+                 const std::vector<Tensor>& dmtp_logits);
+
+// Layer l's parameters: a main layer, or for l = L + j MTP block j's block.
+inline const LayerParams& block_params(const ModelParams& m, int64_t l) {
+  const size_t n = m.layers.size();
+  return size_t(l) < n ? m.layers[size_t(l)] : m.mtp[size_t(l) - n].block;
+}
 
 // The mHC hyper-parameters of a config.
 kernels::MhcConfig mhc_config(const ModelConfig& c);

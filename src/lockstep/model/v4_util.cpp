@@ -156,6 +156,29 @@ void swiglu_v4_backward(const Context& ctx, Tensor dgate, Tensor dup, const Tens
     kernels::swiglu_backward(ctx, dgate, dup, dact, gate, up);
 }
 
+std::vector<int32_t> shifted_tokens(const RaggedBatch& b, int64_t shift) {
+  std::vector<int32_t> out(b.tokens.size(), 0);
+  int64_t row = 0;
+  for (int64_t i = 0; i < b.num_seqs(); ++i) {
+    const int64_t n = b.n_new[size_t(i)];
+    for (int64_t j = 0; j + shift < n; ++j) out[size_t(row + j)] = b.tokens[size_t(row + j + shift)];
+    row += n;
+  }
+  return out;
+}
+
+void add_to_streams(const Context& ctx, Tensor x, const Tensor& e, int64_t n) {
+  const int64_t T = e.dim(0), D = e.dim(1);
+  ctx.parallel_for(T, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t i = 0; i < n; ++i) {
+        float* o = x.f32() + t * x.stride[0] + i * D;
+        const float* a = e.f32() + t * e.stride[0];
+        for (int64_t d = 0; d < D; ++d) o[d] = o[d] + a[d];
+      }
+  });
+}
+
 void repeat_streams(const Context& ctx, Tensor x, const Tensor& e, int64_t n) {
   const int64_t T = e.dim(0), D = e.dim(1);
   ctx.parallel_for(T, [&](int64_t t0, int64_t t1) {

@@ -71,6 +71,13 @@ void swiglu_v4(const Context& ctx, Tensor act, const Tensor& gate, const Tensor&
 void swiglu_v4_backward(const Context& ctx, Tensor dgate, Tensor dup, const Tensor& dact, const Tensor& gate,
                         const Tensor& up, double limit);
 
+// (T) the token `shift` places after each token in its sequence, 0 past the
+// sequence's end (the MTP blocks' inputs).
+std::vector<int32_t> shifted_tokens(const RaggedBatch& b, int64_t shift);
+
+// x (T, n*D) += e (T, D) on every stream (one f32 add per element).
+void add_to_streams(const Context& ctx, Tensor x, const Tensor& e, int64_t n);
+
 // x (T, n*D): n copies of e (T, D). Its backward: de = sum over streams in
 // stream order (plain adds from the first).
 void repeat_streams(const Context& ctx, Tensor x, const Tensor& e, int64_t n);

@@ -65,12 +65,10 @@ ModelWeights::ModelWeights(const Context& ctx, const ParamLayout& layout, float*
 // DeepSeek-V4: the attention projections and experts in the storage
 // precision; the compressors, the indexer and the router in f32 (as the
 // official code keeps them, and as FP8 trainers keep them for stability).
-void ModelWeights::pack_v4_layer(const Context& ctx, size_t i, bool fresh) {
+void ModelWeights::pack_v4_attention(const Context& ctx, const LayerParams& p, PackedLayer& q, bool fresh) {
   const ModelConfig& c = config();
   const DType s = storage_, f32 = DType::F32;
   const int64_t b = fp8_block_;
-  const LayerParams& p = params_.layers[i];
-  PackedLayer& q = layers_[i];
   pack_into(ctx, q.wq_a, p.wq_a, s, b, fresh);
   pack_into(ctx, q.wq_b, p.wq_b, s, b, fresh);
   pack_into(ctx, q.wkv, p.wkv, s, b, fresh);
@@ -85,10 +83,8 @@ void ModelWeights::pack_v4_layer(const Context& ctx, size_t i, bool fresh) {
   }
 }
 
-void ModelWeights::unpack_v4_layer(const Context& ctx, size_t i) {
+void ModelWeights::unpack_v4_attention(const Context& ctx, const PackedLayer& q, LayerParams& e) {
   const ModelConfig& c = config();
-  const PackedLayer& q = layers_[i];
-  LayerParams& e = effective_.layers[i];
   kernels::unpack_weight(ctx, e.wq_a, q.wq_a);
   kernels::unpack_weight(ctx, e.wq_b, q.wq_b);
   kernels::unpack_weight(ctx, e.wkv, q.wkv);
@@ -101,69 +97,82 @@ void ModelWeights::refresh(const Context& ctx, uint64_t version) {
   version_ = version;
 }
 
-void ModelWeights::pack_all(const Context& ctx, bool fresh) {
+void ModelWeights::pack_layer(const Context& ctx, const LayerParams& p, PackedLayer& q, bool fresh) {
   const DType s = storage_;
   const int64_t b = fp8_block_;
-  for (size_t i = 0; i < params_.layers.size(); ++i) {
-    const LayerParams& p = params_.layers[i];
-    PackedLayer& q = layers_[i];
-    if (config().is_v4()) {
-      pack_v4_layer(ctx, i, fresh);
-    } else {
-      pack_into(ctx, q.wqkv, p.wqkv, s, b, fresh);
-      pack_into(ctx, q.wo, p.wo, s, b, fresh);
-    }
-    if (!p.is_moe) {
-      pack_into(ctx, q.mlp.gate_up, p.mlp.w_gate_up, s, b, fresh);
-      pack_into(ctx, q.mlp.down, p.mlp.w_down, s, b, fresh);
-      continue;
-    }
-    pack_into(ctx, q.router, p.router, DType::F32, 0, fresh);
-    q.experts.resize(p.experts.size());
-    for (size_t e = 0; e < p.experts.size(); ++e) {
-      if (!experts_.contains(int64_t(e))) continue;
-      pack_into(ctx, q.experts[e].gate_up, p.experts[e].w_gate_up, s, b, fresh);
-      pack_into(ctx, q.experts[e].down, p.experts[e].w_down, s, b, fresh);
-    }
-    if (p.shared.w_gate_up.data != nullptr) {
-      pack_into(ctx, q.shared.gate_up, p.shared.w_gate_up, s, b, fresh);
-      pack_into(ctx, q.shared.down, p.shared.w_down, s, b, fresh);
-    }
-    if (p.shared_gate.data != nullptr) pack_into(ctx, q.shared_gate, p.shared_gate, DType::F32, 0, fresh);
+  if (config().is_v4()) {
+    pack_v4_attention(ctx, p, q, fresh);
+  } else {
+    pack_into(ctx, q.wqkv, p.wqkv, s, b, fresh);
+    pack_into(ctx, q.wo, p.wo, s, b, fresh);
+  }
+  if (!p.is_moe) {
+    pack_into(ctx, q.mlp.gate_up, p.mlp.w_gate_up, s, b, fresh);
+    pack_into(ctx, q.mlp.down, p.mlp.w_down, s, b, fresh);
+    return;
+  }
+  pack_into(ctx, q.router, p.router, DType::F32, 0, fresh);
+  q.experts.resize(p.experts.size());
+  for (size_t e = 0; e < p.experts.size(); ++e) {
+    if (!experts_.contains(int64_t(e))) continue;
+    pack_into(ctx, q.experts[e].gate_up, p.experts[e].w_gate_up, s, b, fresh);
+    pack_into(ctx, q.experts[e].down, p.experts[e].w_down, s, b, fresh);
+  }
+  if (p.shared.w_gate_up.data != nullptr) {
+    pack_into(ctx, q.shared.gate_up, p.shared.w_gate_up, s, b, fresh);
+    pack_into(ctx, q.shared.down, p.shared.w_down, s, b, fresh);
+  }
+  if (p.shared_gate.data != nullptr) pack_into(ctx, q.shared_gate, p.shared_gate, DType::F32, 0, fresh);
+}
+
+void ModelWeights::pack_all(const Context& ctx, bool fresh) {
+  for (size_t i = 0; i < params_.layers.size(); ++i) pack_layer(ctx, params_.layers[i], layers_[i], fresh);
+  // DeepSeek-V4's MTP blocks (layers L + j) and their input projections.
+  mtp_.resize(params_.mtp.size());
+  for (size_t j = 0; j < params_.mtp.size(); ++j) {
+    const MtpParams& p = params_.mtp[j];
+    pack_layer(ctx, p.block, mtp_[j].block, fresh);
+    pack_into(ctx, mtp_[j].e_proj, p.e_proj, storage_, fp8_block_, fresh);
+    pack_into(ctx, mtp_[j].h_proj, p.h_proj, storage_, fp8_block_, fresh);
   }
   // DeepSeek-V4 holds its output head in f32 (the official code does).
-  pack_into(ctx, lm_head_, params_.lm_head, config().is_v4() ? DType::F32 : s, b, fresh);
+  pack_into(ctx, lm_head_, params_.lm_head, config().is_v4() ? DType::F32 : storage_, fp8_block_, fresh);
   if (effective_flat_.size()) unpack_effective(ctx);
 }
 
 // effective_ = the master, with every packed projection replaced by the
 // values its kernels multiply by. The router and shared-expert gate stay f32
 // like their packing, so copying the master covers them.
+void ModelWeights::unpack_layer(const Context& ctx, const PackedLayer& q, LayerParams& e) {
+  if (config().is_v4()) {
+    unpack_v4_attention(ctx, q, e);
+  } else {
+    kernels::unpack_weight(ctx, e.wqkv, q.wqkv);
+    kernels::unpack_weight(ctx, e.wo, q.wo);
+  }
+  if (!e.is_moe) {
+    kernels::unpack_weight(ctx, e.mlp.w_gate_up, q.mlp.gate_up);
+    kernels::unpack_weight(ctx, e.mlp.w_down, q.mlp.down);
+    return;
+  }
+  for (size_t x = 0; x < q.experts.size(); ++x) {
+    if (!experts_.contains(int64_t(x))) continue;
+    kernels::unpack_weight(ctx, e.experts[x].w_gate_up, q.experts[x].gate_up);
+    kernels::unpack_weight(ctx, e.experts[x].w_down, q.experts[x].down);
+  }
+  if (e.shared.w_gate_up.data != nullptr) {
+    kernels::unpack_weight(ctx, e.shared.w_gate_up, q.shared.gate_up);
+    kernels::unpack_weight(ctx, e.shared.w_down, q.shared.down);
+  }
+}
+
 void ModelWeights::unpack_effective(const Context& ctx) {
   std::memcpy(effective_flat_.data(), flat_, layout_->nbytes());
-  for (size_t i = 0; i < params_.layers.size(); ++i) {
-    const PackedLayer& q = layers_[i];
-    LayerParams& e = effective_.layers[i];
-    if (config().is_v4()) {
-      unpack_v4_layer(ctx, i);
-    } else {
-      kernels::unpack_weight(ctx, e.wqkv, q.wqkv);
-      kernels::unpack_weight(ctx, e.wo, q.wo);
-    }
-    if (!params_.layers[i].is_moe) {
-      kernels::unpack_weight(ctx, e.mlp.w_gate_up, q.mlp.gate_up);
-      kernels::unpack_weight(ctx, e.mlp.w_down, q.mlp.down);
-      continue;
-    }
-    for (size_t x = 0; x < q.experts.size(); ++x) {
-      if (!experts_.contains(int64_t(x))) continue;
-      kernels::unpack_weight(ctx, e.experts[x].w_gate_up, q.experts[x].gate_up);
-      kernels::unpack_weight(ctx, e.experts[x].w_down, q.experts[x].down);
-    }
-    if (e.shared.w_gate_up.data != nullptr) {
-      kernels::unpack_weight(ctx, e.shared.w_gate_up, q.shared.gate_up);
-      kernels::unpack_weight(ctx, e.shared.w_down, q.shared.down);
-    }
+  for (size_t i = 0; i < params_.layers.size(); ++i) unpack_layer(ctx, layers_[i], effective_.layers[i]);
+  for (size_t j = 0; j < mtp_.size(); ++j) {
+    unpack_layer(ctx, mtp_[j].block, effective_.mtp[j].block);
+    kernels::unpack_weight(ctx, effective_.mtp[j].e_proj, mtp_[j].e_proj);
+    kernels::unpack_weight(ctx, effective_.mtp[j].h_proj, mtp_[j].h_proj);
   }
   kernels::unpack_weight(ctx, effective_.lm_head, lm_head_);
 }

@@ -40,6 +40,12 @@ struct PackedLayer {
   kernels::PackedWeight idx_wq_b, idx_wproj, idx_cmp;  // CSA layers; f32 always
 };
 
+// A DeepSeek-V4 MTP block's packed weights.
+struct PackedMtp {
+  PackedLayer block;
+  kernels::PackedWeight e_proj, h_proj;  // (D, D)
+};
+
 class ModelWeights {
  public:
   // `params` must outlive this object; it is the f32 master copy (flat buffer).
@@ -66,7 +72,12 @@ class ModelWeights {
   // the widened packed projections in bf16/fp8 (constructed with effective).
   const ModelParams& backward_params() const { return effective_flat_.size() ? effective_ : params_; }
   const float* flat() const { return flat_; }
-  const PackedLayer& layer(int64_t i) const { return layers_[static_cast<size_t>(i)]; }
+  // Layer i; for DeepSeek-V4, i = L + j is MTP block j's block.
+  const PackedLayer& layer(int64_t i) const {
+    const size_t n = layers_.size();
+    return size_t(i) < n ? layers_[static_cast<size_t>(i)] : mtp_[size_t(i) - n].block;
+  }
+  const PackedMtp& mtp(int64_t j) const { return mtp_[static_cast<size_t>(j)]; }
   const kernels::PackedWeight& lm_head() const { return lm_head_; }
   const kernels::RopeTable& rope() const { return rope_; }
   // DeepSeek-V4: the interleaved rope_dim-wide tables of layers with ratio 0
@@ -92,9 +103,12 @@ class ModelWeights {
   int64_t fp8_block_;
   ExpertShard experts_;
   std::vector<PackedLayer> layers_;
+  std::vector<PackedMtp> mtp_;  // DeepSeek-V4
   kernels::PackedWeight lm_head_;
-  void pack_v4_layer(const Context& ctx, size_t i, bool fresh);
-  void unpack_v4_layer(const Context& ctx, size_t i);
+  void pack_layer(const Context& ctx, const LayerParams& p, PackedLayer& q, bool fresh);
+  void unpack_layer(const Context& ctx, const PackedLayer& q, LayerParams& e);
+  void pack_v4_attention(const Context& ctx, const LayerParams& p, PackedLayer& q, bool fresh);
+  void unpack_v4_attention(const Context& ctx, const PackedLayer& q, LayerParams& e);
 
   kernels::RopeTable rope_;  // cos/sin for positions [0, max_position_embeddings)
   kernels::RopeTable rope_compressed_;

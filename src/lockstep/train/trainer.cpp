@@ -40,6 +40,8 @@ Trainer::Trainer(const Context& ctx, const ModelConfig& config, Buffer params, T
   LS_CHECK(params_.size() >= layout_.nbytes()) << "parameter buffer of " << params_.size() << " bytes, model needs "
                                                << layout_.nbytes();
   LS_CHECK(cfg_.micro_batch_tokens >= 1) << "micro_batch_tokens must be >= 1";
+  LS_CHECK(cfg_.mtp_loss_coef == 0 || config.num_nextn_predict_layers > 0)
+      << "[train] mtp_loss_coef = " << cfg_.mtp_loss_coef << " needs a model with MTP blocks (num_nextn_predict_layers > 0)";
   weights_ = std::make_unique<model::ModelWeights>(ctx_, layout_, params_.as<float>(), cfg_.precision, cfg_.fp8_block,
                                                    model::ExpertShard{}, /*effective=*/true);
 }
@@ -223,7 +225,72 @@ struct RunSpec {
   bool recompute = false;
   model::ExpertComm* experts = nullptr;
   const ModelParams* grads = nullptr;  // null: forward only (the loss must be null too)
+  double mtp_loss_coef = 0.0;          // TrainerConfig::mtp_loss_coef
 };
+
+// MTP block j's targets in seqs: the logit rows p (prompt_len - 1 .. len - 2)
+// whose token p + j + 2 exists.
+int64_t mtp_targets(const std::vector<TrainSequence>& seqs, int64_t j) {
+  int64_t n = 0;
+  for (const auto& s : seqs) n += std::max<int64_t>(0, int64_t(s.tokens.size()) - s.prompt_len - 1 - j);
+  return n;
+}
+
+// TokenScores::mtp_logp of the micro-batch's sequences from MTP block 0's logits.
+void mtp_scores(const RunSpec& r, const model::ForwardResult& fr, const std::vector<TrainSequence>& seqs, size_t b0,
+                size_t b1, const std::vector<int64_t>& first_row, std::vector<TokenScores>& scores) {
+  const Tensor logits = fr.mtp_logits.at(0).view();
+  const int64_t R = logits.dim(0);
+  OwnedTensor tgt(DType::I32, {R}), lp(DType::F32, {R});
+  std::fill(tgt.view().i32(), tgt.view().i32() + R, 0);
+  for (size_t i = b0; i < b1; ++i) {
+    const auto& s = seqs[i];
+    for (int64_t k = 0; k + 2 < int64_t(s.tokens.size()) - s.prompt_len + 1; ++k)
+      tgt.view().i32()[first_row[i - b0] + k] = s.tokens[size_t(s.prompt_len + 1 + k)];
+  }
+  kernels::token_logprob_forward(r.ctx, lp.view(), Tensor(), Tensor(), logits, tgt.view(), 1.0f);
+  for (size_t i = b0; i < b1; ++i) {
+    const int64_t r0 = first_row[i - b0], n = std::max<int64_t>(0, seqs[i].num_targets() - 1);
+    scores[i].mtp_logp.assign(lp.f32() + r0, lp.f32() + r0 + n);
+  }
+}
+
+// The MTP loss of one micro-batch: for every block j, coef / N_j x the
+// cross-entropy of its valid rows, whose gradient is written over
+// fr.mtp_logits (into dmtp). Returns the loss.
+double mtp_loss(const RunSpec& r, model::ForwardResult& fr, const std::vector<TrainSequence>& seqs, size_t b0,
+                size_t b1, const std::vector<int64_t>& first_row, const std::vector<int64_t>& norm,
+                std::vector<Tensor>& dmtp) {
+  double total = 0;
+  dmtp.clear();
+  for (size_t j = 0; j < fr.mtp_logits.size(); ++j) {
+    Tensor logits = fr.mtp_logits[j].view();
+    const int64_t R = logits.dim(0);
+    OwnedTensor tgt(DType::I32, {R}), lp(DType::F32, {R}), dlp(DType::F32, {R});
+    std::fill(tgt.view().i32(), tgt.view().i32() + R, 0);
+    std::fill(dlp.f32(), dlp.f32() + R, 0.0f);
+    std::vector<char> valid(size_t(R), 0);
+    for (size_t i = b0; i < b1; ++i) {
+      const auto& s = seqs[i];
+      for (int64_t p = s.prompt_len - 1; p + 1 < int64_t(s.tokens.size()); ++p) {
+        const int64_t row = first_row[i - b0] + p - (s.prompt_len - 1), target = p + int64_t(j) + 2;
+        if (target >= int64_t(s.tokens.size())) continue;
+        tgt.view().i32()[row] = s.tokens[size_t(target)];
+        valid[size_t(row)] = 1;
+      }
+    }
+    kernels::token_logprob_forward(r.ctx, lp.view(), Tensor(), Tensor(), logits, tgt.view(), 1.0f);
+    const double w = norm[j] > 0 ? r.mtp_loss_coef / double(norm[j]) : 0.0;
+    for (int64_t row = 0; row < R; ++row) {
+      if (!valid[size_t(row)]) continue;
+      total -= w * double(lp.f32()[row]);
+      dlp.f32()[row] = float(-w);
+    }
+    kernels::token_logprob_backward(r.ctx, logits, dlp.view(), Tensor(), logits, tgt.view(), 1.0f);
+    dmtp.push_back(logits);
+  }
+  return total;
+}
 
 void check_sequences(const RunSpec& r, const std::vector<TrainSequence>& seqs, const ScoreOptions& opt) {
   const ModelConfig& c = r.weights.config();
@@ -305,6 +372,9 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
   }
   if (rb.kv.num_blocks() < max_blocks_total || rb.kv.block_size() != bs) rb.kv = model::KvCache(c, max_blocks_total, bs);
   OwnedTensor &logp = rb.logp, &ent = rb.ent, &tgt = rb.tgt, &dlogp = rb.dlogp, &dent = rb.dent;
+  const bool mtp = loss != nullptr && r.mtp_loss_coef > 0;
+  std::vector<int64_t> mtp_norm;
+  for (int64_t j = 0; mtp && j < c.num_nextn_predict_layers; ++j) mtp_norm.push_back(mtp_targets(seqs, j));
   double total = 0;
   for (auto [b0, b1] : mbs) {
     std::vector<int32_t> targets;
@@ -318,6 +388,7 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
     if (opt.replay) fo.replay_experts = &replay.experts;
     if (opt.replay && model::num_csa_layers(c) > 0) fo.replay_indexer = &replay.indexer;
     fo.experts = r.experts;
+    fo.mtp = mtp || (opt.mtp && scores != nullptr);
     model::forward(r.ctx, r.weights, rb.kv, rb.ws, batch, fo, &rb.fr, loss ? &rb.acts : nullptr);
 
     model::reuse(logp, DType::F32, {R});
@@ -341,13 +412,16 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
                          opt.entropy ? dent.f32() + r0 : nullptr);
       }
     }
+    if (opt.mtp && scores) mtp_scores(r, rb.fr, seqs, b0, b1, first_row, *scores);
     if (!loss || (R == 0 && r.experts == nullptr)) continue;
     // The logits are not needed once their gradient is known: the kernel
     // writes dlogits over them (it allows the aliasing), saving an (R, V) buffer.
     Tensor dlogits = rb.fr.logits.view();
     kernels::token_logprob_backward(r.ctx, dlogits, dlogp.view(), opt.entropy ? dent.view() : Tensor(), dlogits,
                                     tgt.view(), opt.temperature);
-    model::backward(r.ctx, r.weights, rb.kv, rb.ws, batch, rb.acts, dlogits, *r.grads);
+    std::vector<Tensor> dmtp;
+    if (mtp) total += mtp_loss(r, rb.fr, seqs, b0, b1, first_row, mtp_norm, dmtp);
+    model::backward(r.ctx, r.weights, rb.kv, rb.ws, batch, rb.acts, dlogits, *r.grads, dmtp);
   }
   return total;
 }
@@ -372,6 +446,7 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
   r.recompute = cfg_.recompute_activations;
   r.experts = experts_;
   r.grads = &grad_views_;
+  r.mtp_loss_coef = cfg_.mtp_loss_coef;
   return run_pass(r, *buffers_, seqs, loss, opt, scores);
 }
 

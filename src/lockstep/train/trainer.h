@@ -37,6 +37,9 @@ struct TrainSequence {
 struct TokenScores {
   std::vector<float> logp;
   std::vector<float> entropy;  // empty unless asked for
+  // ScoreOptions::mtp: MTP block 0's logprob of the token two places on, for
+  // the response positions that have one (one fewer than logp), temperature 1.
+  std::vector<float> mtp_logp;
 };
 
 // Per-sequence loss: given the response tokens' logp (and entropy, or null),
@@ -60,6 +63,12 @@ struct TrainerConfig {
   // master in the same precision computes the same logprobs bit for bit.
   DType precision = DType::F32;
   int64_t fp8_block = 128;
+  // DeepSeek-V4 with MTP blocks: accumulate() also trains them, adding
+  // mtp_loss_coef x the mean cross-entropy of MTP block j's prediction (the
+  // logit row of position p predicts token p + j + 2) over its targets in the
+  // call's sequences, for each block j, to the loss (and its gradient). 0: the
+  // MTP blocks are not run.
+  double mtp_loss_coef = 0.0;
   // Data parallelism (parallel/data_parallel.h): when set, step() first replaces
   // the accumulated gradients grads[0, n) by their sum over all ranks. The
   // LossFn must then normalise by global counts (tokens of the global batch).
@@ -73,6 +82,8 @@ struct ScoreOptions {
   // non-hash MoE layers and, for DeepSeek-V4, TrainSequence::indexer_topk in
   // the CSA layers.
   bool replay = false;
+  // DeepSeek-V4 with MTP blocks: also fill TokenScores::mtp_logp.
+  bool mtp = false;
 };
 
 struct RunBuffers;  // trainer.cpp
