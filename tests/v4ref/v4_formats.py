@@ -1,4 +1,5 @@
-"""Storage formats of the official DeepSeek-V4 checkpoint, written from the spec (docs: shared DEEPSEEK-V4.md, section 7).
+"""Storage formats of the official DeepSeek-V4 checkpoint, written from the checkpoint
+formats of the official release (spec section 7; see README.md).
 
 BF16, FP8 e4m3fn with 128x128 E8M0 block scales, MXFP4 (e2m1, two per byte, 1x32 E8M0 scales), and a minimal
 sharded safetensors reader/writer. Everything is numpy only and independent of lockstep's C++ code.

@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """Independent float64 reference of the official DeepSeek-V4 forward, plus a writer of official-layout checkpoints.
 
-Written from the spec (/work/shared/DEEPSEEK-V4.md, cited as "spec section N") with numpy only; it shares no code
-with lockstep. The model reads its weights back from the files it is given, so it sees exactly the stored values.
+Written from the official inference code's formulas (cited as "spec section N", see README.md) with numpy only; it
+shares no code with lockstep. The model reads its weights back from the files it is given, so it sees exactly the stored values.
 
   v4_reference.py write DIR [--preset tiny|small] [--fmt bf16|fp8] [--seed N] [--layers 0,4,128,4] [--set k=json]
   v4_reference.py logprobs DIR --tokens 1,2,3 [--mtp]        # prints {"logprobs": [...]} (and "mtp_logprobs")
