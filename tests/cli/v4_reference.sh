@@ -9,7 +9,9 @@
 #     logprobs for P = f32, bf16, fp8 (aligned at every precision);
 #  3. `check-alignment` reports a gap of exactly 0 aligned, and above 0 in fast
 #     mode (rollout fp8, trainer f32), with 0 router and indexer disagreement under
-#     --replay.
+#     --replay;
+#  4. lockstep's own official-layout writer (`init --dtype fp8`, MXFP4 experts),
+#     read back by the reference: the two still agree.
 set -euo pipefail
 BIN=$1
 SRC=$2
@@ -83,4 +85,32 @@ routers = [v for k, v in r.items() if "router" in k and "disagreement" in k and 
 assert routers and all(v == 0 for v in routers), r
 assert f["train/indexer_topk_disagreement"] > 0 and r["train/indexer_topk_disagreement"] == 0, (f, r)
 print(f"gap aligned 0, fast {f[gap]:.3g}, replayed {r[gap]:.3g}")
+PY
+
+# 4. lockstep writes the official FP8/MXFP4 layout; the reference reads it.
+"$BIN" init --config "$SRC/configs/bench/v4-tiny.toml" --out "$T/own" --dtype fp8 --no-tokenizer \
+  --set 'model.expert_dtype="fp4"' --set model.vocab_size=512 --set model.init_std=0.05 >/dev/null
+$PY - "$T/own" "$T/in_own.jsonl" <<'PY'
+import json, random, struct, sys
+d, out = sys.argv[1:]
+f = open(d + "/model.safetensors", "rb")
+header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+dtypes = {header[k]["dtype"] for k in header if k != "__metadata__"}
+assert {"F8_E4M3", "F8_E8M0", "I8", "I64", "F32", "BF16"} <= dtypes, dtypes
+assert header["layers.0.ffn.gate.tid2eid"]["dtype"] == "I64"
+rnd = random.Random(8)
+t = [rnd.randrange(512) for _ in range(200)]
+open(out, "w").write(json.dumps({"prompt_ids": t[:1], "response_ids": t[1:]}) + "\n")
+open(out + ".tokens", "w").write(",".join(map(str, t)))
+PY
+"$BIN" score --model "$T/own" --input "$T/in_own.jsonl" --output "$T/out.jsonl" --mtp 2>/dev/null
+$PY "$REF" logprobs "$T/own" --tokens "$(cat "$T/in_own.jsonl.tokens")" --mtp >"$T/ref.json"
+$PY - "$T/ref.json" "$T/out.jsonl" <<'PY'
+import json, sys
+ref = json.load(open(sys.argv[1]))
+got = json.loads(open(sys.argv[2]).readline())
+for key in ("logprobs", "mtp_logprobs"):
+    worst = max(abs(a - b) for a, b in zip(ref[key], got[key]))
+    print(f"lockstep-written fp8 {key}: max |lockstep - float64 reference| = {worst:.3g}")
+    assert len(ref[key]) == len(got[key]) > 190 and worst < 1e-3, worst
 PY

@@ -236,7 +236,9 @@ def write_sharded(directory, tensors, n_shards):
 
 
 def read_sharded(directory):
-    """-> dict name -> Stored, from model.safetensors.index.json and its shards."""
+    """-> dict name -> Stored, from model.safetensors.index.json and its shards (or a lone model.safetensors)."""
+    if not os.path.exists(os.path.join(directory, "model.safetensors.index.json")):
+        return read_safetensors(os.path.join(directory, "model.safetensors"))
     with open(os.path.join(directory, "model.safetensors.index.json")) as f:
         index = json.load(f)
     out = {}

@@ -23,8 +23,14 @@ int run_init(const Args& args) {
   if (root["model"]["path"]) LS_THROW << cfg_path << ": [model] path is for loading; init builds a new model";
   LoadedModel m = load_model_from_config(root, cfg_path, ctx);
   const std::string dtype_name = args.get("dtype", "f32");
-  DType dtype = dtype_name == "bf16" ? DType::BF16 : DType::F32;
-  if (dtype_name != "bf16" && dtype_name != "f32") LS_THROW << "--dtype must be f32 or bf16, got " << dtype_name;
+  const SaveFormat format = dtype_name == "bf16"  ? SaveFormat::BF16
+                            : dtype_name == "fp8" ? SaveFormat::FP8
+                                                  : SaveFormat::F32;
+  if (dtype_name != "bf16" && dtype_name != "f32" && dtype_name != "fp8")
+    LS_THROW << "--dtype must be f32, bf16 or fp8, got " << dtype_name;
+  if (format == SaveFormat::FP8 && !m.config.is_v4())
+    LS_THROW << "--dtype fp8 writes DeepSeek-V4's official FP8 layout; this model is "
+             << architecture_name(m.config.architecture);
   const bool tokenizer = !args.flag("no-tokenizer");
   if (tokenizer) {
     // Byte-level tokenizer: ids 0..255 bytes, then <|endoftext|>, <|im_start|>, <|im_end|>.
@@ -34,7 +40,7 @@ int run_init(const Args& args) {
     if (m.config.eos_token_ids.empty()) m.config.eos_token_ids = {258};
   }
   ParamLayout layout(m.config);
-  save_pretrained(out, m.config, layout, m.params.as<float>(), dtype);
+  save_pretrained(out, m.config, layout, m.params.as<float>(), format);
   if (tokenizer) tokenizer::write_byte_level_tokenizer(out);
   std::cout << "wrote " << out << ": " << architecture_name(m.config.architecture) << ", "
             << layout.numel() << " parameters" << (tokenizer ? ", byte-level tokenizer" : "") << "\n";
@@ -43,11 +49,14 @@ int run_init(const Args& args) {
 
 LS_REGISTER_COMMAND(Command{
     "init", "write a randomly initialised model in Hugging Face layout",
-    "usage: lockstep init --config MODEL.toml --out DIR [--seed N] [--dtype f32|bf16] [--no-tokenizer]\n"
+    "usage: lockstep init --config MODEL.toml --out DIR [--seed N] [--dtype f32|bf16|fp8] [--no-tokenizer]\n"
     "                     [--threads N] [--set model.key=value ...]\n\n"
     "Builds the model described by the [model] section (keys: docs/model.md; init_seed and\n"
     "init_std set the random initialisation) and writes DIR/config.json, DIR/model.safetensors\n"
-    "and a byte-level tokenizer (tokenizer.json, tokenizer_config.json with a ChatML template).\n",
+    "and a byte-level tokenizer (tokenizer.json, tokenizer_config.json with a ChatML template).\n"
+    "--dtype fp8 (DeepSeek-V4 only) writes the official release's storage: FP8 e4m3 weights with\n"
+    "power-of-two 128 x 128 block scales, MXFP4 routed experts when expert_dtype = \"fp4\"\n"
+    "(docs/deepseek-v4.md).\n",
     {"no-tokenizer"}, run_init});
 
 }  // namespace
