@@ -90,6 +90,29 @@ TEST(Parity, RandomCasesGiveTheTrainersLogprobsBitForBit) {
   EXPECT_GT(total.preemptions, 0) << "the tiny-KV variations never preempted";
 }
 
+// The same on random DeepSeek-V4 shapes: chunked prefill splitting
+// compression blocks and windows, prefix sharing, preemption, batching and
+// threads, every sampled token's logprob equal to the trainer's.
+TEST(Parity, RandomV4CasesGiveTheTrainersLogprobsBitForBit) {
+  const int64_t n_cases = env_int("LOCKSTEP_PARITY_V4_CASES", 24);
+  const uint64_t seed0 = uint64_t(env_int("LOCKSTEP_PARITY_SEED", 1000));
+  ThreadPool pool2(2);
+  std::mt19937_64 g(seed0);
+  CaseStats total;
+  for (int64_t i = 0; i < n_cases; ++i) {
+    const Case cs = random_case(seed0 + uint64_t(i), {}, true);
+    const CaseStats st = check_case(cs, &pool2, g);
+    total.tokens += st.tokens;
+    total.runs += st.runs;
+    total.preemptions += st.preemptions;
+    if (HasFailure()) break;
+  }
+  std::printf("[parity] %lld DeepSeek-V4 cases, %lld engine runs matched, %lld sampled tokens, %lld preemptions\n",
+              (long long)n_cases, (long long)total.runs, (long long)total.tokens, (long long)total.preemptions);
+  EXPECT_GT(total.tokens, 100);
+  EXPECT_GT(total.preemptions, 0) << "the tiny-KV variations never preempted";
+}
+
 // Aligned at every precision: with bf16 or fp8 (power-of-two block scales)
 // weights in both engines and the f32 KV cache the trainer also uses, every
 // variation's logprobs equal the trainer's bit for bit, as in f32.

@@ -156,11 +156,53 @@ inline ModelConfig random_config(std::mt19937_64& g) {
   return c;
 }
 
-inline Case random_case(uint64_t seed, const CaseShape& shape = {}) {
+// A random DeepSeek-V4 shape: every part at toy width, layer ratios drawn
+// from 0 and 4 (a ratio-128 entry needs 128 positions; now and then one such
+// layer runs with none), hash layers, mHC with 1 to 3 streams.
+inline ModelConfig random_v4_config(std::mt19937_64& g) {
+  auto pick = [&](std::initializer_list<int64_t> xs) { return *(xs.begin() + g() % xs.size()); };
+  ModelConfig c;
+  c.architecture = Architecture::DeepseekV4;
+  c.vocab_size = 24 + int64_t(g() % 80);
+  c.hidden_size = pick({8, 12, 16, 24});
+  c.num_layers = 1 + int64_t(g() % 3);
+  c.o_groups = pick({1, 2});
+  c.num_heads = c.o_groups * pick({1, 2});
+  c.num_kv_heads = 1;
+  c.head_dim = pick({6, 8, 12});
+  c.qk_rope_head_dim = pick({2, 4});
+  c.q_lora_rank = pick({4, 8, 12});
+  c.o_lora_rank = pick({4, 6, 8});
+  c.sliding_window = pick({2, 5, 8, 64});
+  for (int64_t l = 0; l < c.num_layers; ++l) c.compress_ratios.push_back(g() % 8 == 0 ? 128 : pick({0, 4, 4}));
+  c.compress_rope_theta = 160000.0;
+  if (g() % 2 == 0) c.rope_scaling = {"yarn", 4.0, 32, 32.0, 1.0};
+  c.max_position_embeddings = 128;
+  c.index_n_heads = pick({1, 2});
+  c.index_head_dim = c.qk_rope_head_dim + pick({0, 2, 4});
+  c.index_topk = pick({1, 2, 3});
+  c.num_experts = pick({2, 3, 4, 6});
+  c.num_experts_per_tok = 1 + int64_t(g() % std::min<uint64_t>(3, uint64_t(c.num_experts)));
+  c.moe_intermediate_size = 4 + int64_t(g() % 13);
+  c.n_shared_experts = 1;
+  c.shared_expert_intermediate_size = c.moe_intermediate_size;
+  c.router_scoring = RouterScoring::SqrtSoftplus;
+  c.norm_topk_prob = true;
+  c.routed_scaling_factor = 1.5;
+  c.score_correction_bias = true;
+  c.num_hash_layers = int64_t(g() % uint64_t(c.num_layers + 1));
+  c.swiglu_limit = pick({0, 1, 10});
+  c.hc_mult = 1 + int64_t(g() % 3);
+  c.hc_sinkhorn_iters = pick({1, 5, 20});
+  c.eos_token_ids = {int64_t(g() % uint64_t(c.vocab_size))};
+  return c;
+}
+
+inline Case random_case(uint64_t seed, const CaseShape& shape = {}, bool v4 = false) {
   std::mt19937_64 g(seed);
   Case cs;
   cs.seed = seed;
-  cs.config = random_config(g);
+  cs.config = v4 ? random_v4_config(g) : random_config(g);
   const int64_t V = cs.config.vocab_size;
   const int n_prompts = 1 + int(g() % uint64_t(shape.max_prompts));
   std::vector<std::vector<int32_t>> prompts;
