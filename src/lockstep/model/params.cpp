@@ -433,6 +433,12 @@ ModelParams bind(const ParamLayout& layout, float* base) {
   return m;
 }
 
+Tensor stacked_rows(const Tensor& a, const Tensor& b) {
+  LS_CHECK(static_cast<const float*>(a.data) + a.numel() == b.data && a.dim(1) == b.dim(1))
+      << "stacked_rows: the two parameters are not adjacent rows of one buffer";
+  return Tensor(a.data, DType::F32, {a.dim(0) + b.dim(0), a.dim(1)});
+}
+
 Buffer alloc_params(const ParamLayout& layout) {
   return Buffer(layout.nbytes());
 }

@@ -222,6 +222,12 @@ struct ModelParams {
   std::vector<MtpParams> mtp;
 };
 
+// Two parameters adjacent in a flat buffer (a's last element right before
+// b's first, same width) as one (rows_a + rows_b, cols) matrix: DeepSeek-V4's
+// compressors pack and differentiate [wkv; wgate] as one projection. Error if
+// they are not adjacent.
+Tensor stacked_rows(const Tensor& a, const Tensor& b);
+
 // Views over base[0, layout.numel()). base should be 64-byte aligned (Buffer is).
 ModelParams bind(const ParamLayout& layout, float* base);
 

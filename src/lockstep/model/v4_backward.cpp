@@ -37,12 +37,6 @@ struct V4BackEnv {
 
 void zero(Tensor t) { std::memset(t.data, 0, t.nbytes()); }
 
-// Two adjacent parameters as one matrix (the compressors' [wkv; wgate]).
-Tensor stacked(const Tensor& a, const Tensor& b) {
-  LS_CHECK(static_cast<const float*>(a.data) + a.numel() == b.data) << "wkv and wgate must be adjacent";
-  return Tensor(a.data, DType::F32, {a.dim(0) + b.dim(0), a.dim(1)});
-}
-
 // dz (T, D) = gradient of the MoE input given df (T, D) of its output.
 void moe_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations& a, const Tensor& df, Tensor dz) {
   const Context& ctx = env.ctx;
@@ -116,8 +110,8 @@ void compressor_backward(const V4BackEnv& env, int64_t l, const V4LayerActivatio
                          ratio == 4);
   }
   load_rows(dcz.view(), dcz_store.view(), env.vb.slots, 1, 0);
-  k::gemm_dyw(ctx, da, dcz.view(), stacked(p.cmp_wkv, p.cmp_wgate), true);
-  k::gemm_dytx(ctx, stacked(g.cmp_wkv, g.cmp_wgate), dcz.view(), a.a.view());
+  k::gemm_dyw(ctx, da, dcz.view(), stacked_rows(p.cmp_wkv, p.cmp_wgate), true);
+  k::gemm_dytx(ctx, stacked_rows(g.cmp_wkv, g.cmp_wgate), dcz.view(), a.a.view());
 }
 
 // da (T, D) = gradient of attn_norm's output given df (T, D) of the attention output.

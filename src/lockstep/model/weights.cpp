@@ -16,12 +16,6 @@ void pack_into(const Context& ctx, kernels::PackedWeight& pw, const Tensor& w, D
     kernels::repack_weight(ctx, pw, w);
   }
 }
-// Two parameters adjacent in the flat buffer as one (rows_a + rows_b, cols) matrix.
-Tensor stacked(const Tensor& a, const Tensor& b) {
-  LS_CHECK(static_cast<const float*>(a.data) + a.numel() == b.data && a.dim(1) == b.dim(1))
-      << "DeepSeek-V4 compressor: wkv and wgate must be adjacent in the layout";
-  return Tensor(a.data, DType::F32, {a.dim(0) + b.dim(0), a.dim(1)});
-}
 
 // Group g of wo_a (G*Ro, H*Dh/G): rows [g*Ro, (g+1)*Ro).
 Tensor wo_a_group(const ModelConfig& c, const Tensor& wo_a, int64_t g) {
@@ -75,11 +69,11 @@ void ModelWeights::pack_v4_attention(const Context& ctx, const LayerParams& p, P
   q.wo_a.resize(size_t(c.o_groups));
   for (int64_t g = 0; g < c.o_groups; ++g) pack_into(ctx, q.wo_a[size_t(g)], wo_a_group(c, p.wo_a, g), s, b, fresh);
   pack_into(ctx, q.wo_b, p.wo_b, s, b, fresh);
-  if (p.cmp_wkv.data != nullptr) pack_into(ctx, q.cmp, stacked(p.cmp_wkv, p.cmp_wgate), f32, 0, fresh);
+  if (p.cmp_wkv.data != nullptr) pack_into(ctx, q.cmp, stacked_rows(p.cmp_wkv, p.cmp_wgate), f32, 0, fresh);
   if (p.idx_wq_b.data != nullptr) {
     pack_into(ctx, q.idx_wq_b, p.idx_wq_b, f32, 0, fresh);
     pack_into(ctx, q.idx_wproj, p.idx_wproj, f32, 0, fresh);
-    pack_into(ctx, q.idx_cmp, stacked(p.idx_cmp_wkv, p.idx_cmp_wgate), f32, 0, fresh);
+    pack_into(ctx, q.idx_cmp, stacked_rows(p.idx_cmp_wkv, p.idx_cmp_wgate), f32, 0, fresh);
   }
 }
 
