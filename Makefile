@@ -22,7 +22,7 @@ test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900 $(CTEST_ARGS)
 
 test-fast: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L fast $(CTEST_ARGS)
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L 'fast|gpu-interp' $(CTEST_ARGS)
 
 demo: build
 	./$(BUILD)/lockstep demo --out runs/demo

@@ -35,7 +35,7 @@ function(lockstep_add_test_binary target src module label)
   target_include_directories(${target} PRIVATE ${CMAKE_SOURCE_DIR}/tests)
   # Keywords first: everything after PROPERTIES is read as property pairs.
   gtest_discover_tests(${target} WORKING_DIRECTORY ${CMAKE_BINARY_DIR} DISCOVERY_TIMEOUT 60
-                       PROPERTIES LABELS ${label}
+                       PROPERTIES LABELS "${label}"
                                   ENVIRONMENT "LOCKSTEP_BIN=${CMAKE_BINARY_DIR}/lockstep")
 endfunction()
 

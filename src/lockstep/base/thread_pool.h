@@ -14,6 +14,10 @@
 
 namespace lockstep {
 
+namespace kernels {
+struct GpuBackend;
+}
+
 class ThreadPool {
  public:
   // n_threads >= 1 counts the calling thread: a pool of 1 runs everything inline.
@@ -55,6 +59,8 @@ class ThreadPool {
 struct Context {
   ThreadPool* pool = nullptr;  // may be null: run on the calling thread
   uint64_t seed = 0;
+  // The GPU backend the kernels forward to (kernels/gpu/backend.h); null: the CPU.
+  const kernels::GpuBackend* gpu = nullptr;
 
   int threads() const { return pool ? pool->size() : 1; }
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t grain = 1) const {

@@ -1,0 +1,30 @@
+// The backend table of this build (interpret, CUDA or HIP), and the list of
+// what it covers.
+#include "lockstep/kernels/gpu/registry.h"
+
+namespace lockstep::kernels::gpu::LS_GPU_NS {
+
+GpuBackend make_backend() {
+  GpuBackend b;
+#if defined(LOCKSTEP_GPU_INTERP)
+  b.name = "interpret";
+#elif defined(LOCKSTEP_GPU_HIP)
+  b.name = "hip";
+#else
+  b.name = "cuda";
+#endif
+  return b;
+}
+
+}  // namespace lockstep::kernels::gpu::LS_GPU_NS
+
+#if defined(LOCKSTEP_GPU_INTERP)
+namespace lockstep::kernels {
+
+const GpuBackend& interpret_backend() {
+  static const GpuBackend b = gpu::interp::make_backend();
+  return b;
+}
+
+}  // namespace lockstep::kernels
+#endif

@@ -1,0 +1,100 @@
+// The seam between the engines and a GPU backend. Context::gpu points at one
+// GpuBackend table (or is null: the CPU). Each CPU kernel entry point starts
+// with LS_GPU_DISPATCH: when the table has an entry of its name, the call goes
+// there, with the same arguments, and must return the same bits.
+//
+// An entry left null runs the CPU kernel. That is only correct in interpret
+// mode, where device memory is host memory; backends on a real device fill
+// every entry the engines reach (GpuBackend::missing lists the others).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lockstep/base/thread_pool.h"
+#include "lockstep/tensor/tensor.h"
+
+namespace lockstep::kernels {
+
+struct PackedWeight;
+struct RopeTable;
+struct AttentionBatch;
+struct MoeDispatch;
+struct RouterConfig;
+struct AdamWParams;
+
+struct GpuBackend {
+  const char* name = "";  // "interpret", "cuda", "hip"
+
+  // gemm.h
+  void (*gemm_xwt_packed)(const Context&, Tensor y, const Tensor& x, const PackedWeight& w, bool accumulate) = nullptr;
+  void (*gemm_xwt)(const Context&, Tensor y, const Tensor& x, const Tensor& w, bool accumulate) = nullptr;
+  void (*gemm_dyw)(const Context&, Tensor dx, const Tensor& dy, const Tensor& w, bool accumulate) = nullptr;
+  void (*gemm_dytx)(const Context&, Tensor dw, const Tensor& dy, const Tensor& x, bool accumulate) = nullptr;
+  // embedding.h
+  void (*embedding_forward)(const Context&, Tensor out, const Tensor& table, const Tensor& ids) = nullptr;
+  void (*embedding_backward)(const Context&, Tensor dtable, const Tensor& dout, const Tensor& ids) = nullptr;
+  // rmsnorm.h
+  void (*rmsnorm_forward)(const Context&, Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) = nullptr;
+  void (*add_rmsnorm_forward)(const Context&, Tensor y, Tensor h_out, Tensor rstd, const Tensor& x, const Tensor& r,
+                              const Tensor& w, float eps) = nullptr;
+  void (*rmsnorm_backward)(const Context&, Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                           const Tensor& rstd) = nullptr;
+  // rope.h (table forms)
+  void (*rope_forward)(const Context&, Tensor x, const Tensor& positions, const RopeTable& table) = nullptr;
+  void (*rope_backward)(const Context&, Tensor dx, const Tensor& positions, const RopeTable& table) = nullptr;
+  // swiglu.h
+  void (*swiglu_forward)(const Context&, Tensor out, const Tensor& gate, const Tensor& up) = nullptr;
+  void (*swiglu_backward)(const Context&, Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate,
+                          const Tensor& up) = nullptr;
+  // softmax.h
+  void (*token_logprob_forward)(const Context&, Tensor logp, Tensor entropy, Tensor lse, const Tensor& logits,
+                                const Tensor& targets, float temperature) = nullptr;
+  void (*token_logprob_backward)(const Context&, Tensor dlogits, const Tensor& dlogp, const Tensor& dentropy,
+                                 const Tensor& logits, const Tensor& targets, float temperature) = nullptr;
+  // attention.h
+  void (*kv_cache_write)(const Context&, Tensor k_cache, Tensor v_cache, const Tensor& k_new, const Tensor& v_new,
+                         const AttentionBatch& batch) = nullptr;
+  void (*attention_forward)(const Context&, Tensor out, Tensor lse, const Tensor& q, const Tensor& k_cache,
+                            const Tensor& v_cache, const AttentionBatch& batch, float scale) = nullptr;
+  void (*attention_backward)(const Context&, Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& out,
+                             const Tensor& lse, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                             const AttentionBatch& batch, float scale) = nullptr;
+  // moe.h
+  void (*moe_route)(const Context&, Tensor topk_idx, Tensor topk_w, Tensor scores, const Tensor& router_logits,
+                    const Tensor& bias, const Tensor& replay_idx, const RouterConfig& cfg) = nullptr;
+  void (*moe_gather)(const Context&, Tensor xe, const Tensor& x, const MoeDispatch& plan) = nullptr;
+  void (*moe_combine)(const Context&, Tensor y, const Tensor& ye, const Tensor& topk_w,
+                      const MoeDispatch& plan) = nullptr;
+  // adamw.h
+  void (*adamw_step)(const Context&, float* param, const float* grad, float* m, float* v, int64_t n,
+                     const AdamWParams& hp) = nullptr;
+
+  // Names of the entries left null (the kernels this backend does not cover).
+  std::vector<std::string> missing() const;
+  std::vector<std::string> covered() const;
+};
+
+// The interpret-mode backend: the GPU kernel sources compiled by the host
+// compiler and run by the emulator (kernels/gpu/interp/emu.h).
+const GpuBackend& interpret_backend();
+
+// The context to run a CPU kernel from inside a GPU entry (no re-dispatch).
+inline Context cpu_context(const Context& ctx) {
+  Context c = ctx;
+  c.gpu = nullptr;
+  return c;
+}
+
+}  // namespace lockstep::kernels
+
+// First statement of a CPU kernel entry point: forwards the call to the GPU
+// backend's entry `entry` when the context has one.
+#define LS_GPU_DISPATCH(ctx, entry, ...)              \
+  do {                                                \
+    if ((ctx).gpu != nullptr && (ctx).gpu->entry) {   \
+      (ctx).gpu->entry((ctx), __VA_ARGS__);           \
+      return;                                         \
+    }                                                 \
+  } while (0)

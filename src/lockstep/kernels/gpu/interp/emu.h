@@ -1,0 +1,138 @@
+// Interpret mode: the GPU kernel sources run on the CPU, every block and every
+// thread of a launch, each thread a fiber (Boost.Context). Built with the host
+// compiler only; kernels reach it through kernels/gpu/portable.h, never
+// directly.
+//
+// A block's threads run one at a time, in an order chosen per launch (forward,
+// reverse or shuffled), each until it reaches __syncthreads() or returns. What
+// an emulator can catch, it catches, and the error names the kernel, its launch
+// site, the block, the thread and the source line:
+//   - a barrier not reached by every thread of the block, or threads waiting
+//     at different barriers;
+//   - shared memory read before it is written (poisoned with NaN / 0xFF at the
+//     start of every block) and uninitialised device memory (device_alloc
+//     poisons it the same way): the NaN reaches the result;
+//   - writes outside a device allocation: every allocation has guard zones on
+//     both sides, checked after every launch; reads there return NaN;
+//   - races inside a block: with Options::check_races every launch runs in
+//     all three orders from the same device memory and the results must agree
+//     byte for byte (Schedule::Rotate, the default, changes the order from one
+//     launch to the next, so a race also shows as a mismatch against the CPU).
+// It cannot catch memory-model or fence bugs, communication between blocks,
+// resource limits other than shared memory and threads per block, or speed
+// (docs/gpu.md).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "lockstep/base/thread_pool.h"
+
+// CUDA's index types, for kernels compiled by the host compiler.
+struct uint3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+namespace lockstep::gpu::emu {
+
+enum class Schedule {
+  Forward,   // thread 0, 1, ..., n-1 between barriers
+  Reverse,   // n-1, ..., 0
+  Shuffled,  // a fresh permutation at every barrier (seeded by the launch number)
+  Rotate,    // launch i uses Forward, Reverse, Shuffled for i % 3 (the default)
+};
+
+struct Options {
+  Schedule schedule = Schedule::Rotate;
+  // Run every launch in all three orders, restoring device memory (every live
+  // device_alloc allocation) in between, and throw if the results differ.
+  // Only device_alloc memory is restored: kernels under this check must not
+  // write host memory.
+  bool check_races = false;
+  size_t stack_bytes = 64 * 1024;  // per emulated thread
+  int max_threads_per_block = 1024;
+  size_t max_shared_bytes = 48 * 1024;  // static shared memory per block (CUDA's default limit)
+};
+
+// Process-wide options. Change them only between launches.
+Options& options();
+
+// Sets options for a scope (tests), restoring the previous ones at its end.
+class ScopedOptions {
+ public:
+  explicit ScopedOptions(const Options& o) : saved_(options()) { options() = o; }
+  ~ScopedOptions() { options() = saved_; }
+  ScopedOptions(const ScopedOptions&) = delete;
+  ScopedOptions& operator=(const ScopedOptions&) = delete;
+
+ private:
+  Options saved_;
+};
+
+// ---- device memory -------------------------------------------------------
+
+// `bytes` of emulated device memory with guard zones on both sides, its
+// contents poisoned (0xFF bytes: NaN as f32). `what` names it in errors.
+void* device_alloc(size_t bytes, const char* what);
+void device_free(void* p);
+// Throws Error naming the allocation and the offset when a guard zone was
+// overwritten. Every launch calls it on return.
+void check_guards(const char* after_kernel);
+size_t live_allocations();
+
+// ---- what a running kernel thread sees -----------------------------------
+
+const uint3& thread_idx();
+const uint3& block_idx();
+const dim3& block_dim();
+const dim3& grid_dim();
+void sync_threads(const char* file, int line);
+void* shared_bytes(size_t bytes, size_t align, const char* name, const char* file, int line);
+template <typename T>
+T* shared_array(int64_t n, const char* name, const char* file, int line) {
+  return static_cast<T*>(shared_bytes(sizeof(T) * static_cast<size_t>(n), alignof(T), name, file, line));
+}
+
+// ---- launches --------------------------------------------------------------
+
+struct LaunchSite {
+  const char* kernel;
+  const char* file;
+  int line;
+  dim3 grid, block;
+};
+
+// Runs body(thread) for every thread of every block of the launch, with the
+// checks above; blocks are spread over ctx's thread pool.
+void run_launch(const Context& ctx, const LaunchSite& site, const std::function<void()>& body);
+
+// LS_LAUNCH(ctx, kernel, grid, block)(args...) in interpret mode.
+template <typename... P>
+class Launch {
+ public:
+  Launch(const Context& ctx, const char* name, const char* file, int line, dim3 grid, dim3 block,
+         void (*kernel)(P...))
+      : ctx_(ctx), site_{name, file, line, grid, block}, kernel_(kernel) {}
+
+  template <typename... A>
+  void operator()(A&&... args) const {
+    std::tuple<P...> params(std::forward<A>(args)...);
+    auto* k = kernel_;
+    run_launch(ctx_, site_, [&params, k] { std::apply(k, params); });
+  }
+
+ private:
+  const Context& ctx_;
+  LaunchSite site_;
+  void (*kernel_)(P...);
+};
+
+}  // namespace lockstep::gpu::emu
