@@ -7,6 +7,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git ccache
   libhwy-dev            # Highway: portable SIMD for the CPU kernels
+  libboost-context-dev  # fibers for the GPU interpret mode (kernels/gpu/interp)
   libgtest-dev libgmock-dev
   libbenchmark-dev      # Google Benchmark
   libopenblas-dev       # the GEMM baseline in bench/
