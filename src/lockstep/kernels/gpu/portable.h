@@ -8,12 +8,14 @@
 // Kernels use only what this header names: LS_GLOBAL / LS_DEVICE / LS_HD,
 // threadIdx / blockIdx / blockDim / gridDim, __syncthreads(), LS_SHARED for
 // per-block shared arrays, LS_LAUNCH for launches, and the explicitly rounded
-// float operations ls_add / ls_mul / ls_fma / ls_div / ls_sqrt. A float
+// float operations ls_add / ls_mul / ls_fma / ls_div / ls_sqrt (float_ops.h). A float
 // expression written with + or * is a lint error (docs/gpu.md): it may be fused
 // or reordered by a device compiler and break the CPU's bits.
 #pragma once
 
 #include <cstdint>
+
+#include "lockstep/kernels/gpu/float_ops.h"
 
 #if defined(__HIPCC__)
 #define LOCKSTEP_GPU_HIP 1
@@ -29,20 +31,14 @@
 #endif
 
 #if defined(LOCKSTEP_GPU_CUDA) || defined(LOCKSTEP_GPU_HIP)
-#define LS_DEVICE __device__
-#define LS_HD __host__ __device__
 #define LS_GLOBAL __global__
-#define LS_INLINE __forceinline__
 // T name[n] in the block's shared memory; n must be a constant expression.
 #define LS_SHARED(T, name, n) __shared__ T name[n]
 // LS_LAUNCH(ctx, kernel, grid, block)(args...): runs kernel on the default stream.
 #define LS_LAUNCH(ctx, kernel, grid, block) kernel<<<(grid), (block)>>>
 #else
 #include "lockstep/kernels/gpu/interp/emu.h"
-#define LS_DEVICE
-#define LS_HD
 #define LS_GLOBAL
-#define LS_INLINE inline
 #define threadIdx (::lockstep::gpu::emu::thread_idx())
 #define blockIdx (::lockstep::gpu::emu::block_idx())
 #define blockDim (::lockstep::gpu::emu::block_dim())
@@ -56,31 +52,3 @@
 #define LS_LAUNCH(ctx, kernel, grid, block) \
   ::lockstep::gpu::emu::Launch((ctx), #kernel, __FILE__, __LINE__, (grid), (block), kernel)
 #endif
-
-namespace lockstep::gpu {
-
-// Explicitly rounded float operations: one IEEE round-to-nearest-even each,
-// never fused, never flushed. The host forms are plain C++ under
-// -ffp-contract=off, which the build sets for every compiler.
-#if defined(LOCKSTEP_GPU_CUDA) || defined(LOCKSTEP_GPU_HIP)
-LS_DEVICE LS_INLINE float ls_add(float a, float b) { return __fadd_rn(a, b); }
-LS_DEVICE LS_INLINE float ls_sub(float a, float b) { return __fsub_rn(a, b); }
-LS_DEVICE LS_INLINE float ls_mul(float a, float b) { return __fmul_rn(a, b); }
-LS_DEVICE LS_INLINE float ls_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
-LS_DEVICE LS_INLINE float ls_div(float a, float b) { return __fdiv_rn(a, b); }
-LS_DEVICE LS_INLINE float ls_sqrt(float a) { return __fsqrt_rn(a); }
-#else
-inline float ls_add(float a, float b) { return a + b; }
-inline float ls_sub(float a, float b) { return a - b; }
-inline float ls_mul(float a, float b) { return a * b; }
-inline float ls_fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
-inline float ls_div(float a, float b) { return a / b; }
-inline float ls_sqrt(float a) { return __builtin_sqrtf(a); }
-#endif
-
-// Blocks of a 1-D launch that cover n items with `per_block` each.
-LS_HD inline unsigned blocks_for(int64_t n, int64_t per_block) {
-  return static_cast<unsigned>((n + per_block - 1) / per_block);
-}
-
-}  // namespace lockstep::gpu
