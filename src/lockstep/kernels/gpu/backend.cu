@@ -13,6 +13,7 @@ GpuBackend make_backend() {
 #else
   b.name = "cuda";
 #endif
+  register_gemm(b);
   return b;
 }
 
