@@ -14,6 +14,7 @@ GpuBackend make_backend() {
   b.name = "cuda";
 #endif
   register_gemm(b);
+  register_embedding(b);
   return b;
 }
 
