@@ -13,6 +13,8 @@ GpuBackend make_backend() {
 #else
   b.name = "cuda";
 #endif
+  register_gemm(b);
+  register_embedding(b);
   register_attention(b);
   return b;
 }
