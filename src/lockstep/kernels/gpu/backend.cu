@@ -13,6 +13,7 @@ GpuBackend make_backend() {
 #else
   b.name = "cuda";
 #endif
+  register_rmsnorm(b);
   return b;
 }
 
