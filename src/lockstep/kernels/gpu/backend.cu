@@ -14,6 +14,7 @@ GpuBackend make_backend() {
   b.name = "cuda";
 #endif
   register_rmsnorm(b);
+  register_elementwise(b);
   return b;
 }
 
