@@ -15,6 +15,7 @@ GpuBackend make_backend() {
 #endif
   register_rmsnorm(b);
   register_elementwise(b);
+  register_softmax(b);
   return b;
 }
 
