@@ -1,7 +1,9 @@
 // GPU rotate-half RoPE from a RopeTable (kernels/cpu/rope.h): one thread per
 // (token, head, pair), the CPU's f32 products and one add or subtract, no FMA.
-// The table is read where it lives (host memory is device memory in interpret
-// mode).
+// The table's cos/sin are read through their std::vector pointers: fine in
+// interpret mode, where host memory is device memory; a device backend needs
+// the table in device-visible memory (and the positions readable by the host
+// for the CPU's argument checks).
 #include "lockstep/kernels/gpu/registry.h"
 #include "lockstep/kernels/gpu/rope.h"
 

@@ -4,12 +4,14 @@
 // the dot of the row pass are combined by the fixed tree, the max by a rule
 // that gives max_reduce's bits.
 //
-// Speed: a row has only 16 threads and is read three times (max, exp sums,
-// and in the backward the gradient) instead of keeping d and e as the CPU
-// does, since a (T, V) scratch is as large as the logits. With V ~ 150K a lane
-// walks ~9K elements serially, so for few rows the GPU is far from its memory
-// bandwidth; the bits fix the lane count, a faster version would split each
-// lane's range over a warp only for the order-free max (not done).
+// Speed: 16 threads per row is what the bits allow without more work (each
+// lane's sum is a serial chain in index order), and the row is read two times
+// (forward) or three (backward: max, sums, gradient) instead of keeping d and
+// e, since a (T, V) scratch would be as large as the logits. With V ~ 150K a
+// lane walks ~9K elements serially and a half-warp reads 64 contiguous bytes
+// per step, so a batch of few rows leaves most of the GPU idle. Splitting a
+// lane's chain is not allowed; more rows per launch (T in the thousands during
+// training) is what fills the device.
 #include "lockstep/kernels/cpu/softmax.h"
 #include "lockstep/kernels/gpu/registry.h"
 #include "lockstep/kernels/gpu/softmax.h"
