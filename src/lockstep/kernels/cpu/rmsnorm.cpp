@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "lockstep/kernels/cpu/simd.h"
+#include "lockstep/kernels/gpu/backend.h"
 
 namespace lockstep::kernels {
 
@@ -47,15 +48,53 @@ float norm_row(float* y, const float* x, const float* w, int64_t D, float eps) {
 
 }  // namespace
 
-void rmsnorm_forward(const Context& ctx, Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) {
+namespace detail {
+
+RmsnormShape check_rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w) {
   check_dtype(x, DType::F32, "rmsnorm_forward: x (T, D)");
   check_shape(x, {-1, -1}, "rmsnorm_forward: x (T, D)");
   check_rows(x, "rmsnorm_forward: x (T, D)");
   const int64_t T = x.shape[0], D = x.shape[1];
   check_mat(y, T, D, "rmsnorm_forward: y (T, D)");
   check_vec(w, D, "rmsnorm_forward: w (D,)");
+  if (rstd.ndim != 0) check_vec(rstd, T, "rmsnorm_forward: rstd (T,)");
+  return {T, D};
+}
+
+RmsnormShape check_add_rmsnorm_forward(const Tensor& y, const Tensor& h_out, const Tensor& rstd,
+                                       const Tensor& x, const Tensor& r, const Tensor& w) {
+  check_dtype(x, DType::F32, "add_rmsnorm_forward: x (T, D)");
+  check_shape(x, {-1, -1}, "add_rmsnorm_forward: x (T, D)");
+  check_rows(x, "add_rmsnorm_forward: x (T, D)");
+  const int64_t T = x.shape[0], D = x.shape[1];
+  check_mat(r, T, D, "add_rmsnorm_forward: r (T, D)");
+  check_mat(h_out, T, D, "add_rmsnorm_forward: h_out (T, D)");
+  check_mat(y, T, D, "add_rmsnorm_forward: y (T, D)");
+  check_vec(w, D, "add_rmsnorm_forward: w (D,)");
+  if (rstd.ndim != 0) check_vec(rstd, T, "add_rmsnorm_forward: rstd (T,)");
+  return {T, D};
+}
+
+RmsnormShape check_rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                                    const Tensor& w, const Tensor& rstd) {
+  check_dtype(x, DType::F32, "rmsnorm_backward: x (T, D)");
+  check_shape(x, {-1, -1}, "rmsnorm_backward: x (T, D)");
+  check_rows(x, "rmsnorm_backward: x (T, D)");
+  const int64_t T = x.shape[0], D = x.shape[1];
+  check_mat(dy, T, D, "rmsnorm_backward: dy (T, D)");
+  check_mat(dx, T, D, "rmsnorm_backward: dx (T, D)");
+  check_vec(w, D, "rmsnorm_backward: w (D,)");
+  check_vec(dw, D, "rmsnorm_backward: dw (D,)");
+  check_vec(rstd, T, "rmsnorm_backward: rstd (T,)");
+  return {T, D};
+}
+
+}  // namespace detail
+
+void rmsnorm_forward(const Context& ctx, Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) {
+  LS_GPU_DISPATCH(ctx, rmsnorm_forward, y, rstd, x, w, eps);
+  const auto [T, D] = detail::check_rmsnorm_forward(y, rstd, x, w);
   const bool keep = rstd.ndim != 0;
-  if (keep) check_vec(rstd, T, "rmsnorm_forward: rstd (T,)");
   const float* xp = x.f32();
   const float* wp = w.f32();
   float* yp = y.f32();
@@ -73,16 +112,9 @@ void rmsnorm_forward(const Context& ctx, Tensor y, Tensor rstd, const Tensor& x,
 
 void add_rmsnorm_forward(const Context& ctx, Tensor y, Tensor h_out, Tensor rstd, const Tensor& x,
                          const Tensor& r, const Tensor& w, float eps) {
-  check_dtype(x, DType::F32, "add_rmsnorm_forward: x (T, D)");
-  check_shape(x, {-1, -1}, "add_rmsnorm_forward: x (T, D)");
-  check_rows(x, "add_rmsnorm_forward: x (T, D)");
-  const int64_t T = x.shape[0], D = x.shape[1];
-  check_mat(r, T, D, "add_rmsnorm_forward: r (T, D)");
-  check_mat(h_out, T, D, "add_rmsnorm_forward: h_out (T, D)");
-  check_mat(y, T, D, "add_rmsnorm_forward: y (T, D)");
-  check_vec(w, D, "add_rmsnorm_forward: w (D,)");
+  LS_GPU_DISPATCH(ctx, add_rmsnorm_forward, y, h_out, rstd, x, r, w, eps);
+  const auto [T, D] = detail::check_add_rmsnorm_forward(y, h_out, rstd, x, r, w);
   const bool keep = rstd.ndim != 0;
-  if (keep) check_vec(rstd, T, "add_rmsnorm_forward: rstd (T,)");
   const float* xp = x.f32();
   const float* ap = r.f32();
   const float* wp = w.f32();
@@ -106,15 +138,8 @@ void add_rmsnorm_forward(const Context& ctx, Tensor y, Tensor h_out, Tensor rstd
 
 void rmsnorm_backward(const Context& ctx, Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x,
                       const Tensor& w, const Tensor& rstd) {
-  check_dtype(x, DType::F32, "rmsnorm_backward: x (T, D)");
-  check_shape(x, {-1, -1}, "rmsnorm_backward: x (T, D)");
-  check_rows(x, "rmsnorm_backward: x (T, D)");
-  const int64_t T = x.shape[0], D = x.shape[1];
-  check_mat(dy, T, D, "rmsnorm_backward: dy (T, D)");
-  check_mat(dx, T, D, "rmsnorm_backward: dx (T, D)");
-  check_vec(w, D, "rmsnorm_backward: w (D,)");
-  check_vec(dw, D, "rmsnorm_backward: dw (D,)");
-  check_vec(rstd, T, "rmsnorm_backward: rstd (T,)");
+  LS_GPU_DISPATCH(ctx, rmsnorm_backward, dx, dw, dy, x, w, rstd);
+  const auto [T, D] = detail::check_rmsnorm_backward(dx, dw, dy, x, w, rstd);
   const float* xp = x.f32();
   const float* gp = dy.f32();
   const float* wp = w.f32();

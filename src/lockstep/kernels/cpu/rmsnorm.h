@@ -35,4 +35,17 @@ void add_rmsnorm_forward(const Context& ctx, Tensor y, Tensor h_out, Tensor rstd
 void rmsnorm_backward(const Context& ctx, Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x,
                       const Tensor& w, const Tensor& rstd);
 
+namespace detail {
+// The argument checks of the entries above (dtypes, shapes, strides), shared
+// with the GPU backend so both raise the same errors. Each returns (T, D).
+struct RmsnormShape {
+  int64_t T, D;
+};
+RmsnormShape check_rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w);
+RmsnormShape check_add_rmsnorm_forward(const Tensor& y, const Tensor& h_out, const Tensor& rstd,
+                                       const Tensor& x, const Tensor& r, const Tensor& w);
+RmsnormShape check_rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                                    const Tensor& w, const Tensor& rstd);
+}  // namespace detail
+
 }  // namespace lockstep::kernels

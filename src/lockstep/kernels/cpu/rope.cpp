@@ -8,13 +8,13 @@
 #include <numbers>
 #include <string>
 
+#include "lockstep/kernels/gpu/backend.h"
+
 namespace lockstep::kernels {
 
 namespace {
 
-struct RopeShape {
-  int64_t T, H, Dh, half;
-};
+using detail::RopeShape;
 
 RopeShape check_rope(const Tensor& x, const Tensor& positions, const char* fn) {
   std::string what = std::string(fn) + ": x (T, H, Dh)";
@@ -115,14 +115,8 @@ void rope_on_the_fly(const Context& ctx, Tensor x, const Tensor& positions, doub
 template <bool kInverse, bool kInterleaved = false>
 void rope_from_table(const Context& ctx, Tensor x, const Tensor& positions, const RopeTable& table,
                      const char* fn) {
-  const RopeShape sh = check_rope(x, positions, fn);
-  if (table.head_dim != sh.Dh)
-    LS_THROW << fn << ": table built for Dh=" << table.head_dim << ", x is " << x.shape_str();
+  const RopeShape sh = detail::check_rope_table(x, positions, table, fn);
   const int32_t* pos = positions.i32();
-  for (int64_t t = 0; t < sh.T; ++t)
-    if (pos[t] >= table.max_positions)
-      LS_THROW << fn << ": position " << pos[t] << " at token " << t << " is beyond the table's "
-               << table.max_positions << " positions";
   ctx.parallel_for(
       sh.T,
       [&](int64_t t0, int64_t t1) {
@@ -139,6 +133,22 @@ void rope_from_table(const Context& ctx, Tensor x, const Tensor& positions, cons
 }
 
 }  // namespace
+
+namespace detail {
+
+RopeShape check_rope_table(const Tensor& x, const Tensor& positions, const RopeTable& table, const char* fn) {
+  const RopeShape sh = check_rope(x, positions, fn);
+  if (table.head_dim != sh.Dh)
+    LS_THROW << fn << ": table built for Dh=" << table.head_dim << ", x is " << x.shape_str();
+  const int32_t* pos = positions.i32();
+  for (int64_t t = 0; t < sh.T; ++t)
+    if (pos[t] >= table.max_positions)
+      LS_THROW << fn << ": position " << pos[t] << " at token " << t << " is beyond the table's "
+               << table.max_positions << " positions";
+  return sh;
+}
+
+}  // namespace detail
 
 void rope_cos_sin(int64_t pos, int64_t i, int64_t head_dim, double theta, float* cos_out, float* sin_out) {
   const double angle = static_cast<double>(pos) * inv_freq(i, head_dim, theta);
@@ -243,9 +253,11 @@ void rope_backward(const Context& ctx, Tensor dx, const Tensor& positions, doubl
   rope_on_the_fly<true>(ctx, dx, positions, theta, "rope_backward");
 }
 void rope_forward(const Context& ctx, Tensor x, const Tensor& positions, const RopeTable& table) {
+  LS_GPU_DISPATCH(ctx, rope_forward, x, positions, table);
   rope_from_table<false>(ctx, x, positions, table, "rope_forward");
 }
 void rope_backward(const Context& ctx, Tensor dx, const Tensor& positions, const RopeTable& table) {
+  LS_GPU_DISPATCH(ctx, rope_backward, dx, positions, table);
   rope_from_table<true>(ctx, dx, positions, table, "rope_backward");
 }
 

@@ -54,6 +54,16 @@ void rope_backward(const Context& ctx, Tensor dx, const Tensor& positions, doubl
 void rope_forward(const Context& ctx, Tensor x, const Tensor& positions, const RopeTable& table);
 void rope_backward(const Context& ctx, Tensor dx, const Tensor& positions, const RopeTable& table);
 
+namespace detail {
+// The argument checks of the table forms (x, positions and the table's
+// coverage), shared with the GPU backend so both raise the same errors; fn
+// names the entry in them.
+struct RopeShape {
+  int64_t T, H, Dh, half;
+};
+RopeShape check_rope_table(const Tensor& x, const Tensor& positions, const RopeTable& table, const char* fn);
+}  // namespace detail
+
 // ---- Interleaved RoPE with YaRN (DeepSeek-V3/V4) ----------------------------
 // DeepSeek rotates consecutive pairs (x[2j], x[2j+1]) of a rope_dim-wide tail
 // (a complex multiply), not the (i, i + Dh/2) halves above, and may scale the

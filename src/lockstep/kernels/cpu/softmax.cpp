@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "lockstep/kernels/cpu/simd.h"
+#include "lockstep/kernels/gpu/backend.h"
 
 namespace lockstep::kernels {
 
@@ -84,6 +85,30 @@ inline float shifted(const float* logits, int64_t i, float temperature, float m)
 
 }  // namespace
 
+namespace detail {
+
+LogitsShape check_token_logprob_forward(const Tensor& logp, const Tensor& entropy, const Tensor& lse,
+                                        const Tensor& logits, const Tensor& targets, float temperature) {
+  const auto [T, V] = check_logits(logits, temperature, "token_logprob_forward");
+  check_vec(logp, T, DType::F32, "token_logprob_forward: logp (T,)");
+  if (entropy.ndim != 0) check_vec(entropy, T, DType::F32, "token_logprob_forward: entropy (T,)");
+  if (lse.ndim != 0) check_vec(lse, T, DType::F32, "token_logprob_forward: lse (T,)");
+  check_targets(targets, T, V, "token_logprob_forward");
+  return {T, V};
+}
+
+LogitsShape check_token_logprob_backward(const Tensor& dlogits, const Tensor& dlogp, const Tensor& dentropy,
+                                         const Tensor& logits, const Tensor& targets, float temperature) {
+  const auto [T, V] = check_logits(logits, temperature, "token_logprob_backward");
+  check_mat(dlogits, T, V, "token_logprob_backward: dlogits (T, V)");
+  if (dlogp.ndim != 0) check_vec(dlogp, T, DType::F32, "token_logprob_backward: dlogp (T,)");
+  if (dentropy.ndim != 0) check_vec(dentropy, T, DType::F32, "token_logprob_backward: dentropy (T,)");
+  check_targets(targets, T, V, "token_logprob_backward");
+  return {T, V};
+}
+
+}  // namespace detail
+
 void softmax_forward(const Context& ctx, Tensor probs, const Tensor& logits, float temperature) {
   const auto [T, V] = check_logits(logits, temperature, "softmax_forward");
   check_mat(probs, T, V, "softmax_forward: probs (T, V)");
@@ -119,12 +144,9 @@ void log_softmax_forward(const Context& ctx, Tensor logp, const Tensor& logits, 
 
 void token_logprob_forward(const Context& ctx, Tensor logp, Tensor entropy, Tensor lse, const Tensor& logits,
                            const Tensor& targets, float temperature) {
-  const auto [T, V] = check_logits(logits, temperature, "token_logprob_forward");
-  check_vec(logp, T, DType::F32, "token_logprob_forward: logp (T,)");
+  LS_GPU_DISPATCH(ctx, token_logprob_forward, logp, entropy, lse, logits, targets, temperature);
+  const auto [T, V] = detail::check_token_logprob_forward(logp, entropy, lse, logits, targets, temperature);
   const bool want_h = entropy.ndim != 0, want_lse = lse.ndim != 0;
-  if (want_h) check_vec(entropy, T, DType::F32, "token_logprob_forward: entropy (T,)");
-  if (want_lse) check_vec(lse, T, DType::F32, "token_logprob_forward: lse (T,)");
-  check_targets(targets, T, V, "token_logprob_forward");
   const int32_t* y = targets.i32();
   ctx.parallel_for(
       T,
@@ -143,12 +165,10 @@ void token_logprob_forward(const Context& ctx, Tensor logp, Tensor entropy, Tens
 
 void token_logprob_backward(const Context& ctx, Tensor dlogits, const Tensor& dlogp, const Tensor& dentropy,
                             const Tensor& logits, const Tensor& targets, float temperature) {
-  const auto [T, V] = check_logits(logits, temperature, "token_logprob_backward");
-  check_mat(dlogits, T, V, "token_logprob_backward: dlogits (T, V)");
+  LS_GPU_DISPATCH(ctx, token_logprob_backward, dlogits, dlogp, dentropy, logits, targets, temperature);
+  const auto [T, V] =
+      detail::check_token_logprob_backward(dlogits, dlogp, dentropy, logits, targets, temperature);
   const bool have_gl = dlogp.ndim != 0, have_ge = dentropy.ndim != 0;
-  if (have_gl) check_vec(dlogp, T, DType::F32, "token_logprob_backward: dlogp (T,)");
-  if (have_ge) check_vec(dentropy, T, DType::F32, "token_logprob_backward: dentropy (T,)");
-  check_targets(targets, T, V, "token_logprob_backward");
   const int32_t* y = targets.i32();
   ctx.parallel_for(
       T,

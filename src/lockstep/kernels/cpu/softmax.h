@@ -52,4 +52,17 @@ void token_logprob_forward(const Context& ctx, Tensor logp, Tensor entropy, Tens
 void token_logprob_backward(const Context& ctx, Tensor dlogits, const Tensor& dlogp, const Tensor& dentropy,
                             const Tensor& logits, const Tensor& targets, float temperature);
 
+namespace detail {
+// The argument checks of token_logprob_forward / _backward (shapes, strides,
+// temperature, target ids), shared with the GPU backend so both raise the
+// same errors. Each returns (T, V).
+struct LogitsShape {
+  int64_t T, V;
+};
+LogitsShape check_token_logprob_forward(const Tensor& logp, const Tensor& entropy, const Tensor& lse,
+                                        const Tensor& logits, const Tensor& targets, float temperature);
+LogitsShape check_token_logprob_backward(const Tensor& dlogits, const Tensor& dlogp, const Tensor& dentropy,
+                                         const Tensor& logits, const Tensor& targets, float temperature);
+}  // namespace detail
+
 }  // namespace lockstep::kernels

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "lockstep/kernels/cpu/simd.h"
+#include "lockstep/kernels/gpu/backend.h"
 
 namespace lockstep::kernels {
 
@@ -92,13 +93,7 @@ void check_limit(float limit, const char* what) {
 
 void forward_impl(const Context& ctx, Tensor out, const Tensor& gate, const Tensor& up, float limit,
                   const char* name) {
-  const std::string n(name);
-  check_dtype(gate, DType::F32, (n + ": gate (T, F)").c_str());
-  check_shape(gate, {-1, -1}, (n + ": gate (T, F)").c_str());
-  const int64_t T = gate.shape[0], F = gate.shape[1];
-  check_mat(gate, T, F, (n + ": gate (T, F)").c_str());
-  check_mat(up, T, F, (n + ": up (T, F)").c_str());
-  check_mat(out, T, F, (n + ": out (T, F)").c_str());
+  const auto [T, F] = detail::check_swiglu_forward(out, gate, up, name);
   ctx.parallel_for(
       T,
       [&](int64_t t0, int64_t t1) {
@@ -111,15 +106,7 @@ void forward_impl(const Context& ctx, Tensor out, const Tensor& gate, const Tens
 
 void backward_impl(const Context& ctx, Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate,
                    const Tensor& up, float limit, const char* name) {
-  const std::string n(name);
-  check_dtype(gate, DType::F32, (n + ": gate (T, F)").c_str());
-  check_shape(gate, {-1, -1}, (n + ": gate (T, F)").c_str());
-  const int64_t T = gate.shape[0], F = gate.shape[1];
-  check_mat(gate, T, F, (n + ": gate (T, F)").c_str());
-  check_mat(up, T, F, (n + ": up (T, F)").c_str());
-  check_mat(dout, T, F, (n + ": dout (T, F)").c_str());
-  check_mat(dgate, T, F, (n + ": dgate (T, F)").c_str());
-  check_mat(dup, T, F, (n + ": dup (T, F)").c_str());
+  const auto [T, F] = detail::check_swiglu_backward(dgate, dup, dout, gate, up, name);
   ctx.parallel_for(
       T,
       [&](int64_t t0, int64_t t1) {
@@ -132,12 +119,43 @@ void backward_impl(const Context& ctx, Tensor dgate, Tensor dup, const Tensor& d
 
 }  // namespace
 
+namespace detail {
+
+SwigluShape check_swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up, const char* fn) {
+  const std::string n(fn);
+  check_dtype(gate, DType::F32, (n + ": gate (T, F)").c_str());
+  check_shape(gate, {-1, -1}, (n + ": gate (T, F)").c_str());
+  const int64_t T = gate.shape[0], F = gate.shape[1];
+  check_mat(gate, T, F, (n + ": gate (T, F)").c_str());
+  check_mat(up, T, F, (n + ": up (T, F)").c_str());
+  check_mat(out, T, F, (n + ": out (T, F)").c_str());
+  return {T, F};
+}
+
+SwigluShape check_swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
+                                  const Tensor& gate, const Tensor& up, const char* fn) {
+  const std::string n(fn);
+  check_dtype(gate, DType::F32, (n + ": gate (T, F)").c_str());
+  check_shape(gate, {-1, -1}, (n + ": gate (T, F)").c_str());
+  const int64_t T = gate.shape[0], F = gate.shape[1];
+  check_mat(gate, T, F, (n + ": gate (T, F)").c_str());
+  check_mat(up, T, F, (n + ": up (T, F)").c_str());
+  check_mat(dout, T, F, (n + ": dout (T, F)").c_str());
+  check_mat(dgate, T, F, (n + ": dgate (T, F)").c_str());
+  check_mat(dup, T, F, (n + ": dup (T, F)").c_str());
+  return {T, F};
+}
+
+}  // namespace detail
+
 void swiglu_forward(const Context& ctx, Tensor out, const Tensor& gate, const Tensor& up) {
+  LS_GPU_DISPATCH(ctx, swiglu_forward, out, gate, up);
   forward_impl(ctx, out, gate, up, kNoLimit, "swiglu_forward");
 }
 
 void swiglu_backward(const Context& ctx, Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate,
                      const Tensor& up) {
+  LS_GPU_DISPATCH(ctx, swiglu_backward, dgate, dup, dout, gate, up);
   backward_impl(ctx, dgate, dup, dout, gate, up, kNoLimit, "swiglu_backward");
 }
 

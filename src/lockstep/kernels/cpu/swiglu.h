@@ -38,4 +38,16 @@ void swiglu_clamped_forward(const Context& ctx, Tensor out, const Tensor& gate, 
 void swiglu_clamped_backward(const Context& ctx, Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate,
                              const Tensor& up, float limit);
 
+namespace detail {
+// The argument checks of the entries above (fn names the entry in the
+// errors), shared with the GPU backend so both raise the same errors. Each
+// returns (T, F).
+struct SwigluShape {
+  int64_t T, F;
+};
+SwigluShape check_swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up, const char* fn);
+SwigluShape check_swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
+                                  const Tensor& gate, const Tensor& up, const char* fn);
+}  // namespace detail
+
 }  // namespace lockstep::kernels

@@ -16,6 +16,9 @@ GpuBackend make_backend() {
   register_gemm(b);
   register_embedding(b);
   register_attention(b);
+  register_rmsnorm(b);
+  register_elementwise(b);
+  register_softmax(b);
   return b;
 }
 
