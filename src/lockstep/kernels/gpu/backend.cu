@@ -13,6 +13,8 @@ GpuBackend make_backend() {
 #else
   b.name = "cuda";
 #endif
+  register_moe(b);
+  register_adamw(b);
   return b;
 }
 
