@@ -42,7 +42,8 @@ class DeviceFloats {
   float* p_;
 };
 
-void expect_same_bits(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+void expect_same_bits(const std::vector<float>& got, const std::vector<float>& want,
+                      const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (size_t i = 0; i < got.size(); ++i)
     if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0)
@@ -63,9 +64,9 @@ AdamWParams params(float lr, float b1, float b2, float eps, float wd, int64_t st
 // The hyper-parameter sets: defaults without decay at step 1, decay at step
 // 1000 (bias corrections near 1), a small eps against tiny v, beta1 = 0, lr = 0.
 const AdamWParams kParams[] = {
-    params(1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1),      params(3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1000),
-    params(1e-2f, 0.8f, 0.999f, 1e-6f, 0.01f, 7),    params(5e-3f, 0.0f, 0.5f, 1e-12f, 0.05f, 2),
-    params(0.0f, 0.9f, 0.95f, 1e-8f, 0.1f, 3),       params(2e-5f, 0.95f, 0.99f, 1e-8f, 0.0f, 1000),
+    params(1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1),   params(3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1000),
+    params(1e-2f, 0.8f, 0.999f, 1e-6f, 0.01f, 7), params(5e-3f, 0.0f, 0.5f, 1e-12f, 0.05f, 2),
+    params(0.0f, 0.9f, 0.95f, 1e-8f, 0.1f, 3),    params(2e-5f, 0.95f, 0.99f, 1e-8f, 0.0f, 1000),
 };
 
 const dev::AdamWLaunch kLaunches[] = {{256, 4}, {1, 1}, {33, 3}, {1024, 1}, {7, 5}};
@@ -101,8 +102,9 @@ void expect_adamw_matches(const Context& ctx, int64_t n, AdamWParams hp, const d
     adamw_step(ctx, cpu.p.data(), cpu.g.data(), cpu.m.data(), cpu.v.data(), n, hp);
     dev::adamw_step(ctx, dp.data(), dg.data(), dm.data(), dv.data(), n, hp, launch);
     const std::string what = "n=" + std::to_string(n) + " step=" + std::to_string(hp.step) +
-                             " wd=" + std::to_string(hp.weight_decay) + " launch=" + std::to_string(launch.threads) +
-                             "/" + std::to_string(launch.per_thread);
+                             " wd=" + std::to_string(hp.weight_decay) +
+                             " launch=" + std::to_string(launch.threads) + "/" +
+                             std::to_string(launch.per_thread);
     expect_same_bits(dp.host(), cpu.p, what + " param");
     expect_same_bits(dm.host(), cpu.m, what + " m");
     expect_same_bits(dv.host(), cpu.v, what + " v");
@@ -152,15 +154,19 @@ TEST(GpuAdamW, RejectsWhatTheCpuRejectsWithTheSameError) {
     return "";
   };
   Context ctx;
-  for (const AdamWParams& bad : {params(1e-3f, 1.0f, 0.9f, 1e-8f, 0.0f, 1), params(1e-3f, 0.9f, 0.9f, 0.0f, 0.0f, 1),
-                                 params(1e-3f, 0.9f, 0.9f, 1e-8f, 0.0f, 0)}) {
-    const std::string cpu = error_of([&] { adamw_step(ctx, p.data(), g.data(), m.data(), v.data(), 4, bad); });
-    const std::string gpu = error_of([&] { dev::adamw_step(ctx, p.data(), g.data(), m.data(), v.data(), 4, bad, {}); });
+  for (const AdamWParams& bad :
+       {params(1e-3f, 1.0f, 0.9f, 1e-8f, 0.0f, 1), params(1e-3f, 0.9f, 0.9f, 0.0f, 0.0f, 1),
+        params(1e-3f, 0.9f, 0.9f, 1e-8f, 0.0f, 0)}) {
+    const std::string cpu =
+        error_of([&] { adamw_step(ctx, p.data(), g.data(), m.data(), v.data(), 4, bad); });
+    const std::string gpu =
+        error_of([&] { dev::adamw_step(ctx, p.data(), g.data(), m.data(), v.data(), 4, bad, {}); });
     EXPECT_NE(cpu.find("adamw_step"), std::string::npos) << cpu;
     EXPECT_EQ(gpu, cpu);
   }
-  EXPECT_NE(error_of([&] { dev::adamw_step(ctx, p.data(), g.data(), m.data(), v.data(), 4, kParams[0], {0, 1}); })
-                .find("bad launch"),
+  EXPECT_NE(error_of([&] {
+              dev::adamw_step(ctx, p.data(), g.data(), m.data(), v.data(), 4, kParams[0], {0, 1});
+            }).find("bad launch"),
             std::string::npos);
 }
 

@@ -5,9 +5,10 @@
 // several launch geometries, 1 and 2 pool threads, and through the dispatch.
 //
 // Negative controls, done once by hand: the combine summing its slots in
-// reverse order, the router's rank breaking ties to the higher index, and the
-// softmax's canonical sum using 8 lanes each failed the tests below
-// (CombineMatchesCpu, RouteMatchesCpuOnEveryConfig with planted ties).
+// reverse order (CombineMatchesCpu), the router's ranking breaking ties to the
+// higher index (every router test with planted ties), and the canonical sum
+// adding each lane's elements in reverse order (RouteMatchesCpuOnEveryConfig,
+// softmax with E = 64) each failed here.
 #include "lockstep/kernels/gpu/moe.h"
 
 #include <gtest/gtest.h>
@@ -87,10 +88,11 @@ struct RouteCase {
   uint32_t seed = 1;
   int64_t pad = 0;  // extra elements per row of every 2-D operand
   std::string name() const {
-    return "E=" + std::to_string(cfg.num_experts) + " K=" + std::to_string(cfg.top_k) + " T=" + std::to_string(T) +
-           " scoring=" + std::to_string(static_cast<int>(cfg.scoring)) + " norm=" + std::to_string(cfg.normalize) +
-           " scale=" + std::to_string(cfg.routed_scaling) + " groups=" + std::to_string(cfg.n_group) + "/" +
-           std::to_string(cfg.topk_group) + " bias=" + std::to_string(bias) + " replay=" + std::to_string(replay) +
+    return "E=" + std::to_string(cfg.num_experts) + " K=" + std::to_string(cfg.top_k) +
+           " T=" + std::to_string(T) + " scoring=" + std::to_string(static_cast<int>(cfg.scoring)) +
+           " norm=" + std::to_string(cfg.normalize) + " scale=" + std::to_string(cfg.routed_scaling) +
+           " groups=" + std::to_string(cfg.n_group) + "/" + std::to_string(cfg.topk_group) +
+           " bias=" + std::to_string(bias) + " replay=" + std::to_string(replay) +
            " data=" + std::to_string(static_cast<int>(data)) + " pad=" + std::to_string(pad);
   }
 };
@@ -103,8 +105,14 @@ std::vector<float> make_logits(const RouteCase& c) {
   std::mt19937 g(c.seed);
   std::normal_distribution<float> normal(0.0f, 2.0f);
   const float ties[] = {-1.0f, 0.0f, 0.5f, 1.0f};
-  const float special[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
-                           -std::numeric_limits<float>::infinity(), 25.0f, 20.0f, -120.0f, -0.0f, 88.5f};
+  const float special[] = {std::numeric_limits<float>::quiet_NaN(),
+                           std::numeric_limits<float>::infinity(),
+                           -std::numeric_limits<float>::infinity(),
+                           25.0f,
+                           20.0f,
+                           -120.0f,
+                           -0.0f,
+                           88.5f};
   std::vector<float> z(static_cast<size_t>(c.T * S), -77.0f);  // pads hold a marker
   for (int64_t t = 0; t < c.T; ++t) {
     for (int64_t e = 0; e < E; ++e) {
@@ -191,8 +199,8 @@ RouteOut run_route(const Context& ctx, const RouteCase& c, const dev::MoeRouteLa
 void expect_route_matches(const Context& ctx, const RouteCase& c, const dev::MoeRouteLaunch& launch) {
   const RouteOut want = run_route(ctx, c, nullptr);
   const RouteOut got = run_route(ctx, c, &launch);
-  const std::string what = c.name() + " launch=" + std::to_string(launch.threads) + "/" +
-                           std::to_string(launch.max_blocks);
+  const std::string what =
+      c.name() + " launch=" + std::to_string(launch.threads) + "/" + std::to_string(launch.max_blocks);
   expect_same_bytes(got.idx, want.idx, what + " topk_idx");
   expect_same_bytes(got.p, want.p, what + " scores");
   expect_same_bytes(got.w, want.w, what + " topk_w");
@@ -211,7 +219,8 @@ RouterConfig make_cfg(int E, int K, RouterScoring sc, bool normalize, float scal
   return c;
 }
 
-constexpr RouterScoring kScorings[] = {RouterScoring::Softmax, RouterScoring::Sigmoid, RouterScoring::SqrtSoftplus};
+constexpr RouterScoring kScorings[] = {RouterScoring::Softmax, RouterScoring::Sigmoid,
+                                       RouterScoring::SqrtSoftplus};
 
 TEST(GpuMoe, RouteMatchesCpuOnEveryConfig) {
   Context ctx;
@@ -344,7 +353,8 @@ TEST(GpuMoe, RouteRejectsWhatTheCpuRejectsWithTheSameError) {
   c.replay = true;
   std::vector<float> z = make_logits(c), w(6), p(24);
   std::vector<int32_t> idx(6), rep = {0, 1, 2, 2, 3, 4};  // token 1 lists expert 2 twice
-  const Tensor tz(z.data(), DType::F32, {3, 8}), tw(w.data(), DType::F32, {3, 2}), tp(p.data(), DType::F32, {3, 8});
+  const Tensor tz(z.data(), DType::F32, {3, 8}), tw(w.data(), DType::F32, {3, 2}),
+      tp(p.data(), DType::F32, {3, 8});
   const Tensor ti(idx.data(), DType::I32, {3, 2}), tr(rep.data(), DType::I32, {3, 2});
   auto error_of = [](auto&& fn) -> std::string {
     try {
@@ -364,10 +374,12 @@ TEST(GpuMoe, RouteRejectsWhatTheCpuRejectsWithTheSameError) {
   std::vector<float> z512(512, 0.0f), p512(512);
   const Tensor tz512(z512.data(), DType::F32, {1, 512}), tp512(p512.data(), DType::F32, {1, 512});
   const Tensor ti1(idx.data(), DType::I32, {1, 2}), tw1(w.data(), DType::F32, {1, 2});
-  const std::string groups = error_of([&] { dev::moe_route(ctx, ti1, tw1, tp512, tz512, Tensor{}, Tensor{}, many, {}); });
+  const std::string groups =
+      error_of([&] { dev::moe_route(ctx, ti1, tw1, tp512, tz512, Tensor{}, Tensor{}, many, {}); });
   EXPECT_NE(groups.find("n_group=512"), std::string::npos) << groups;
-  const std::string launch =
-      error_of([&] { dev::moe_route(ctx, ti, tw, tp, tz, Tensor{}, Tensor{}, c.cfg, {512, 0}); });
+  const std::string launch = error_of([&] {
+    dev::moe_route(ctx, ti, tw, tp, tz, Tensor{}, Tensor{}, c.cfg, {512, 0});
+  });
   EXPECT_NE(launch.find("bad launch"), std::string::npos) << launch;
 }
 
@@ -406,9 +418,10 @@ void expect_gather_matches(const Context& ctx, DType dt, int E, int K, int64_t T
   DeviceVec<uint8_t> dx(x, "x"), dxe(std::vector<uint8_t>(want.size(), 0xA5), "xe");
   dev::moe_gather(ctx, view2(dxe.data(), dt, R, D, S), view2(dx.data(), dt, T, D, S), plan, launch);
   expect_same_bytes(dxe.host(want.size()), want,
-                    std::string("gather ") + dtype_name(dt) + " E=" + std::to_string(E) + " K=" + std::to_string(K) +
-                        " T=" + std::to_string(T) + " D=" + std::to_string(D) + " launch=" +
-                        std::to_string(launch.threads) + "/" + std::to_string(launch.rows_per_block));
+                    std::string("gather ") + dtype_name(dt) + " E=" + std::to_string(E) +
+                        " K=" + std::to_string(K) + " T=" + std::to_string(T) + " D=" + std::to_string(D) +
+                        " launch=" + std::to_string(launch.threads) + "/" +
+                        std::to_string(launch.rows_per_block));
 }
 
 TEST(GpuMoe, GatherMatchesCpuForEveryDtype) {
@@ -420,8 +433,8 @@ TEST(GpuMoe, GatherMatchesCpuForEveryDtype) {
         if (K > E) continue;
         for (int64_t T : {1, 7, 33}) {
           const int64_t D = std::array<int64_t, 4>{1, 7, 33, 100}[static_cast<size_t>(n % 4)];
-          expect_gather_matches(ctx, dt, E, K, T, D, n % 3 == 0 ? 5 : 0, kRowsLaunches[n % std::size(kRowsLaunches)],
-                                static_cast<uint32_t>(n + 1));
+          expect_gather_matches(ctx, dt, E, K, T, D, n % 3 == 0 ? 5 : 0,
+                                kRowsLaunches[n % std::size(kRowsLaunches)], static_cast<uint32_t>(n + 1));
           ++n;
         }
       }
@@ -459,8 +472,8 @@ TEST(GpuMoe, CombineMatchesCpu) {
       if (K > E) continue;
       for (int64_t T : {1, 7, 33})
         for (int64_t D : {1, 7, 33, 129}) {
-          expect_combine_matches(ctx, E, K, T, D, n % 3 == 0 ? 3 : 0, kRowsLaunches[n % std::size(kRowsLaunches)],
-                                 static_cast<uint32_t>(n + 1));
+          expect_combine_matches(ctx, E, K, T, D, n % 3 == 0 ? 3 : 0,
+                                 kRowsLaunches[n % std::size(kRowsLaunches)], static_cast<uint32_t>(n + 1));
           ++n;
         }
     }
@@ -526,7 +539,8 @@ TEST(GpuMoe, CpuEntriesForwardToTheInterpretBackendWithTheCpuBits) {
       xe[k].assign(static_cast<size_t>(T * K * D), 0.0f);
       y[k].assign(static_cast<size_t>(T * D), 0.0f);
       const Context& ctx = k == 0 ? cpu : gpu;
-      moe_gather(ctx, Tensor(xe[k].data(), DType::F32, {T * K, D}), Tensor(x.data(), DType::F32, {T, D}), plan);
+      moe_gather(ctx, Tensor(xe[k].data(), DType::F32, {T * K, D}), Tensor(x.data(), DType::F32, {T, D}),
+                 plan);
       moe_combine(ctx, Tensor(y[k].data(), DType::F32, {T, D}), Tensor(xe[k].data(), DType::F32, {T * K, D}),
                   Tensor(r[0].w.data(), DType::F32, {T, K}), plan);
     }

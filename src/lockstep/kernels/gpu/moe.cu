@@ -38,7 +38,7 @@ struct RouteArgs {
   int64_t p_stride;
   const float* z;  // (T, E) router_logits
   int64_t z_stride;
-  const float* bias;  // (E) or null
+  const float* bias;      // (E) or null
   const int32_t* replay;  // (T, K) or null
   int64_t replay_stride;
   int64_t T;
@@ -205,12 +205,12 @@ LS_DEVICE void weights_row(const RouteArgs& a, const float* p, const int32_t* id
 // One block per token at a time; every branch below depends only on the
 // arguments, so all threads of a block meet the same barriers.
 LS_GLOBAL void moe_route_kernel(RouteArgs a) {
-  LS_SHARED(float, lanes, num::kLanes);           // canonical-sum lanes
-  LS_SHARED(float, bcast, 1);                     // max / sum / normalizer for every thread
-  LS_SHARED(float, part_v, kRouteMaxThreads);     // per-thread max candidate
-  LS_SHARED(int32_t, part_i, kRouteMaxThreads);   // its index (-1: none)
-  LS_SHARED(float, group_score, kRouteMaxGroups); // (G)
-  LS_SHARED(int32_t, group_ok, kRouteMaxGroups);  // (G) 1 where allowed
+  LS_SHARED(float, lanes, num::kLanes);            // canonical-sum lanes
+  LS_SHARED(float, bcast, 1);                      // max / sum / normalizer for every thread
+  LS_SHARED(float, part_v, kRouteMaxThreads);      // per-thread max candidate
+  LS_SHARED(int32_t, part_i, kRouteMaxThreads);    // its index (-1: none)
+  LS_SHARED(float, group_score, kRouteMaxGroups);  // (G)
+  LS_SHARED(int32_t, group_ok, kRouteMaxGroups);   // (G) 1 where allowed
   const int tid = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
   for (int64_t t = blockIdx.x; t < a.T; t += gridDim.x) {
     float* p = a.p + t * a.p_stride;          // (E)
@@ -282,8 +282,8 @@ LS_GLOBAL void moe_gather_kernel(U* xe, int64_t xe_stride, const U* x, int64_t x
   for (int j = 0; j < rows_per_block; ++j) {
     const int64_t q = first + j;
     if (q >= R) return;
-    const U* src = x + (q / K) * x_stride;           // (D)
-    U* dst = xe + int64_t{row_of[q]} * xe_stride;   // (D)
+    const U* src = x + (q / K) * x_stride;         // (D)
+    U* dst = xe + int64_t{row_of[q]} * xe_stride;  // (D)
     for (int64_t d = threadIdx.x; d < D; d += blockDim.x) dst[d] = src[d];
   }
 }
@@ -297,7 +297,7 @@ LS_GLOBAL void moe_combine_kernel(float* y, int64_t y_stride, const float* ye, i
   for (int j = 0; j < rows_per_block; ++j) {
     const int64_t t = first + j;
     if (t >= T) return;
-    const float* wt = w + t * w_stride;   // (K)
+    const float* wt = w + t * w_stride;    // (K)
     const int32_t* rows = row_of + t * K;  // (K)
     for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
       float acc = 0.0f;

@@ -33,10 +33,11 @@ struct MoeRowsLaunch {
 // [1, kRouteMaxThreads] or n_group > kRouteMaxGroups (the CPU has no such
 // limit). The plan stays on the host; its row_of is copied to the device.
 void moe_route(const Context& ctx, Tensor topk_idx, Tensor topk_w, Tensor scores, const Tensor& router_logits,
-               const Tensor& bias, const Tensor& replay_idx, const RouterConfig& cfg, const MoeRouteLaunch& launch);
+               const Tensor& bias, const Tensor& replay_idx, const RouterConfig& cfg,
+               const MoeRouteLaunch& launch);
 void moe_gather(const Context& ctx, Tensor xe, const Tensor& x, const MoeDispatch& plan,
                 const MoeRowsLaunch& launch);
-void moe_combine(const Context& ctx, Tensor y, const Tensor& ye, const Tensor& topk_w, const MoeDispatch& plan,
-                 const MoeRowsLaunch& launch);
+void moe_combine(const Context& ctx, Tensor y, const Tensor& ye, const Tensor& topk_w,
+                 const MoeDispatch& plan, const MoeRowsLaunch& launch);
 
 }  // namespace lockstep::kernels::gpu::LS_GPU_NS
