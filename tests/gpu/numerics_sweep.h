@@ -63,7 +63,6 @@ inline SweepResult sweep_f32(const VectorFn& cpu, ScalarFn scalar, uint64_t step
         }
       }
     }
-    part.checked = 0;
     std::lock_guard<std::mutex> lock(mu);
     total.mismatches += part.mismatches;
     total.nan_payload_only += part.nan_payload_only;

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/kernels/gpu/backend.h"
 #include "lockstep/model/params.h"
 #include "lockstep/model/weights.h"
 #include "lockstep/rollout/engine.h"
@@ -237,6 +238,9 @@ struct Variation {
   std::string name;
   EngineConfig engine;
   int threads = 1;
+  // The rollout engine's GPU backend (null: the CPU kernels); the trainer
+  // always runs on the CPU.
+  const kernels::GpuBackend* gpu = nullptr;
 };
 
 inline EngineConfig roomy_engine() {
@@ -303,6 +307,7 @@ inline std::vector<Variation> variations_for(const Case& cs, std::mt19937_64& g)
 inline std::vector<RequestResult> run_engine(const model::ModelWeights& w, const Case& cs, const Variation& v,
                                              ThreadPool* pool2, int64_t* preemptions = nullptr) {
   Context ctx = v.threads == 2 ? Context{pool2, 0} : Context{};
+  ctx.gpu = v.gpu;
   rollout::Engine e(ctx, &w, v.engine);
   auto out = e.generate(cs.requests);
   if (preemptions) *preemptions = e.stats().preemptions;
@@ -452,14 +457,16 @@ struct CaseStats {
 // bits, and those must equal the trainer's (1 and 2 threads, small and large
 // micro-batches). At bf16 or fp8 both engines run in that precision (aligned).
 inline CaseStats check_case(const Case& cs, ThreadPool* pool2, std::mt19937_64& g,
-                            DType precision = DType::F32) {
-  SCOPED_TRACE(cs.describe() + " precision " + dtype_name(precision));
+                            DType precision = DType::F32, const kernels::GpuBackend* rollout_gpu = nullptr) {
+  SCOPED_TRACE(cs.describe() + " precision " + dtype_name(precision) +
+               (rollout_gpu ? std::string(", rollout on the ") + rollout_gpu->name + " backend" : ""));
   CaseStats st;
   Model m(cs.config, cs.seed);
   std::unique_ptr<model::ModelWeights> packed;
   if (precision != DType::F32) packed = m.packed(precision);
   const model::ModelWeights& weights = packed ? *packed : *m.weights;
-  const auto vars = variations_for(cs, g);
+  auto vars = variations_for(cs, g);
+  for (Variation& v : vars) v.gpu = rollout_gpu;
   Variation counted = vars[0];
   counted.engine.capture = [&](const model::Captured& c) {
     if (c.layer == -1 && c.rows() > 0)

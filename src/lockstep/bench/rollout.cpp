@@ -194,6 +194,7 @@ RolloutBenchResult run_rollout_bench(const RolloutBenchOptions& opt, Peak peak) 
   const ModelConfig c = model_config_from_toml_file(opt.config_path);
   ThreadPool pool(opt.threads);
   Context ctx{&pool, 0};
+  ctx.gpu = opt.gpu;
   r.peak = peak.wall_gflops > 0 ? peak : measure_fma_peak(opt.threads);
   ParamLayout layout(c);
   Buffer params = bench_params(layout, ctx);

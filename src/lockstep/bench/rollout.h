@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "lockstep/bench/common.h"
+#include "lockstep/kernels/gpu/backend.h"
 #include "lockstep/model/weights.h"
 
 namespace lockstep::perf {
@@ -26,6 +27,8 @@ struct RolloutBenchOptions {
   DType precision = DType::F32;
   int64_t fp8_block = 128;
   bool bf16_kv = false;
+  // The GPU backend the engine runs on (--device; null: the CPU kernels).
+  const kernels::GpuBackend* gpu = nullptr;
   std::vector<int64_t> decode_batches = {1, 16, 64, 256};
   int64_t decode_prompt_len = 16;
   int64_t new_tokens = 32;  // generated per sample (decode and GRPO)

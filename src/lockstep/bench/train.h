@@ -11,6 +11,7 @@
 #include <string>
 
 #include "lockstep/bench/common.h"
+#include "lockstep/kernels/gpu/backend.h"
 
 namespace lockstep::perf {
 
@@ -26,6 +27,7 @@ struct TrainBenchOptions {
   bool recompute = false;  // TrainerConfig::recompute_activations
   DType precision = DType::F32;  // TrainerConfig::precision (the forward's weights)
   int64_t steps = 2;       // measured steps, after one warm-up step
+  const kernels::GpuBackend* gpu = nullptr;  // --device; null: the CPU kernels
 };
 
 struct TrainBenchResult {

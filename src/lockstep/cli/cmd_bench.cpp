@@ -9,6 +9,7 @@
 #include "lockstep/bench/rollout.h"
 #include "lockstep/bench/train.h"
 #include "lockstep/cli/command.h"
+#include "lockstep/kernels/gpu/device.h"
 #include "lockstep/kernels/cpu/simd.h"
 
 namespace lockstep::cli {
@@ -67,9 +68,18 @@ DType precision_flag(const std::string& p) {
   LS_THROW << "flag --precision: expected f32, bf16 or fp8, got '" << p << "'";
 }
 
+// --device: the backend the benchmark's kernels run on (null: the CPU).
+const kernels::GpuBackend* device_flag(const Args& args) {
+  const kernels::GpuBackend* b = kernels::device_backend(kernels::parse_device(args.get("device", "cpu"), "--device"));
+  if (b)
+    std::cout << "device: " << b->name << " (the GPU kernel sources; entries it lacks run on the CPU: "
+              << b->missing().size() << ")\n";
+  return b;
+}
+
 int run_train(const Args& args) {
   args.check_known(
-      {"config", "threads", "seq-len", "seqs", "micro-batch-tokens", "steps", "recompute", "precision"});
+      {"config", "threads", "seq-len", "seqs", "micro-batch-tokens", "steps", "recompute", "precision", "device"});
   perf::TrainBenchOptions o;
   o.threads = int(positive(args, "threads", 2));
   o.seq_len = positive(args, "seq-len", o.seq_len);
@@ -78,6 +88,7 @@ int run_train(const Args& args) {
   o.recompute = args.flag("recompute");
   o.steps = positive(args, "steps", o.steps);
   if (auto p = args.maybe("precision")) o.precision = precision_flag(*p);
+  o.gpu = device_flag(args);
   const perf::Peak peak = perf::measure_fma_peak(o.threads);
   print_machine(peak);
   perf::Table t = perf::train_table();
@@ -93,7 +104,7 @@ int run_train(const Args& args) {
 
 int run_rollout(const Args& args) {
   args.check_known({"config", "threads", "batches", "new-tokens", "prompt-len", "prefill-prompts", "prefill-len",
-                    "grpo-prompts", "grpo-samples", "grpo-prompt-len", "precision", "bf16-kv"});
+                    "grpo-prompts", "grpo-samples", "grpo-prompt-len", "precision", "bf16-kv", "device"});
   perf::RolloutBenchOptions o;
   o.threads = int(positive(args, "threads", 2));
   if (auto b = args.maybe("batches")) o.decode_batches = parse_list("batches", *b);
@@ -106,6 +117,7 @@ int run_rollout(const Args& args) {
   o.grpo_prompt_len = positive(args, "grpo-prompt-len", o.grpo_prompt_len);
   if (auto p = args.maybe("precision")) o.precision = precision_flag(*p);
   o.bf16_kv = args.flag("bf16-kv");
+  o.gpu = device_flag(args);
   const perf::Peak peak = perf::measure_fma_peak(o.threads);
   print_machine(peak);
   std::vector<perf::RolloutBenchResult> rs;
@@ -129,11 +141,12 @@ LS_REGISTER_COMMAND(Command{
     "bench", "training and rollout throughput benchmarks",
     "usage: lockstep bench train   [--config FILE[,FILE]] [--threads N] [--seq-len N] [--seqs N]\n"
     "                              [--micro-batch-tokens N] [--steps N] [--recompute]\n"
-    "                              [--precision f32|bf16|fp8]\n"
+    "                              [--precision f32|bf16|fp8] [--device cpu|interpret]\n"
     "       lockstep bench rollout [--config FILE[,FILE]] [--threads N] [--batches 1,16,64,256]\n"
     "                              [--new-tokens N] [--prompt-len N] [--prefill-prompts N]\n"
     "                              [--prefill-len N] [--grpo-prompts N] [--grpo-samples N]\n"
-    "                              [--grpo-prompt-len N] [--precision f32|bf16|fp8] [--bf16-kv]\n\n"
+    "                              [--grpo-prompt-len N] [--precision f32|bf16|fp8] [--bf16-kv]\n"
+    "                              [--device cpu|interpret]\n\n"
     "Runs on randomly initialised weights of the [model] in each config (default: both\n"
     "configs/bench/moe-tiny.toml and moe-small.toml) with 2 threads unless --threads says\n"
     "otherwise, and prints a table.\n\n"
@@ -149,6 +162,8 @@ LS_REGISTER_COMMAND(Command{
     "  with and without prefix sharing. --precision: the weights in f32 (default), bf16 or fp8\n"
     "  (power-of-two 128 x 128 block scales), as in aligned mode at that precision (f32 KV\n"
     "  cache); --bf16-kv keeps the KV cache in bf16 as fast mode does.\n"
+    "--device interpret runs the model's kernels through the GPU kernel sources on the CPU\n"
+    "(the emulator of docs/gpu.md): its speed, not a GPU's.\n"
     "See docs/benchmarks.md for what each number means.\n",
     {"recompute"}, run_bench});
 

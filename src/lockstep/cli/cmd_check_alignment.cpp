@@ -9,6 +9,7 @@
 
 #include "lockstep/base/error.h"
 #include "lockstep/cli/command.h"
+#include "lockstep/kernels/gpu/backend.h"
 #include "lockstep/model/model_source.h"
 #include "lockstep/model/v4_forward.h"
 #include "lockstep/cli/rollout_flags.h"
@@ -66,6 +67,7 @@ int run_check(const Args& args) {
   args.check_known(known);
   auto pool = make_pool(args.get_int("threads", 0));
   Context ctx{pool.get(), 0};
+  set_device(ctx, args);
   const std::string data_path = args.require("data");
   LoadedModel m = load_model_dir(args.require("model"), ctx);
   rollout::EngineConfig ec = engine_config_from_args(args);
@@ -111,7 +113,10 @@ int run_check(const Args& args) {
   train::TrainerConfig tc;
   tc.precision = rollout::precision_dtype(trainer_precision);
   tc.fp8_block = fp8_block;
-  train::Trainer trainer(ctx, c, std::move(m.params), tc);
+  // The trainer always runs on the CPU: with --device interpret (or a GPU) the
+  // check compares the GPU kernels' rollout against the CPU trainer.
+  const Context trainer_ctx = kernels::cpu_context(ctx);
+  train::Trainer trainer(trainer_ctx, c, std::move(m.params), tc);
   std::vector<train::TrainSequence> seqs;
   std::vector<std::vector<float>> rollout_lp;
   std::vector<std::vector<int32_t>> rollout_routes, train_routes, rollout_indexer, train_indexer;
@@ -125,7 +130,7 @@ int run_check(const Args& args) {
       if (replay && n_csa > 0) t.indexer_topk = s.indexer_topk;
       rollout_lp.push_back(s.logprobs);
       if (n_moe > 0 || n_csa > 0) {
-        train::TrainerChoices own = train::trainer_choices(ctx, trainer.weights(), t.tokens,
+        train::TrainerChoices own = train::trainer_choices(trainer_ctx, trainer.weights(), t.tokens,
                                                            replay && n_moe > 0 ? &s.routed_experts : nullptr,
                                                            replay && n_csa > 0 ? &s.indexer_topk : nullptr);
         rollout_routes.push_back(s.routed_experts);

@@ -347,7 +347,7 @@ void report_demo(const DemoOptions& o, const rl::RlConfig& cfg, const rl::RlResu
 }
 
 int run_demo(const Args& args) {
-  args.check_known({"out", "seed", "sft-steps", "rl-steps", "threads", "precision", "trainer-precision", "arch",
+  args.check_known({"out", "seed", "sft-steps", "rl-steps", "threads", "precision", "trainer-precision", "arch", "device",
                     "print-config", "teacher-verbose-rate"});
   if (args.flag("print-config")) {
     std::cout << kDemoRlConfig;
@@ -364,6 +364,7 @@ int run_demo(const Args& args) {
   o.verbose_rate = args.get_double("teacher-verbose-rate", 0.8);
   auto pool = make_pool(args.get_int("threads", 0));
   Context ctx{pool.get(), 0};
+  set_device(ctx, args);
   Timer total;
   // The demo owns its directory: a previous demo run there is replaced.
   for (const char* old : {"sft", "checkpoints", "samples", "eval", "metrics.jsonl", "report.html", "summary.json"})
@@ -392,6 +393,7 @@ LS_REGISTER_COMMAND(Command{
     "usage: lockstep demo [--out DIR] [--seed N] [--sft-steps N] [--rl-steps N] [--threads N]\n"
     "                     [--precision f32|bf16|fp8] [--trainer-precision f32|bf16|fp8]\n"
     "                     [--teacher-verbose-rate R] [--arch qwen3-moe|deepseek-v4]\n"
+    "                     [--device cpu|interpret|cuda|hip]\n"
     "                     [--set section.key=value ...] [--print-config]\n\n"
     "Builds a tiny MoE model (byte-level tokenizer; --arch deepseek-v4: a DeepSeek-V4-style\n"
     "one with mHC streams, a hash-routed layer and a CSA layer with its indexer) and a\n"
@@ -411,7 +413,10 @@ LS_REGISTER_COMMAND(Command{
     "--set overrides keys of the RL config (print it with --print-config; the same text is\n"
     "configs/demo/rl.toml). Writes DIR/model, DIR/data, DIR/sft (SFT metrics, checkpoint),\n"
     "DIR/metrics.jsonl, DIR/samples, DIR/eval, DIR/checkpoints, DIR/summary.json and\n"
-    "DIR/report.html. Exits 1 if aligned mode shows any train/rollout logprob difference.\n",
+    "DIR/report.html. Exits 1 if aligned mode shows any train/rollout logprob difference.\n"
+    "--device interpret runs every model kernel of SFT, rollout and RL through the GPU kernel\n"
+    "sources on the CPU (the emulator; slow: use small --sft-steps/--rl-steps); the metrics\n"
+    "equal the CPU run's (docs/gpu.md).\n",
     {"print-config"}, run_demo});
 
 }  // namespace

@@ -51,6 +51,7 @@ const char* const kHelp =
     "  --output FILE          per-problem JSONL (responses, rewards, finish reasons)\n"
     "  --summary FILE         summary JSON (every metric)\n"
     "  --threads N            compute threads (default: all cores)\n"
+    "  --device D             cpu (default: [model] device) | interpret | cuda | hip (docs/gpu.md)\n"
     "  --kv-blocks N          KV cache blocks of 16 tokens (default 1024)\n"
     "  --max-batch-tokens N   tokens per engine step (default 2048)\n"
     "  --precision P          f32 | bf16 | fp8 weights (default: [model] precision, else f32)\n"
@@ -89,6 +90,7 @@ struct EvalInputs {
 // Reads --config (with --set) and its [data] and [eval] sections.
 EvalInputs load_config(const Args& args) {
   args.check_known({"config",
+                    "device",
                     "model",
                     "precision",
                     "fp8-block",
@@ -246,6 +248,7 @@ int run_eval(const Args& args) {
 
   auto pool = make_pool(args.get_int("threads", 0));
   Context ctx{pool.get(), 0};
+  set_device(ctx, args, in.root.contains("model") ? device_from_toml(in.root, in.source) : "cpu");
   LoadedModel m = load_eval_model(args, in, ctx);
   auto problems = load_problems(in.dc, m);
 

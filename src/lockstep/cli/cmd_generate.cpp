@@ -23,6 +23,7 @@ int run_generate(const Args& args) {
   const std::string in = args.require("input"), out = args.require("output");
   auto pool = make_pool(args.get_int("threads", 0));
   Context ctx{pool.get(), 0};
+  set_device(ctx, args);
   LoadedModel m = load_model_dir(args.require("model"), ctx);
   rollout::EngineConfig ec = engine_config_from_args(args);
   rollout::SamplingParams sp = sampling_from_args(args);

@@ -1,9 +1,10 @@
-// `lockstep info`: build configuration, SIMD target and thread count.
+// `lockstep info`: build configuration, SIMD target, thread count, devices.
 #include <iostream>
 
 #include "lockstep/base/thread_pool.h"
 #include "lockstep/cli/command.h"
 #include "lockstep/kernels/cpu/simd.h"
+#include "lockstep/kernels/gpu/backend.h"
 
 namespace lockstep::cli {
 namespace {
@@ -15,11 +16,19 @@ int run_info(const Args& args) {
             << "threads:        " << default_thread_count() << " (LOCKSTEP_THREADS overrides)\n"
             << "simd target:    " << kernels::simd_target_name() << " (Highway static target)\n"
             << "numerics:       f32 accumulation, fixed reduction order, -ffp-contract=off\n";
+  const kernels::GpuBackend& b = kernels::interpret_backend();
+  std::cout << "devices:        cpu; interpret (GPU kernel sources emulated on the CPU: " << b.covered().size()
+            << " of " << b.covered().size() + b.missing().size() << " kernel entries";
+  if (!b.missing().empty()) {
+    std::cout << "; on the CPU kernels:";
+    for (const auto& m : b.missing()) std::cout << " " << m;
+  }
+  std::cout << ")\n";
   return 0;
 }
 
 LS_REGISTER_COMMAND(Command{"info", "print build and machine information",
-                            "usage: lockstep info\n\nPrints the version, compiler, SIMD target and default thread count.\n",
+                            "usage: lockstep info\n\nPrints the version, compiler, SIMD target, default thread count and the devices\n(--device) this build runs, with the GPU kernels interpret mode covers.\n",
                             {}, run_info});
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "lockstep/base/error.h"
 #include "lockstep/cli/command.h"
 #include "lockstep/cli/mpi_launch.h"
+#include "lockstep/kernels/gpu/device.h"
 #include "lockstep/model/model_source.h"
 #include "lockstep/data/dataset.h"
 #include "lockstep/parallel/data_parallel.h"
@@ -48,6 +49,7 @@ int run_trainer(const Args& args, const toml::table& root, const std::string& cf
   const bool writer = !rc || rc->roles.is_trainer_root();
   auto pool = make_pool(cfg.threads);
   Context ctx{pool.get(), 0};
+  set_device(ctx, args, device_from_toml(root, cfg_path));
   LoadedModel m = load_model_from_config(root, cfg_path, ctx);
   if (!m.tokenizer) LS_THROW << cfg_path << ": the model has no tokenizer.json (make one with `lockstep init`)";
   rl::RlInputs in;
@@ -129,6 +131,7 @@ int run_rollout_rank(const toml::table& root, const std::string& cfg_path, const
                      parallel::RoleComms& rc) {
   auto pool = make_pool(cfg.threads);
   Context ctx{pool.get(), 0};
+  ctx.gpu = kernels::device_backend(kernels::parse_device(device_from_toml(root, cfg_path), cfg_path + ": [model] device"));
   LoadedModel m = load_model_from_config(root, cfg_path, ctx);
   const rl::ServeStats st =
       rl::serve_rollout(rc.weight_sync, ctx, m.config, m.params.as<float>(), cfg.rollout, cfg.seed);

@@ -17,10 +17,11 @@ namespace {
 
 int run_score(const Args& args) {
   args.check_known(
-      {"model", "input", "output", "temperature", "threads", "micro-batch-tokens", "entropy", "precision", "fp8-block", "mtp"});
+      {"model", "input", "output", "temperature", "threads", "micro-batch-tokens", "entropy", "precision", "fp8-block", "mtp", "device"});
   const std::string in = args.require("input"), out = args.require("output");
   auto pool = make_pool(args.get_int("threads", 0));
   Context ctx{pool.get(), 0};
+  set_device(ctx, args);
   LoadedModel m = load_model_dir(args.require("model"), ctx);
   const double temperature = args.get_double("temperature", 1.0);
   if (!(temperature > 0)) LS_THROW << "--temperature must be > 0";
@@ -76,7 +77,8 @@ LS_REGISTER_COMMAND(Command{
     "score", "per-token logprobs of responses under a model (trainer forward)",
     "usage: lockstep score --model DIR --input IN.jsonl --output OUT.jsonl [--temperature T]\n"
     "                      [--entropy] [--threads N] [--micro-batch-tokens N]\n"
-    "                      [--precision f32|bf16|fp8] [--fp8-block 128] [--mtp]\n\n"
+    "                      [--precision f32|bf16|fp8] [--fp8-block 128] [--mtp]\n"
+    "                      [--device cpu|interpret|cuda|hip]\n\n"
     "Each input line holds prompt_ids and response_ids (token id arrays); the output repeats\n"
     "each line with `logprobs`: the log-probability of every response token under the model\n"
     "at temperature T (default 1), computed by the trainer's forward. `lockstep generate`\n"

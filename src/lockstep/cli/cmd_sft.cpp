@@ -39,6 +39,7 @@ int train_sft(const Args& args, const toml::table& root, const std::string& cfg_
   const bool writer = !rc || rc->roles.is_trainer_root();
   auto pool = make_pool(ts.threads);
   Context ctx{pool.get(), 0};
+  set_device(ctx, args, device_from_toml(root, cfg_path));
   LoadedModel m = load_model_from_config(root, cfg_path, ctx);
   if (!m.tokenizer) LS_THROW << cfg_path << ": the model has no tokenizer.json (make one with `lockstep init`)";
   auto examples = data::load_sft_examples(dc.train_file, dc, *m.tokenizer);

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/base/thread_pool.h"
+
 namespace lockstep::cli {
 
 // Parsed command line: --key value, --key=value, --flag, and positionals.
@@ -32,6 +34,10 @@ class Args {
   std::vector<std::string> sets_;
   std::vector<std::string> positional_;
 };
+
+// The --device flag (or `fallback`, e.g. a config's [model] device): points
+// ctx.gpu at the chosen backend; throws for a device this build cannot run.
+void set_device(Context& ctx, const Args& args, const std::string& fallback = "cpu");
 
 using CommandFn = std::function<int(const Args&)>;
 

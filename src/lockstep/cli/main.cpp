@@ -7,6 +7,7 @@
 #include "lockstep/base/error.h"
 #include "lockstep/base/log.h"
 #include "lockstep/cli/command.h"
+#include "lockstep/kernels/gpu/device.h"
 
 namespace lockstep::cli {
 
@@ -99,6 +100,15 @@ void Args::check_known(const std::vector<std::string>& known) const {
     bool ok = k == "help" || k == "log-level";
     for (const auto& n : known) ok = ok || n == k;
     if (!ok) LS_THROW << "unknown flag --" << k << " (see --help)";
+  }
+}
+
+void set_device(Context& ctx, const Args& args, const std::string& fallback) {
+  const std::string name = args.get("device", fallback);
+  const kernels::Device d = kernels::parse_device(name, args.has("device") ? "--device" : "[model] device");
+  ctx.gpu = kernels::device_backend(d);
+  if (ctx.gpu) {
+    LS_LOG(Info) << "device " << name << ": GPU kernels through the " << ctx.gpu->name << " backend";
   }
 }
 

@@ -15,7 +15,7 @@ namespace lockstep::cli {
 inline const std::vector<std::string> kRolloutFlags = {
     "n", "temperature", "top-p", "top-k", "min-p", "max-new-tokens", "seed", "stop", "ignore-eos",
     "precision", "fp8-block", "kv-blocks", "block-size", "max-batch-tokens", "max-running", "max-prefill-chunk",
-    "no-prefix-cache", "threads"};
+    "no-prefix-cache", "threads", "device"};
 
 rollout::EngineConfig engine_config_from_args(const Args& args);
 rollout::SamplingParams sampling_from_args(const Args& args);
@@ -36,6 +36,8 @@ inline const char* kRolloutFlagsHelp =
     "  --fp8-block B          fp8 scale block size, 0 = per tensor (default 128)\n"
     "  --kv-blocks N --block-size B --max-batch-tokens N --max-running N --max-prefill-chunk N\n"
     "  --no-prefix-cache      disable reuse of cached prompt blocks across requests\n"
-    "  --threads N            worker threads (default: LOCKSTEP_THREADS or all cores)\n";
+    "  --threads N            worker threads (default: LOCKSTEP_THREADS or all cores)\n"
+    "  --device D             cpu (default) | interpret: the GPU kernels run on the CPU by the\n"
+    "                         emulator (slow; tests and debugging) | cuda | hip (docs/gpu.md)\n";
 
 }  // namespace lockstep::cli

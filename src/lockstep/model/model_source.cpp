@@ -39,7 +39,7 @@ LoadedModel load_model_from_config(const toml::table& root, const std::string& s
   TomlSection s(model, source, "model");
   const std::string path = s.get_string("path", "");
   const std::string chat = s.get_string("chat_template", "auto");
-  s.accept({"precision", "trainer_precision", "fp8_block"});  // precision_from_toml reads them
+  s.accept({"precision", "trainer_precision", "fp8_block", "device"});  // precision_from_toml, device_from_toml
   if (!path.empty()) {
     s.finish();
     return load_model_dir(path, ctx, chat);
@@ -62,6 +62,11 @@ PrecisionConfig precision_from_toml(const toml::table& root, const std::string& 
   p.trainer_precision = s.get_enum("trainer_precision", p.precision, kChoices);
   p.fp8_block = s.get_int("fp8_block", 128, 0, 1 << 20);
   return p;
+}
+
+std::string device_from_toml(const toml::table& root, const std::string& source) {
+  TomlSection s(root["model"].as_table(), source, "model");
+  return s.get_enum("device", "cpu", {"cpu", "interpret", "cuda", "hip"});
 }
 
 }  // namespace lockstep

@@ -24,7 +24,7 @@ struct LoadedModel {
 
 // [model] keys besides the architecture fields.
 inline const std::vector<std::string> kModelSourceKeys = {"path",      "init_seed",         "init_std", "chat_template",
-                                                          "precision", "trainer_precision", "fp8_block"};
+                                                          "precision", "trainer_precision", "fp8_block", "device"};
 
 // The policy's precision (docs/alignment.md): [model] precision = "f32" |
 // "bf16" | "fp8" is used by both engines (aligned: a gap of exactly 0);
@@ -40,6 +40,10 @@ struct PrecisionConfig {
 // Reads the [model] precision keys only (the section's other keys are left to
 // load_model_from_config).
 PrecisionConfig precision_from_toml(const toml::table& root, const std::string& source);
+
+// [model] device = "cpu" (default) | "interpret" | "cuda" | "hip": which backend
+// runs the model's kernels (kernels/gpu/device.h; --device overrides it).
+std::string device_from_toml(const toml::table& root, const std::string& source);
 
 // `dir` may also be a checkpoints/latest file (the step_N directory it names).
 LoadedModel load_model_dir(const std::string& dir, const Context& ctx, const std::string& chat_template = "auto");

@@ -1,4 +1,4 @@
-// Paged-cache attention: batch validation, the cache write and the forward.
+// Paged-cache attention: argument checks, the cache write and the forward.
 // The forward follows the per-position contract in attention.h; work is split
 // over (token, head) pairs, and the heads of one kv group that land in the
 // same range share each loaded key block.
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "lockstep/kernels/cpu/attention_impl.h"
+#include "lockstep/kernels/gpu/backend.h"
 
 namespace lockstep::kernels {
 namespace attn {
@@ -111,6 +112,92 @@ void check_rows(const char* fn, const Tensor& t, int64_t T, int64_t heads, int64
              << t.stride[1] << ", " << t.stride[2] << ")";
 }
 
+BatchPlan plan_kv_cache_write(const Tensor& k_cache, const Tensor& v_cache, const Tensor& k_new,
+                              const Tensor& v_new, const AttentionBatch& batch,
+                              std::vector<std::pair<int64_t, int64_t>>* slots) {
+  constexpr const char* fn = "kv_cache_write";
+  if (k_new.ndim != 3) LS_THROW << fn << ": k_new: expected shape (T, Hkv, Dh), got " << k_new.shape_str();
+  const int64_t T = k_new.shape[0];
+  BatchPlan p = plan_batch(fn, batch, T, k_cache, v_cache);
+  check_rows(fn, k_new, T, p.Hkv, p.Dh, "k_new (T, Hkv, Dh)");
+  check_rows(fn, v_new, T, p.Hkv, p.Dh, "v_new (T, Hkv, Dh)");
+
+  // Slot (block * BS + offset) of every new token; two tokens on one slot would
+  // race and leave the cache depending on thread timing.
+  slots->resize(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t* row = p.table + p.seq[t] * p.table_stride;
+    (*slots)[t] = {static_cast<int64_t>(row[p.pos[t] / p.BS]) * p.BS + p.pos[t] % p.BS, t};
+  }
+  std::sort(slots->begin(), slots->end());
+  for (size_t i = 1; i < slots->size(); ++i) {
+    if ((*slots)[i].first == (*slots)[i - 1].first) {
+      const int64_t a = (*slots)[i - 1].second, b = (*slots)[i].second;
+      LS_THROW << fn << ": token " << a << " (sequence " << p.seq[a] << ", position " << p.pos[a]
+               << ") and token " << b << " (sequence " << p.seq[b] << ", position " << p.pos[b]
+               << ") map to the same cache slot " << (*slots)[i].first / p.BS << ":"
+               << (*slots)[i].first % p.BS;
+    }
+  }
+  return p;
+}
+
+namespace {
+void check_lse(const char* fn, const Tensor& lse, int64_t T, int64_t H) {
+  const std::string w = std::string(fn) + ": lse (T, H)";
+  check_shape(lse, {T, H}, w.c_str());
+  check_dtype(lse, DType::F32, w.c_str());
+  if ((H > 1 && lse.stride[1] != 1) || (T > 1 && lse.stride[0] < H))
+    LS_THROW << w << ": rows of " << lse.shape_str() << " must be contiguous";
+}
+
+// The checks the forward and the backward share: q (T, H, Dh) with H a
+// multiple of the caches' Hkv, and the batch.
+BatchPlan plan_query(const char* fn, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                     const AttentionBatch& batch) {
+  if (q.ndim != 3) LS_THROW << fn << ": q: expected shape (T, H, Dh), got " << q.shape_str();
+  const int64_t T = q.shape[0], H = q.shape[1];
+  BatchPlan p = plan_batch(fn, batch, T, k_cache, v_cache);
+  if (H < 1 || H % p.Hkv != 0)
+    LS_THROW << fn << ": q " << q.shape_str() << " has H = " << H
+             << " heads, not a multiple of the cache's Hkv = " << p.Hkv << " (k_cache " << k_cache.shape_str()
+             << ")";
+  return p;
+}
+}  // namespace
+
+BatchPlan plan_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k_cache,
+                                 const Tensor& v_cache, const AttentionBatch& batch) {
+  constexpr const char* fn = "attention_forward";
+  BatchPlan p = plan_query(fn, q, k_cache, v_cache, batch);
+  const int64_t T = p.T, H = q.shape[1];
+  check_rows(fn, q, T, H, p.Dh, "q (T, H, Dh)");
+  check_rows(fn, out, T, H, p.Dh, "out (T, H, Dh)");
+  if (lse.data != nullptr || lse.ndim != 0) check_lse(fn, lse, T, H);
+  return p;
+}
+
+BatchPlan plan_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                                  const Tensor& out, const Tensor& lse, const Tensor& q,
+                                  const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch) {
+  constexpr const char* fn = "attention_backward";
+  BatchPlan p = plan_query(fn, q, k_cache, v_cache, batch);
+  const int64_t T = p.T, H = q.shape[1], Hkv = p.Hkv, Dh = p.Dh;
+  for (int64_t s = 0; s < p.S; ++s) {
+    if (p.n_ctx[s] != 0)
+      LS_THROW << fn << ": sequence " << s << " has n_ctx = " << p.n_ctx[s]
+               << "; the backward supports only the training case, every n_ctx == 0";
+  }
+  check_rows(fn, q, T, H, Dh, "q (T, H, Dh)");
+  check_rows(fn, out, T, H, Dh, "out (T, H, Dh)");
+  check_rows(fn, dout, T, H, Dh, "dout (T, H, Dh)");
+  check_rows(fn, dq, T, H, Dh, "dq (T, H, Dh)");
+  check_rows(fn, dk, T, Hkv, Dh, "dk (T, Hkv, Dh)");
+  check_rows(fn, dv, T, Hkv, Dh, "dv (T, Hkv, Dh)");
+  check_lse(fn, lse, T, H);
+  return p;
+}
+
 namespace {
 
 // One query head's running online-softmax state over the key blocks seen so far.
@@ -169,30 +256,11 @@ void attend_group(const float* const* q, int nh, const float* const* kp, const f
 
 void kv_cache_write(const Context& ctx, Tensor k_cache, Tensor v_cache, const Tensor& k_new,
                     const Tensor& v_new, const AttentionBatch& batch) {
-  constexpr const char* fn = "kv_cache_write";
-  if (k_new.ndim != 3) LS_THROW << fn << ": k_new: expected shape (T, Hkv, Dh), got " << k_new.shape_str();
-  const int64_t T = k_new.shape[0];
-  attn::BatchPlan p = attn::plan_batch(fn, batch, T, k_cache, v_cache);
-  attn::check_rows(fn, k_new, T, p.Hkv, p.Dh, "k_new (T, Hkv, Dh)");
-  attn::check_rows(fn, v_new, T, p.Hkv, p.Dh, "v_new (T, Hkv, Dh)");
+  LS_GPU_DISPATCH(ctx, kv_cache_write, k_cache, v_cache, k_new, v_new, batch);
+  std::vector<std::pair<int64_t, int64_t>> slots;  // (slot, token), sorted by slot
+  const attn::BatchPlan p = attn::plan_kv_cache_write(k_cache, v_cache, k_new, v_new, batch, &slots);
+  const int64_t T = p.T;
   if (T == 0) return;
-
-  // Slot (block * BS + offset) of every new token; two tokens on one slot would
-  // race and leave the cache depending on thread timing.
-  std::vector<std::pair<int64_t, int64_t>> slots(static_cast<size_t>(T));  // (slot, token)
-  for (int64_t t = 0; t < T; ++t) {
-    const int32_t* row = p.table + p.seq[t] * p.table_stride;
-    slots[t] = {static_cast<int64_t>(row[p.pos[t] / p.BS]) * p.BS + p.pos[t] % p.BS, t};
-  }
-  std::sort(slots.begin(), slots.end());
-  for (size_t i = 1; i < slots.size(); ++i) {
-    if (slots[i].first == slots[i - 1].first) {
-      const int64_t a = slots[i - 1].second, b = slots[i].second;
-      LS_THROW << fn << ": token " << a << " (sequence " << p.seq[a] << ", position " << p.pos[a]
-               << ") and token " << b << " (sequence " << p.seq[b] << ", position " << p.pos[b]
-               << ") map to the same cache slot " << slots[i].first / p.BS << ":" << slots[i].first % p.BS;
-    }
-  }
 
   const bool bf16 = k_cache.dtype == DType::BF16;
   const int64_t row_elems = p.Hkv * p.Dh;  // one token's (Hkv, Dh) slot is contiguous in the cache
@@ -218,25 +286,10 @@ void kv_cache_write(const Context& ctx, Tensor k_cache, Tensor v_cache, const Te
 
 void attention_forward(const Context& ctx, Tensor out, Tensor lse, const Tensor& q, const Tensor& k_cache,
                        const Tensor& v_cache, const AttentionBatch& batch, float scale) {
-  constexpr const char* fn = "attention_forward";
-  if (q.ndim != 3) LS_THROW << fn << ": q: expected shape (T, H, Dh), got " << q.shape_str();
-  const int64_t T = q.shape[0], H = q.shape[1];
-  const attn::BatchPlan p = attn::plan_batch(fn, batch, T, k_cache, v_cache);
-  const int64_t Dh = p.Dh, Hkv = p.Hkv;
-  if (H < 1 || H % Hkv != 0)
-    LS_THROW << fn << ": q " << q.shape_str() << " has H = " << H
-             << " heads, not a multiple of the cache's Hkv = " << Hkv << " (k_cache " << k_cache.shape_str()
-             << ")";
-  attn::check_rows(fn, q, T, H, Dh, "q (T, H, Dh)");
-  attn::check_rows(fn, out, T, H, Dh, "out (T, H, Dh)");
+  LS_GPU_DISPATCH(ctx, attention_forward, out, lse, q, k_cache, v_cache, batch, scale);
+  const attn::BatchPlan p = attn::plan_attention_forward(out, lse, q, k_cache, v_cache, batch);
+  const int64_t T = p.T, H = q.shape[1], Dh = p.Dh, Hkv = p.Hkv;
   const bool want_lse = lse.data != nullptr || lse.ndim != 0;
-  if (want_lse) {
-    const std::string w = std::string(fn) + ": lse (T, H)";
-    check_shape(lse, {T, H}, w.c_str());
-    check_dtype(lse, DType::F32, w.c_str());
-    if ((H > 1 && lse.stride[1] != 1) || (T > 1 && lse.stride[0] < H))
-      LS_THROW << w << ": rows of " << lse.shape_str() << " must be contiguous";
-  }
   if (T == 0) return;
 
   const int64_t G = H / Hkv;  // query heads per kv head

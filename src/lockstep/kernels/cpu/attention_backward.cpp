@@ -7,6 +7,7 @@
 
 #include "lockstep/kernels/cpu/attention.h"
 #include "lockstep/kernels/cpu/attention_impl.h"
+#include "lockstep/kernels/gpu/backend.h"
 
 namespace lockstep::kernels {
 
@@ -18,33 +19,10 @@ namespace lockstep::kernels {
 void attention_backward(const Context& ctx, Tensor dq, Tensor dk, Tensor dv, const Tensor& dout,
                         const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k_cache,
                         const Tensor& v_cache, const AttentionBatch& batch, float scale) {
-  constexpr const char* fn = "attention_backward";
-  if (q.ndim != 3) LS_THROW << fn << ": q: expected shape (T, H, Dh), got " << q.shape_str();
-  const int64_t T = q.shape[0], H = q.shape[1];
-  const attn::BatchPlan p = attn::plan_batch(fn, batch, T, k_cache, v_cache);
-  const int64_t Dh = p.Dh, Hkv = p.Hkv;
-  if (H < 1 || H % Hkv != 0)
-    LS_THROW << fn << ": q " << q.shape_str() << " has H = " << H
-             << " heads, not a multiple of the cache's Hkv = " << Hkv << " (k_cache " << k_cache.shape_str()
-             << ")";
-  for (int64_t s = 0; s < p.S; ++s) {
-    if (p.n_ctx[s] != 0)
-      LS_THROW << fn << ": sequence " << s << " has n_ctx = " << p.n_ctx[s]
-               << "; the backward supports only the training case, every n_ctx == 0";
-  }
-  attn::check_rows(fn, q, T, H, Dh, "q (T, H, Dh)");
-  attn::check_rows(fn, out, T, H, Dh, "out (T, H, Dh)");
-  attn::check_rows(fn, dout, T, H, Dh, "dout (T, H, Dh)");
-  attn::check_rows(fn, dq, T, H, Dh, "dq (T, H, Dh)");
-  attn::check_rows(fn, dk, T, Hkv, Dh, "dk (T, Hkv, Dh)");
-  attn::check_rows(fn, dv, T, Hkv, Dh, "dv (T, Hkv, Dh)");
-  {
-    const std::string w = std::string(fn) + ": lse (T, H)";
-    check_shape(lse, {T, H}, w.c_str());
-    check_dtype(lse, DType::F32, w.c_str());
-    if ((H > 1 && lse.stride[1] != 1) || (T > 1 && lse.stride[0] < H))
-      LS_THROW << w << ": rows of " << lse.shape_str() << " must be contiguous";
-  }
+  LS_GPU_DISPATCH(ctx, attention_backward, dq, dk, dv, dout, out, lse, q, k_cache, v_cache, batch, scale);
+  const attn::BatchPlan p =
+      attn::plan_attention_backward(dq, dk, dv, dout, out, lse, q, k_cache, v_cache, batch);
+  const int64_t T = p.T, H = q.shape[1], Dh = p.Dh, Hkv = p.Hkv;
   if (T == 0) return;
 
   const int64_t G = H / Hkv;

@@ -1,6 +1,6 @@
-// Internals shared by attention.cpp and attention_backward.cpp: batch checking,
-// paged-cache addressing, cost-balanced work splitting, and inlined Highway
-// forms of canonical_dot and the fma accumulation that give simd.h's bits.
+// Internals shared by attention.cpp and attention_backward.cpp: paged-cache
+// addressing, cost-balanced work splitting, and inlined Highway forms of
+// canonical_dot and the fma accumulation that give simd.h's bits.
 #pragma once
 
 #include <algorithm>
@@ -11,34 +11,13 @@
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "lockstep/kernels/cpu/attention.h"
+#include "lockstep/kernels/cpu/attention_plan.h"
 #include "lockstep/kernels/cpu/simd.h"
 
 namespace lockstep::kernels::attn {
 
 namespace hn = hwy::HWY_NAMESPACE;
 using D = hn::ScalableTag<float>;
-
-// What a validated batch looks like to the kernels.
-struct BatchPlan {
-  int64_t S = 0, T = 0, max_blocks = 0, BS = 0, NB = 0, Hkv = 0, Dh = 0;
-  const int32_t* n_ctx = nullptr;  // (S)
-  const int32_t* n_new = nullptr;  // (S)
-  const int32_t* table = nullptr;  // (S, max_blocks), row stride table_stride
-  int64_t table_stride = 0;
-  std::vector<int32_t> seq;    // (T) sequence of each new token
-  std::vector<int32_t> pos;    // (T) absolute position of each new token
-  std::vector<int64_t> first;  // (S + 1) first token row of each sequence
-};
-
-// Checks the caches (same shape, f32 or bf16, contiguous, dim 1 == block_size)
-// and every batch entry against them for T new tokens: counts >= 0, Σ n_new == T,
-// n_ctx + n_new within the block table's capacity, every block index that a
-// position below n_ctx + n_new uses within [0, NB). `fn` names the kernel.
-BatchPlan plan_batch(const char* fn, const AttentionBatch& batch, int64_t T, const Tensor& k_cache,
-                     const Tensor& v_cache);
-
-// Checks a (T, heads, Dh) f32 token tensor with contiguous rows (row stride may be larger).
-void check_rows(const char* fn, const Tensor& t, int64_t T, int64_t heads, int64_t Dh, const char* what);
 
 // Splits items 0..n-1 with costs cost(i) into at most `threads` contiguous
 // ranges of about equal total cost; returns the n_ranges + 1 boundaries. Small

@@ -4,6 +4,8 @@
 
 #include <cstring>
 
+#include "lockstep/kernels/gpu/backend.h"
+
 namespace lockstep::kernels {
 
 namespace {
@@ -31,15 +33,21 @@ constexpr int64_t kColumnGrain = 256;
 
 }  // namespace
 
-void embedding_forward(const Context& ctx, Tensor out, const Tensor& table, const Tensor& ids) {
+void check_embedding_forward(const Tensor& out, const Tensor& table, const Tensor& ids) {
   check_dtype(table, DType::F32, "embedding_forward: table");
   check_shape(table, {-1, -1}, "embedding_forward: table");
   check_dtype(out, DType::F32, "embedding_forward: out");
   check_shape(out, {-1, table.shape[1]}, "embedding_forward: out (T, D)");
   check_rows(table, "embedding_forward: table");
   check_rows(out, "embedding_forward: out");
-  const int64_t T = out.shape[0], D = table.shape[1], V = table.shape[0];
+  const int64_t T = out.shape[0], V = table.shape[0];
   check_ids(ids, T, V, "embedding_forward: ids (T,)");
+}
+
+void embedding_forward(const Context& ctx, Tensor out, const Tensor& table, const Tensor& ids) {
+  LS_GPU_DISPATCH(ctx, embedding_forward, out, table, ids);
+  check_embedding_forward(out, table, ids);
+  const int64_t T = out.shape[0], D = table.shape[1];
   const int32_t* id = ids.i32();
   const float* tab = table.f32();
   float* o = out.f32();
@@ -53,15 +61,21 @@ void embedding_forward(const Context& ctx, Tensor out, const Tensor& table, cons
       16);
 }
 
-void embedding_backward(const Context& ctx, Tensor dtable, const Tensor& dout, const Tensor& ids) {
+void check_embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& ids) {
   check_dtype(dtable, DType::F32, "embedding_backward: dtable");
   check_shape(dtable, {-1, -1}, "embedding_backward: dtable");
   check_dtype(dout, DType::F32, "embedding_backward: dout");
   check_shape(dout, {-1, dtable.shape[1]}, "embedding_backward: dout (T, D)");
   check_rows(dtable, "embedding_backward: dtable");
   check_rows(dout, "embedding_backward: dout");
-  const int64_t T = dout.shape[0], D = dtable.shape[1], V = dtable.shape[0];
+  const int64_t T = dout.shape[0], V = dtable.shape[0];
   check_ids(ids, T, V, "embedding_backward: ids (T,)");
+}
+
+void embedding_backward(const Context& ctx, Tensor dtable, const Tensor& dout, const Tensor& ids) {
+  LS_GPU_DISPATCH(ctx, embedding_backward, dtable, dout, ids);
+  check_embedding_backward(dtable, dout, ids);
+  const int64_t T = dout.shape[0], D = dtable.shape[1];
   const int32_t* id = ids.i32();
   const float* g = dout.f32();
   float* dt = dtable.f32();

@@ -25,4 +25,9 @@ void embedding_forward(const Context& ctx, Tensor out, const Tensor& table, cons
 //   ids    (T,)   i32, contiguous
 void embedding_backward(const Context& ctx, Tensor dtable, const Tensor& dout, const Tensor& ids);
 
+// The argument checks of the two entries (every id included), throwing Error
+// with the entry's message; the GPU backend runs the same ones.
+void check_embedding_forward(const Tensor& out, const Tensor& table, const Tensor& ids);
+void check_embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& ids);
+
 }  // namespace lockstep::kernels

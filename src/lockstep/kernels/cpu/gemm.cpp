@@ -11,6 +11,7 @@
 #include <string>
 
 #include "lockstep/kernels/cpu/gemm_microkernel.h"
+#include "lockstep/kernels/gpu/backend.h"
 
 namespace lockstep::kernels {
 
@@ -287,7 +288,7 @@ std::string packed_str(const PackedWeight& w) {
 
 }  // namespace
 
-void gemm_xwt(const Context& ctx, Tensor y, const Tensor& x, const PackedWeight& w, bool accumulate) {
+void check_gemm_xwt(const Tensor& y, const Tensor& x, const PackedWeight& w) {
   check_matrix(y, "gemm_xwt", "y");
   check_matrix(x, "gemm_xwt", "x");
   check_dtype(y, DType::F32, "gemm_xwt y");
@@ -295,6 +296,50 @@ void gemm_xwt(const Context& ctx, Tensor y, const Tensor& x, const PackedWeight&
   if (x.shape[1] != w.k || y.shape[0] != x.shape[0] || y.shape[1] != w.n)
     LS_THROW << "gemm_xwt: shapes do not match: y " << y.shape_str() << ", x " << x.shape_str() << ", w "
              << packed_str(w) << "; need y (M, N), x (M, K), w (N, K)";
+}
+
+void check_gemm_xwt(const Tensor& y, const Tensor& x, const Tensor& w) {
+  check_matrix(w, "gemm_xwt", "w");
+  check_matrix(y, "gemm_xwt", "y");
+  check_matrix(x, "gemm_xwt", "x");
+  if (x.shape[1] != w.shape[1] || y.shape[0] != x.shape[0] || y.shape[1] != w.shape[0])
+    LS_THROW << "gemm_xwt: shapes do not match: y " << y.shape_str() << ", x " << x.shape_str() << ", w "
+             << w.shape_str() << "; need y (M, N), x (M, K), w (N, K)";
+  // What pack_weight and the packed form check next, in that order.
+  if (w.dtype != DType::F32 && w.dtype != DType::BF16)
+    LS_THROW << "pack_weight: w must be f32 or bf16, got " << w.shape_str();
+  check_dtype(y, DType::F32, "gemm_xwt y");
+  check_dtype(x, DType::F32, "gemm_xwt x");
+}
+
+void check_gemm_dyw(const Tensor& dx, const Tensor& dy, const Tensor& w) {
+  check_matrix(dx, "gemm_dyw", "dx");
+  check_matrix(dy, "gemm_dyw", "dy");
+  check_matrix(w, "gemm_dyw", "w");
+  check_dtype(dx, DType::F32, "gemm_dyw dx");
+  check_dtype(dy, DType::F32, "gemm_dyw dy");
+  if (w.dtype != DType::F32 && w.dtype != DType::BF16)
+    LS_THROW << "gemm_dyw: w must be f32 or bf16, got " << w.shape_str();
+  if (dy.shape[1] != w.shape[0] || dx.shape[0] != dy.shape[0] || dx.shape[1] != w.shape[1])
+    LS_THROW << "gemm_dyw: shapes do not match: dx " << dx.shape_str() << ", dy " << dy.shape_str() << ", w "
+             << w.shape_str() << "; need dx (M, K), dy (M, N), w (N, K)";
+}
+
+void check_gemm_dytx(const Tensor& dw, const Tensor& dy, const Tensor& x) {
+  check_matrix(dw, "gemm_dytx", "dw");
+  check_matrix(dy, "gemm_dytx", "dy");
+  check_matrix(x, "gemm_dytx", "x");
+  check_dtype(dw, DType::F32, "gemm_dytx dw");
+  check_dtype(dy, DType::F32, "gemm_dytx dy");
+  check_dtype(x, DType::F32, "gemm_dytx x");
+  if (dy.shape[0] != x.shape[0] || dw.shape[0] != dy.shape[1] || dw.shape[1] != x.shape[1])
+    LS_THROW << "gemm_dytx: shapes do not match: dw " << dw.shape_str() << ", dy " << dy.shape_str() << ", x "
+             << x.shape_str() << "; need dw (N, K), dy (M, N), x (M, K)";
+}
+
+void gemm_xwt(const Context& ctx, Tensor y, const Tensor& x, const PackedWeight& w, bool accumulate) {
+  LS_GPU_DISPATCH(ctx, gemm_xwt_packed, y, x, w, accumulate);
+  check_gemm_xwt(y, x, w);
   Problem pb;
   pb.R = x.shape[0];
   pb.T = w.k;
@@ -309,27 +354,15 @@ void gemm_xwt(const Context& ctx, Tensor y, const Tensor& x, const PackedWeight&
 }
 
 void gemm_xwt(const Context& ctx, Tensor y, const Tensor& x, const Tensor& w, bool accumulate) {
-  check_matrix(w, "gemm_xwt", "w");
-  check_matrix(y, "gemm_xwt", "y");
-  check_matrix(x, "gemm_xwt", "x");
-  if (x.shape[1] != w.shape[1] || y.shape[0] != x.shape[0] || y.shape[1] != w.shape[0])
-    LS_THROW << "gemm_xwt: shapes do not match: y " << y.shape_str() << ", x " << x.shape_str() << ", w "
-             << w.shape_str() << "; need y (M, N), x (M, K), w (N, K)";
+  LS_GPU_DISPATCH(ctx, gemm_xwt, y, x, w, accumulate);
+  check_gemm_xwt(y, x, w);
   // bf16 weights stay bf16 (exact either way; half the bytes to stream).
   gemm_xwt(ctx, y, x, pack_weight(ctx, w, w.dtype == DType::BF16 ? DType::BF16 : DType::F32), accumulate);
 }
 
 void gemm_dyw(const Context& ctx, Tensor dx, const Tensor& dy, const Tensor& w, bool accumulate) {
-  check_matrix(dx, "gemm_dyw", "dx");
-  check_matrix(dy, "gemm_dyw", "dy");
-  check_matrix(w, "gemm_dyw", "w");
-  check_dtype(dx, DType::F32, "gemm_dyw dx");
-  check_dtype(dy, DType::F32, "gemm_dyw dy");
-  if (w.dtype != DType::F32 && w.dtype != DType::BF16)
-    LS_THROW << "gemm_dyw: w must be f32 or bf16, got " << w.shape_str();
-  if (dy.shape[1] != w.shape[0] || dx.shape[0] != dy.shape[0] || dx.shape[1] != w.shape[1])
-    LS_THROW << "gemm_dyw: shapes do not match: dx " << dx.shape_str() << ", dy " << dy.shape_str() << ", w "
-             << w.shape_str() << "; need dx (M, K), dy (M, N), w (N, K)";
+  LS_GPU_DISPATCH(ctx, gemm_dyw, dx, dy, w, accumulate);
+  check_gemm_dyw(dx, dy, w);
   Problem pb;
   pb.R = dy.shape[0];
   pb.T = w.shape[0];
@@ -346,15 +379,8 @@ void gemm_dyw(const Context& ctx, Tensor dx, const Tensor& dy, const Tensor& w, 
 }
 
 void gemm_dytx(const Context& ctx, Tensor dw, const Tensor& dy, const Tensor& x, bool accumulate) {
-  check_matrix(dw, "gemm_dytx", "dw");
-  check_matrix(dy, "gemm_dytx", "dy");
-  check_matrix(x, "gemm_dytx", "x");
-  check_dtype(dw, DType::F32, "gemm_dytx dw");
-  check_dtype(dy, DType::F32, "gemm_dytx dy");
-  check_dtype(x, DType::F32, "gemm_dytx x");
-  if (dy.shape[0] != x.shape[0] || dw.shape[0] != dy.shape[1] || dw.shape[1] != x.shape[1])
-    LS_THROW << "gemm_dytx: shapes do not match: dw " << dw.shape_str() << ", dy " << dy.shape_str() << ", x "
-             << x.shape_str() << "; need dw (N, K), dy (M, N), x (M, K)";
+  LS_GPU_DISPATCH(ctx, gemm_dytx, dw, dy, x, accumulate);
+  check_gemm_dytx(dw, dy, x);
   Problem pb;
   pb.R = dw.shape[0];
   pb.T = x.shape[0];

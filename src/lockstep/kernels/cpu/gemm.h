@@ -70,4 +70,12 @@ void gemm_dyw(const Context& ctx, Tensor dx, const Tensor& dy, const Tensor& w, 
 // dW (N,K) f32 (+)= dYᵀ·X: dW[n,k] (+)= sum over m = 0..M-1 of dY[m,n] X[m,k].
 void gemm_dytx(const Context& ctx, Tensor dw, const Tensor& dy, const Tensor& x, bool accumulate = true);
 
+// The argument checks of the entries above, throwing Error with the message the
+// entry throws for the first bad argument; the GPU backend runs the same ones.
+void check_gemm_xwt(const Tensor& y, const Tensor& x, const PackedWeight& w);
+// The Tensor-W form, including W's dtype (f32 or bf16, as pack_weight needs).
+void check_gemm_xwt(const Tensor& y, const Tensor& x, const Tensor& w);
+void check_gemm_dyw(const Tensor& dx, const Tensor& dy, const Tensor& w);
+void check_gemm_dytx(const Tensor& dw, const Tensor& dy, const Tensor& x);
+
 }  // namespace lockstep::kernels

@@ -7,6 +7,7 @@
 
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
+#include "lockstep/kernels/numerics.h"
 
 namespace lockstep::kernels {
 namespace hn = hwy::HWY_NAMESPACE;
@@ -15,13 +16,6 @@ namespace {
 
 using D = hn::ScalableTag<float>;
 
-// Combines 16 lane partials by the fixed tree.
-inline float tree16(float* acc) {
-  for (int w = 8; w >= 1; w /= 2)
-    for (int j = 0; j < w; ++j) acc[j] = acc[j] + acc[j + w];
-  return acc[0];
-}
-
 enum class Op { Sum, Dot, SumSq };
 
 template <Op kOp>
@@ -29,7 +23,7 @@ float reduce16(const float* a, const float* b, int64_t n) {
   const D d;
   constexpr int64_t kMaxVec = kReduceLanes;  // supports vectors of up to 16 floats
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  static_assert(kReduceLanes % 4 == 0);
+  static_assert(kReduceLanes % 4 == 0 && kReduceLanes == num::kLanes);
   const int64_t nvec = kReduceLanes / N;  // vectors per 16-lane group: 4, 2 or 1
   hn::Vec<D> acc[kMaxVec];
   for (int64_t j = 0; j < nvec; ++j) acc[j] = hn::Zero(d);
@@ -58,7 +52,7 @@ float reduce16(const float* a, const float* b, int64_t n) {
       l = std::fma(a[i], a[i], l);
     }
   }
-  return tree16(lanes);
+  return num::tree16(lanes);  // the fixed tree, shared with the GPU kernels
 }
 
 enum class Fn { Exp, Log, Sigmoid, Silu };
@@ -104,13 +98,6 @@ void map(const float* x, float* y, int64_t n) {
   }
 }
 
-template <Fn kFn>
-float map1(float x) {
-  float y;
-  map<kFn>(&x, &y, 1);
-  return y;
-}
-
 }  // namespace
 
 float canonical_sum(const float* x, int64_t n) { return reduce16<Op::Sum>(x, nullptr, n); }
@@ -154,10 +141,12 @@ void vexp(const float* x, float* y, int64_t n) { map<Fn::Exp>(x, y, n); }
 void vlog(const float* x, float* y, int64_t n) { map<Fn::Log>(x, y, n); }
 void vsigmoid(const float* x, float* y, int64_t n) { map<Fn::Sigmoid>(x, y, n); }
 void vsilu(const float* x, float* y, int64_t n) { map<Fn::Silu>(x, y, n); }
-float exp1(float x) { return map1<Fn::Exp>(x); }
-float log1(float x) { return map1<Fn::Log>(x); }
-float sigmoid1(float x) { return map1<Fn::Sigmoid>(x); }
-float silu1(float x) { return map1<Fn::Silu>(x); }
+// The scalar forms are numerics.h's ports of the vector code above (the same
+// bits for every input: tests/gpu/numerics_slow.cpp checks all 2^32).
+float exp1(float x) { return num::exp(x); }
+float log1(float x) { return num::log(x); }
+float sigmoid1(float x) { return num::sigmoid(x); }
+float silu1(float x) { return num::silu(x); }
 
 }  // namespace lockstep::kernels
 

@@ -13,6 +13,9 @@ GpuBackend make_backend() {
 #else
   b.name = "cuda";
 #endif
+  register_gemm(b);
+  register_embedding(b);
+  register_attention(b);
   register_moe(b);
   register_adamw(b);
   return b;

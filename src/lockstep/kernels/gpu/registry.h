@@ -9,6 +9,7 @@
 namespace lockstep::kernels::gpu::LS_GPU_NS {
 
 void register_elementwise(GpuBackend& b);  // swiglu.cu, embedding.cu, rope.cu
+void register_embedding(GpuBackend& b);    // embedding.cu
 void register_gemm(GpuBackend& b);         // gemm.cu
 void register_rmsnorm(GpuBackend& b);      // rmsnorm.cu
 void register_softmax(GpuBackend& b);      // softmax.cu
