@@ -4,6 +4,8 @@
 // gather copies bits, the combine runs the CPU's fma chain in slot order.
 #include "lockstep/kernels/gpu/moe.h"
 
+#include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "lockstep/kernels/gpu/registry.h"
@@ -232,42 +234,41 @@ LS_GLOBAL void moe_route_kernel(RouteArgs a) {
 
 // ---- the dispatch plan on the device ------------------------------------------
 
-// The plan's row_of (T*K) where kernels can read it: the host vector itself in
-// interpret mode (device memory is host memory), a device copy on CUDA / HIP,
-// freed when this goes out of scope (after the launch; the free synchronises).
+// The plan's row_of (T*K) in device memory for one entry call (emulated device
+// memory in interpret mode, so its reads are bounds-checked too), freed at
+// scope end, after the launch that reads it (the free synchronises).
 class DeviceRowOf {
  public:
   explicit DeviceRowOf(const std::vector<int32_t>& row_of) {
+    const size_t bytes = std::max<size_t>(row_of.size(), 1) * sizeof(int32_t);
 #if defined(LOCKSTEP_GPU_INTERP)
-    ptr_ = row_of.data();
-#else
-    const size_t bytes = row_of.size() * sizeof(int32_t);
-    if (bytes == 0) return;
-#if defined(LOCKSTEP_GPU_CUDA)
+    dev_ = ::lockstep::gpu::emu::device_alloc(bytes, "moe dispatch plan row_of");
+    std::memcpy(dev_, row_of.data(), row_of.size() * sizeof(int32_t));
+#elif defined(LOCKSTEP_GPU_CUDA)
     LS_CHECK(cudaMalloc(&dev_, bytes) == cudaSuccess) << "moe: cannot allocate the dispatch plan on the device";
-    LS_CHECK(cudaMemcpy(dev_, row_of.data(), bytes, cudaMemcpyHostToDevice) == cudaSuccess)
+    LS_CHECK(cudaMemcpy(dev_, row_of.data(), row_of.size() * sizeof(int32_t), cudaMemcpyHostToDevice) ==
+             cudaSuccess)
         << "moe: cannot copy the dispatch plan to the device";
 #else
     LS_CHECK(hipMalloc(&dev_, bytes) == hipSuccess) << "moe: cannot allocate the dispatch plan on the device";
-    LS_CHECK(hipMemcpy(dev_, row_of.data(), bytes, hipMemcpyHostToDevice) == hipSuccess)
+    LS_CHECK(hipMemcpy(dev_, row_of.data(), row_of.size() * sizeof(int32_t), hipMemcpyHostToDevice) == hipSuccess)
         << "moe: cannot copy the dispatch plan to the device";
-#endif
-    ptr_ = static_cast<const int32_t*>(dev_);
 #endif
   }
   ~DeviceRowOf() {
-#if defined(LOCKSTEP_GPU_CUDA)
-    if (dev_) cudaFree(dev_);
-#elif defined(LOCKSTEP_GPU_HIP)
-    if (dev_) (void)hipFree(dev_);
+#if defined(LOCKSTEP_GPU_INTERP)
+    ::lockstep::gpu::emu::device_free(dev_);
+#elif defined(LOCKSTEP_GPU_CUDA)
+    cudaFree(dev_);
+#else
+    (void)hipFree(dev_);
 #endif
   }
   DeviceRowOf(const DeviceRowOf&) = delete;
   DeviceRowOf& operator=(const DeviceRowOf&) = delete;
-  const int32_t* get() const { return ptr_; }
+  const int32_t* get() const { return static_cast<const int32_t*>(dev_); }
 
  private:
-  const int32_t* ptr_ = nullptr;
   void* dev_ = nullptr;
 };
 
