@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "lockstep/base/error.h"
+#include "lockstep/kernels/gpu/backend.h"
 
 namespace lockstep::kernels {
 
@@ -71,8 +72,7 @@ void scale_all(const Context& ctx, const std::vector<FloatSegment>& segs, float 
 
 }  // namespace
 
-void adamw_step(const Context& ctx, float* param, const float* grad, float* m, float* v, int64_t n,
-                const AdamWParams& hp) {
+AdamWScalars adamw_scalars(const AdamWParams& hp, int64_t n) {
   if (hp.step < 1) LS_THROW << "adamw_step: step is 1-based, got " << hp.step;
   if (!(hp.beta1 >= 0.0f && hp.beta1 < 1.0f) || !(hp.beta2 >= 0.0f && hp.beta2 < 1.0f))
     LS_THROW << "adamw_step: betas must lie in [0, 1), got beta1=" << hp.beta1 << " beta2=" << hp.beta2;
@@ -82,11 +82,24 @@ void adamw_step(const Context& ctx, float* param, const float* grad, float* m, f
              << " weight_decay=" << hp.weight_decay;
   LS_CHECK(n >= 0) << "n=" << n;
   const double steps = static_cast<double>(hp.step);
-  const float decay = static_cast<float>(1.0 - double(hp.lr) * double(hp.weight_decay));
-  const float step_size = static_cast<float>(double(hp.lr) / (1.0 - std::pow(double(hp.beta1), steps)));
-  const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(double(hp.beta2), steps)));
-  const float b1 = hp.beta1, b2 = hp.beta2, eps = hp.eps;
-  const float c1 = 1.0f - b1, c2 = 1.0f - b2;
+  AdamWScalars s;
+  s.decay = static_cast<float>(1.0 - double(hp.lr) * double(hp.weight_decay));
+  s.step_size = static_cast<float>(double(hp.lr) / (1.0 - std::pow(double(hp.beta1), steps)));
+  s.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(double(hp.beta2), steps)));
+  s.b1 = hp.beta1;
+  s.b2 = hp.beta2;
+  s.eps = hp.eps;
+  s.c1 = 1.0f - s.b1;
+  s.c2 = 1.0f - s.b2;
+  return s;
+}
+
+void adamw_step(const Context& ctx, float* param, const float* grad, float* m, float* v, int64_t n,
+                const AdamWParams& hp) {
+  LS_GPU_DISPATCH(ctx, adamw_step, param, grad, m, v, n, hp);
+  const AdamWScalars s = adamw_scalars(hp, n);
+  const float decay = s.decay, step_size = s.step_size, bc2_sqrt = s.bc2_sqrt;
+  const float b1 = s.b1, b2 = s.b2, eps = s.eps, c1 = s.c1, c2 = s.c2;
   ctx.parallel_for(
       n,
       [&](int64_t i0, int64_t i1) {

@@ -33,6 +33,18 @@ struct AdamWParams {
 void adamw_step(const Context& ctx, float* param, const float* grad, float* m, float* v, int64_t n,
                 const AdamWParams& hp);
 
+// The per-step scalars of adamw_step, checked and rounded to f32 as above
+// (the GPU backends take these floats, so both paths see the same bits).
+// Throws the errors adamw_step documents.
+struct AdamWScalars {
+  float decay = 1.0f;      // 1 - lr * weight_decay
+  float step_size = 0.0f;  // lr / (1 - beta1^step)
+  float bc2_sqrt = 1.0f;   // sqrt(1 - beta2^step)
+  float b1 = 0.0f, b2 = 0.0f, eps = 0.0f;
+  float c1 = 1.0f, c2 = 1.0f;  // 1 - beta1, 1 - beta2 (f32)
+};
+AdamWScalars adamw_scalars(const AdamWParams& hp, int64_t n);
+
 // A contiguous range of a flat buffer (e.g. one parameter group's gradients).
 struct FloatSegment {
   float* data = nullptr;

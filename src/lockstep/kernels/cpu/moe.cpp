@@ -11,6 +11,7 @@
 
 #include "lockstep/kernels/cpu/moe.h"
 #include "lockstep/kernels/cpu/simd.h"
+#include "lockstep/kernels/gpu/backend.h"
 
 namespace lockstep::kernels {
 
@@ -96,7 +97,7 @@ MoeDispatch moe_plan(const Tensor& topk_idx, int num_experts) {
   return plan;
 }
 
-void moe_gather(const Context& ctx, Tensor xe, const Tensor& x, const MoeDispatch& plan) {
+void check_moe_gather_args(const Tensor& xe, const Tensor& x, const MoeDispatch& plan) {
   check_plan(plan, "moe_gather");
   const int64_t T = plan.num_tokens, K = plan.top_k;
   check_shape(x, {T, -1}, "moe_gather: x");
@@ -105,6 +106,13 @@ void moe_gather(const Context& ctx, Tensor xe, const Tensor& x, const MoeDispatc
   check_dtype(xe, x.dtype, "moe_gather: xe");
   check_shape(xe, {T * K, D}, "moe_gather: xe");
   check_rows(xe, "moe_gather: xe");
+}
+
+void moe_gather(const Context& ctx, Tensor xe, const Tensor& x, const MoeDispatch& plan) {
+  LS_GPU_DISPATCH(ctx, moe_gather, xe, x, plan);
+  check_moe_gather_args(xe, x, plan);
+  const int64_t T = plan.num_tokens, K = plan.top_k;
+  const int64_t D = x.shape[1];
   const size_t esize = dtype_size(x.dtype);
   const size_t row_bytes = static_cast<size_t>(D) * esize;
   ctx.parallel_for(
@@ -121,13 +129,20 @@ void moe_gather(const Context& ctx, Tensor xe, const Tensor& x, const MoeDispatc
       kTokenGrain);
 }
 
-void moe_combine(const Context& ctx, Tensor y, const Tensor& ye, const Tensor& topk_w, const MoeDispatch& plan) {
+void check_moe_combine_args(const Tensor& y, const Tensor& ye, const Tensor& topk_w, const MoeDispatch& plan) {
   check_plan(plan, "moe_combine");
   const int64_t T = plan.num_tokens, K = plan.top_k;
   check_f32_rows(ye, {T * K, -1}, "moe_combine: ye");
   const int64_t D = ye.shape[1];
   check_f32_rows(y, {T, D}, "moe_combine: y");
   check_f32_rows(topk_w, {T, K}, "moe_combine: topk_w");
+}
+
+void moe_combine(const Context& ctx, Tensor y, const Tensor& ye, const Tensor& topk_w, const MoeDispatch& plan) {
+  LS_GPU_DISPATCH(ctx, moe_combine, y, ye, topk_w, plan);
+  check_moe_combine_args(y, ye, topk_w, plan);
+  const int64_t T = plan.num_tokens, K = plan.top_k;
+  const int64_t D = ye.shape[1];
   ctx.parallel_for(
       T,
       [&](int64_t begin, int64_t end) {

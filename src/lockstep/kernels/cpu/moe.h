@@ -140,4 +140,14 @@ void moe_sum(const Context& ctx, Tensor y, const Tensor& ye, const MoeDispatch& 
 // dye[row_of(t, s)] = dy[t] (a copy), (R, D) written.
 void moe_sum_backward(const Context& ctx, Tensor dye, const Tensor& dy, const MoeDispatch& plan);
 
+// The argument checks of moe_route, moe_gather and moe_combine, throwing the
+// errors those entries document; the GPU backends call them so that a bad
+// call fails the same way on either path. check_moe_route_args also reads
+// replay_idx (host memory) to validate its indices.
+void check_moe_route_args(const Tensor& topk_idx, const Tensor& topk_w, const Tensor& scores,
+                          const Tensor& router_logits, const Tensor& bias, const Tensor& replay_idx,
+                          const RouterConfig& cfg);
+void check_moe_gather_args(const Tensor& xe, const Tensor& x, const MoeDispatch& plan);
+void check_moe_combine_args(const Tensor& y, const Tensor& ye, const Tensor& topk_w, const MoeDispatch& plan);
+
 }  // namespace lockstep::kernels

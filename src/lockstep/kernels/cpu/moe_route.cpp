@@ -8,6 +8,7 @@
 
 #include "lockstep/kernels/cpu/moe.h"
 #include "lockstep/kernels/cpu/simd.h"
+#include "lockstep/kernels/gpu/backend.h"
 
 namespace lockstep::kernels {
 
@@ -187,8 +188,9 @@ void RouterConfig::validate() const {
              << " experts hold fewer than top_k=" << top_k << " experts";
 }
 
-void moe_route(const Context& ctx, Tensor topk_idx, Tensor topk_w, Tensor scores, const Tensor& router_logits,
-               const Tensor& bias, const Tensor& replay_idx, const RouterConfig& cfg) {
+void check_moe_route_args(const Tensor& topk_idx, const Tensor& topk_w, const Tensor& scores,
+                          const Tensor& router_logits, const Tensor& bias, const Tensor& replay_idx,
+                          const RouterConfig& cfg) {
   cfg.validate();
   const int E = cfg.num_experts, K = cfg.top_k;
   check_dtype(router_logits, DType::F32, "moe_route: router_logits");
@@ -204,20 +206,27 @@ void moe_route(const Context& ctx, Tensor topk_idx, Tensor topk_w, Tensor scores
   check_rows(topk_idx, "moe_route: topk_idx");
   check_rows(topk_w, "moe_route: topk_w");
   check_rows(scores, "moe_route: scores");
-  const float* b = nullptr;
   if (!absent(bias)) {
     check_dtype(bias, DType::F32, "moe_route: bias");
     check_shape(bias, {E}, "moe_route: bias");
     if (E > 1 && bias.stride[0] != 1) LS_THROW << "moe_route: bias must be contiguous, got " << bias.shape_str();
-    b = bias.f32();
   }
-  const bool replay = !absent(replay_idx);
-  if (replay) {
+  if (!absent(replay_idx)) {
     check_dtype(replay_idx, DType::I32, "moe_route: replay_idx");
     check_shape(replay_idx, {T, K}, "moe_route: replay_idx");
     check_rows(replay_idx, "moe_route: replay_idx");
     check_indices(replay_idx, E, /*distinct=*/true, "moe_route: replay_idx");
   }
+}
+
+void moe_route(const Context& ctx, Tensor topk_idx, Tensor topk_w, Tensor scores, const Tensor& router_logits,
+               const Tensor& bias, const Tensor& replay_idx, const RouterConfig& cfg) {
+  LS_GPU_DISPATCH(ctx, moe_route, topk_idx, topk_w, scores, router_logits, bias, replay_idx, cfg);
+  check_moe_route_args(topk_idx, topk_w, scores, router_logits, bias, replay_idx, cfg);
+  const int K = cfg.top_k;
+  const int64_t T = router_logits.shape[0];
+  const float* b = absent(bias) ? nullptr : bias.f32();
+  const bool replay = !absent(replay_idx);
 
   ctx.parallel_for(
       T,

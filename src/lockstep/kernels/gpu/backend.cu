@@ -19,6 +19,8 @@ GpuBackend make_backend() {
   register_rmsnorm(b);
   register_elementwise(b);
   register_softmax(b);
+  register_moe(b);
+  register_adamw(b);
   return b;
 }
 
