@@ -190,36 +190,70 @@ def amd_scan(text: str):
     return out
 
 
-def near(instrs, i, before, after, pred):
-    """Whether an instruction of the same function within the window matches."""
-    lo, hi = max(0, i - before), min(len(instrs), i + after + 1)
-    return any(pred(instrs[j][2]) for j in range(lo, hi) if instrs[j][0] == instrs[i][0])
+def operands(code: str):
+    """The operands of one instruction; the first is the destination."""
+    parts = code.split(None, 1)
+    return [o.strip() for o in parts[1].split(",")] if len(parts) > 1 else []
 
 
-def int_division(instrs, i):
-    # LLVM expands 64-bit integer division with a float reciprocal estimate that
-    # integer steps then correct exactly: v_mac_f32 with 2^32 (0x4f800000) and a
-    # scale by 0x5f7ffffc sit next to its v_rcp_f32.
-    return near(instrs, i, 12, 12, lambda c: "0x4f800000" in c or "0xcf800000" in c) and near(
-        instrs, i, 12, 12, lambda c: "0x5f7ffffc" in c or "0x2f800000" in c)
+def last_writer(instrs, i, reg, limit=64):
+    """Index of the latest instruction before i in the same function that
+    writes reg (None if not within limit)."""
+    for j in range(i - 1, max(-1, i - 1 - limit), -1):
+        if instrs[j][0] != instrs[i][0]:
+            return None
+        ops = operands(instrs[j][2])
+        if ops and ops[0] == reg:
+            return j
+    return None
 
 
-def ieee_division(instrs, i):
-    # The IEEE f32/f64 division: v_div_scale, v_rcp, Newton fma steps, v_div_fmas,
-    # v_div_fixup (correctly rounded as a whole).
-    return near(instrs, i, 6, 0, lambda c: c.startswith("v_div_scale")) and near(
-        instrs, i, 0, 20, lambda c: c.startswith("v_div_fixup"))
+def operand_value(instrs, i, op):
+    """op, or the literal a v_mov_b32 put in that register just before."""
+    j = last_writer(instrs, i, op, limit=16) if re.fullmatch(r"v\d+", op) else None
+    if j is not None and instrs[j][2].startswith("v_mov_b32"):
+        return operands(instrs[j][2])[1]
+    return op
 
 
-def rounded_sqrt(instrs, i):
-    # ocml's correctly rounded sqrtf: s = v_sqrt_f32(x), then the neighbours s-1ulp
-    # and s+1ulp (v_add_u32 -1 / 1 on s's bits) are tested with fma residuals.
-    m = re.match(r"v_sqrt_f32\w*\s+(v\d+)", instrs[i][2])
-    if not m:
+# LLVM expands 64-bit integer division with a float reciprocal estimate that
+# integer steps then correct exactly: float(lo) + 2^32 * float(hi) by v_mac_f32,
+# v_rcp_f32, a scale by 0x5f7ffffc, and a v_mac_f32 by -2^32.
+INT_DIV_CONST = ("0x4f800000", "0xcf800000")
+
+
+def int_division_mac(instrs, i) -> bool:
+    return any(operand_value(instrs, i, o) in INT_DIV_CONST for o in operands(instrs[i][2])[1:])
+
+
+def rcp_allowed(instrs, i) -> bool:
+    # The IEEE f32/f64 division (v_div_scale, v_rcp, Newton fma steps,
+    # v_div_fmas, v_div_fixup) is correctly rounded as a whole: its v_rcp reads a
+    # v_div_scale result. The integer division's reads the 2^32 v_mac, and its
+    # result is scaled by 0x5f7ffffc next.
+    ops = operands(instrs[i][2])
+    if len(ops) < 2:
         return False
-    s = re.escape(m.group(1))
-    return near(instrs, i, 0, 12, lambda c: re.match(rf"v_add_u32\w*\s+v\d+,\s*-1,\s*{s}\b", c)) and near(
-        instrs, i, 0, 12, lambda c: re.match(rf"v_add_u32\w*\s+v\d+,\s*1,\s*{s}\b", c))
+    j = last_writer(instrs, i, ops[1])
+    if j is not None and (instrs[j][2].startswith("v_div_scale")
+                          or (instrs[j][2].startswith("v_mac_f32") and int_division_mac(instrs, j))):
+        return True
+    dst = re.escape(ops[0])
+    return any(re.match(rf"v_mul_f32\w*\s+v\d+,\s*0x5f7ffffc,\s*{dst}$", c)
+               for f, _, c in instrs[i + 1:i + 9] if f == instrs[i][0])
+
+
+def rounded_sqrt(instrs, i) -> bool:
+    # ocml's correctly rounded sqrtf: s = v_sqrt_f32(x), then the neighbours
+    # s-1ulp and s+1ulp (v_add_u32 -1 / 1 on s's bits) are tested with fma
+    # residuals. Unrolled loops interleave two of them, hence the wide window.
+    ops = operands(instrs[i][2])
+    if not ops:
+        return False
+    s = re.escape(ops[0])
+    later = [c for f, _, c in instrs[i + 1:i + 49] if f == instrs[i][0]]
+    return any(re.match(rf"v_add_u32\w*\s+v\d+,\s*-1,\s*{s}$", c) for c in later) and any(
+        re.match(rf"v_add_u32\w*\s+v\d+,\s*1,\s*{s}$", c) for c in later)
 
 
 def amd_reason(instrs, i) -> str | None:
@@ -229,11 +263,11 @@ def amd_reason(instrs, i) -> str | None:
         return "matrix-core op (own accumulation order and rounding)"
     if AMD_TRANSCENDENTAL.match(op):
         return "hardware transcendental / reciprocal square root (approximate): use lockstep::num"
-    if re.match(r"v_rcp_f(32|64)", op) and not (ieee_division(instrs, i) or int_division(instrs, i)):
+    if re.match(r"v_rcp_f(32|64)", op) and not rcp_allowed(instrs, i):
         return "v_rcp outside the IEEE division and integer division sequences (1 ulp)"
     if re.match(r"v_sqrt_f32", op) and not rounded_sqrt(instrs, i):
         return "bare v_sqrt_f32 (1 ulp, not correctly rounded)"
-    if AMD_LEGACY_MAD.match(op) and not int_division(instrs, i):
+    if AMD_LEGACY_MAD.match(op) and not (op.startswith("v_mac_f32") and int_division_mac(instrs, i)):
         return "non-IEEE multiply-add (legacy mad/mac: flushes, rounds the product)"
     if AMD_FLOAT_ATOMIC.match(op):
         return "float atomic (order depends on timing)"

@@ -6,11 +6,13 @@
 
 namespace lockstep::gpu::lint {
 
-// y[i] = sqrt(a*b + c) / (a - b) + a*b summed over 16 lanes, i over rows x cols.
+// y[block] = the 16-lane sum of sqrt(a*b + c) / (a - b) + a*b; i over rows x cols.
 LS_GLOBAL void all_ops(float* y, const float* a, const float* b, const float* c, int64_t rows, int64_t cols) {
   LS_SHARED(float, lanes, 16);
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t r = i / cols, k = i % cols;  // integer division: allowed
+  // A divisor whose high word is known zero: LLVM keeps 2^32 in a register.
+  const int64_t q = i / static_cast<int64_t>(static_cast<uint32_t>(rows));
   float v = 0.0f;
   if (r < rows) {
     const float p = ls_mul(a[i], b[i]);
@@ -23,6 +25,7 @@ LS_GLOBAL void all_ops(float* y, const float* a, const float* b, const float* c,
     __syncthreads();
   }
   if (threadIdx.x == 0) y[blockIdx.x] = lanes[0];
+  if (threadIdx.x == 1) y[gridDim.x + q] = lanes[1];
 }
 
 }  // namespace lockstep::gpu::lint
