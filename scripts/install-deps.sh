@@ -8,6 +8,11 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git ccache
   libhwy-dev            # Highway: portable SIMD for the CPU kernels
   libboost-context-dev  # fibers for the GPU interpret mode (kernels/gpu/interp)
+  # HIP for AMD gfx90a (cmake/gpu.cmake): hipcc (clang-15 and lld-15 come with
+  # it), the device bitcode libraries (ocml) it links into every kernel, and the
+  # runtime the host objects link against. CUDA is not here: nvcc is not a
+  # Debian package; without it the build skips the CUDA targets.
+  hipcc rocm-device-libs libamdhip64-dev
   libgtest-dev libgmock-dev
   libbenchmark-dev      # Google Benchmark
   libopenblas-dev       # the GEMM baseline in bench/
