@@ -57,7 +57,15 @@ endif()
 
 # --- HIP --------------------------------------------------------------------------
 find_program(LOCKSTEP_HIPCC hipcc DOC "hipcc for the HIP build and the gfx90a lint")
-option(LOCKSTEP_HIP "Build lockstep_kernels_hip from the GPU kernel sources with hipcc" OFF)
+# On by default when hipcc is found (scripts/install-deps.sh installs Debian's), so
+# `make test` compiles the HIP target as it compiles the CUDA one.
+if(LOCKSTEP_HIPCC)
+  set(_ls_hip_default ON)
+else()
+  set(_ls_hip_default OFF)
+endif()
+option(LOCKSTEP_HIP "Build lockstep_kernels_hip from the GPU kernel sources with hipcc (default: ON when hipcc is found)"
+       ${_ls_hip_default})
 # gfx90a = MI200 (MI210/MI250X). gfx942 (MI300) and gfx950 (MI355X) need a newer
 # ROCm than Debian 12's (hipcc 5.2.3 on LLVM 15 rejects both; it knows gfx940).
 set(LOCKSTEP_HIP_ARCH "gfx90a" CACHE STRING "AMD GPU target of lockstep_kernels_hip")
