@@ -7,7 +7,9 @@
 #  2. `generate --device interpret`, then `score` on the CPU: every logprob equal;
 #     `check-alignment --device interpret` (rollout on the GPU kernels, trainer
 #     on the CPU) reports a zero gap;
-#  3. --device cuda in a build without a CUDA backend, and an unknown device,
+#  3. a short RL demo (SFT warm-up, GRPO steps, evaluation) with --device
+#     interpret writes the CPU run's metrics and bitwise the same checkpoints;
+#  4. --device cuda in a build without a CUDA backend, and an unknown device,
 #     fail with a clear message (exit 2).
 set -euo pipefail
 BIN=$1
@@ -110,6 +112,28 @@ PY
 "$BIN" check-alignment --model "$T/hf" --data "$T/p.jsonl" --n 2 --max-new-tokens 8 --device interpret \
   --json "$T/a.json" >/dev/null 2>&1
 python3 -c "import json; j=json.load(open('$T/a.json')); assert j['train/train_rollout_logprob_abs_diff']==0 and j['train/train_rollout_logprob_bitwise_equal_frac']==1, j"
+
+short=(--sft-steps 4 --rl-steps 2 --threads 2 --set eval.interval=2 --set rollout.batch_size=4 --set eval.n=1)
+"$BIN" demo --out "$T/dcpu" "${short[@]}" > "$T/dcpu.log" 2>&1 || { cat "$T/dcpu.log"; exit 1; }
+"$BIN" demo --out "$T/dint" "${short[@]}" --device interpret > "$T/dint.log" 2>&1 || { cat "$T/dint.log"; exit 1; }
+python3 - "$T" <<'PY'
+import json, sys
+t = sys.argv[1]
+def load(path):
+    out = []
+    for line in open(path):
+        m = json.loads(line)
+        out.append({k: v for k, v in m.items()
+                    if not k.startswith("perf/") and "time" not in k and not k.endswith("per_s")})
+    return out
+for f in ("metrics.jsonl", "sft/metrics.jsonl"):
+    a, b = load(f"{t}/dcpu/{f}"), load(f"{t}/dint/{f}")
+    assert len(a) > 0 and a == b, f"demo {f}: --device interpret differs from the CPU"
+print("demo metrics equal on the CPU and in interpret mode")
+PY
+for f in model/model.safetensors sft/checkpoints/step_4/model.safetensors checkpoints/step_2/model.safetensors; do
+  cmp "$T/dcpu/$f" "$T/dint/$f" || { echo "demo checkpoint $f differs in interpret mode"; exit 1; }
+done
 
 for dev in cuda tpu; do
   set +e
