@@ -3,6 +3,7 @@
 // lane l (elements l, l + 16, ... in index order), then the fixed tree.
 #include "lockstep/kernels/cpu/rmsnorm.h"
 #include "lockstep/kernels/gpu/registry.h"
+#include "lockstep/kernels/gpu/row_lanes.h"
 #include "lockstep/kernels/gpu/rmsnorm.h"
 #include "lockstep/kernels/numerics.h"
 
@@ -18,17 +19,6 @@ using ::lockstep::gpu::ls_mul;
 using ::lockstep::gpu::ls_sqrt;
 using ::lockstep::gpu::ls_sub;
 
-constexpr int kLanes = num::kLanes;
-// Rows per block at most: (16, 64) is 1024 threads, the per-block limit.
-constexpr int kMaxRows = 64;
-constexpr int kSlots = kLanes * kMaxRows;  // lane partials a block holds, (kMaxRows, 16)
-
-// The row's 16 lane partials (shared memory) combined by the canonical tree.
-LS_DEVICE inline float tree_of(const float* part) {
-  float lanes[kLanes];
-  for (int j = 0; j < kLanes; ++j) lanes[j] = part[j];
-  return num::tree16(lanes);
-}
 
 // rstd = 1 / sqrt(ss / D + eps), as norm_row (IEEE division and sqrt).
 LS_DEVICE inline float rstd_of(float ss, int64_t D, float eps) {

@@ -14,6 +14,7 @@
 // training) is what fills the device.
 #include "lockstep/kernels/cpu/softmax.h"
 #include "lockstep/kernels/gpu/registry.h"
+#include "lockstep/kernels/gpu/row_lanes.h"
 #include "lockstep/kernels/gpu/softmax.h"
 #include "lockstep/kernels/numerics.h"
 
@@ -27,17 +28,6 @@ using ::lockstep::gpu::ls_fma;
 using ::lockstep::gpu::ls_mul;
 using ::lockstep::gpu::ls_sub;
 
-constexpr int kLanes = num::kLanes;
-// Rows per block at most: (16, 64) is 1024 threads, the per-block limit.
-constexpr int kMaxRows = 64;
-constexpr int kSlots = kLanes * kMaxRows;  // lane partials a block holds, (kMaxRows, 16)
-
-// The row's 16 lane partials (shared memory) combined by the canonical tree.
-LS_DEVICE inline float tree_of(const float* part) {
-  float lanes[kLanes];
-  for (int j = 0; j < kLanes; ++j) lanes[j] = part[j];
-  return num::tree16(lanes);
-}
 
 // max_reduce's scalar rule over a whole row: m = x[0], then x[i] replaces m
 // when x[i] > m or x[i] is NaN. So the result is the last NaN if there is one,
