@@ -54,6 +54,29 @@ TEST(GpuParity, RolloutOnInterpretedGpuKernelsGivesTheCpuTrainersLogprobsBitForB
   EXPECT_GT(tokens, 50);
 }
 
+// 16 prompts x 4 samples: the baseline variation decodes all 64 sequences in one
+// batch; the batch-1 variation one at a time. Both must give the CPU trainer's bits.
+TEST(GpuParity, BatchOf64OnInterpretedGpuKernelsMatchesTheTrainer) {
+  ThreadPool pool2(2);
+  std::mt19937_64 g(64);
+  Case cs = random_case(6400);
+  cs.requests.clear();
+  cs.max_len = 0;
+  for (int i = 0; i < 16; ++i) {
+    Request r;
+    for (int j = 0; j < 3 + i % 5; ++j) r.prompt_ids.push_back(int32_t(g() % uint64_t(cs.config.vocab_size)));
+    r.params.n = 4;
+    r.params.max_new_tokens = 4;
+    r.params.ignore_eos = true;
+    r.params.seed = uint64_t(i);
+    cs.max_len = std::max<int64_t>(cs.max_len, int64_t(r.prompt_ids.size()) + 4);
+    cs.requests.push_back(std::move(r));
+  }
+  const CaseStats st = check_case(cs, &pool2, g, DType::F32, &kernels::interpret_backend());
+  EXPECT_EQ(st.tokens, 16 * 4 * 4);
+  EXPECT_EQ(st.max_batch, 64);
+}
+
 TEST(GpuParity, AlignedAtBf16AndFp8OnInterpretedGpuKernels) {
   ThreadPool pool2(2);
   std::mt19937_64 g(77);
