@@ -160,8 +160,8 @@ void moe_combine(const Context& ctx, Tensor y, const Tensor& ye, const Tensor& t
       kTokenGrain);
 }
 
-void moe_combine_backward(const Context& ctx, Tensor dye, Tensor dtopk_w, const Tensor& dy, const Tensor& ye,
-                          const Tensor& topk_w, const MoeDispatch& plan) {
+void check_moe_combine_backward_args(const Tensor& dye, const Tensor& dtopk_w, const Tensor& dy, const Tensor& ye,
+                                     const Tensor& topk_w, const MoeDispatch& plan) {
   check_plan(plan, "moe_combine_backward");
   const int64_t T = plan.num_tokens, K = plan.top_k;
   check_f32_rows(ye, {T * K, -1}, "moe_combine_backward: ye");
@@ -170,6 +170,14 @@ void moe_combine_backward(const Context& ctx, Tensor dye, Tensor dtopk_w, const 
   check_f32_rows(dtopk_w, {T, K}, "moe_combine_backward: dtopk_w");
   check_f32_rows(dy, {T, D}, "moe_combine_backward: dy");
   check_f32_rows(topk_w, {T, K}, "moe_combine_backward: topk_w");
+}
+
+void moe_combine_backward(const Context& ctx, Tensor dye, Tensor dtopk_w, const Tensor& dy, const Tensor& ye,
+                          const Tensor& topk_w, const MoeDispatch& plan) {
+  LS_GPU_DISPATCH(ctx, moe_combine_backward, dye, dtopk_w, dy, ye, topk_w, plan);
+  check_moe_combine_backward_args(dye, dtopk_w, dy, ye, topk_w, plan);
+  const int64_t T = plan.num_tokens, K = plan.top_k;
+  const int64_t D = ye.shape[1];
   ctx.parallel_for(
       T,
       [&](int64_t begin, int64_t end) {
@@ -189,12 +197,18 @@ void moe_combine_backward(const Context& ctx, Tensor dye, Tensor dtopk_w, const 
       kTokenGrain);
 }
 
-void moe_gather_backward(const Context& ctx, Tensor dx, const Tensor& dxe, const MoeDispatch& plan) {
+void check_moe_gather_backward_args(const Tensor& dx, const Tensor& dxe, const MoeDispatch& plan) {
   check_plan(plan, "moe_gather_backward");
   const int64_t T = plan.num_tokens, K = plan.top_k;
   check_f32_rows(dxe, {T * K, -1}, "moe_gather_backward: dxe");
+  check_f32_rows(dx, {T, dxe.shape[1]}, "moe_gather_backward: dx");
+}
+
+void moe_gather_backward(const Context& ctx, Tensor dx, const Tensor& dxe, const MoeDispatch& plan) {
+  LS_GPU_DISPATCH(ctx, moe_gather_backward, dx, dxe, plan);
+  check_moe_gather_backward_args(dx, dxe, plan);
+  const int64_t T = plan.num_tokens, K = plan.top_k;
   const int64_t D = dxe.shape[1];
-  check_f32_rows(dx, {T, D}, "moe_gather_backward: dx");
   ctx.parallel_for(
       T,
       [&](int64_t begin, int64_t end) {

@@ -149,5 +149,12 @@ void check_moe_route_args(const Tensor& topk_idx, const Tensor& topk_w, const Te
                           const RouterConfig& cfg);
 void check_moe_gather_args(const Tensor& xe, const Tensor& x, const MoeDispatch& plan);
 void check_moe_combine_args(const Tensor& y, const Tensor& ye, const Tensor& topk_w, const MoeDispatch& plan);
+// The same for the three backward entries; check_moe_route_backward_args reads
+// topk_idx (host memory) to validate its indices.
+void check_moe_route_backward_args(const Tensor& dlogits, const Tensor& dtopk_w, const Tensor& scores,
+                                   const Tensor& topk_idx, const RouterConfig& cfg);
+void check_moe_gather_backward_args(const Tensor& dx, const Tensor& dxe, const MoeDispatch& plan);
+void check_moe_combine_backward_args(const Tensor& dye, const Tensor& dtopk_w, const Tensor& dy, const Tensor& ye,
+                                     const Tensor& topk_w, const MoeDispatch& plan);
 
 }  // namespace lockstep::kernels

@@ -253,8 +253,8 @@ void moe_route(const Context& ctx, Tensor topk_idx, Tensor topk_w, Tensor scores
       kTokenGrain);
 }
 
-void moe_route_backward(const Context& ctx, Tensor dlogits, const Tensor& dtopk_w, const Tensor& scores,
-                        const Tensor& topk_idx, const RouterConfig& cfg) {
+void check_moe_route_backward_args(const Tensor& dlogits, const Tensor& dtopk_w, const Tensor& scores,
+                                   const Tensor& topk_idx, const RouterConfig& cfg) {
   cfg.validate();
   const int E = cfg.num_experts, K = cfg.top_k;
   check_dtype(scores, DType::F32, "moe_route_backward: scores");
@@ -271,6 +271,14 @@ void moe_route_backward(const Context& ctx, Tensor dlogits, const Tensor& dtopk_
   check_rows(scores, "moe_route_backward: scores");
   check_rows(topk_idx, "moe_route_backward: topk_idx");
   check_indices(topk_idx, E, /*distinct=*/false, "moe_route_backward: topk_idx");
+}
+
+void moe_route_backward(const Context& ctx, Tensor dlogits, const Tensor& dtopk_w, const Tensor& scores,
+                        const Tensor& topk_idx, const RouterConfig& cfg) {
+  LS_GPU_DISPATCH(ctx, moe_route_backward, dlogits, dtopk_w, scores, topk_idx, cfg);
+  check_moe_route_backward_args(dlogits, dtopk_w, scores, topk_idx, cfg);
+  const int E = cfg.num_experts, K = cfg.top_k;
+  const int64_t T = scores.shape[0];
 
   ctx.parallel_for(
       T,

@@ -30,6 +30,9 @@ void for_each_entry(const GpuBackend& b, Fn&& fn) {
   LS_ENTRY(moe_route);
   LS_ENTRY(moe_gather);
   LS_ENTRY(moe_combine);
+  LS_ENTRY(moe_route_backward);
+  LS_ENTRY(moe_gather_backward);
+  LS_ENTRY(moe_combine_backward);
   LS_ENTRY(adamw_step);
 #undef LS_ENTRY
 }

@@ -67,6 +67,11 @@ struct GpuBackend {
   void (*moe_gather)(const Context&, Tensor xe, const Tensor& x, const MoeDispatch& plan) = nullptr;
   void (*moe_combine)(const Context&, Tensor y, const Tensor& ye, const Tensor& topk_w,
                       const MoeDispatch& plan) = nullptr;
+  void (*moe_route_backward)(const Context&, Tensor dlogits, const Tensor& dtopk_w, const Tensor& scores,
+                             const Tensor& topk_idx, const RouterConfig& cfg) = nullptr;
+  void (*moe_gather_backward)(const Context&, Tensor dx, const Tensor& dxe, const MoeDispatch& plan) = nullptr;
+  void (*moe_combine_backward)(const Context&, Tensor dye, Tensor dtopk_w, const Tensor& dy, const Tensor& ye,
+                               const Tensor& topk_w, const MoeDispatch& plan) = nullptr;
   // adamw.h
   void (*adamw_step)(const Context&, float* param, const float* grad, float* m, float* v, int64_t n,
                      const AdamWParams& hp) = nullptr;

@@ -1,7 +1,8 @@
 // The MoE router, gather and combine (kernels/cpu/moe.h) as GPU kernels, each
 // giving the CPU's bits: the router repeats score_token / select_token /
 // the weight loop of kernels/cpu/moe_route.cpp operation for operation, the
-// gather copies bits, the combine runs the CPU's fma chain in slot order.
+// gather copies bits, the combine runs the CPU's fma chain in slot order; the
+// backward passes repeat moe_route_backward and the CPU's slot-order sums.
 #include "lockstep/kernels/gpu/moe.h"
 
 #include <algorithm>
@@ -308,6 +309,153 @@ LS_GLOBAL void moe_combine_kernel(float* y, int64_t y_stride, const float* ye, i
   }
 }
 
+// ---- backward -------------------------------------------------------------------
+
+// One moe_route_backward call's operands: device pointers, row strides in elements.
+struct RouteBackwardArgs {
+  float* dz;  // (T, E) dlogits
+  int64_t dz_stride;
+  const float* g;  // (T, K) dtopk_w
+  int64_t g_stride;
+  const float* p;  // (T, E) scores
+  int64_t p_stride;
+  const int32_t* idx;  // (T, K) topk_idx, validated on the host
+  int64_t idx_stride;
+  int64_t T;
+  int E, K;
+  RouterScoring scoring;
+  bool normalize;
+  float scaling;
+};
+
+// The CPU's sqrt_softplus_grad: dp/dx of p = sqrt(softplus(x)) from p alone,
+// sigmoid(x) / (2p) with sigmoid(x) = 1 - exp(-p^2), small sigmoids through
+// (1 - u) * (s / -log(u)); 0 where p == 0.
+LS_DEVICE inline float sqrt_softplus_grad(float p) {
+  if (p == 0.0f) return 0.0f;
+  const float s = ls_mul(p, p);
+  const float u = num::exp(-s);
+  float sig;
+  if (u <= 0.5f) {
+    sig = ls_sub(1.0f, u);
+  } else if (u == 1.0f) {
+    sig = s;
+  } else {
+    sig = ls_mul(ls_sub(1.0f, u), ls_div(s, -num::log(u)));
+  }
+  return ls_div(sig, ls_mul(2.0f, p));
+}
+
+// dL/dp of expert e for one token: the CPU fills dp with 0 and adds each
+// slot's term into dp[idx[s]] in slot order, so an expert listed twice gets
+// (0 + t_a) + t_b, and an unselected one +0. term: scale * (g - q) when
+// normalizing, else routed_scaling * g.
+LS_DEVICE inline float dp_of(const RouteBackwardArgs& a, const int32_t* idx, const float* g, int32_t e, float scale,
+                             float q) {
+  float acc = 0.0f;
+  for (int s = 0; s < a.K; ++s) {
+    if (idx[s] != e) continue;
+    const float term = a.normalize ? ls_mul(scale, ls_sub(g[s], q)) : ls_mul(a.scaling, g[s]);
+    acc = ls_add(acc, term);
+  }
+  return acc;
+}
+
+// One block per token at a time, its threads splitting the experts. Every
+// thread recomputes the normalizer terms (O(K), the CPU's canonical sum and
+// dot over the selected scores) instead of sharing them; the softmax's
+// canonical_dot(p, dp, E) is one lane chain per thread j < 16, then the tree.
+LS_GLOBAL void moe_route_backward_kernel(RouteBackwardArgs a) {
+  LS_SHARED(float, lanes, num::kLanes);  // canonical-dot lanes
+  LS_SHARED(float, bcast, 1);            // the softmax's dot for every thread
+  const int tid = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
+  for (int64_t t = blockIdx.x; t < a.T; t += gridDim.x) {
+    const float* p = a.p + t * a.p_stride;          // (E)
+    const int32_t* idx = a.idx + t * a.idx_stride;  // (K)
+    const float* g = a.g + t * a.g_stride;          // (K)
+    float* dz = a.dz + t * a.dz_stride;             // (E)
+    float scale = 0.0f, q = 0.0f;
+    if (a.normalize) {
+      num::Lanes16 sum, dot;
+      for (int s = 0; s < a.K; ++s) sum.add(s, p[idx[s]]);
+      for (int s = 0; s < a.K; ++s) dot.fma(s, g[s], p[idx[s]]);
+      const float denom = ls_add(sum.reduce(), kNormEps);
+      q = ls_div(dot.reduce(), denom);
+      scale = ls_div(a.scaling, denom);
+    }
+    if (a.scoring == RouterScoring::Softmax) {
+      // dz_j = p_j (dp_j - sum_k p_k dp_k)
+      for (int j = tid; j < num::kLanes; j += nt) {
+        float acc = 0.0f;
+        for (int32_t e = j; e < a.E; e += num::kLanes) acc = ls_fma(p[e], dp_of(a, idx, g, e, scale, q), acc);
+        lanes[j] = acc;
+      }
+      __syncthreads();
+      if (tid == 0) bcast[0] = num::tree16(lanes);
+      __syncthreads();
+      const float dot = bcast[0];
+      for (int32_t e = tid; e < a.E; e += nt) dz[e] = ls_mul(p[e], ls_sub(dp_of(a, idx, g, e, scale, q), dot));
+      __syncthreads();  // lanes and bcast are reused by the next token
+    } else if (a.scoring == RouterScoring::Sigmoid) {
+      // dz_j = dp_j p_j (1 - p_j)
+      for (int32_t e = tid; e < a.E; e += nt)
+        dz[e] = ls_mul(dp_of(a, idx, g, e, scale, q), ls_mul(p[e], ls_sub(1.0f, p[e])));
+    } else {
+      // dz_j = dp_j sigmoid(z_j) / (2 p_j)
+      for (int32_t e = tid; e < a.E; e += nt)
+        dz[e] = ls_mul(dp_of(a, idx, g, e, scale, q), sqrt_softplus_grad(p[e]));
+    }
+  }
+}
+
+// dx[t, d] += (0 + dxe[row_of(t, 0), d] + ... + dxe[row_of(t, K-1), d]): the
+// slots summed first, in slot order, then added once (the CPU's loop).
+LS_GLOBAL void moe_gather_backward_kernel(float* dx, int64_t dx_stride, const float* dxe, int64_t dxe_stride,
+                                          const int32_t* row_of, int64_t T, int K, int64_t D, int rows_per_block) {
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  for (int j = 0; j < rows_per_block; ++j) {
+    const int64_t t = first + j;
+    if (t >= T) return;
+    const int32_t* rows = row_of + t * K;  // (K)
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+      float acc = 0.0f;
+      for (int s = 0; s < K; ++s) acc = ls_add(acc, dxe[int64_t{rows[s]} * dxe_stride + d]);
+      dx[t * dx_stride + d] = ls_add(dx[t * dx_stride + d], acc);
+    }
+  }
+}
+
+// For the gathered rows q = (t, s) of this block, r = row_of[q]:
+// dye[r] = w[t, s] * dy[t] (one multiply), dtopk_w[t, s] = canonical_dot(dy[t], ye[r], D)
+// (lane chains by threads j < 16, the tree by thread 0). The row index
+// depends on the block only, so the whole block leaves the loop together.
+LS_GLOBAL void moe_combine_backward_kernel(float* dye, int64_t dye_stride, float* dw, int64_t dw_stride,
+                                           const float* dy, int64_t dy_stride, const float* ye, int64_t ye_stride,
+                                           const float* w, int64_t w_stride, const int32_t* row_of, int64_t R,
+                                           int K, int64_t D, int rows_per_block) {
+  LS_SHARED(float, lanes, num::kLanes);  // canonical-dot lanes
+  const int tid = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  for (int j = 0; j < rows_per_block; ++j) {
+    const int64_t q = first + j;
+    if (q >= R) return;
+    const int64_t t = q / K, s = q % K, r = row_of[q];
+    const float ws = w[t * w_stride + s];
+    const float* g = dy + t * dy_stride;    // (D)
+    const float* src = ye + r * ye_stride;  // (D)
+    float* dst = dye + r * dye_stride;      // (D)
+    for (int64_t d = tid; d < D; d += nt) dst[d] = ls_mul(ws, g[d]);
+    for (int l = tid; l < num::kLanes; l += nt) {
+      float acc = 0.0f;
+      for (int64_t d = l; d < D; d += num::kLanes) acc = ls_fma(g[d], src[d], acc);
+      lanes[l] = acc;
+    }
+    __syncthreads();
+    if (tid == 0) dw[t * dw_stride + s] = num::tree16(lanes);
+    __syncthreads();  // lanes are reused by the next row
+  }
+}
+
 void check_rows_launch(const MoeRowsLaunch& launch, const char* what) {
   LS_CHECK(launch.threads >= 1 && launch.rows_per_block >= 1)
       << what << ": bad launch (" << launch.threads << " threads, " << launch.rows_per_block << " rows per block)";
@@ -395,6 +543,60 @@ void moe_combine(const Context& ctx, Tensor y, const Tensor& ye, const Tensor& t
    launch.rows_per_block);
 }
 
+void moe_route_backward(const Context& ctx, Tensor dlogits, const Tensor& dtopk_w, const Tensor& scores,
+                        const Tensor& topk_idx, const RouterConfig& cfg, const MoeRouteLaunch& launch) {
+  check_moe_route_backward_args(dlogits, dtopk_w, scores, topk_idx, cfg);
+  LS_CHECK(launch.threads >= 1 && launch.threads <= kRouteMaxThreads && launch.max_blocks >= 0)
+      << "moe_route_backward: bad launch (" << launch.threads << " threads, max " << kRouteMaxThreads
+      << "; max_blocks " << launch.max_blocks << ")";
+  const int64_t T = scores.shape[0];
+  if (T == 0) return;
+  RouteBackwardArgs a{};
+  a.dz = dlogits.f32();
+  a.dz_stride = dlogits.stride[0];
+  a.g = dtopk_w.f32();
+  a.g_stride = dtopk_w.stride[0];
+  a.p = scores.f32();
+  a.p_stride = scores.stride[0];
+  a.idx = topk_idx.i32();
+  a.idx_stride = topk_idx.stride[0];
+  a.T = T;
+  a.E = cfg.num_experts;
+  a.K = cfg.top_k;
+  a.scoring = cfg.scoring;
+  a.normalize = cfg.normalize;
+  a.scaling = cfg.routed_scaling;
+  const int64_t blocks = launch.max_blocks > 0 && launch.max_blocks < T ? launch.max_blocks : T;
+  LS_LAUNCH(ctx, moe_route_backward_kernel, dim3(static_cast<unsigned>(blocks)),
+            dim3(static_cast<unsigned>(launch.threads)))
+  (a);
+}
+
+void moe_gather_backward(const Context& ctx, Tensor dx, const Tensor& dxe, const MoeDispatch& plan,
+                         const MoeRowsLaunch& launch) {
+  check_moe_gather_backward_args(dx, dxe, plan);
+  check_rows_launch(launch, "moe_gather_backward");
+  const int64_t T = plan.num_tokens, D = dxe.shape[1];
+  if (T == 0 || D == 0) return;
+  const DeviceRowOf row_of(plan.row_of);
+  LS_LAUNCH(ctx, moe_gather_backward_kernel, dim3(blocks_for(T, launch.rows_per_block)),
+            dim3(static_cast<unsigned>(launch.threads)))
+  (dx.f32(), dx.stride[0], dxe.f32(), dxe.stride[0], row_of.get(), T, plan.top_k, D, launch.rows_per_block);
+}
+
+void moe_combine_backward(const Context& ctx, Tensor dye, Tensor dtopk_w, const Tensor& dy, const Tensor& ye,
+                          const Tensor& topk_w, const MoeDispatch& plan, const MoeRowsLaunch& launch) {
+  check_moe_combine_backward_args(dye, dtopk_w, dy, ye, topk_w, plan);
+  check_rows_launch(launch, "moe_combine_backward");
+  const int64_t R = plan.num_rows(), D = ye.shape[1];
+  if (R == 0) return;  // D == 0 still writes dtopk_w = 0, as the CPU does
+  const DeviceRowOf row_of(plan.row_of);
+  LS_LAUNCH(ctx, moe_combine_backward_kernel, dim3(blocks_for(R, launch.rows_per_block)),
+            dim3(static_cast<unsigned>(launch.threads)))
+  (dye.f32(), dye.stride[0], dtopk_w.f32(), dtopk_w.stride[0], dy.f32(), dy.stride[0], ye.f32(), ye.stride[0],
+   topk_w.f32(), topk_w.stride[0], row_of.get(), R, plan.top_k, D, launch.rows_per_block);
+}
+
 namespace {
 
 void moe_route_entry(const Context& ctx, Tensor topk_idx, Tensor topk_w, Tensor scores, const Tensor& router_logits,
@@ -411,12 +613,29 @@ void moe_combine_entry(const Context& ctx, Tensor y, const Tensor& ye, const Ten
   moe_combine(ctx, y, ye, topk_w, plan, MoeRowsLaunch{});
 }
 
+void moe_route_backward_entry(const Context& ctx, Tensor dlogits, const Tensor& dtopk_w, const Tensor& scores,
+                              const Tensor& topk_idx, const RouterConfig& cfg) {
+  moe_route_backward(ctx, dlogits, dtopk_w, scores, topk_idx, cfg, MoeRouteLaunch{});
+}
+
+void moe_gather_backward_entry(const Context& ctx, Tensor dx, const Tensor& dxe, const MoeDispatch& plan) {
+  moe_gather_backward(ctx, dx, dxe, plan, MoeRowsLaunch{});
+}
+
+void moe_combine_backward_entry(const Context& ctx, Tensor dye, Tensor dtopk_w, const Tensor& dy, const Tensor& ye,
+                                const Tensor& topk_w, const MoeDispatch& plan) {
+  moe_combine_backward(ctx, dye, dtopk_w, dy, ye, topk_w, plan, MoeRowsLaunch{});
+}
+
 }  // namespace
 
 void register_moe(GpuBackend& b) {
   b.moe_route = moe_route_entry;
   b.moe_gather = moe_gather_entry;
   b.moe_combine = moe_combine_entry;
+  b.moe_route_backward = moe_route_backward_entry;
+  b.moe_gather_backward = moe_gather_backward_entry;
+  b.moe_combine_backward = moe_combine_backward_entry;
 }
 
 }  // namespace lockstep::kernels::gpu::LS_GPU_NS

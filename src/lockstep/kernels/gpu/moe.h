@@ -1,5 +1,5 @@
 // The GPU backend's MoE entries (moe.cu): the router, the gather of token rows
-// into expert order and the weighted combine, with their launch geometry
+// into expert order and the weighted combine, and their backward passes, with their launch geometry
 // exposed so tests can run several block shapes; the backend table uses the
 // defaults. Bits are the CPU's (kernels/cpu/moe.h) whatever the geometry.
 #pragma once
@@ -39,5 +39,16 @@ void moe_gather(const Context& ctx, Tensor xe, const Tensor& x, const MoeDispatc
                 const MoeRowsLaunch& launch);
 void moe_combine(const Context& ctx, Tensor y, const Tensor& ye, const Tensor& topk_w,
                  const MoeDispatch& plan, const MoeRowsLaunch& launch);
+
+// The backward entries, same rules: moe_route_backward runs one block per
+// token (MoeRouteLaunch, the same thread limit), moe_gather_backward moves
+// `rows_per_block` tokens per block, moe_combine_backward `rows_per_block`
+// gathered (token, slot) rows per block.
+void moe_route_backward(const Context& ctx, Tensor dlogits, const Tensor& dtopk_w, const Tensor& scores,
+                        const Tensor& topk_idx, const RouterConfig& cfg, const MoeRouteLaunch& launch);
+void moe_gather_backward(const Context& ctx, Tensor dx, const Tensor& dxe, const MoeDispatch& plan,
+                         const MoeRowsLaunch& launch);
+void moe_combine_backward(const Context& ctx, Tensor dye, Tensor dtopk_w, const Tensor& dy, const Tensor& ye,
+                          const Tensor& topk_w, const MoeDispatch& plan, const MoeRowsLaunch& launch);
 
 }  // namespace lockstep::kernels::gpu::LS_GPU_NS
