@@ -5,7 +5,9 @@
 #include <exception>
 #include <initializer_list>
 #include <iostream>
+#include <string>
 
+#include "lockstep/base/error.h"
 #include "lockstep/base/toml_section.h"
 #include "lockstep/comm/environment.h"
 
@@ -32,7 +34,12 @@ int run_as_job(const char* cmd, const parallel::DistConfig& d, bool has_dist,
   if (!has_dist && !launched_by_mpi()) return body(nullptr);
   comm::Environment env;
   if (env.world_size() == 1) {
-    parallel::compute_roles(d, 1, 0);  // throws for layouts a world of one cannot hold (rollout_ranks = 1)
+    try {
+      parallel::compute_roles(d, 1, 0);  // throws for layouts a world of one cannot hold (rollout_ranks = 1)
+    } catch (const Error& e) {
+      if (comm::kBuiltWithMpi) throw;
+      throw Error(std::string("built without MPI (-DLOCKSTEP_MPI=OFF): ") + e.what());
+    }
     return body(nullptr);
   }
   try {

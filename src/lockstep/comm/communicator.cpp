@@ -1,6 +1,8 @@
 // Communicator: bucketed deterministic all-reduce, broadcast, all-to-all(v).
 #include "lockstep/comm/communicator.h"
 
+#if LOCKSTEP_HAVE_MPI  // else comm/no_mpi.cpp
+
 #include <algorithm>
 #include <climits>
 #include <cstring>
@@ -233,3 +235,5 @@ void Communicator::barrier() {
 }
 
 }  // namespace lockstep::comm
+
+#endif  // LOCKSTEP_HAVE_MPI

@@ -6,9 +6,13 @@
 // memory stays bounded and counts fit MPI's int. Errors are returned by MPI
 // (MPI_ERRORS_RETURN) and thrown as lockstep::Error with MPI's message.
 // Only the thread that created the Environment may call these (FUNNELED).
+// Built without MPI (-DLOCKSTEP_MPI=OFF), the world has one rank and the
+// collectives are local copies (comm/no_mpi.cpp).
 #pragma once
 
+#if LOCKSTEP_HAVE_MPI
 #include <mpi.h>
+#endif
 
 #include <cstddef>
 #include <cstdint>
@@ -36,11 +40,13 @@ class Communicator {
   // the process when one collective takes longer (shared by split children).
   static Communicator world(double timeout_s = 0);
 
-  bool valid() const { return comm_ != MPI_COMM_NULL; }
+  bool valid() const { return size_ > 0; }  // a member has at least itself
   int rank() const { return rank_; }
   int size() const { return size_; }
   const std::string& name() const { return name_; }
+#if LOCKSTEP_HAVE_MPI
   MPI_Comm native() const { return comm_; }
+#endif
 
   // Collective over this communicator: ranks with the same color form a new
   // communicator, ordered by (key, rank). color < 0: this rank joins none and
@@ -91,11 +97,13 @@ class Communicator {
   void barrier();
 
  private:
+#if LOCKSTEP_HAVE_MPI
   template <typename T>
   void all_reduce_impl(T* data, size_t n, MPI_Datatype type);
+  MPI_Comm comm_ = MPI_COMM_NULL;
+#endif
   void reset();
 
-  MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 0;
   std::string name_;
   size_t bucket_bytes_ = kDefaultBucketBytes;

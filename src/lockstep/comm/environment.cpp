@@ -1,6 +1,8 @@
 // Environment: MPI_Init_thread / MPI_Finalize.
 #include "lockstep/comm/environment.h"
 
+#if LOCKSTEP_HAVE_MPI  // else comm/no_mpi.cpp
+
 #include <mpi.h>
 
 #include <cstdlib>
@@ -57,3 +59,5 @@ std::string Environment::library_version() {
 }
 
 }  // namespace lockstep::comm
+
+#endif  // LOCKSTEP_HAVE_MPI

@@ -2,11 +2,16 @@
 // it calls MPI_Init_thread (MPI_THREAD_FUNNELED: only the thread that created
 // it calls MPI) unless MPI is already initialised, and MPI_Finalize when it
 // goes out of scope. A program started without mpirun is a world of one rank.
+// Built without MPI (-DLOCKSTEP_MPI=OFF), every world has one rank and a
+// process that a launcher started as one of several ranks is refused.
 #pragma once
 
 #include <string>
 
 namespace lockstep::comm {
+
+// False in a build with -DLOCKSTEP_MPI=OFF (comm/no_mpi.cpp).
+inline constexpr bool kBuiltWithMpi = LOCKSTEP_HAVE_MPI;
 
 class Environment {
  public:

@@ -1,6 +1,8 @@
 // mpi_error_string / check_mpi.
 #include "lockstep/comm/mpi_error.h"
 
+#if LOCKSTEP_HAVE_MPI  // else comm/no_mpi.cpp
+
 #include <mpi.h>
 
 #include "lockstep/base/error.h"
@@ -19,3 +21,5 @@ void check_mpi(int code, const char* what) {
 }
 
 }  // namespace lockstep::comm
+
+#endif  // LOCKSTEP_HAVE_MPI
