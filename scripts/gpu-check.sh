@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# The one script to run on the lent GPU machine (docs/gpu.md, "The device
+# check"): unpacks the carried .debs into a prefix, configures and builds
+# lockstep with -DLOCKSTEP_MPI=OFF -DLOCKSTEP_CUDA=ON, runs nvidia-smi, the
+# gpu-interp and gpu tests and a few `lockstep bench` runs, each step under its
+# own timeout, going on past failures, and writes every step's command, exit
+# code, duration and output tail to ONE results file.
+#
+#   scripts/gpu-check.sh                       on the device machine, from the repo root
+#   GPU_CHECK_NO_DEVICE=1 scripts/gpu-check.sh anywhere: skips the steps that need a GPU
+#                                              and configures with -DLOCKSTEP_CUDA=OFF
+# Settings (environment): DEBDIR (third_party/debs), PREFIX (/tmp/lockstep-prefix),
+# BUILD (build/gpu-check), JOBS (nproc), GPU_CHECK_BUDGET_S (540: the whole run),
+# GPU_CHECK_TARGETS (default: lockstep and every gpu/cuda executable target),
+# GPU_CHECK_CMAKE_ARGS (more configure arguments), GPU_CHECK_BENCH (bench
+# commands, one per line, run with ./lockstep replaced by the built binary).
+# Results: $OUT/gpu-check-results.txt if OUT is set, else ./gpu-check-results.txt.
+set -uo pipefail
+
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$(pwd)
+DEBDIR=${DEBDIR:-third_party/debs}
+PREFIX=${PREFIX:-/tmp/lockstep-prefix}
+BUILD=${BUILD:-build/gpu-check}
+JOBS=${JOBS:-$(nproc)}
+BUDGET_S=${GPU_CHECK_BUDGET_S:-540}
+NO_DEVICE=${GPU_CHECK_NO_DEVICE:-0}
+RESULTS=${OUT:+$OUT/gpu-check-results.txt}
+RESULTS=${RESULTS:-$ROOT/gpu-check-results.txt}
+TAIL_LINES=60        # output kept per step
+FAIL_TAIL_LINES=200  # ... per failed step (the first error is often far up)
+CUDA=ON
+[ "$NO_DEVICE" = 1 ] && CUDA=OFF
+THREADS=$JOBS
+BENCH=${GPU_CHECK_BENCH:-"./lockstep bench train --config configs/bench/moe-tiny.toml --threads $THREADS --steps 1
+./lockstep bench rollout --config configs/bench/moe-tiny.toml --threads $THREADS --batches 1,16 --new-tokens 16"}
+
+START=$(date +%s)
+LOGDIR=$(mktemp -d)
+SUMMARY=()
+mkdir -p "$(dirname "$RESULTS")"
+{
+  echo "# lockstep device check (scripts/gpu-check.sh), $(date -u '+%F %T') UTC"
+  echo "# host $(hostname), $JOBS jobs, budget ${BUDGET_S}s, LOCKSTEP_CUDA=$CUDA, no-device mode: $NO_DEVICE"
+} >"$RESULTS"
+
+# step NAME TIMEOUT_S COMMAND: runs COMMAND (bash -c) under a timeout cut to
+# what is left of the budget; appends command, exit code, duration and tail.
+step() {
+  local name=$1 limit=$2 cmd=$3
+  local left=$((BUDGET_S - ($(date +%s) - START)))
+  if [ "$left" -lt 15 ]; then
+    record "$name" "$cmd" skipped 0 "(skipped: ${left}s of the budget left)"
+    return 1
+  fi
+  [ "$limit" -gt $((left - 5)) ] && limit=$((left - 5))
+  local log=$LOGDIR/$name.log t0 t1 rc
+  t0=$(date +%s.%N)
+  timeout -k 10 "$limit" bash -c "$cmd" >"$log" 2>&1
+  rc=$?
+  t1=$(date +%s.%N)
+  local n keep=$TAIL_LINES
+  n=$(wc -l <"$log")
+  [ "$rc" -ne 0 ] && keep=$FAIL_TAIL_LINES
+  record "$name" "$cmd" "$rc" "$(awk "BEGIN { printf \"%.1f\", $t1 - $t0 }")" "$(tail -n "$keep" "$log")" "$n" "$keep" "$limit"
+  return "$rc"
+}
+
+record() {  # record NAME CMD RC SECONDS OUTPUT [LINES KEPT LIMIT]
+  local note=""
+  [ "$3" = 124 ] || [ "$3" = 137 ] && note=" (timed out)"
+  {
+    echo
+    echo "=== $1"
+    echo "command: $2"
+    echo "exit: $3$note   duration: ${4}s${8:+   timeout: ${8}s}"
+    [ -n "${6:-}" ] && echo "--- output: last $((${6} < ${7} ? ${6} : ${7})) of ${6} lines"
+    echo "$5"
+  } >>"$RESULTS"
+  SUMMARY+=("$(printf '%-16s exit %-8s %8ss' "$1" "$3" "$4")")
+  sync
+}
+
+skip() { record "$1" "$2" skipped 0 "(skipped: $3)"; }
+
+# shellcheck disable=SC2016  # expanded by the step's bash
+step env 30 'uname -a; cat /etc/os-release 2>/dev/null | head -2; nproc; free -g | head -2; df -h . | tail -1
+  for c in g++ cmake ninja nvcc pkg-config; do echo "$c: $(command -v $c || echo missing)"; done
+  g++ --version | head -1; cmake --version | head -1; ninja --version; nvcc --version 2>/dev/null | tail -2
+  git rev-parse HEAD 2>/dev/null || echo "(no git)"; ls '"$DEBDIR"' 2>&1 | wc -l'
+
+if [ "$NO_DEVICE" = 1 ]; then
+  skip nvidia-smi "nvidia-smi" "GPU_CHECK_NO_DEVICE=1"
+else
+  step nvidia-smi 30 'nvidia-smi; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv'
+fi
+
+step prefix 120 "rm -rf '$PREFIX' && scripts/gpu-prefix.sh '$DEBDIR' '$PREFIX'"
+
+configure() {  # configure DIR CUDA
+  step "configure-cuda-$2" 180 "cmake -C '$PREFIX/lockstep-deps.cmake' -S . -B '$1' -G Ninja -DLOCKSTEP_MPI=OFF \
+    -DLOCKSTEP_CUDA=$2 -DCMAKE_BUILD_TYPE=Release '-DCMAKE_CXX_FLAGS_RELEASE=-O3 -DNDEBUG' ${GPU_CHECK_CMAKE_ARGS:-}"
+}
+# Without CUDA the interpret-mode tests still say something: configure once
+# more without it when the CUDA configure fails.
+if ! configure "$BUILD" "$CUDA" && [ "$CUDA" = ON ]; then
+  BUILD=$BUILD-nocuda
+  configure "$BUILD" OFF
+fi
+
+step found 20 "grep -E '^[A-Za-z_]+_DIR:PATH=|^pkgcfg_lib_|^PKG_CONFIG_EXECUTABLE|^LOCKSTEP_|^CMAKE_CUDA_COMPILER:|^CMAKE_CUDA_ARCHITECTURES' '$BUILD/CMakeCache.txt'"
+
+if [ -z "${GPU_CHECK_TARGETS:-}" ]; then
+  GPU_CHECK_TARGETS="lockstep $(ninja -C "$BUILD" -t targets all 2>/dev/null | sed -n 's/^\([A-Za-z0-9_]*\): phony$/\1/p' |
+    grep -iE 'gpu|cuda' | grep -v '^lockstep_' | sort -u | tr '\n' ' ')"
+fi
+# -k 0: a target that fails to build does not stop the others.
+step build 360 "cmake --build '$BUILD' -j $JOBS --target $GPU_CHECK_TARGETS -- -k 0"
+
+step ctest-gpu-interp 240 "ctest --test-dir '$BUILD' -L '^gpu-interp\$' -j $JOBS --output-on-failure --timeout 120"
+if [ "$NO_DEVICE" = 1 ]; then
+  skip ctest-gpu "ctest -L '^gpu\$'" "GPU_CHECK_NO_DEVICE=1"
+else
+  step ctest-gpu 180 "ctest --test-dir '$BUILD' -L '^gpu\$' -j 1 --output-on-failure --timeout 120"
+fi
+
+if [ -x "$BUILD/lockstep" ]; then
+  i=0
+  while IFS= read -r b; do
+    [ -n "$b" ] || continue
+    i=$((i + 1))
+    step "bench-$i" 90 "${b/.\/lockstep/$BUILD/lockstep}"
+  done <<<"$BENCH"
+else
+  skip bench "lockstep bench" "no $BUILD/lockstep"
+fi
+
+{
+  echo
+  echo "=== summary ($(($(date +%s) - START))s of ${BUDGET_S}s)"
+  printf '%s\n' "${SUMMARY[@]}"
+} >>"$RESULTS"
+rm -rf "$LOGDIR"
+echo "gpu-check: results in $RESULTS"
