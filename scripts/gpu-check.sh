@@ -31,9 +31,21 @@ TAIL_LINES=60        # output kept per step
 FAIL_TAIL_LINES=200  # ... per failed step (the first error is often far up)
 CUDA=ON
 [ "$NO_DEVICE" = 1 ] && CUDA=OFF
-THREADS=$JOBS
-BENCH=${GPU_CHECK_BENCH:-"./lockstep bench train --config configs/bench/moe-tiny.toml --threads $THREADS --steps 1
-./lockstep bench rollout --config configs/bench/moe-tiny.toml --threads $THREADS --batches 1,16 --new-tokens 16"}
+# Small runs of moe-tiny: the CPU's figures, then the same on the GPU.
+ROLLOUT="./lockstep bench rollout --config configs/bench/moe-tiny.toml --threads $JOBS --batches 1,16 --new-tokens 16 \
+  --prefill-prompts 4 --prefill-len 64 --grpo-prompts 8 --grpo-samples 2"
+TRAIN="./lockstep bench train --config configs/bench/moe-tiny.toml --threads $JOBS --seqs 8 --steps 1"
+if [ "$NO_DEVICE" = 1 ]; then
+  DEFAULT_BENCH="./lockstep info
+$ROLLOUT --device cpu"
+else
+  DEFAULT_BENCH="./lockstep info
+$ROLLOUT --device cpu
+$ROLLOUT --device cuda
+$TRAIN --device cpu
+$TRAIN --device cuda"
+fi
+BENCH=${GPU_CHECK_BENCH:-$DEFAULT_BENCH}
 
 START=$(date +%s)
 LOGDIR=$(mktemp -d)
