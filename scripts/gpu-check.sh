@@ -89,7 +89,7 @@ record() {  # record NAME CMD RC SECONDS OUTPUT [LINES KEPT LIMIT]
     [ -n "${6:-}" ] && echo "--- output: last $((${6} < ${7} ? ${6} : ${7})) of ${6} lines"
     echo "$5"
   } >>"$RESULTS"
-  SUMMARY+=("$(printf '%-16s exit %-8s %8ss' "$1" "$3" "$4")")
+  SUMMARY+=("$(printf '%-20s exit %-8s %8ss' "$1" "$3" "$4")")
   sync
 }
 
@@ -107,7 +107,7 @@ else
   step nvidia-smi 30 'nvidia-smi; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv'
 fi
 
-step prefix 120 "rm -rf '$PREFIX' && scripts/gpu-prefix.sh '$DEBDIR' '$PREFIX'"
+step prefix 180 "rm -rf '$PREFIX' && bash scripts/gpu-prefix.sh '$DEBDIR' '$PREFIX'"
 
 configure() {  # configure DIR CUDA
   step "configure-cuda-$2" 180 "cmake -C '$PREFIX/lockstep-deps.cmake' -S . -B '$1' -G Ninja -DLOCKSTEP_MPI=OFF \
@@ -123,8 +123,9 @@ fi
 step found 20 "grep -E '^[A-Za-z_]+_DIR:PATH=|^pkgcfg_lib_|^PKG_CONFIG_EXECUTABLE|^LOCKSTEP_|^CMAKE_CUDA_COMPILER:|^CMAKE_CUDA_ARCHITECTURES' '$BUILD/CMakeCache.txt'"
 
 if [ -z "${GPU_CHECK_TARGETS:-}" ]; then
-  GPU_CHECK_TARGETS="lockstep $(ninja -C "$BUILD" -t targets all 2>/dev/null | sed -n 's/^\([A-Za-z0-9_]*\): phony$/\1/p' |
-    grep -iE 'gpu|cuda' | grep -v '^lockstep_' | sort -u | tr '\n' ' ')"
+  # Every executable has a link rule named after it (CXX_EXECUTABLE_LINKER__NAME_Release).
+  GPU_CHECK_TARGETS="lockstep $(ninja -C "$BUILD" -t targets all 2>/dev/null |
+    sed -n 's/.*: [A-Z]*_EXECUTABLE_LINKER__\(.*\)_[A-Za-z]*$/\1/p' | grep -iE 'gpu|cuda' | sort -u | tr '\n' ' ')"
 fi
 # -k 0: a target that fails to build does not stop the others.
 step build 360 "cmake --build '$BUILD' -j $JOBS --target $GPU_CHECK_TARGETS -- -k 0"

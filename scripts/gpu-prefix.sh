@@ -23,7 +23,18 @@ mkdir -p "$PREFIX"
 P=$(cd "$PREFIX" && pwd)
 ARCH_LIB=$P/usr/lib/x86_64-linux-gnu
 
-for f in "$DEBDIR"/*.deb; do dpkg -x "$f" "$P"; done
+# dpkg -x, or ar + tar on a machine without dpkg (GPU_PREFIX_NO_DPKG=1 tries that).
+unpack() {
+  if [ -z "${GPU_PREFIX_NO_DPKG:-}" ] && command -v dpkg-deb >/dev/null; then
+    dpkg-deb -x "$1" "$P"
+    return
+  fi
+  local member z
+  member=$(ar t "$1" | grep '^data\.tar')
+  case "$member" in *.xz) z=-J ;; *.zst) z=--zstd ;; *.gz) z=-z ;; *) z= ;; esac
+  ar p "$1" "$member" | tar -x $z -C "$P"
+}
+for f in "$DEBDIR"/*.deb; do unpack "$f"; done
 
 # usr-merge: zlib1g installs to /lib, the rest to /usr/lib.
 if [ -d "$P/lib" ] && [ ! -L "$P/lib" ]; then
@@ -82,6 +93,11 @@ EOF
   echo "set(CMAKE_PREFIX_PATH \"$P/usr\" CACHE STRING \"\")"
   echo "set(PKG_CONFIG_EXECUTABLE \"$P/bin/pkg-config\" CACHE FILEPATH \"\")"
   echo "set(CMAKE_PROJECT_INCLUDE \"$P/lockstep-deps-link.cmake\" CACHE FILEPATH \"\")"
+  echo "# The multiarch headers (openssl/opensslconf.h): the compiler looks for them in"
+  echo "# /usr/include/x86_64-linux-gnu only, and the .pc files do not name the directory."
+  for lang in CXX CUDA; do
+    echo "set(CMAKE_${lang}_STANDARD_INCLUDE_DIRECTORIES \"$P/usr/include/x86_64-linux-gnu\" CACHE STRING \"\")"
+  done
   echo "# Each package's CMake config, pinned: the prefix's, whatever else is installed."
   for cfg in "$ARCH_LIB"/cmake/*/*[Cc]onfig.cmake "$P"/usr/share/cmake/*/*[Cc]onfig.cmake; do
     [ -f "$cfg" ] || continue
