@@ -8,9 +8,11 @@
 #
 #   scripts/gpu-check.sh                       on the device machine, from the repo root
 #   GPU_CHECK_NO_DEVICE=1 scripts/gpu-check.sh anywhere: skips the steps that need a GPU
-#                                              and configures with -DLOCKSTEP_CUDA=OFF
+#                                              (and configures with -DLOCKSTEP_CUDA=OFF
+#                                              unless GPU_CHECK_CUDA=ON: nvcc needs no GPU)
 # Settings (environment): DEBDIR (third_party/debs), PREFIX (/tmp/lockstep-prefix),
 # BUILD (build/gpu-check), JOBS (nproc), GPU_CHECK_BUDGET_S (540: the whole run),
+# GPU_CHECK_BUILD_TIMEOUT_S (360: the build step),
 # GPU_CHECK_TARGETS (default: lockstep and every gpu/cuda executable target),
 # GPU_CHECK_CMAKE_ARGS (more configure arguments), GPU_CHECK_BENCH (bench
 # commands, one per line, run with ./lockstep replaced by the built binary).
@@ -31,6 +33,7 @@ TAIL_LINES=60        # output kept per step
 FAIL_TAIL_LINES=200  # ... per failed step (the first error is often far up)
 CUDA=ON
 [ "$NO_DEVICE" = 1 ] && CUDA=OFF
+CUDA=${GPU_CHECK_CUDA:-$CUDA}
 # Small runs of moe-tiny: the CPU's figures, then the same on the GPU.
 ROLLOUT="./lockstep bench rollout --config configs/bench/moe-tiny.toml --threads $JOBS --batches 1,16 --new-tokens 16 \
   --prefill-prompts 4 --prefill-len 64 --grpo-prompts 8 --grpo-samples 2"
@@ -111,7 +114,7 @@ step prefix 180 "rm -rf '$PREFIX' && bash scripts/gpu-prefix.sh '$DEBDIR' '$PREF
 
 configure() {  # configure DIR CUDA
   step "configure-cuda-$2" 180 "cmake -C '$PREFIX/lockstep-deps.cmake' -S . -B '$1' -G Ninja -DLOCKSTEP_MPI=OFF \
-    -DLOCKSTEP_CUDA=$2 -DCMAKE_BUILD_TYPE=Release '-DCMAKE_CXX_FLAGS_RELEASE=-O3 -DNDEBUG' ${GPU_CHECK_CMAKE_ARGS:-}"
+    -DLOCKSTEP_CUDA=$2 -DLOCKSTEP_HIP=OFF -DCMAKE_BUILD_TYPE=Release '-DCMAKE_CXX_FLAGS_RELEASE=-O3 -DNDEBUG' ${GPU_CHECK_CMAKE_ARGS:-}"
 }
 # Without CUDA the interpret-mode tests still say something: configure once
 # more without it when the CUDA configure fails.
@@ -123,12 +126,14 @@ fi
 step found 20 "grep -E '^[A-Za-z_]+_DIR:PATH=|^pkgcfg_lib_|^PKG_CONFIG_EXECUTABLE|^LOCKSTEP_|^CMAKE_CUDA_COMPILER:|^CMAKE_CUDA_ARCHITECTURES' '$BUILD/CMakeCache.txt'"
 
 if [ -z "${GPU_CHECK_TARGETS:-}" ]; then
-  # Every executable has a link rule named after it (CXX_EXECUTABLE_LINKER__NAME_Release).
+  # Every executable and library has a link rule named after it
+  # (CXX_EXECUTABLE_LINKER__NAME_Release, CUDA_STATIC_LIBRARY_LINKER__NAME_Release).
   GPU_CHECK_TARGETS="lockstep $(ninja -C "$BUILD" -t targets all 2>/dev/null |
-    sed -n 's/.*: [A-Z]*_EXECUTABLE_LINKER__\(.*\)_[A-Za-z]*$/\1/p' | grep -iE 'gpu|cuda' | sort -u | tr '\n' ' ')"
+    sed -n 's/.*: [A-Z]*_\(EXECUTABLE\|STATIC_LIBRARY\)_LINKER__\(.*\)_[A-Za-z]*$/\2/p' |
+    grep -iE 'gpu|cuda' | sort -u | tr '\n' ' ')"
 fi
 # -k 0: a target that fails to build does not stop the others.
-step build 360 "cmake --build '$BUILD' -j $JOBS --target $GPU_CHECK_TARGETS -- -k 0"
+step build "${GPU_CHECK_BUILD_TIMEOUT_S:-360}" "cmake --build '$BUILD' -j $JOBS --target $GPU_CHECK_TARGETS -- -k 0"
 
 step ctest-gpu-interp 240 "ctest --test-dir '$BUILD' -L '^gpu-interp\$' -j $JOBS --output-on-failure --timeout 120"
 if [ "$NO_DEVICE" = 1 ]; then
