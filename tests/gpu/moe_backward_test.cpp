@@ -23,6 +23,7 @@
 
 #include "lockstep/base/thread_pool.h"
 #include "lockstep/kernels/gpu/backend.h"
+#include "gpu/moe_test_util.h"
 #include "lockstep/kernels/gpu/moe.h"
 
 namespace lockstep::kernels {
@@ -31,42 +32,10 @@ namespace {
 namespace emu = ::lockstep::gpu::emu;
 namespace dev = ::lockstep::kernels::gpu::interp;
 
-// A copy of a host vector in emulated device memory (guard zones, poisoned
-// until written); freed at scope end.
-template <typename T>
-class DeviceVec {
- public:
-  DeviceVec(const std::vector<T>& host, const char* what)
-      : n_(std::max<size_t>(host.size(), 1)), p_(static_cast<T*>(emu::device_alloc(n_ * sizeof(T), what))) {
-    if (!host.empty()) std::memcpy(p_, host.data(), host.size() * sizeof(T));
-  }
-  ~DeviceVec() { emu::device_free(p_); }
-  DeviceVec(const DeviceVec&) = delete;
-  DeviceVec& operator=(const DeviceVec&) = delete;
-  T* data() const { return p_; }
-  std::vector<T> host(size_t n) const { return std::vector<T>(p_, p_ + n); }
-
- private:
-  size_t n_;
-  T* p_;
-};
-
-template <typename T>
-void expect_same_bytes(const std::vector<T>& got, const std::vector<T>& want, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
-      FAIL() << what << ": first differing element " << i << " (gpu " << got[i] << ", cpu " << want[i] << ")";
-    }
-  }
-}
-
-// (rows, cols) view with row stride `stride` (>= cols).
-Tensor view2(void* p, DType dt, int64_t rows, int64_t cols, int64_t stride) {
-  Tensor t(p, dt, {rows, cols});
-  t.stride[0] = stride;
-  return t;
-}
+using moe_test::DeviceVec;
+using moe_test::expect_same_bytes;
+using moe_test::kRouteLaunches;
+using moe_test::view2;
 
 std::string error_of(const std::function<void()>& fn) {
   try {
@@ -77,7 +46,6 @@ std::string error_of(const std::function<void()>& fn) {
   return "";
 }
 
-const dev::MoeRouteLaunch kRouteLaunches[] = {{64, 0}, {1, 0}, {5, 3}, {16, 1}, {256, 0}, {33, 2}};
 const dev::MoeRowsLaunch kRowsLaunches[] = {{128, 1}, {1, 1}, {7, 3}, {32, 5}, {1024, 2}};
 
 constexpr RouterScoring kScorings[] = {RouterScoring::Softmax, RouterScoring::Sigmoid,

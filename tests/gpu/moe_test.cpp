@@ -9,6 +9,7 @@
 // higher index (every router test with planted ties), and the canonical sum
 // adding each lane's elements in reverse order (RouteMatchesCpuOnEveryConfig,
 // softmax with E = 64) each failed here.
+#include "gpu/moe_test_util.h"
 #include "lockstep/kernels/gpu/moe.h"
 
 #include <gtest/gtest.h>
@@ -32,47 +33,11 @@ namespace {
 namespace emu = ::lockstep::gpu::emu;
 namespace dev = ::lockstep::kernels::gpu::interp;
 
-// A copy of a host vector in emulated device memory (guard zones, poisoned
-// until written); freed at scope end.
-template <typename T>
-class DeviceVec {
- public:
-  DeviceVec(const std::vector<T>& host, const char* what)
-      : n_(std::max<size_t>(host.size(), 1)), p_(static_cast<T*>(emu::device_alloc(n_ * sizeof(T), what))) {
-    if (!host.empty()) std::memcpy(p_, host.data(), host.size() * sizeof(T));
-  }
-  ~DeviceVec() { emu::device_free(p_); }
-  DeviceVec(const DeviceVec&) = delete;
-  DeviceVec& operator=(const DeviceVec&) = delete;
-  T* data() const { return p_; }
-  std::vector<T> host(size_t n) const { return std::vector<T>(p_, p_ + n); }
+using moe_test::DeviceVec;
+using moe_test::expect_same_bytes;
+using moe_test::kRouteLaunches;
+using moe_test::view2;
 
- private:
-  size_t n_;
-  T* p_;
-};
-
-template <typename T>
-void expect_same_bytes(const std::vector<T>& got, const std::vector<T>& want, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
-      FAIL() << what << ": first differing element " << i << " (gpu " << got[i] << ", cpu " << want[i] << ")";
-    }
-  }
-}
-
-// (rows, cols) view with row stride `stride` (>= cols).
-Tensor view2(void* p, DType dt, int64_t rows, int64_t cols, int64_t stride) {
-  Tensor t(p, dt, {rows, cols});
-  t.stride[0] = stride;
-  return t;
-}
-
-// The launch geometries the router runs under: tiny blocks (fewer threads
-// than the 16 lanes or the experts), the default, the largest, and a grid
-// smaller than the token count (blocks loop over tokens).
-const dev::MoeRouteLaunch kRouteLaunches[] = {{64, 0}, {1, 0}, {5, 3}, {16, 1}, {256, 0}, {33, 2}};
 const dev::MoeRowsLaunch kRowsLaunches[] = {{128, 1}, {1, 1}, {7, 3}, {32, 5}, {1024, 2}};
 
 // ---- router -----------------------------------------------------------------------
