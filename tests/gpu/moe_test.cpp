@@ -465,6 +465,11 @@ TEST(GpuMoe, GatherAndCombineAreRaceFreeAndPoolIndependent) {
 // ---- through the dispatch -------------------------------------------------------------
 
 TEST(GpuMoe, CpuEntriesForwardToTheInterpretBackendWithTheCpuBits) {
+  // The dispatch itself, on host vectors: the pointer check (emu_test, and
+  // every kernel test above on device buffers) is off for it.
+  emu::Options o = emu::options();
+  o.check_pointers = false;
+  const emu::ScopedOptions scoped(o);
   const GpuBackend& be = interpret_backend();
   ASSERT_NE(be.moe_route, nullptr);
   ASSERT_NE(be.moe_gather, nullptr);

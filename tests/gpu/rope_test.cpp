@@ -57,6 +57,14 @@ std::vector<G::RopeLaunch> launches() {
           G::RopeLaunch{7, 1}};
 }
 
+// ctx on the interpret backend: a table built there lies in device memory,
+// which both the CPU and the GPU kernels read.
+Context device_context(const Context& ctx) {
+  Context c = ctx;
+  c.gpu = &interpret_backend();
+  return c;
+}
+
 // Forward then backward on both sides, x compared after each.
 void check(const Shape& s, const G::RopeLaunch& cfg, int threads, double theta, uint32_t seed) {
   const std::string what = "T=" + std::to_string(s.T) + " H=" + std::to_string(s.H) +
@@ -65,7 +73,7 @@ void check(const Shape& s, const G::RopeLaunch& cfg, int threads, double theta, 
                            " pool=" + std::to_string(threads);
   PoolContext pc(threads);
   const int32_t max_pos = 300;
-  const RopeTable table = make_rope_table(pc.ctx, s.Dh, theta, max_pos);
+  const RopeTable table = make_rope_table(device_context(pc.ctx), s.Dh, theta, max_pos);
   const int64_t n = s.T * s.ldt;
   const std::vector<float> x = test::randn(n, seed, 2.0f);
   std::vector<int32_t> pos = positions(s.T, max_pos, seed + 1);
@@ -119,7 +127,7 @@ TEST(GpuRope, CpuEntriesDispatchToTheInterpretBackend) {
   for (int threads : {1, 2}) {
     PoolContext cpu(threads), dev(threads);
     dev.ctx.gpu = &be;
-    const RopeTable table = make_rope_table(cpu.ctx, s.Dh, 10000.0, 50);
+    const RopeTable table = make_rope_table(dev.ctx, s.Dh, 10000.0, 50);  // in device memory: both sides read it
     const std::vector<float> x = test::randn(s.T * s.ldt, 3);
     std::vector<int32_t> pos = positions(s.T, 50, 4);
     std::vector<float> out[2];
@@ -140,7 +148,7 @@ TEST(GpuRope, CpuEntriesDispatchToTheInterpretBackend) {
 TEST(GpuRope, ArgumentErrorsAreTheCpuKernelsErrors) {
   Context cpu, dev;
   dev.gpu = &interpret_backend();
-  const RopeTable table = make_rope_table(cpu, 8, 10000.0, 4);
+  const RopeTable table = make_rope_table(dev, 8, 10000.0, 4);
   std::vector<float> x(2 * 8);
   std::vector<int32_t> far = {0, 4}, neg = {-1, 0};
   const Tensor tx(x.data(), DType::F32, {2, 1, 8}), t6(x.data(), DType::F32, {2, 1, 6});

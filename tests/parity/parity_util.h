@@ -308,7 +308,13 @@ inline std::vector<RequestResult> run_engine(const model::ModelWeights& w, const
                                              ThreadPool* pool2, int64_t* preemptions = nullptr) {
   Context ctx = v.threads == 2 ? Context{pool2, 0} : Context{};
   ctx.gpu = v.gpu;
-  rollout::Engine e(ctx, &w, v.engine);
+  // On a GPU backend the engine reads weights in its device memory: the same
+  // master packed there (a copy of the f32 master, the same packed bits).
+  std::unique_ptr<model::ModelWeights> on_device;
+  if (v.gpu)
+    on_device = std::make_unique<model::ModelWeights>(ctx, w.layout(), const_cast<float*>(w.flat()), w.storage(),
+                                                      w.fp8_block());
+  rollout::Engine e(ctx, on_device ? on_device.get() : &w, v.engine);
   auto out = e.generate(cs.requests);
   if (preemptions) *preemptions = e.stats().preemptions;
   return out;

@@ -12,6 +12,7 @@
 #include "lockstep/kernels/cpu/rmsnorm.h"
 #include "lockstep/kernels/cpu/rope.h"
 #include "lockstep/kernels/cpu/swiglu.h"
+#include "lockstep/kernels/gpu/backend.h"
 #include "lockstep/model/forward.h"
 #include "lockstep/model/forward_util.h"
 #include "lockstep/model/v4_forward.h"
@@ -62,7 +63,7 @@ void backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv
                 Dh = c.head_dim, R = static_cast<int64_t>(batch.logit_rows.size());
   check_shape(dlogits, {R, c.vocab_size}, "dlogits");
   LS_CHECK(saved.layers.size() == size_t(c.num_layers)) << "no saved activations for this batch";
-  BatchTensors bt(batch, kv.block_size());
+  BatchTensors bt(batch, kv.block_size(), kernels::device_memory(ctx));
   const k::AttentionBatch ab = bt.attention_batch();
   const DType f32 = DType::F32;
 

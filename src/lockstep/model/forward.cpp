@@ -15,6 +15,7 @@
 #include "lockstep/kernels/cpu/rope.h"
 #include "lockstep/kernels/cpu/simd.h"
 #include "lockstep/kernels/cpu/swiglu.h"
+#include "lockstep/kernels/gpu/backend.h"
 #include "lockstep/model/forward_util.h"
 #include "lockstep/model/v4_forward.h"
 
@@ -83,7 +84,7 @@ void mlp_forward(const Context& ctx, Tensor y, Tensor gu, Tensor act, const Tens
 // saved tensor means no activation is ever copied.
 Tensor activation_buffer(OwnedTensor* saved, Workspace& ws, size_t slot, DType dt,
                          std::initializer_list<int64_t> shape) {
-  return saved != nullptr ? reuse(*saved, dt, shape) : ws.get(slot, dt, shape);
+  return saved != nullptr ? reuse(ws.memory(), *saved, dt, shape) : ws.get(slot, dt, shape);
 }
 
 // One layer's activations: fields of its LayerActivations when saving for
@@ -98,7 +99,7 @@ class LayerBuffers {
   }
   // An output only backward reads (the kernel skips it when empty).
   Tensor saved_only(Field f, DType dt, std::initializer_list<int64_t> shape) const {
-    return saved_ ? reuse(saved_->*f, dt, shape) : Tensor();
+    return saved_ ? reuse(ws_.memory(), saved_->*f, dt, shape) : Tensor();
   }
   // Frees saved fields this layer does not fill (left by an earlier call).
   void drop(std::initializer_list<Field> fields) const {
@@ -445,7 +446,7 @@ void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, Works
   if (opt.record_experts)
     result->routed_experts.assign(static_cast<size_t>(T * c.num_moe_layers() * c.num_experts_per_tok), 0);
 
-  BatchTensors bt(batch, kv.block_size());
+  BatchTensors bt(batch, kv.block_size(), kernels::device_memory(ctx));
   const CapturePoints capture(opt, batch, bt.positions);
   if (save) {
     saved->layers.resize(static_cast<size_t>(c.num_layers));
@@ -493,7 +494,7 @@ void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, Works
   Tensor rstd_f = activation_buffer(save ? &saved->rstd_f : nullptr, ws, kSlotRstdF, f32, {R});
   k::rmsnorm_forward(ctx, rows_normed, rstd_f, rows, weights.params().final_norm, float(c.rms_norm_eps));
   capture("final_norm", c.num_layers, rows_normed, true);
-  Tensor logits = reuse(result->logits, f32, {R, c.vocab_size});
+  Tensor logits = reuse(ctx, result->logits, f32, {R, c.vocab_size});
   if (R > 0) project(ctx, logits, rows_normed, weights.lm_head());
   capture("logits", c.num_layers, logits, true);
 }

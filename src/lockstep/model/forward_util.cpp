@@ -19,16 +19,16 @@ namespace {
 int64_t row_grain(int64_t width) { return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, width)); }
 }  // namespace
 
-BatchTensors::BatchTensors(const RaggedBatch& b, int bs) : block_size(bs) {
+BatchTensors::BatchTensors(const RaggedBatch& b, int bs, const Allocator& memory) : block_size(bs) {
   const int64_t T = b.num_tokens(), S = b.num_seqs();
-  tokens = OwnedTensor(DType::I32, {T});
-  std::memcpy(tokens.view().data, b.tokens.data(), static_cast<size_t>(T) * 4);
+  tokens = OwnedTensor(DType::I32, {T}, memory, Fill::Undefined, "batch tokens");
+  memory.copy_in(tokens.view().data, b.tokens.data(), static_cast<size_t>(T) * 4);
   positions.resize(static_cast<size_t>(T));
   size_t t = 0;
   for (int64_t i = 0; i < S; ++i)
     for (int32_t j = 0; j < b.n_new[size_t(i)]; ++j) positions[t++] = b.n_ctx[size_t(i)] + j;
-  positions_t = OwnedTensor(DType::I32, {T});
-  std::memcpy(positions_t.view().data, positions.data(), static_cast<size_t>(T) * 4);
+  positions_t = OwnedTensor(DType::I32, {T}, memory, Fill::Undefined, "batch positions");
+  memory.copy_in(positions_t.view().data, positions.data(), static_cast<size_t>(T) * 4);
   n_ctx = OwnedTensor(DType::I32, {S});
   n_new = OwnedTensor(DType::I32, {S});
   std::memcpy(n_ctx.view().data, b.n_ctx.data(), static_cast<size_t>(S) * 4);

@@ -16,16 +16,19 @@
 
 namespace lockstep::model {
 
-// The batch as i32 tensors for the kernels.
+// The batch as i32 tensors for the kernels. Tokens and positions, which the
+// kernels read, are copied into `memory` (the device memory of the forward's
+// context); the sequence lengths and block table stay on the host, where the
+// attention entry reads them to plan its launch.
 struct BatchTensors {
-  BatchTensors(const RaggedBatch& b, int block_size);
+  BatchTensors(const RaggedBatch& b, int block_size, const Allocator& memory = host_allocator());
   kernels::AttentionBatch attention_batch() const;
 
   std::vector<int32_t> positions;  // (T)
-  OwnedTensor tokens;              // (T) i32
-  OwnedTensor positions_t;         // (T) i32
-  OwnedTensor n_ctx, n_new;        // (S) i32
-  OwnedTensor block_table;         // (S, max_blocks) i32
+  OwnedTensor tokens;              // (T) i32, in memory
+  OwnedTensor positions_t;         // (T) i32, in memory
+  OwnedTensor n_ctx, n_new;        // (S) i32, host
+  OwnedTensor block_table;         // (S, max_blocks) i32, host
   int block_size;
 };
 

@@ -1,15 +1,14 @@
 // KvCache allocation and copy on write.
 #include "lockstep/model/kv_cache.h"
 
-#include <cstring>
 #include <vector>
 
 #include "lockstep/base/error.h"
 
 namespace lockstep::model {
 
-KvCache::KvCache(const ModelConfig& c, int64_t num_blocks, int block_size, DType dtype)
-    : block_size_(block_size), num_blocks_(num_blocks), dtype_(dtype) {
+KvCache::KvCache(const ModelConfig& c, int64_t num_blocks, int block_size, DType dtype, const Allocator& memory)
+    : block_size_(block_size), num_blocks_(num_blocks), dtype_(dtype), memory_(&memory) {
   LS_CHECK(num_blocks >= 1 && block_size >= 1) << "num_blocks=" << num_blocks << " block_size=" << block_size;
   LS_CHECK(dtype == DType::F32 || dtype == DType::BF16)
       << "KV cache dtype must be f32 or bf16, got " << dtype_name(dtype);
@@ -21,8 +20,10 @@ KvCache::KvCache(const ModelConfig& c, int64_t num_blocks, int block_size, DType
     return;
   }
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    k_.emplace_back(dtype, std::vector<int64_t>{num_blocks, block_size, c.num_kv_heads, c.head_dim});
-    v_.emplace_back(dtype, std::vector<int64_t>{num_blocks, block_size, c.num_kv_heads, c.head_dim});
+    k_.emplace_back(dtype, std::vector<int64_t>{num_blocks, block_size, c.num_kv_heads, c.head_dim}, memory,
+                    Fill::Undefined, "KV cache keys");
+    v_.emplace_back(dtype, std::vector<int64_t>{num_blocks, block_size, c.num_kv_heads, c.head_dim}, memory,
+                    Fill::Undefined, "KV cache values");
   }
 }
 
@@ -30,11 +31,12 @@ void KvCache::add_v4_layer(const ModelConfig& c, int64_t l) {
   const int64_t ratio = c.compress_ratio(l), kappa = ratio == 4 ? 2 : 1, Dh = c.head_dim, DI = c.index_head_dim;
   const int64_t NB = num_blocks_, BS = block_size_;
   V4Stores s;
-  s.kv = OwnedTensor(DType::F32, {NB, BS, 2, Dh});
-  if (ratio > 0) s.cz = OwnedTensor(DType::F32, {NB, BS, 2 * kappa * Dh});
+  const Allocator& m = *memory_;
+  s.kv = OwnedTensor(DType::F32, {NB, BS, 2, Dh}, m, Fill::Undefined, "KV cache");
+  if (ratio > 0) s.cz = OwnedTensor(DType::F32, {NB, BS, 2 * kappa * Dh}, m, Fill::Undefined, "compressor inputs");
   if (ratio == 4) {
-    s.index_cz = OwnedTensor(DType::F32, {NB, BS, 4 * DI});
-    s.index_keys = OwnedTensor(DType::F32, {NB, BS, DI});
+    s.index_cz = OwnedTensor(DType::F32, {NB, BS, 4 * DI}, m, Fill::Undefined, "indexer compressor inputs");
+    s.index_keys = OwnedTensor(DType::F32, {NB, BS, DI}, m, Fill::Undefined, "indexer keys");
   }
   v4_.push_back(std::move(s));
 }
@@ -64,7 +66,7 @@ void KvCache::copy_block(int64_t dst, int64_t src) {
     const Tensor x = t->view();
     const size_t block_bytes = size_t(x.stride[0]) * dtype_size(x.dtype);
     char* base = static_cast<char*>(x.data);
-    std::memcpy(base + size_t(dst) * block_bytes, base + size_t(src) * block_bytes, block_bytes);
+    memory_->copy(base + size_t(dst) * block_bytes, base + size_t(src) * block_bytes, block_bytes);
   }
 }
 

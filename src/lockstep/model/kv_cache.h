@@ -19,7 +19,10 @@ class KvCache {
   // dtype: F32 (aligned mode and the trainer) or BF16 (fast-mode rollout: the
   // attention kernel rounds new K/V to bf16 on write and widens them exactly
   // on read, so the cache is half the memory and half the bytes per decode).
-  KvCache(const ModelConfig& config, int64_t num_blocks, int block_size, DType dtype = DType::F32);
+  // The blocks come from `memory` (kernels::device_memory of the engine's
+  // context); their contents are undefined until written.
+  KvCache(const ModelConfig& config, int64_t num_blocks, int block_size, DType dtype = DType::F32,
+          const Allocator& memory = host_allocator());
 
   // (num_blocks, block_size, Hkv, Dh) views of layer `layer`, in dtype().
   // Empty for DeepSeek-V4, whose layers use the stores below.
@@ -64,6 +67,7 @@ class KvCache {
   int block_size_ = 0;
   int64_t num_blocks_ = 0;
   DType dtype_ = DType::F32;
+  const Allocator* memory_ = &host_allocator();
 };
 
 }  // namespace lockstep::model

@@ -59,11 +59,11 @@ struct V4Env {
 void mix_forward(const V4Env& env, MhcSaved& s, const Tensor& x, const Tensor& fn, const Tensor& base,
                  const Tensor& scale) {
   const int64_t T = env.T, n = env.c.hc_mult;
-  reuse(s.raw, f32, {T, env.c.hc_mix_size()});
-  reuse(s.rstd, f32, {T});
-  reuse(s.pre, f32, {T, n});
-  reuse(s.post, f32, {T, n});
-  reuse(s.comb, f32, {T, n, n});
+  reuse(env.ctx, s.raw, f32, {T, env.c.hc_mix_size()});
+  reuse(env.ctx, s.rstd, f32, {T});
+  reuse(env.ctx, s.pre, f32, {T, n});
+  reuse(env.ctx, s.post, f32, {T, n});
+  reuse(env.ctx, s.comb, f32, {T, n, n});
   k::mhc_mix_forward(env.ctx, s.view(), x, fn, base, scale, mhc_config(env.c));
 }
 
@@ -74,11 +74,11 @@ void query(const V4Env& env, int64_t l, V4LayerActivations& a) {
   const float eps = float(c.rms_norm_eps);
   const LayerParams& p = block_params(env.weights.params(), l);
   const PackedLayer& w = env.weights.layer(l);
-  project(env.ctx, reuse(a.qa, f32, {T, Rq}), a.a.view(), w.wq_a);
-  k::rmsnorm_forward(env.ctx, reuse(a.qr, f32, {T, Rq}), reuse(a.rstd_qa, f32, {T}), a.qa.view(), p.q_a_norm, eps);
-  project(env.ctx, reuse(a.q_pre, f32, {T, H, Dh}).reshape({T, H * Dh}), a.qr.view(), w.wq_b);
-  Tensor q = reuse(a.q, f32, {T, H, Dh});
-  k::rmsnorm_forward(env.ctx, q.reshape({T * H, Dh}), reuse(a.rstd_q, f32, {T * H}), a.q_pre.view().reshape({T * H, Dh}),
+  project(env.ctx, reuse(env.ctx, a.qa, f32, {T, Rq}), a.a.view(), w.wq_a);
+  k::rmsnorm_forward(env.ctx, reuse(env.ctx, a.qr, f32, {T, Rq}), reuse(env.ctx, a.rstd_qa, f32, {T}), a.qa.view(), p.q_a_norm, eps);
+  project(env.ctx, reuse(env.ctx, a.q_pre, f32, {T, H, Dh}).reshape({T, H * Dh}), a.qr.view(), w.wq_b);
+  Tensor q = reuse(env.ctx, a.q, f32, {T, H, Dh});
+  k::rmsnorm_forward(env.ctx, q.reshape({T * H, Dh}), reuse(env.ctx, a.rstd_q, f32, {T * H}), a.q_pre.view().reshape({T * H, Dh}),
                      env.weights.ones(), eps);
   k::rope_interleaved_forward(env.ctx, rope_tail(q, c.qk_rope_head_dim), env.vb.positions.view(),
                               env.weights.rope_of_layer(l));
@@ -90,9 +90,9 @@ void window_kv(const V4Env& env, int64_t l, V4LayerActivations& a) {
   const ModelConfig& c = env.c;
   const int64_t T = env.T, Dh = c.head_dim;
   const LayerParams& p = block_params(env.weights.params(), l);
-  project(env.ctx, reuse(a.kv_pre, f32, {T, Dh}), a.a.view(), env.weights.layer(l).wkv);
+  project(env.ctx, reuse(env.ctx, a.kv_pre, f32, {T, Dh}), a.a.view(), env.weights.layer(l).wkv);
   OwnedTensor kvn(f32, {T, 1, Dh});
-  k::rmsnorm_forward(env.ctx, kvn.view().reshape({T, Dh}), reuse(a.rstd_kv, f32, {T}), a.kv_pre.view(), p.kv_norm,
+  k::rmsnorm_forward(env.ctx, kvn.view().reshape({T, Dh}), reuse(env.ctx, a.rstd_kv, f32, {T}), a.kv_pre.view(), p.kv_norm,
                      float(c.rms_norm_eps));
   k::rope_interleaved_forward(env.ctx, rope_tail(kvn.view(), c.qk_rope_head_dim), env.vb.positions.view(),
                               env.weights.rope_of_layer(l));
@@ -113,14 +113,14 @@ void compress_main(const V4Env& env, int64_t l, V4LayerActivations& a) {
   store_rows(env.kv.cz_store(l), cz.view(), env.vb.slots, 1, 0);
   a.entries = completed_entries(env.batch, env.vb, ratio, ratio == 4);
   const int64_t Ne = a.entries.count();
-  Tensor pre = reuse(a.entry_pre, f32, {Ne, Dh});
+  Tensor pre = reuse(env.ctx, a.entry_pre, f32, {Ne, Dh});
   OwnedTensor out(f32, {Ne, 1, Dh});
   if (Ne > 0) {
     const std::vector<int32_t>& rows = a.entries.rows;
     const Tensor rows_t(const_cast<int32_t*>(rows.data()), DType::I32, {Ne, kappa * ratio});
     k::compress_forward(env.ctx, pre, env.kv.cz_store(l), rows_t, p.cmp_ape, int(ratio), ratio == 4);
   }
-  k::rmsnorm_forward(env.ctx, out.view().reshape({Ne, Dh}), reuse(a.rstd_entry, f32, {Ne}), pre, p.cmp_norm,
+  k::rmsnorm_forward(env.ctx, out.view().reshape({Ne, Dh}), reuse(env.ctx, a.rstd_entry, f32, {Ne}), pre, p.cmp_norm,
                      float(c.rms_norm_eps));
   const Tensor pos(const_cast<int32_t*>(a.entries.pos.data()), DType::I32, {Ne});
   k::rope_interleaved_forward(env.ctx, rope_tail(out.view(), c.qk_rope_head_dim), pos, env.weights.rope_of_layer(l));
@@ -203,7 +203,7 @@ void attention(const V4Env& env, int64_t l, V4LayerActivations& a) {
   const int64_t T = env.T, D = c.hidden_size, H = c.num_heads, Dh = c.head_dim, G = c.o_groups, Ro = c.o_lora_rank;
   const LayerParams& p = block_params(env.weights.params(), l);
   const PackedLayer& w = env.weights.layer(l);
-  k::rmsnorm_forward(env.ctx, reuse(a.a, f32, {T, D}), reuse(a.rstd_attn, f32, {T}), a.u_attn.view(), p.attn_norm,
+  k::rmsnorm_forward(env.ctx, reuse(env.ctx, a.a, f32, {T, D}), reuse(env.ctx, a.rstd_attn, f32, {T}), a.u_attn.view(), p.attn_norm,
                      float(c.rms_norm_eps));
   env.capture("attn_norm", l, a.a.view());
   query(env, l, a);
@@ -212,21 +212,21 @@ void attention(const V4Env& env, int64_t l, V4LayerActivations& a) {
   if (ratio > 0) compress_main(env, l, a);
   if (ratio == 4) compress_index_keys(env, l, a.a.view());
   candidates(env, l, a);
-  Tensor attn = reuse(a.attn, f32, {T, H, Dh});
-  k::sparse_attention_forward(env.ctx, attn, reuse(a.lse, f32, {T, H}), a.q.view(), env.kv.kv_store(l),
+  Tensor attn = reuse(env.ctx, a.attn, f32, {T, H, Dh});
+  k::sparse_attention_forward(env.ctx, attn, reuse(env.ctx, a.lse, f32, {T, H}), a.q.view(), env.kv.kv_store(l),
                               a.cand.view(), p.attn_sink, attention_scale(c));
-  Tensor o = reuse(a.o, f32, {T, H * Dh});
+  Tensor o = reuse(env.ctx, a.o, f32, {T, H * Dh});
   std::memcpy(o.data, attn.data, attn.nbytes());
   k::rope_interleaved_inverse(env.ctx, rope_tail(o.reshape({T, H, Dh}), c.qk_rope_head_dim), env.vb.positions.view(),
                               env.weights.rope_of_layer(l));
   env.capture("attn", l, o);
   // Grouped low-rank output: group g's heads through wo_a[g], then wo_b.
   const int64_t per_group = H * Dh / G;
-  Tensor yo = reuse(a.yo, f32, {T, G * Ro});
+  Tensor yo = reuse(env.ctx, a.yo, f32, {T, G * Ro});
   for (int64_t g = 0; g < G; ++g)
     project(env.ctx, yo.slice_cols(g * Ro, (g + 1) * Ro), o.slice_cols(g * per_group, (g + 1) * per_group),
             w.wo_a[size_t(g)]);
-  project(env.ctx, reuse(a.f_attn, f32, {T, D}), yo, w.wo_b);
+  project(env.ctx, reuse(env.ctx, a.f_attn, f32, {T, D}), yo, w.wo_b);
   env.capture("attn_out", l, a.f_attn.view());
 }
 
@@ -247,8 +247,8 @@ void route(const V4Env& env, int64_t l, V4LayerActivations& a) {
     replay = OwnedTensor(DType::I32, {T, K});
     gather_layer_experts(replay.view(), *env.opt.replay_experts, l, c.num_moe_layers(), K);
   }
-  k::moe_route(env.ctx, reuse(a.topk_idx, DType::I32, {T, K}), reuse(a.topk_w, f32, {T, K}),
-               reuse(a.scores, f32, {T, E}), logits.view(), p.router_bias, replay.view(), router_config(c));
+  k::moe_route(env.ctx, reuse(env.ctx, a.topk_idx, DType::I32, {T, K}), reuse(env.ctx, a.topk_w, f32, {T, K}),
+               reuse(env.ctx, a.scores, f32, {T, E}), logits.view(), p.router_bias, replay.view(), router_config(c));
   env.capture("experts", l, a.topk_idx.view());
   env.capture("expert_weights", l, a.topk_w.view());
   if (env.opt.record_experts && main_layer)
@@ -269,14 +269,14 @@ void moe(const V4Env& env, int64_t l, V4LayerActivations& a) {
   const int64_t T = env.T, D = c.hidden_size, K = c.num_experts_per_tok, Fe = c.moe_intermediate_size;
   const LayerParams& p = block_params(env.weights.params(), l);
   const PackedLayer& w = env.weights.layer(l);
-  k::rmsnorm_forward(ctx, reuse(a.z, f32, {T, D}), reuse(a.rstd_ffn, f32, {T}), a.u_ffn.view(), p.mlp_norm,
+  k::rmsnorm_forward(ctx, reuse(env.ctx, a.z, f32, {T, D}), reuse(env.ctx, a.rstd_ffn, f32, {T}), a.u_ffn.view(), p.mlp_norm,
                      float(c.rms_norm_eps));
   env.capture("ffn_norm", l, a.z.view());
   route(env, l, a);
   a.plan = k::moe_plan(a.topk_idx.view(), int(c.num_experts));
   const k::MoeDispatch& plan = a.plan;
-  Tensor xe = reuse(a.xe, f32, {T * K, D}), gu = reuse(a.gu_e, f32, {T * K, 2 * Fe});
-  Tensor act = reuse(a.act_e, f32, {T * K, Fe}), acts = reuse(a.acts_e, f32, {T * K, Fe});
+  Tensor xe = reuse(env.ctx, a.xe, f32, {T * K, D}), gu = reuse(env.ctx, a.gu_e, f32, {T * K, 2 * Fe});
+  Tensor act = reuse(env.ctx, a.act_e, f32, {T * K, Fe}), acts = reuse(env.ctx, a.acts_e, f32, {T * K, Fe});
   OwnedTensor ye(f32, {T * K, D});
   k::moe_gather(ctx, xe, a.z.view(), plan);
   // The routing weight multiplies each row before the down projection.
@@ -289,12 +289,12 @@ void moe(const V4Env& env, int64_t l, V4LayerActivations& a) {
     const int64_t r0 = plan.offsets[size_t(e)], r1 = plan.offsets[size_t(e) + 1];
     project(ectx, ye.view().slice_rows(r0, r1), acts.slice_rows(r0, r1), w.experts[size_t(e)].down);
   });
-  Tensor f = reuse(a.f_ffn, f32, {T, D});
+  Tensor f = reuse(env.ctx, a.f_ffn, f32, {T, D});
   k::moe_sum(ctx, f, ye.view(), plan);
   env.capture("moe_out", l, f);
   // The shared expert: the same clamp, no routing weight.
   OwnedTensor ys(f32, {T, D});
-  expert_act(ctx, c, reuse(a.gu_s, f32, {T, 2 * Fe}), reuse(a.act_s, f32, {T, Fe}), a.z.view(), w.shared);
+  expert_act(ctx, c, reuse(env.ctx, a.gu_s, f32, {T, 2 * Fe}), reuse(env.ctx, a.act_s, f32, {T, Fe}), a.z.view(), w.shared);
   project(ctx, ys.view(), a.act_s.view(), w.shared.down);
   env.capture("shared_out", l, ys.view());
   add_into(ctx, f, f, ys.view());
@@ -310,13 +310,13 @@ void run_layer(const V4Env& env, int64_t l, V4LayerActivations& a, Tensor x_out)
   const LayerParams& p = block_params(env.weights.params(), l);
   const Tensor x = a.x_in.view();
   mix_forward(env, a.mix_attn, x, p.hc_attn_fn, p.hc_attn_base, p.hc_attn_scale);
-  k::mhc_pre_apply(ctx, reuse(a.u_attn, f32, {T, D}), x, a.mix_attn.pre.view(), int(n));
+  k::mhc_pre_apply(ctx, reuse(env.ctx, a.u_attn, f32, {T, D}), x, a.mix_attn.pre.view(), int(n));
   attention(env, l, a);
-  Tensor mid = reuse(a.x_mid, f32, {T, n * D});
+  Tensor mid = reuse(env.ctx, a.x_mid, f32, {T, n * D});
   k::mhc_post(ctx, mid, a.f_attn.view(), x, a.mix_attn.post.view(), a.mix_attn.comb.view(), int(n));
   env.capture("attn_residual", l, mid);
   mix_forward(env, a.mix_ffn, mid, p.hc_ffn_fn, p.hc_ffn_base, p.hc_ffn_scale);
-  k::mhc_pre_apply(ctx, reuse(a.u_ffn, f32, {T, D}), mid, a.mix_ffn.pre.view(), int(n));
+  k::mhc_pre_apply(ctx, reuse(env.ctx, a.u_ffn, f32, {T, D}), mid, a.mix_ffn.pre.view(), int(n));
   moe(env, l, a);
   k::mhc_post(ctx, x_out, a.f_ffn.view(), mid, a.mix_ffn.post.view(), a.mix_ffn.comb.view(), int(n));
   env.capture("residual", l, x_out);
@@ -350,15 +350,15 @@ void head_forward(const V4Env& env, const Tensor& x, V4HeadActivations& s, const
                   const Tensor& scale, const Tensor& norm, OwnedTensor& logits_out, int64_t layer) {
   const ModelConfig& c = env.c;
   const int64_t R = int64_t(env.batch.logit_rows.size()), D = c.hidden_size, n = c.hc_mult;
-  Tensor rows = reuse(s.x_rows, f32, {R, n * D});
+  Tensor rows = reuse(env.ctx, s.x_rows, f32, {R, n * D});
   gather_rows(env.ctx, rows, x, env.batch.logit_rows);
-  Tensor h = reuse(s.h_rows, f32, {R, D});
-  k::mhc_head_forward(env.ctx, h, reuse(s.head_w, f32, {R, n}), reuse(s.head_raw, f32, {R, n}),
-                      reuse(s.head_rstd, f32, {R}), rows, fn, base, scale, mhc_config(c));
-  Tensor normed = reuse(s.normed_rows, f32, {R, D});
-  k::rmsnorm_forward(env.ctx, normed, reuse(s.rstd_f, f32, {R}), h, norm, float(c.rms_norm_eps));
+  Tensor h = reuse(env.ctx, s.h_rows, f32, {R, D});
+  k::mhc_head_forward(env.ctx, h, reuse(env.ctx, s.head_w, f32, {R, n}), reuse(env.ctx, s.head_raw, f32, {R, n}),
+                      reuse(env.ctx, s.head_rstd, f32, {R}), rows, fn, base, scale, mhc_config(c));
+  Tensor normed = reuse(env.ctx, s.normed_rows, f32, {R, D});
+  k::rmsnorm_forward(env.ctx, normed, reuse(env.ctx, s.rstd_f, f32, {R}), h, norm, float(c.rms_norm_eps));
   env.capture("final_norm", layer, normed, true);
-  Tensor logits = reuse(logits_out, f32, {R, c.vocab_size});
+  Tensor logits = reuse(env.ctx, logits_out, f32, {R, c.vocab_size});
   if (R > 0) project(env.ctx, logits, normed, env.weights.lm_head());
   env.capture("logits", layer, logits, true);
 }
@@ -379,20 +379,20 @@ void mtp_forward(const V4Env& env, const Tensor& x, V4Activations& s) {
     const MtpParams& p = env.weights.params().mtp[j];
     const PackedMtp& w = env.weights.mtp(int64_t(j));
     m.next = shifted_tokens(env.batch, int64_t(j) + 1);
-    reuse(m.next_t, DType::I32, {T});
+    reuse(env.ctx, m.next_t, DType::I32, {T});
     if (T > 0) std::memcpy(m.next_t.view().data, m.next.data(), size_t(T) * sizeof(int32_t));
-    k::embedding_forward(ctx, reuse(m.e, f32, {T, D}), env.weights.params().embed, m.next_t.view());
-    k::rmsnorm_forward(ctx, reuse(m.en, f32, {T, D}), reuse(m.rstd_e, f32, {T}), m.e.view(), p.enorm, eps);
-    Tensor h_in = reuse(m.h_in, f32, {T, n * D});
+    k::embedding_forward(ctx, reuse(env.ctx, m.e, f32, {T, D}), env.weights.params().embed, m.next_t.view());
+    k::rmsnorm_forward(ctx, reuse(env.ctx, m.en, f32, {T, D}), reuse(env.ctx, m.rstd_e, f32, {T}), m.e.view(), p.enorm, eps);
+    Tensor h_in = reuse(env.ctx, m.h_in, f32, {T, n * D});
     if (T > 0) std::memcpy(h_in.data, h.data, h_in.nbytes());
-    k::rmsnorm_forward(ctx, reuse(m.hn, f32, {T * n, D}), reuse(m.rstd_h, f32, {T * n}), h_in.reshape({T * n, D}),
+    k::rmsnorm_forward(ctx, reuse(env.ctx, m.hn, f32, {T * n, D}), reuse(env.ctx, m.rstd_h, f32, {T * n}), h_in.reshape({T * n, D}),
                        p.hnorm, eps);
     OwnedTensor pe(f32, {T, D});
     project(ctx, pe.view(), m.en.view(), w.e_proj);
-    Tensor x0 = reuse(m.block.x_in, f32, {T, n * D});
+    Tensor x0 = reuse(env.ctx, m.block.x_in, f32, {T, n * D});
     project(ctx, x0.reshape({T * n, D}), m.hn.view(), w.h_proj);
     add_to_streams(ctx, x0, pe.view(), n);
-    Tensor out = reuse(m.x_out, f32, {T, n * D});
+    Tensor out = reuse(env.ctx, m.x_out, f32, {T, n * D});
     run_layer(env, L + int64_t(j), m.block, out);
     head_forward(env, out, m.head, p.hc_head_fn, p.hc_head_base, p.hc_head_scale, p.norm,
                  env.result->mtp_logits[j], L + int64_t(j) + 1);
@@ -434,7 +434,7 @@ void v4_forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, co
   OwnedTensor e(f32, {T, D});
   k::embedding_forward(ctx, e.view(), weights.params().embed, vb.tokens_t.view());
   capture("embed", -1, e.view());
-  Tensor x = reuse(layer_acts(0).x_in, f32, {T, n * D});
+  Tensor x = reuse(ctx, layer_acts(0).x_in, f32, {T, n * D});
   repeat_streams(ctx, x, e.view(), n);
 
   const V4Env env{ctx, c, weights, kv, batch, vb, capture, opt, result, T};
@@ -443,8 +443,8 @@ void v4_forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, co
     V4LayerActivations& a = layer_acts(l);
     const bool final_layer = l + 1 == c.num_layers;
     Tensor out = final_layer             ? last.view()
-                 : opt.save_activations ? reuse(s.layers[size_t(l) + 1].x_in, f32, {T, n * D})
-                                        : reuse(next, f32, {T, n * D});
+                 : opt.save_activations ? reuse(env.ctx, s.layers[size_t(l) + 1].x_in, f32, {T, n * D})
+                                        : reuse(env.ctx, next, f32, {T, n * D});
     run_layer(env, l, a, out);
     // Without saving, one set of buffers serves every layer: the output
     // becomes the next layer's input.

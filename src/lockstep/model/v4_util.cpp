@@ -98,7 +98,8 @@ void build_candidates(OwnedTensor& cand, const RaggedBatch&, const V4Batch& vb, 
   if (ratio == 128)
     for (int32_t p : vb.positions_vec) extra = std::max<int64_t>(extra, (p + 1) / ratio);
   const int64_t C = window + extra;
-  reuse(cand, DType::I32, {T, C});
+  // Built by host code (the sparse-attention kernels have no GPU entries yet).
+  reuse(Context{}, cand, DType::I32, {T, C});
   int32_t* out = cand.view().i32();
   std::fill(out, out + T * C, -1);
   for (int64_t t = 0; t < T; ++t) {

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "lockstep/base/error.h"
+#include "lockstep/kernels/gpu/backend.h"
 
 namespace lockstep::model {
 
@@ -34,9 +35,17 @@ ModelWeights::ModelWeights(const Context& ctx, const ParamLayout& layout, float*
   const int64_t E = layout.config().num_experts;
   LS_CHECK(experts.all() || (experts.first >= 0 && experts.count >= 1 && experts.first + experts.count <= E))
       << "expert shard [" << experts.first << ", " << experts.first + experts.count << ") of " << E << " experts";
+  const Allocator& memory = kernels::device_memory(ctx);
+  if (!memory.holds(params)) {  // host parameters for a device: the kernels read a copy
+    source_ = params;
+    mirror_ = Buffer(layout.nbytes(), memory, Fill::Zero, "model weights");
+    flat_ = mirror_.as<float>();
+    params_ = bind(layout, flat_);
+    memory.copy_in(flat_, source_, layout.nbytes());
+  }
   layers_.resize(params_.layers.size());
   if (effective && storage != DType::F32) {
-    effective_flat_ = Buffer(layout.nbytes());
+    effective_flat_ = Buffer(layout.nbytes(), memory, Fill::Zero, "effective weights");
     effective_ = bind(layout, effective_flat_.as<float>());
   }
   pack_all(ctx, true);
@@ -52,8 +61,9 @@ ModelWeights::ModelWeights(const Context& ctx, const ParamLayout& layout, float*
     yarn = {c.rope_scaling.factor, c.rope_scaling.original_max_position_embeddings, c.rope_scaling.beta_fast,
             c.rope_scaling.beta_slow};
   rope_compressed_ = kernels::make_rope_table(ctx, Dr, c.compress_rope_theta, c.max_position_embeddings, yarn);
-  ones_ = OwnedTensor(DType::F32, {c.head_dim});
-  for (int64_t i = 0; i < c.head_dim; ++i) ones_.f32()[i] = 1.0f;
+  ones_ = OwnedTensor(DType::F32, {c.head_dim}, memory, Fill::Undefined, "ones");
+  const std::vector<float> ones(size_t(c.head_dim), 1.0f);
+  memory.copy_in(ones_.f32(), ones.data(), ones.size() * sizeof(float));
 }
 
 // DeepSeek-V4: the attention projections and experts in the storage
@@ -87,6 +97,7 @@ void ModelWeights::unpack_v4_attention(const Context& ctx, const PackedLayer& q,
 }
 
 void ModelWeights::refresh(const Context& ctx, uint64_t version) {
+  if (source_ != nullptr) mirror_.memory().copy_in(flat_, source_, layout_->nbytes());
   pack_all(ctx, false);
   version_ = version;
 }

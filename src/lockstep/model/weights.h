@@ -49,6 +49,8 @@ struct PackedMtp {
 class ModelWeights {
  public:
   // `params` must outlive this object; it is the f32 master copy (flat buffer).
+  // When it is not in the device memory of ctx (kernels::device_memory), the
+  // weights keep a copy there, updated by refresh(): the kernels read that.
   // storage: F32 (aligned), BF16 or FP8E4M3 (fast mode; fp8_block as in pack_weight).
   // experts: the routed experts to pack (expert parallelism packs only this
   // rank's shard; the others stay empty and a forward must send their rows
@@ -62,7 +64,8 @@ class ModelWeights {
                int64_t fp8_block = 0, ExpertShard experts = {}, bool effective = false);
 
   // Repacks every projection from the master copy (after an optimizer step or
-  // a weight load) and sets the version.
+  // a weight load; copying it to the device first when it is on the host) and
+  // sets the version.
   void refresh(const Context& ctx, uint64_t version);
 
   const ModelConfig& config() const { return layout_->config(); }
@@ -89,6 +92,7 @@ class ModelWeights {
   // DeepSeek-V4: (Dh) ones, the weight of the unweighted per-head query RMS.
   const Tensor& ones() const { return ones_.view(); }
   DType storage() const { return storage_; }
+  int64_t fp8_block() const { return fp8_block_; }
   const ExpertShard& experts() const { return experts_; }
   uint64_t version() const { return version_; }
 
@@ -97,7 +101,9 @@ class ModelWeights {
   void unpack_effective(const Context& ctx);
 
   const ParamLayout* layout_;
-  float* flat_;
+  float* flat_;             // the master the kernels read: params, or mirror_
+  const float* source_ = nullptr;  // the host master mirror_ copies (null: no mirror)
+  Buffer mirror_;
   ModelParams params_;
   DType storage_;
   int64_t fp8_block_;

@@ -1,6 +1,8 @@
 // Workspace slots and the reuse of owned tensors across calls.
 #include "lockstep/model/workspace.h"
 
+#include "lockstep/kernels/gpu/backend.h"
+
 namespace lockstep::model {
 
 Tensor Workspace::get(size_t slot, DType dtype, std::initializer_list<int64_t> shape) {
@@ -10,7 +12,7 @@ Tensor Workspace::get(size_t slot, DType dtype, std::initializer_list<int64_t> s
   if (slots_[slot].size() < need) {
     // 1/8 headroom: batches that grow a little (decode steps gaining
     // sequences) do not reallocate every time.
-    slots_[slot] = Buffer(need + need / 8);
+    slots_[slot] = Buffer(need + need / 8, *memory_, Fill::Undefined, "workspace slot");
   }
   return Tensor(slots_[slot].data(), dtype, shape);
 }
@@ -21,12 +23,16 @@ size_t Workspace::nbytes() const {
   return n;
 }
 
-Tensor reuse(OwnedTensor& t, DType dtype, std::initializer_list<int64_t> shape) {
+Tensor reuse(const Context& ctx, OwnedTensor& t, DType dtype, std::initializer_list<int64_t> shape) {
+  return reuse(kernels::device_memory(ctx), t, dtype, shape);
+}
+
+Tensor reuse(const Allocator& memory, OwnedTensor& t, DType dtype, std::initializer_list<int64_t> shape) {
   const Tensor& v = t.view();
-  bool same = v.data != nullptr && v.dtype == dtype && v.ndim == int(shape.size());
+  bool same = v.data != nullptr && &t.memory() == &memory && v.dtype == dtype && v.ndim == int(shape.size());
   int i = 0;
   for (int64_t d : shape) same = same && v.shape[i++] == d;
-  if (!same) t = OwnedTensor(dtype, std::vector<int64_t>(shape));
+  if (!same) t = OwnedTensor(dtype, std::vector<int64_t>(shape), memory, Fill::Undefined, "activation");
   return t.view();
 }
 

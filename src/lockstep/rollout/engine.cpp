@@ -13,6 +13,7 @@
 #include "lockstep/base/log.h"
 #include "lockstep/base/rng.h"
 #include "lockstep/base/timer.h"
+#include "lockstep/kernels/gpu/backend.h"
 #include "lockstep/model/v4_forward.h"
 
 namespace lockstep::rollout {
@@ -98,10 +99,13 @@ Engine::Engine(const Context& ctx, const model::ModelWeights* weights, EngineCon
     : ctx_(ctx),
       config_(config),
       weights_(weights),
-      kv_(weights->config(), config.num_blocks, config.block_size, choose_kv_dtype(*weights, config)),
+      kv_(weights->config(), config.num_blocks, config.block_size, choose_kv_dtype(*weights, config),
+          kernels::device_memory(ctx)),
+      ws_(kernels::device_memory(ctx)),
       blocks_(config.num_blocks, config.block_size) {
   LS_CHECK(config.max_batch_tokens >= 1 && config.max_running >= 1 && config.max_prefill_chunk >= 1)
       << "engine limits must be >= 1";
+  check_weights_device(*weights);
   stats_.total_blocks = config.num_blocks;
 }
 
@@ -159,7 +163,17 @@ void Engine::abort(uint64_t id) {
   cv_.notify_all();
 }
 
+// The kernels read the weights where the engine's device can: weights built
+// with another device's context would hand them host pointers.
+void Engine::check_weights_device(const model::ModelWeights& w) const {
+  const Allocator& memory = kernels::device_memory(ctx_);
+  LS_CHECK(memory.holds(w.flat()))
+      << "rollout engine on the " << memory.name()
+      << " device: its weights are not in that device's memory (build the ModelWeights with the engine's context)";
+}
+
 void Engine::update_weights(const model::ModelWeights* w) {
+  check_weights_device(*w);
   LS_CHECK(w != nullptr) << "null weights";
   LS_CHECK(ParamLayout(w->config()).same_as(ParamLayout(weights_->config())))
       << "update_weights: the new weights have a different architecture";
@@ -576,10 +590,11 @@ void Engine::score_draws(std::vector<Draw>& draws) {
     for (size_t i = 0; i < draws.size(); ++i)
       if (draws[i].s->group->req.params.logprob_temperature() == t) which.push_back(i);
     const int64_t R = int64_t(which.size());
-    Buffer rows(static_cast<size_t>(R * V) * sizeof(float));  // (R, V)
+    const Allocator& memory = kernels::device_memory(ctx_);
+    Buffer rows(static_cast<size_t>(R * V) * sizeof(float), memory, Fill::Undefined, "draw logits");  // (R, V)
     std::vector<int32_t> toks(static_cast<size_t>(R));
     for (int64_t j = 0; j < R; ++j) {
-      std::memcpy(rows.as<float>() + j * V, draws[which[size_t(j)]].row, size_t(V) * sizeof(float));
+      memory.copy(rows.as<float>() + j * V, draws[which[size_t(j)]].row, size_t(V) * sizeof(float));
       toks[size_t(j)] = draws[which[size_t(j)]].tok;
     }
     std::vector<float> lp;

@@ -168,6 +168,7 @@ class Engine {
   void finish_sample(Sequence& s, const char* reason);
   void release(Sequence& s);
   void complete_finished_groups();
+  void check_weights_device(const model::ModelWeights& w) const;
 
   Context ctx_;
   EngineConfig config_;

@@ -9,6 +9,7 @@
 #include "lockstep/base/error.h"
 #include "lockstep/base/rng.h"
 #include "lockstep/kernels/cpu/softmax.h"
+#include "lockstep/kernels/gpu/backend.h"
 
 namespace lockstep::rollout {
 
@@ -114,10 +115,14 @@ void token_logprobs(const Context& ctx, const Tensor& logits, const std::vector<
   LS_CHECK(int64_t(tokens.size()) == R) << tokens.size() << " tokens for " << R << " logit rows";
   out->assign(size_t(R), 0.0f);
   if (R == 0) return;
-  std::vector<int32_t> t = tokens;
-  Tensor tt(t.data(), DType::I32, {R});
-  Tensor lp(out->data(), DType::F32, {R});
-  kernels::token_logprob_forward(ctx, lp, Tensor(), Tensor(), logits, tt, temperature);
+  // The kernel reads and writes the device memory of ctx (logits are there).
+  const Allocator& memory = kernels::device_memory(ctx);
+  Buffer targets(size_t(R) * sizeof(int32_t), memory, Fill::Undefined, "logprob targets");
+  Buffer logp(size_t(R) * sizeof(float), memory, Fill::Undefined, "logprobs");
+  memory.copy_in(targets.data(), tokens.data(), targets.size());
+  kernels::token_logprob_forward(ctx, Tensor(logp.data(), DType::F32, {R}), Tensor(), Tensor(), logits,
+                                 Tensor(targets.data(), DType::I32, {R}), temperature);
+  memory.copy_out(out->data(), logp.data(), logp.size());
 }
 
 }  // namespace lockstep::rollout

@@ -125,27 +125,35 @@ void check_dtype(const Tensor& t, DType dtype, const char* what) {
   if (t.dtype != dtype) LS_THROW << what << ": expected dtype " << dtype_name(dtype) << ", got " << t.shape_str();
 }
 
-Buffer::Buffer(size_t nbytes) : size_(nbytes) {
-  if (nbytes == 0) return;
-  const size_t rounded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
-  data_ = std::aligned_alloc(kAlignment, rounded);
-  LS_CHECK(data_ != nullptr) << "out of memory allocating " << nbytes << " bytes";
-  std::memset(data_, 0, rounded);
-}
-Buffer::~Buffer() { std::free(data_); }
-Buffer::Buffer(Buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+Buffer::Buffer(size_t nbytes) : Buffer(nbytes, host_allocator()) {}
+Buffer::Buffer(size_t nbytes, const Allocator& memory, Fill fill, const char* what)
+    : data_(memory.allocate(nbytes, fill, what)), size_(nbytes), memory_(&memory) {}
+Buffer::~Buffer() { memory_->release(data_); }
+Buffer::Buffer(Buffer&& o) noexcept
+    : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)),
+      memory_(std::exchange(o.memory_, &host_allocator())) {}
 Buffer& Buffer::operator=(Buffer&& o) noexcept {
   if (this != &o) {
-    std::free(data_);
+    memory_->release(data_);
     data_ = std::exchange(o.data_, nullptr);
     size_ = std::exchange(o.size_, 0);
+    memory_ = std::exchange(o.memory_, &host_allocator());
   }
   return *this;
 }
 
-OwnedTensor::OwnedTensor(DType dtype, std::vector<int64_t> shape) {
+Buffer in_memory(Buffer b, const Allocator& memory, const char* what) {
+  if (b.size() == 0 || memory.holds(b.data())) return b;
+  Buffer out(b.size(), memory, Fill::Zero, what);
+  memory.copy_in(out.data(), b.data(), b.size());
+  return out;
+}
+
+OwnedTensor::OwnedTensor(DType dtype, std::vector<int64_t> shape) : OwnedTensor(dtype, shape, host_allocator()) {}
+OwnedTensor::OwnedTensor(DType dtype, std::vector<int64_t> shape, const Allocator& memory, Fill fill,
+                         const char* what) {
   Tensor probe(nullptr, dtype, shape);
-  buf_ = Buffer(probe.nbytes());
+  buf_ = Buffer(probe.nbytes(), memory, fill, what);
   view_ = Tensor(buf_.data(), dtype, shape);
 }
 

@@ -1,6 +1,7 @@
 // Tensor: a non-owning view (data pointer, dtype, shape, strides in elements)
-// and Buffer: an owning, 64-byte-aligned allocation. Kernels take views and
-// check shapes; they never own memory.
+// and Buffer: an owning, 64-byte-aligned allocation from an Allocator (host
+// memory unless told otherwise). Kernels take views and check shapes; they
+// never own memory.
 #pragma once
 
 #include <cstddef>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "lockstep/base/error.h"
+#include "lockstep/tensor/allocator.h"
 #include "lockstep/tensor/dtype.h"
 
 namespace lockstep {
@@ -59,7 +61,9 @@ void check_dtype(const Tensor& t, DType dtype, const char* what);
 class Buffer {
  public:
   Buffer() = default;
-  explicit Buffer(size_t nbytes);  // zero-filled
+  explicit Buffer(size_t nbytes);  // host memory, zero-filled
+  // `what` names the allocation in the allocator's errors.
+  Buffer(size_t nbytes, const Allocator& memory, Fill fill = Fill::Zero, const char* what = "buffer");
   ~Buffer();
   Buffer(Buffer&& o) noexcept;
   Buffer& operator=(Buffer&& o) noexcept;
@@ -68,23 +72,53 @@ class Buffer {
 
   void* data() const { return data_; }
   size_t size() const { return size_; }
+  // The allocator that holds the memory (host_allocator() when empty).
+  const Allocator& memory() const { return *memory_; }
   template <typename T>
   T* as() const { return static_cast<T*>(data_); }
 
  private:
   void* data_ = nullptr;
   size_t size_ = 0;
+  const Allocator* memory_ = &host_allocator();
+};
+
+// b itself when `memory` holds it, else a copy of it in `memory`.
+Buffer in_memory(Buffer b, const Allocator& memory, const char* what);
+
+// n elements of a trivially copyable T in an allocator's memory, copied in
+// from host values: small tables the kernels read (RoPE cos/sin, ...).
+template <typename T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  DeviceArray(const std::vector<T>& host, const Allocator& memory, const char* what)
+      : buf_(host.size() * sizeof(T), memory, Fill::Undefined, what), n_(host.size()) {
+    memory.copy_in(buf_.data(), host.data(), host.size() * sizeof(T));
+  }
+  const T* data() const { return buf_.as<const T>(); }
+  size_t size() const { return n_; }
+  // Host reads: only for memory the host can see (host, interpret mode).
+  const T& operator[](size_t i) const { return data()[i]; }
+  const Allocator& memory() const { return buf_.memory(); }
+
+ private:
+  Buffer buf_;
+  size_t n_ = 0;
 };
 
 // A Buffer with a dtype and shape: the common case of "a tensor I own".
 class OwnedTensor {
  public:
   OwnedTensor() = default;
-  OwnedTensor(DType dtype, std::vector<int64_t> shape);
+  OwnedTensor(DType dtype, std::vector<int64_t> shape);  // host memory, zero-filled
+  OwnedTensor(DType dtype, std::vector<int64_t> shape, const Allocator& memory, Fill fill = Fill::Zero,
+              const char* what = "tensor");
   const Tensor& view() const { return view_; }
   Tensor& view() { return view_; }
   float* f32() const { return view_.f32(); }
   int64_t numel() const { return view_.numel(); }
+  const Allocator& memory() const { return buf_.memory(); }
 
  private:
   Buffer buf_;

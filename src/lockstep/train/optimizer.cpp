@@ -20,8 +20,8 @@ double lr_at(const OptimizerConfig& c, int64_t step) {
   return c.min_lr + 0.5 * (c.lr - c.min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
-AdamW::AdamW(const ParamLayout& layout, OptimizerConfig config, const ParamLayout* model)
-    : layout_(&layout), model_(model ? model : &layout), config_(config) {
+AdamW::AdamW(const ParamLayout& layout, OptimizerConfig config, const ParamLayout* model, const Allocator& memory)
+    : layout_(&layout), model_(model ? model : &layout), config_(config), memory_(&memory) {
   for (const ParamInfo& info : layout.params()) model_offset_.push_back(model_->at(info.name).offset);
 }
 
@@ -29,8 +29,8 @@ AdamW::AdamW(const ParamLayout& layout, OptimizerConfig config, const ParamLayou
 // pay 2x the model's memory for them.
 void AdamW::ensure_state() {
   if (m_.size() == 0) {
-    m_ = Buffer(layout_->nbytes());
-    v_ = Buffer(layout_->nbytes());
+    m_ = Buffer(layout_->nbytes(), *memory_, Fill::Zero, "optimizer first moment");
+    v_ = Buffer(layout_->nbytes(), *memory_, Fill::Zero, "optimizer second moment");
   }
 }
 

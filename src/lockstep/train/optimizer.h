@@ -50,7 +50,9 @@ class AdamW {
   // whole model's layout, which checkpoint files use, when it differs (expert
   // parallelism: this rank holds only its own experts); tensors are matched
   // by name. Both must outlive the optimizer.
-  AdamW(const ParamLayout& layout, OptimizerConfig config, const ParamLayout* model = nullptr);
+  // The moments live in `memory` (the device memory of the trainer's context).
+  AdamW(const ParamLayout& layout, OptimizerConfig config, const ParamLayout* model = nullptr,
+        const Allocator& memory = host_allocator());
 
   // One step on params from grads (both layout.numel() floats); grads are
   // clipped in place, and frozen tensors' grads zeroed first. A non-finite
@@ -80,6 +82,7 @@ class AdamW {
   const ParamLayout* model_;
   std::vector<int64_t> model_offset_;  // offset in the model layout of each of layout's tensors
   OptimizerConfig config_;
+  const Allocator* memory_;
   Buffer m_, v_;
   int64_t step_ = 0;
 };

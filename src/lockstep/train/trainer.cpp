@@ -11,6 +11,7 @@
 #include "lockstep/base/error.h"
 #include "lockstep/kernels/cpu/adamw.h"
 #include "lockstep/kernels/cpu/softmax.h"
+#include "lockstep/kernels/gpu/backend.h"
 #include "lockstep/model/v4_forward.h"
 
 namespace lockstep::train {
@@ -20,7 +21,10 @@ namespace lockstep::train {
 // largest micro-batch, which attention and its backward read), the saved
 // activations and the logits, so a micro-batch no larger than an earlier one
 // allocates nothing.
+// In the device memory of the trainer's context (kernels::device_memory).
 struct RunBuffers {
+  explicit RunBuffers(const Allocator& memory) : memory(memory), ws(memory) {}
+  const Allocator& memory;
   model::Workspace ws;
   model::KvCache kv;
   model::Activations acts;
@@ -32,11 +36,11 @@ Trainer::Trainer(const Context& ctx, const ModelConfig& config, Buffer params, T
     : ctx_(ctx),
       model_layout_(config),
       layout_(model_layout_),
-      params_(std::move(params)),
-      grads_(layout_.nbytes()),
+      params_(in_memory(std::move(params), kernels::device_memory(ctx), "parameters")),
+      grads_(layout_.nbytes(), kernels::device_memory(ctx), Fill::Zero, "gradients"),
       grad_views_(bind(layout_, grads_.as<float>())),
       cfg_(cfg),
-      optimizer_(layout_, cfg.optim) {
+      optimizer_(layout_, cfg.optim, nullptr, kernels::device_memory(ctx)) {
   LS_CHECK(params_.size() >= layout_.nbytes()) << "parameter buffer of " << params_.size() << " bytes, model needs "
                                                << layout_.nbytes();
   LS_CHECK(cfg_.micro_batch_tokens >= 1) << "micro_batch_tokens must be >= 1";
@@ -76,7 +80,7 @@ void Trainer::set_expert_comm(model::ExpertComm* comm) {
   if (!shard.all()) {
     // Keep this rank's tensors only: the other experts' parameters go.
     ParamLayout mine(c, shard.first, shard.count);
-    Buffer p(mine.nbytes());
+    Buffer p(mine.nbytes(), kernels::device_memory(ctx_), Fill::Zero, "parameters");
     for (const ParamInfo& q : mine.params()) {
       const float* from = params_.as<float>() + layout_.at(q.name).offset;
       std::copy(from, from + q.numel, p.as<float>() + q.offset);
@@ -84,9 +88,9 @@ void Trainer::set_expert_comm(model::ExpertComm* comm) {
     layout_ = std::move(mine);
     params_ = std::move(p);
   }
-  grads_ = Buffer(layout_.nbytes());
+  grads_ = Buffer(layout_.nbytes(), kernels::device_memory(ctx_), Fill::Zero, "gradients");
   grad_views_ = bind(layout_, grads_.as<float>());
-  optimizer_ = AdamW(layout_, optimizer_.config(), &model_layout_);
+  optimizer_ = AdamW(layout_, optimizer_.config(), &model_layout_, kernels::device_memory(ctx_));
   own_expert_ranges_.clear();
   shared_ranges_.clear();
   for (const ParamInfo& p : layout_.params())
@@ -370,7 +374,7 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
     for (size_t i = b0; i < b1; ++i) nb += blocks_of(seqs[i], bs);
     max_blocks_total = std::max(max_blocks_total, nb);
   }
-  if (rb.kv.num_blocks() < max_blocks_total || rb.kv.block_size() != bs) rb.kv = model::KvCache(c, max_blocks_total, bs);
+  if (rb.kv.num_blocks() < max_blocks_total || rb.kv.block_size() != bs) rb.kv = model::KvCache(c, max_blocks_total, bs, DType::F32, rb.memory);
   OwnedTensor &logp = rb.logp, &ent = rb.ent, &tgt = rb.tgt, &dlogp = rb.dlogp, &dent = rb.dent;
   const bool mtp = loss != nullptr && r.mtp_loss_coef > 0;
   std::vector<int64_t> mtp_norm;
@@ -391,15 +395,15 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
     fo.mtp = mtp || (opt.mtp && scores != nullptr);
     model::forward(r.ctx, r.weights, rb.kv, rb.ws, batch, fo, &rb.fr, loss ? &rb.acts : nullptr);
 
-    model::reuse(logp, DType::F32, {R});
-    model::reuse(ent, DType::F32, {R});
-    model::reuse(tgt, DType::I32, {R});
-    if (R > 0) std::memcpy(tgt.view().data, targets.data(), size_t(R) * 4);
+    model::reuse(r.ctx, logp, DType::F32, {R});
+    model::reuse(r.ctx, ent, DType::F32, {R});
+    model::reuse(r.ctx, tgt, DType::I32, {R});
+    rb.memory.copy_in(tgt.view().data, targets.data(), size_t(R) * 4);
     kernels::token_logprob_forward(r.ctx, logp.view(), opt.entropy ? ent.view() : Tensor(), Tensor(),
                                    rb.fr.logits.view(), tgt.view(), opt.temperature);
     // Zeroed: a loss may leave the gradient of tokens it ignores unwritten.
-    std::memset(model::reuse(dlogp, DType::F32, {R}).data, 0, size_t(R) * 4);
-    std::memset(model::reuse(dent, DType::F32, {R}).data, 0, size_t(R) * 4);
+    std::memset(model::reuse(r.ctx, dlogp, DType::F32, {R}).data, 0, size_t(R) * 4);
+    std::memset(model::reuse(r.ctx, dent, DType::F32, {R}).data, 0, size_t(R) * 4);
     for (size_t i = b0; i < b1; ++i) {
       const int64_t r0 = first_row[i - b0], n = seqs[i].num_targets();
       if (scores) {
@@ -441,7 +445,7 @@ double Trainer::accumulate(const std::vector<TrainSequence>& seqs, const LossFn&
 
 double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, const ScoreOptions& opt,
                     std::vector<TokenScores>* scores) {
-  if (!buffers_) buffers_ = std::make_shared<RunBuffers>();
+  if (!buffers_) buffers_ = std::make_shared<RunBuffers>(kernels::device_memory(ctx_));
   RunSpec r{ctx_, *weights_, cfg_.micro_batch_tokens, cfg_.kv_block_size};
   r.recompute = cfg_.recompute_activations;
   r.experts = experts_;
@@ -457,7 +461,7 @@ Scorer::Scorer(const Context& ctx, const ModelConfig& config, Buffer params, int
       params_(std::move(params)),
       micro_batch_tokens_(micro_batch_tokens),
       kv_block_size_(kv_block_size),
-      buffers_(std::make_shared<RunBuffers>()) {
+      buffers_(std::make_shared<RunBuffers>(kernels::device_memory(ctx))) {
   LS_CHECK(params_.size() >= layout_.nbytes()) << "parameter buffer of " << params_.size() << " bytes, model needs "
                                                << layout_.nbytes();
   LS_CHECK(micro_batch_tokens_ >= 1) << "micro_batch_tokens must be >= 1";

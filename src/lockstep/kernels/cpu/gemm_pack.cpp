@@ -9,6 +9,7 @@
 #include "lockstep/kernels/cpu/gemm.h"
 #include "lockstep/kernels/cpu/fp8_quant.h"
 #include "lockstep/kernels/cpu/gemm_microkernel.h"
+#include "lockstep/kernels/gpu/backend.h"
 
 namespace lockstep::kernels {
 
@@ -120,13 +121,20 @@ inline float weight_at(const Tensor& w, int64_t n, int64_t k) {
                                : bf16_to_f32(static_cast<const bf16_t*>(w.data)[i]);
 }
 
-void allocate(PackedWeight& pw) {
+// The panels live in the device memory of the packing context (zeroed: the
+// padding rows of the last panel stay 0). Packing is host code, so it needs
+// memory the host can write.
+void allocate(const Context& ctx, PackedWeight& pw) {
+  const Allocator& memory = device_memory(ctx);
+  LS_CHECK(memory.host_visible()) << "pack_weight: the weights are packed by host code, which cannot write "
+                                  << memory.name() << " device memory";
   const int64_t P = pw.panels();
-  pw.data = Buffer(static_cast<size_t>(P * pw.k * kPanel) * dtype_size(pw.storage));
+  pw.data = Buffer(static_cast<size_t>(P * pw.k * kPanel) * dtype_size(pw.storage), memory, Fill::Zero,
+                   "packed weight");
   if (pw.storage == DType::FP8E4M3) {
     const int64_t NB = pw.scale_blocks_n(), KB = pw.scale_blocks_k();
-    pw.panel_scales = Buffer(static_cast<size_t>(P * KB * kPanel) * sizeof(float));
-    pw.block_scales = Buffer(static_cast<size_t>(NB * KB) * sizeof(float));
+    pw.panel_scales = Buffer(static_cast<size_t>(P * KB * kPanel) * sizeof(float), memory, Fill::Zero, "panel scales");
+    pw.block_scales = Buffer(static_cast<size_t>(NB * KB) * sizeof(float), memory, Fill::Zero, "block scales");
   }
 }
 
@@ -249,7 +257,7 @@ PackedWeight pack_weight(const Context& ctx, const Tensor& w, DType storage, int
   pw.n = w.shape[0];
   pw.k = w.shape[1];
   if (storage == DType::FP8E4M3) pw.block_n = pw.block_k = fp8_block;
-  allocate(pw);
+  allocate(ctx, pw);
   pack_into(ctx, pw, w);
   return pw;
 }
@@ -270,7 +278,7 @@ PackedWeight pack_weight_fp8(const Context& ctx, const Tensor& w, const Tensor& 
   if (scales.ndim != 2 || scales.shape[0] != NB || scales.shape[1] != KB || !scales.is_contiguous())
     LS_THROW << "pack_weight_fp8: scales for w " << w.shape_str() << " with block " << block
              << " must be contiguous (" << NB << ", " << KB << ") f32, got " << scales.shape_str();
-  allocate(pw);
+  allocate(ctx, pw);
   for (int64_t i = 0; i < NB * KB; ++i) {
     const float s = scales.f32()[i];
     if (!(s > 0.0f && s < kMaxFp8Scale))

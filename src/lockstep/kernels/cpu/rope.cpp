@@ -167,19 +167,21 @@ RopeTable build_table(const Context& ctx, int64_t head_dim, double theta, int64_
   tab.theta = theta;
   tab.max_positions = max_positions;
   const int64_t half = head_dim / 2;
-  tab.cos.resize(static_cast<size_t>(max_positions * half));
-  tab.sin.resize(static_cast<size_t>(max_positions * half));
+  std::vector<float> cos(static_cast<size_t>(max_positions * half)), sin(cos.size());
   ctx.parallel_for(
       max_positions,
       [&](int64_t p0, int64_t p1) {
         for (int64_t p = p0; p < p1; ++p)
           for (int64_t i = 0; i < half; ++i) {
             const double angle = static_cast<double>(p) * freq[size_t(i)];
-            tab.cos[size_t(p * half + i)] = static_cast<float>(std::cos(angle));
-            tab.sin[size_t(p * half + i)] = static_cast<float>(std::sin(angle));
+            cos[size_t(p * half + i)] = static_cast<float>(std::cos(angle));
+            sin[size_t(p * half + i)] = static_cast<float>(std::sin(angle));
           }
       },
       64);
+  const Allocator& memory = device_memory(ctx);
+  tab.cos = DeviceArray<float>(cos, memory, "rope cos table");
+  tab.sin = DeviceArray<float>(sin, memory, "rope sin table");
   return tab;
 }
 

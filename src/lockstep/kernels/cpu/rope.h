@@ -29,8 +29,8 @@ struct RopeTable {
   int64_t head_dim = 0;
   double theta = 0;
   int64_t max_positions = 0;
-  std::vector<float> cos;  // (max_positions, head_dim / 2)
-  std::vector<float> sin;  // (max_positions, head_dim / 2)
+  DeviceArray<float> cos;  // (max_positions, head_dim / 2), in the device memory of the building context
+  DeviceArray<float> sin;  // (max_positions, head_dim / 2)
 };
 RopeTable make_rope_table(const Context& ctx, int64_t head_dim, double theta, int64_t max_positions);
 

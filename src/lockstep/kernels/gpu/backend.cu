@@ -13,6 +13,7 @@ GpuBackend make_backend() {
 #else
   b.name = "cuda";
 #endif
+  register_memory(b);
   register_gemm(b);
   register_embedding(b);
   register_attention(b);

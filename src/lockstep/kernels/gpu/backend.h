@@ -26,6 +26,9 @@ struct AdamWParams;
 
 struct GpuBackend {
   const char* name = "";  // "interpret", "cuda", "hip"
+  // The device's memory: the engines allocate weights, KV blocks,
+  // activations and scratch from it (device_memory below).
+  const Allocator* memory = nullptr;
 
   // gemm.h
   void (*gemm_xwt_packed)(const Context&, Tensor y, const Tensor& x, const PackedWeight& w, bool accumulate) = nullptr;
@@ -84,6 +87,12 @@ struct GpuBackend {
 // The interpret-mode backend: the GPU kernel sources compiled by the host
 // compiler and run by the emulator (kernels/gpu/interp/emu.h).
 const GpuBackend& interpret_backend();
+
+// The memory a context's kernels read and write: its backend's device
+// memory, or host memory for the CPU.
+inline const Allocator& device_memory(const Context& ctx) {
+  return ctx.gpu != nullptr && ctx.gpu->memory != nullptr ? *ctx.gpu->memory : host_allocator();
+}
 
 // The context to run a CPU kernel from inside a GPU entry (no re-dispatch).
 inline Context cpu_context(const Context& ctx) {

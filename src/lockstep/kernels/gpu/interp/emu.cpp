@@ -107,6 +107,24 @@ size_t live_allocations() {
   return r.live.size();
 }
 
+bool is_device_memory(const void* p) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.live.upper_bound(p);
+  if (it == r.live.begin()) return false;
+  --it;
+  const auto* user = static_cast<const unsigned char*>(it->first);
+  const auto* q = static_cast<const unsigned char*>(p);
+  return q >= user && q <= user + it->second.bytes;
+}
+
+void check_pointer_arg(const LaunchSite& site, size_t arg, const void* p) {
+  if (p == nullptr || is_device_memory(p)) return;
+  LS_THROW << "interpret mode: kernel " << site.kernel << " launched at " << site.file << ":" << site.line
+           << " was given a host pointer as argument " << arg
+           << " (a device faults on it: allocate the memory through kernels::device_memory(ctx), docs/gpu.md)";
+}
+
 namespace {
 
 // The tail padding [bytes, padded(bytes)) holds the guard pattern from its

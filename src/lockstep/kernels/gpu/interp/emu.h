@@ -14,6 +14,8 @@
 //     poisons it the same way): the NaN reaches the result;
 //   - writes outside a device allocation: every allocation has guard zones on
 //     both sides, checked after every launch; reads there return NaN;
+//   - a kernel given a host pointer: every pointer argument of a launch must
+//     lie inside a device allocation (Options::check_pointers);
 //   - races inside a block: with Options::check_races every launch runs in
 //     all three orders from the same device memory and the results must agree
 //     byte for byte (Schedule::Rotate, the default, changes the order from one
@@ -28,6 +30,7 @@
 #include <functional>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "lockstep/base/thread_pool.h"
@@ -57,6 +60,10 @@ struct Options {
   // Only device_alloc memory is restored: kernels under this check must not
   // write host memory.
   bool check_races = false;
+  // Every pointer argument of a launch must be null or point into a live
+  // device_alloc allocation (as on a device, where a host pointer faults):
+  // catches engine memory that bypassed the device allocator.
+  bool check_pointers = true;
   size_t stack_bytes = 64 * 1024;  // per emulated thread
   int max_threads_per_block = 1024;
   size_t max_shared_bytes = 48 * 1024;  // static shared memory per block (CUDA's default limit)
@@ -87,6 +94,8 @@ void device_free(void* p);
 // overwritten. Every launch calls it on return.
 void check_guards(const char* after_kernel);
 size_t live_allocations();
+// Whether p lies inside a live allocation (its end included: an empty view).
+bool is_device_memory(const void* p);
 
 // ---- what a running kernel thread sees -----------------------------------
 
@@ -113,6 +122,9 @@ struct LaunchSite {
 // Runs body(thread) for every thread of every block of the launch, with the
 // checks above; blocks are spread over ctx's thread pool.
 void run_launch(const Context& ctx, const LaunchSite& site, const std::function<void()>& body);
+// Throws naming the kernel, its launch site and the argument when p is
+// neither null nor device memory.
+void check_pointer_arg(const LaunchSite& site, size_t arg, const void* p);
 
 // LS_LAUNCH(ctx, kernel, grid, block)(args...) in interpret mode.
 template <typename... P>
@@ -125,11 +137,21 @@ class Launch {
   template <typename... A>
   void operator()(A&&... args) const {
     std::tuple<P...> params(std::forward<A>(args)...);
+    if (options().check_pointers) check_pointers(params, std::index_sequence_for<P...>{});
     auto* k = kernel_;
     run_launch(ctx_, site_, [&params, k] { std::apply(k, params); });
   }
 
  private:
+  template <size_t... I>
+  void check_pointers(const std::tuple<P...>& params, std::index_sequence<I...>) const {
+    (check_one(I, std::get<I>(params)), ...);
+  }
+  template <typename T>
+  void check_one(size_t arg, const T& value) const {
+    if constexpr (std::is_pointer_v<T>) check_pointer_arg(site_, arg, static_cast<const void*>(value));
+  }
+
   const Context& ctx_;
   LaunchSite site_;
   void (*kernel_)(P...);

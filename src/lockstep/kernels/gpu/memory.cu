@@ -1,0 +1,114 @@
+// The device memory of each build, behind lockstep's Allocator interface
+// (tensor/allocator.h): emulated device memory with guard zones in interpret
+// mode, cudaMalloc / hipMalloc on a device. The engines allocate weights, KV
+// blocks, activations and scratch through it (kernels::device_memory).
+#include <cstring>
+
+#include "lockstep/base/error.h"
+#include "lockstep/kernels/gpu/registry.h"
+
+namespace lockstep::kernels::gpu::LS_GPU_NS {
+
+namespace {
+
+#if defined(LOCKSTEP_GPU_INTERP)
+
+// Host memory that the emulator knows as device memory: guard zones on both
+// sides (checked after every launch), Undefined contents NaN-poisoned, and
+// every kernel pointer argument checked to lie inside one (emu.h).
+class DeviceMemory final : public Allocator {
+ public:
+  const char* name() const override { return "interpret"; }
+  void* allocate(size_t bytes, Fill fill, const char* what) const override {
+    if (bytes == 0) return nullptr;
+    void* p = ::lockstep::gpu::emu::device_alloc(bytes, what);
+    if (fill == Fill::Zero) std::memset(p, 0, bytes);
+    return p;
+  }
+  // device_free throws only for a pointer it never gave out: a bug, which
+  // terminates here.
+  void release(void* p) const noexcept override { ::lockstep::gpu::emu::device_free(p); }
+  bool host_visible() const override { return true; }
+  bool holds(const void* p) const override { return ::lockstep::gpu::emu::is_device_memory(p); }
+  void copy_in(void* dst, const void* src, size_t bytes) const override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void copy_out(void* dst, const void* src, size_t bytes) const override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void copy(void* dst, const void* src, size_t bytes) const override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+};
+
+#else
+
+#if defined(LOCKSTEP_GPU_HIP)
+#define LS_RT(x) hip##x
+#else
+#define LS_RT(x) cuda##x
+#endif
+
+// The runtime's device memory. Host code never touches it: copies go
+// through copy_in / copy_out (synchronous, on the default stream, which
+// also orders them after the kernels launched before).
+class DeviceMemory final : public Allocator {
+ public:
+#if defined(LOCKSTEP_GPU_HIP)
+  const char* name() const override { return "hip"; }
+#else
+  const char* name() const override { return "cuda"; }
+#endif
+  void* allocate(size_t bytes, Fill fill, const char* what) const override {
+    if (bytes == 0) return nullptr;
+    void* p = nullptr;
+    // The runtime aligns allocations to at least 256 bytes.
+    const auto rc = LS_RT(Malloc)(&p, bytes);
+    LS_CHECK(rc == LS_RT(Success)) << name() << ": out of device memory allocating " << bytes << " bytes for "
+                                   << what << " (" << LS_RT(GetErrorString)(rc) << ")";
+    // Undefined memory is set to 0xFF bytes (NaN as f32), as in interpret
+    // mode, so a read of an unwritten element shows the same way.
+    check(LS_RT(Memset)(p, fill == Fill::Zero ? 0 : 0xFF, bytes), "memset");
+    return p;
+  }
+  void release(void* p) const noexcept override {
+    if (p) (void)LS_RT(Free)(p);
+  }
+  bool host_visible() const override { return false; }
+  bool holds(const void* p) const override {
+#if defined(LOCKSTEP_GPU_HIP)
+    hipPointerAttribute_t a{};  // ROCm 5: memoryType
+    return hipPointerGetAttributes(&a, p) == hipSuccess && a.memoryType == hipMemoryTypeDevice;
+#else
+    cudaPointerAttributes a{};
+    return cudaPointerGetAttributes(&a, p) == cudaSuccess && a.type == cudaMemoryTypeDevice;
+#endif
+  }
+  void copy_in(void* dst, const void* src, size_t bytes) const override {
+    if (bytes) check(LS_RT(Memcpy)(dst, src, bytes, LS_RT(MemcpyHostToDevice)), "copy to the device");
+  }
+  void copy_out(void* dst, const void* src, size_t bytes) const override {
+    if (bytes) check(LS_RT(Memcpy)(dst, src, bytes, LS_RT(MemcpyDeviceToHost)), "copy from the device");
+  }
+  void copy(void* dst, const void* src, size_t bytes) const override {
+    if (bytes) check(LS_RT(Memcpy)(dst, src, bytes, LS_RT(MemcpyDeviceToDevice)), "copy on the device");
+  }
+
+ private:
+  template <typename E>
+  void check(E rc, const char* what) const {
+    LS_CHECK(rc == LS_RT(Success)) << name() << ": " << what << " failed (" << LS_RT(GetErrorString)(rc) << ")";
+  }
+};
+
+#undef LS_RT
+#endif
+
+}  // namespace
+
+void register_memory(GpuBackend& b) {
+  static const DeviceMemory* memory = new DeviceMemory;  // never destroyed: buffers release through it at exit
+  b.memory = memory;
+}
+
+}  // namespace lockstep::kernels::gpu::LS_GPU_NS
