@@ -16,5 +16,6 @@ void register_softmax(GpuBackend& b);      // softmax.cu
 void register_attention(GpuBackend& b);    // attention.cu
 void register_moe(GpuBackend& b);          // moe.cu
 void register_adamw(GpuBackend& b);        // adamw.cu
+void register_sampling(GpuBackend& b);     // sampling.cu
 
 }  // namespace lockstep::kernels::gpu::LS_GPU_NS
