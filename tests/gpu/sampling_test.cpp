@@ -8,7 +8,9 @@
 // ((P_c + w_0) + w_1) + ... instead of P_c + ((w_0 + w_1) + ...) in the GPU's
 // first_reaching made GpuMatchesCpuAtTheBoundariesOfEveryInterval fail on the
 // spread row (mode 0, draw 4); random draws alone (the other tests) did not
-// catch it, which is why the boundary test exists.
+// catch it, which is why the boundary test exists. Dropping the barrier after
+// each bitonic pass made every comparison test fail and SameTokensInEveryThreadOrder
+// report the race (the chunk sums differ in reverse thread order).
 #include <gtest/gtest.h>
 
 #include <algorithm>
