@@ -25,7 +25,7 @@ TEST(GpuParity, InterpretBackendCoversTheRolloutForward) {
   missing += " ";
   for (const char* need : {"gemm_xwt_packed", "embedding_forward", "rmsnorm_forward", "add_rmsnorm_forward",
                            "rope_forward", "swiglu_forward", "token_logprob_forward", "kv_cache_write",
-                           "attention_forward", "moe_route", "moe_gather", "moe_combine"})
+                           "attention_forward", "moe_route", "moe_gather", "moe_combine", "sample_rows"})
     EXPECT_EQ(missing.find(std::string(" ") + need + " "), std::string::npos)
         << need << " is not covered; missing:" << missing;
 }

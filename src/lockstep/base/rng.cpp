@@ -3,25 +3,12 @@
 
 #include <cmath>
 
+#include "lockstep/base/philox.h"
+
 namespace lockstep {
 
-namespace {
-constexpr uint32_t kMul0 = 0xD2511F53u;
-constexpr uint32_t kMul1 = 0xCD9E8D57u;
-constexpr uint32_t kWeyl0 = 0x9E3779B9u;  // golden ratio
-constexpr uint32_t kWeyl1 = 0xBB67AE85u;  // sqrt(3) - 1
-}  // namespace
-
 std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> c, std::array<uint32_t, 2> k) {
-  for (int round = 0; round < 10; ++round) {
-    const uint64_t p0 = static_cast<uint64_t>(kMul0) * c[0];
-    const uint64_t p1 = static_cast<uint64_t>(kMul1) * c[2];
-    const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
-    const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
-    c = {hi1 ^ c[1] ^ k[0], lo1, hi0 ^ c[3] ^ k[1], lo0};
-    k[0] += kWeyl0;
-    k[1] += kWeyl1;
-  }
+  philox::rounds10(c.data(), k[0], k[1]);  // the device code's rounds (base/philox.h)
   return c;
 }
 

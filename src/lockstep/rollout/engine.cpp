@@ -13,6 +13,7 @@
 #include "lockstep/base/log.h"
 #include "lockstep/base/rng.h"
 #include "lockstep/base/timer.h"
+#include "lockstep/kernels/cpu/sampling.h"
 #include "lockstep/kernels/gpu/backend.h"
 #include "lockstep/model/v4_forward.h"
 
@@ -61,7 +62,6 @@ struct Engine::Chunk {
 struct Engine::Draw {
   Sequence* s = nullptr;
   const float* row = nullptr;  // (V) the logits it is drawn from
-  double u = 0;                // its random number
   int32_t tok = 0;
   float logprob = 0.0f;
 };
@@ -545,20 +545,21 @@ void Engine::fork_leaders(std::vector<Chunk>& chunks) {
 }
 
 // Phase 6: one draw per live sequence of each chunk with logits, in chunk
-// order (a just-forked leader's samples in index order); the choices run in
-// parallel, each a pure function of its row, its params and its random number.
+// order (a just-forked leader's samples in index order); the choices are one
+// sampling-kernel call, each a pure function of its row, its params and its
+// random number (Philox at the sample's stream and position).
 std::vector<Engine::Draw> Engine::sample(const std::vector<Chunk>& chunks, const model::ForwardResult& fr) {
   const int64_t V = weights_->config().vocab_size;
   std::vector<Draw> draws;
+  std::vector<kernels::SampleSpec> specs;  // one per draw
   for (const Chunk& w : chunks) {
     if (w.logit_row < 0) continue;
     Group& g = *w.s->group;
     const float* row = fr.logits.f32() + w.logit_row * V;
     auto draw = [&](Sequence* s) {
       if (s->finished) return;
-      const int64_t pos = int64_t(s->tokens.size());
-      const double u = Philox(g.seed).uniform_double(sample_stream(g.seed, s->index), uint64_t(pos));
-      draws.push_back({s, row, u});
+      draws.push_back({s, row});
+      specs.push_back(sample_spec(g.req.params, g.seed, s->index, int64_t(s->tokens.size()), w.logit_row));
     };
     if (w.forked) {
       for (auto& q : g.seqs) draw(q.get());
@@ -566,12 +567,15 @@ std::vector<Engine::Draw> Engine::sample(const std::vector<Chunk>& chunks, const
       draw(w.s);
     }
   }
-  ctx_.parallel_for(int64_t(draws.size()), [&](int64_t b0, int64_t b1) {
-    for (int64_t i = b0; i < b1; ++i) {
-      Draw& d = draws[size_t(i)];
-      d.tok = sample_token(d.row, V, d.s->group->req.params, d.u);
-    }
-  });
+  // The choices: one kernel call, each a pure function of its row and spec.
+  std::vector<int32_t> toks(draws.size());
+  if (!draws.empty()) {
+    const Allocator& memory = kernels::device_memory(ctx_);
+    Buffer chosen(toks.size() * sizeof(int32_t), memory, Fill::Undefined, "sampled tokens");
+    kernels::sample_rows(ctx_, Tensor(chosen.data(), DType::I32, {int64_t(toks.size())}), fr.logits.view(), specs);
+    memory.copy_out(toks.data(), chosen.data(), chosen.size());
+  }
+  for (size_t i = 0; i < draws.size(); ++i) draws[i].tok = toks[i];
   score_draws(draws);
   return draws;
 }

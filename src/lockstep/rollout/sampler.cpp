@@ -1,13 +1,13 @@
-// Sampling: the distribution is computed in double from the f32 logits (only
-// the choice depends on it; the reported logprob comes from the kernel).
+// Sampling: the parameters of a draw for the sampling kernel
+// (kernels/cpu/sampling.h, which defines the choice); the reported logprob
+// comes from token_logprob_forward.
 #include "lockstep/rollout/sampler.h"
 
-#include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include "lockstep/base/error.h"
 #include "lockstep/base/rng.h"
+#include "lockstep/kernels/cpu/sampling.h"
 #include "lockstep/kernels/cpu/softmax.h"
 #include "lockstep/kernels/gpu/backend.h"
 
@@ -26,87 +26,22 @@ uint64_t sample_stream(uint64_t request_seed, int64_t sample_index) {
   return mix_seed(request_seed, uint64_t(sample_index));
 }
 
+kernels::SampleSpec sample_spec(const SamplingParams& p, uint64_t request_seed, int64_t sample_index,
+                                int64_t position, int64_t logit_row) {
+  kernels::SampleSpec s;
+  s.logit_row = logit_row;
+  s.temperature = p.temperature;
+  s.top_k = p.top_k;
+  s.top_p = p.top_p;
+  s.min_p = p.min_p;
+  s.seed = request_seed;
+  s.stream = sample_stream(request_seed, sample_index);
+  s.counter = uint64_t(position);
+  return s;
+}
+
 int32_t sample_token(const float* logits, int64_t V, const SamplingParams& p, double u) {
-  LS_CHECK(V >= 1) << "empty vocabulary";
-  if (p.temperature == 0.0f || p.top_k == 1) {
-    int64_t best = 0;
-    for (int64_t i = 1; i < V; ++i)
-      if (logits[i] > logits[best]) best = i;
-    return int32_t(best);
-  }
-  const double inv_t = 1.0 / double(p.temperature);
-  // No truncation: the inverse CDF over token ids in order, no sort needed.
-  if ((p.top_k <= 0 || p.top_k >= V) && p.top_p >= 1.0f && p.min_p <= 0.0f) {
-    float mx = logits[0];
-    for (int64_t i = 1; i < V; ++i) mx = std::max(mx, logits[i]);
-    const double zmax = double(mx) * inv_t;
-    std::vector<double> w(static_cast<size_t>(V));
-    double total = 0;
-    for (int64_t i = 0; i < V; ++i) {
-      w[size_t(i)] = std::exp(double(logits[i]) * inv_t - zmax);
-      total += w[size_t(i)];
-    }
-    const double target = u * total;
-    double cum = 0;
-    int64_t last = 0;
-    for (int64_t i = 0; i < V; ++i) {
-      if (w[size_t(i)] <= 0.0) continue;
-      cum += w[size_t(i)];
-      last = i;
-      if (target < cum) return int32_t(i);
-    }
-    return int32_t(last);  // rounding: u * total beyond the summed mass
-  }
-  // Candidates sorted by logit descending, ties by id (a stable order).
-  std::vector<int32_t> idx(static_cast<size_t>(V));
-  std::iota(idx.begin(), idx.end(), 0);
-  int64_t keep = V;
-  if (p.top_k > 0 && p.top_k < V) {
-    keep = p.top_k;
-    std::partial_sort(idx.begin(), idx.begin() + keep, idx.end(), [&](int32_t a, int32_t b) {
-      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-    });
-  } else {
-    std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
-      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-    });
-  }
-  const double zmax = double(logits[idx[0]]) * inv_t;
-  std::vector<double> w(static_cast<size_t>(keep));
-  double total = 0;
-  for (int64_t i = 0; i < keep; ++i) {
-    w[size_t(i)] = std::exp(double(logits[idx[size_t(i)]]) * inv_t - zmax);
-    total += w[size_t(i)];
-  }
-  // min-p: drop tokens whose probability is below min_p * p_max (p_max = w[0] / total).
-  if (p.min_p > 0.0f) {
-    const double floor = double(p.min_p) * w[0];
-    int64_t k = 1;
-    while (k < keep && w[size_t(k)] >= floor) ++k;
-    for (int64_t i = k; i < keep; ++i) total -= w[size_t(i)];
-    keep = k;
-    total = 0;
-    for (int64_t i = 0; i < keep; ++i) total += w[size_t(i)];
-  }
-  // top-p: the smallest prefix whose mass reaches top_p.
-  if (p.top_p < 1.0f) {
-    double cum = 0;
-    int64_t k = 0;
-    while (k < keep) {
-      cum += w[size_t(k)] / total;
-      ++k;
-      if (cum >= double(p.top_p)) break;
-    }
-    keep = k;
-    total = 0;
-    for (int64_t i = 0; i < keep; ++i) total += w[size_t(i)];
-  }
-  double target = u * total, cum = 0;
-  for (int64_t i = 0; i < keep; ++i) {
-    cum += w[size_t(i)];
-    if (target < cum) return idx[size_t(i)];
-  }
-  return idx[size_t(keep - 1)];
+  return kernels::sample_row(logits, V, sample_spec(p, 0, 0, 0, 0), u);
 }
 
 void token_logprobs(const Context& ctx, const Tensor& logits, const std::vector<int32_t>& tokens, float temperature,

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "lockstep/base/thread_pool.h"
+#include "lockstep/kernels/sampling_rules.h"
 #include "lockstep/tensor/tensor.h"
 
 namespace lockstep::rollout {
@@ -37,11 +38,18 @@ struct SamplingParams {
 // Per-sample random stream key.
 uint64_t sample_stream(uint64_t request_seed, int64_t sample_index);
 
-// Samples one token from logits (V) f32. `u` in [0, 1) is the sample's draw.
-// Without truncation (top-k, top-p, min-p off) the inverse CDF runs over token
-// ids in order; with truncation over the candidates sorted by probability,
-// ties ordered by lower id. Greedy picks the lowest id among the maxima.
-// Scratch is per call; thread-safe.
+// The draw of sample `sample_index` of a request at token position
+// `position` on logits row `logit_row`: its random number is
+// Philox(request_seed) at (sample_stream(request_seed, sample_index), position).
+kernels::SampleSpec sample_spec(const SamplingParams& p, uint64_t request_seed, int64_t sample_index,
+                                int64_t position, int64_t logit_row);
+
+// Samples one token from logits (V) f32 with the draw `u` in [0, 1) given: the
+// one-row form of kernels::sample_rows (kernels/cpu/sampling.h defines the
+// choice). Without truncation (top-k, top-p, min-p off) the inverse CDF runs
+// over token ids in order; with truncation over the candidates sorted by
+// logit, ties ordered by lower id. Greedy picks the lowest id among the
+// maxima. Thread-safe.
 int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p, double u);
 
 // Logprob of `token` under softmax(logits / T) for each row: the same kernel

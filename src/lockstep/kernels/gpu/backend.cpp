@@ -34,6 +34,7 @@ void for_each_entry(const GpuBackend& b, Fn&& fn) {
   LS_ENTRY(moe_gather_backward);
   LS_ENTRY(moe_combine_backward);
   LS_ENTRY(adamw_step);
+  LS_ENTRY(sample_rows);
 #undef LS_ENTRY
 }
 

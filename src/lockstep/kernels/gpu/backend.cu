@@ -22,6 +22,7 @@ GpuBackend make_backend() {
   register_softmax(b);
   register_moe(b);
   register_adamw(b);
+  register_sampling(b);
   return b;
 }
 

@@ -23,6 +23,7 @@ struct AttentionBatch;
 struct MoeDispatch;
 struct RouterConfig;
 struct AdamWParams;
+struct SampleSpec;
 
 struct GpuBackend {
   const char* name = "";  // "interpret", "cuda", "hip"
@@ -78,6 +79,9 @@ struct GpuBackend {
   // adamw.h
   void (*adamw_step)(const Context&, float* param, const float* grad, float* m, float* v, int64_t n,
                      const AdamWParams& hp) = nullptr;
+  // sampling.h
+  void (*sample_rows)(const Context&, Tensor tokens_out, const Tensor& logits,
+                      const std::vector<SampleSpec>& rows) = nullptr;
 
   // Names of the entries left null (the kernels this backend does not cover).
   std::vector<std::string> missing() const;

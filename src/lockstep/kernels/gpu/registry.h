@@ -17,5 +17,6 @@ void register_attention(GpuBackend& b);    // attention.cu
 void register_moe(GpuBackend& b);          // moe.cu
 void register_adamw(GpuBackend& b);        // adamw.cu
 void register_memory(GpuBackend& b);       // memory.cu: the device allocator
+void register_sampling(GpuBackend& b);     // sampling.cu
 
 }  // namespace lockstep::kernels::gpu::LS_GPU_NS
