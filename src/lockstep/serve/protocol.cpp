@@ -434,6 +434,9 @@ GenJob parse_chat(const json& body, const tokenizer::Tokenizer* tok, const Model
     chat.push_back(std::move(cm));
   }
   parse_openai_sampling(f, job, lim);
+  job.return_logprob = f.get_bool("logprobs", false);
+  job.params.top_logprobs = parse_top_count(f, "top_logprobs");
+  if (job.params.top_logprobs > 0 && !job.return_logprob) bad("top_logprobs needs logprobs: true");
   const bool add_generation_prompt = f.get_bool("add_generation_prompt", true);
   const auto& t = need_tokenizer(tok, "messages");
   try {
@@ -446,9 +449,6 @@ GenJob parse_chat(const json& body, const tokenizer::Tokenizer* tok, const Model
     bad("give max_tokens or max_completion_tokens, not both");
   // Without a limit a chat answer may use the rest of the context (as vLLM).
   job.params.max_new_tokens = f.get_int("max_tokens", f.get_int("max_completion_tokens", lim.context));
-  job.return_logprob = f.get_bool("logprobs", false);
-  job.params.top_logprobs = parse_top_count(f, "top_logprobs");
-  if (job.params.top_logprobs > 0 && !job.return_logprob) bad("top_logprobs needs logprobs: true");
   if (const json* tools = f.get("tools"))
     if (!tools->is_array() || !tools->empty()) bad("tools are not supported");
   f.get_string("tool_choice", "none");
