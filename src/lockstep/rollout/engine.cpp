@@ -804,7 +804,10 @@ void Engine::complete_finished_groups() {
         sr.output_ids.assign(q->tokens.begin() + g.prompt_len, q->tokens.end());
         sr.logprobs = q->logprobs;
         sr.top_logprobs = q->top;
-        if (!g.req.params.return_logprobs) sr.logprobs.clear();
+        if (!g.req.params.return_logprobs) {
+          sr.logprobs.clear();
+          sr.top_logprobs.clear();
+        }
         sr.finish_reason = q->reason;
         sr.weight_version = q->version_first;
         sr.weight_version_end = q->version_last;
