@@ -153,6 +153,21 @@ void top_logprobs(const Context& ctx, const Tensor& logits, int64_t k, float tem
       for (int64_t i = 0; i < k; ++i) t.emplace_back(idx[size_t(i)], lp[idx[size_t(i)]]);
     }
   });
+  // The values themselves from token_logprob_forward, one call per rank, so
+  // they are its bits on whichever backend `ctx` selects (on the CPU,
+  // log_softmax_forward's already are; then the order cannot change).
+  std::vector<int32_t> targets(static_cast<size_t>(R));
+  std::vector<float> values(static_cast<size_t>(R));
+  for (int64_t i = 0; i < k; ++i) {
+    for (int64_t r = 0; r < R; ++r) targets[size_t(r)] = (*out)[size_t(r)][size_t(i)].first;
+    kernels::token_logprob_forward(ctx, Tensor(values.data(), DType::F32, {R}), Tensor(), Tensor(), logits,
+                                   Tensor(targets.data(), DType::I32, {R}), temperature);
+    for (int64_t r = 0; r < R; ++r) (*out)[size_t(r)][size_t(i)].second = values[size_t(r)];
+  }
+  for (TopLogprobs& t : *out)
+    std::stable_sort(t.begin(), t.end(), [](const auto& a, const auto& b) {
+      return a.second > b.second || (a.second == b.second && a.first < b.first);
+    });
 }
 
 }  // namespace lockstep::rollout

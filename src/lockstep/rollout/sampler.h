@@ -72,9 +72,10 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p
 void token_logprobs(const Context& ctx, const Tensor& logits, const std::vector<int32_t>& tokens, float temperature,
                     std::vector<float>* out);
 
-// The k most likely tokens of each row under softmax(logits / T): each value
-// is bit for bit what token_logprob_forward gives for that token on that row
-// (kernels::log_softmax_forward, its documented twin). logits (R, V); out (R).
+// The k most likely tokens of each row under softmax(logits / T), ranked by
+// kernels::log_softmax_forward (token_logprob_forward's documented twin);
+// each value is token_logprob_forward's for that token on that row, bit for
+// bit. logits (R, V); out (R).
 void top_logprobs(const Context& ctx, const Tensor& logits, int64_t k, float temperature,
                   std::vector<TopLogprobs>* out);
 
