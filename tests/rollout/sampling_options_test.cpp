@@ -14,6 +14,7 @@
 #include "lockstep/model/params.h"
 #include "lockstep/rollout/engine.h"
 #include "lockstep/rollout/logit_processors.h"
+#include "lockstep/rollout/rollout_config.h"
 #include "lockstep/train/trainer.h"
 
 namespace lockstep::rollout {
@@ -384,6 +385,35 @@ TEST(LogitProcessors, ALogitBiasIdOutsideTheVocabularyIsRejected) {
   Request r = req(prompt(5, 1), 1.0f, 1, 2);
   r.params.logit_bias = {{64, 1.0f}};
   EXPECT_THROW(e.submit(r), Error);
+}
+
+// The [rollout] keys of the processors, and errors naming the key.
+TEST(LogitProcessors, RolloutConfigKeys) {
+  auto section = [](const std::string& text) {
+    toml::table t = toml::parse(text);
+    TomlSection s(t["rollout"].as_table(), "run.toml", "rollout");
+    RolloutSection r = rollout_section_from_toml(s);
+    s.finish();
+    return r.sampling;
+  };
+  const SamplingParams p = section(
+      "[rollout]\nfrequency_penalty = 0.5\npresence_penalty = -0.25\nrepetition_penalty = 1.1\nmin_new_tokens = 3\n");
+  EXPECT_FLOAT_EQ(p.frequency_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(p.presence_penalty, -0.25f);
+  EXPECT_FLOAT_EQ(p.repetition_penalty, 1.1f);
+  EXPECT_EQ(p.min_new_tokens, 3);
+  EXPECT_FALSE(section("[rollout]\n").processes_logits());
+  for (const char* bad : {"frequency_penalty = 3.0", "presence_penalty = -2.5", "repetition_penalty = 0.0",
+                          "min_new_tokens = -1"}) {
+    const std::string key = std::string(bad).substr(0, std::string(bad).find(' '));
+    try {
+      section(std::string("[rollout]\n") + bad + "\n");
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("run.toml"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace lockstep::rollout
