@@ -36,16 +36,31 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#PACKAGES[@]} packages present"
-  exit 0
+else
+  echo "install-deps: installing ${missing[*]}"
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "install-deps: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+    SUDO="sudo"
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  echo "install-deps: done"
 fi
 
-echo "install-deps: installing ${missing[*]}"
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null || { echo "install-deps: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
-  SUDO="sudo"
+# The JavaScript test client (tests/cli/openai_client.sh): the official openai
+# npm package at the version package-lock.json pins, from the npm registry,
+# only where node and npm exist (without node that test skips). Skipped when
+# node_modules already matches the lock.
+CLIENT="$(cd "$(dirname "$0")/.." && pwd)/tests/serve/openai_client"
+if command -v node >/dev/null && command -v npm >/dev/null; then
+  if [ ! -f "$CLIENT/node_modules/.package-lock.json" ] ||
+     ! cmp -s <(sed -n '/"node_modules\//,$p' "$CLIENT/package-lock.json") \
+               <(sed -n '/"node_modules\//,$p' "$CLIENT/node_modules/.package-lock.json"); then
+    echo "install-deps: npm ci in tests/serve/openai_client"
+    (cd "$CLIENT" && npm ci --no-audit --no-fund --loglevel=error)
+  fi
+else
+  echo "install-deps: node/npm not found; the openai npm client test will skip"
 fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-echo "install-deps: done"

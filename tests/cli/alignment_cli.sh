@@ -43,6 +43,18 @@ PY
 python3 -c "import json,sys; j=json.loads(open('$T/a.json').read()); assert j['train/train_rollout_logprob_abs_diff']==0 and j['train/train_rollout_logprob_bitwise_equal_frac']==1, j"
 "$BIN" check-alignment --model "$T/m" --data "$T/p.jsonl" --precision bf16 --trainer-precision f32 --n 4 --max-new-tokens 12 --json "$T/b.json" >/dev/null
 python3 -c "import json; j=json.loads(open('$T/b.json').read()); assert j['train/train_rollout_logprob_abs_diff']>0, j"
+# Penalties change what is sampled, not the logprobs: still a zero gap, and a note says so.
+out=$("$BIN" check-alignment --model "$T/m" --data "$T/p.jsonl" --n 2 --max-new-tokens 12 --repetition-penalty 1.5 \
+  --frequency-penalty 0.5 --presence-penalty 0.5 --min-new-tokens 4 --json "$T/p.json")
+echo "$out" | grep -q "change what is sampled, not the reported" || { echo "no penalty note: $out"; exit 1; }
+python3 -c "import json; j=json.loads(open('$T/p.json').read()); assert j['train/train_rollout_logprob_bitwise_equal_frac']==1, j"
+"$BIN" check-alignment --model "$T/m" --data "$T/p.jsonl" --n 2 --max-new-tokens 4 | grep -q "change what is sampled" &&
+  { echo "penalty note without penalties"; exit 1; }
+set +e
+out=$("$BIN" check-alignment --model "$T/m" --data "$T/p.jsonl" --frequency-penalty 3 2>&1)
+rc=$?
+set -e
+[ $rc -eq 2 ] && echo "$out" | grep -q "frequency_penalty" || { echo "bad penalty: rc $rc: $out"; exit 1; }
 # A fast-mode gap above an explicit limit fails with exit code 1.
 set +e
 "$BIN" check-alignment --model "$T/m" --data "$T/p.jsonl" --precision fp8 --trainer-precision f32 --n 4 --max-new-tokens 12 --max-abs-diff 1e-9 >/dev/null

@@ -3,6 +3,7 @@
 // context checks, stop-string search and hold-back, per-sample ids.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -127,6 +128,141 @@ TEST(ServeProtocol, SampleIdsAndErrorBody) {
   EXPECT_EQ(e["error"]["message"], "bad thing");
   EXPECT_EQ(e["error"]["type"], "invalid_request_error");
   EXPECT_EQ(e["error"]["code"], 400);
+}
+
+// The message of the 400 a parse throws.
+std::string error_of(const json& body, GenJob (*parse)(const json&, const tokenizer::Tokenizer*,
+                                                      const ModelLimits&) = parse_generate) {
+  return parse_error(body, parse).what();
+}
+
+const json kChat = json::array({{{"role", "user"}, {"content", "hi"}}});
+
+TEST(ServeProtocol, TopLogprobsAndPenaltiesAreParsedFromEveryApi) {
+  const GenJob c = parse_completions(json{{"prompt", {1, 2}},
+                                          {"logprobs", 5},
+                                          {"echo", true},
+                                          {"frequency_penalty", 0.5},
+                                          {"presence_penalty", -1.0},
+                                          {"repetition_penalty", 1.2},
+                                          {"min_tokens", 3},
+                                          {"logit_bias", {{"7", 100}, {"0", -2.5}}}},
+                                     nullptr, kLimits);
+  EXPECT_TRUE(c.return_logprob);
+  EXPECT_EQ(c.params.top_logprobs, 5);
+  EXPECT_TRUE(c.echo);
+  EXPECT_EQ(c.logprob_start, 0);  // echo with logprobs: the prompt's logprobs too
+  EXPECT_FLOAT_EQ(c.params.frequency_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(c.params.presence_penalty, -1.0f);
+  EXPECT_FLOAT_EQ(c.params.repetition_penalty, 1.2f);
+  EXPECT_EQ(c.params.min_new_tokens, 3);
+  EXPECT_EQ(c.params.logit_bias, (std::vector<std::pair<int32_t, float>>{{0, -2.5f}, {7, 100.0f}}));
+  const GenJob zero = parse_completions(json{{"prompt", {1, 2}}, {"logprobs", 0}}, nullptr, kLimits);
+  EXPECT_TRUE(zero.return_logprob);
+  EXPECT_EQ(zero.params.top_logprobs, 0);
+  EXPECT_EQ(zero.logprob_start, -1);
+
+  const GenJob g = parse_generate(json{{"input_ids", {1, 2, 3}},
+                                       {"return_logprob", true},
+                                       {"top_logprobs_num", 4},
+                                       {"logprob_start_len", 1},
+                                       {"sampling_params", {{"min_new_tokens", 2}, {"repetition_penalty", 0.9}}}},
+                                  nullptr, kLimits);
+  EXPECT_EQ(g.params.top_logprobs, 4);
+  EXPECT_EQ(g.logprob_start, 1);
+  EXPECT_EQ(g.params.min_new_tokens, 2);
+  EXPECT_FLOAT_EQ(g.params.repetition_penalty, 0.9f);
+}
+
+TEST(ServeProtocol, TopLogprobsAndPenaltyErrorsNameTheField) {
+  const json p = {1, 2};
+  EXPECT_NE(error_of(json{{"prompt", p}, {"logprobs", 21}}, parse_completions).find("logprobs must be in [0, 20]"),
+            std::string::npos);
+  EXPECT_NE(error_of(json{{"prompt", p}, {"logprobs", -1}}, parse_completions).find("logprobs"), std::string::npos);
+  EXPECT_NE(error_of(json{{"prompt", p}, {"logprobs", true}}, parse_completions).find("logprobs"),
+            std::string::npos);
+  EXPECT_NE(error_of(json{{"prompt", p}, {"frequency_penalty", 2.5}}, parse_completions)
+                .find("frequency_penalty must be in [-2, 2]"),
+            std::string::npos);
+  // OpenAI's fields sit at the top level: the message names them so.
+  EXPECT_EQ(error_of(json{{"prompt", p}, {"presence_penalty", -3}}, parse_completions).find("sampling_params."),
+            std::string::npos);
+  EXPECT_NE(error_of(json{{"prompt", p}, {"repetition_penalty", 0}}, parse_completions).find("repetition_penalty"),
+            std::string::npos);
+  EXPECT_NE(error_of(json{{"prompt", p}, {"min_tokens", -1}}, parse_completions).find("min_tokens"),
+            std::string::npos);
+  EXPECT_NE(error_of(json{{"prompt", p}, {"logit_bias", {{"abc", 1}}}}, parse_completions).find("\"abc\""),
+            std::string::npos);
+  EXPECT_NE(error_of(json{{"prompt", p}, {"logit_bias", {{"-3", 1}}}}, parse_completions).find("not a token id"),
+            std::string::npos);
+  EXPECT_NE(error_of(json{{"prompt", p}, {"logit_bias", {{"50", 1}}}}, parse_completions).find("out of range"),
+            std::string::npos);
+  EXPECT_NE(error_of(json{{"prompt", p}, {"logit_bias", {{"5", 101}}}}, parse_completions)
+                .find("logit_bias[\"5\"] must be in [-100, 100]"),
+            std::string::npos);
+  EXPECT_NE(error_of(json{{"prompt", p}, {"logit_bias", {{"5", "x"}}}}, parse_completions).find("logit_bias[\"5\"]"),
+            std::string::npos);
+  EXPECT_NE(error_of(json{{"prompt", p}, {"logit_bias", {1, 2}}}, parse_completions).find("logit_bias must be"),
+            std::string::npos);
+  EXPECT_NE(error_of(json{{"prompt", p}, {"echo", true}, {"logprobs", 1}, {"stream", true}}, parse_completions)
+                .find("echo"),
+            std::string::npos);
+
+  EXPECT_NE(error_of(json{{"messages", kChat}, {"top_logprobs", 3}}, parse_chat).find("top_logprobs needs logprobs"),
+            std::string::npos);
+  EXPECT_NE(error_of(json{{"messages", kChat}, {"logprobs", true}, {"top_logprobs", 21}}, parse_chat)
+                .find("top_logprobs must be in [0, 20]"),
+            std::string::npos);
+
+  const json ids = {1, 2, 3};
+  EXPECT_NE(error_of(json{{"input_ids", ids}, {"top_logprobs_num", 2}}).find("top_logprobs_num needs return_logprob"),
+            std::string::npos);
+  EXPECT_NE(error_of(json{{"input_ids", ids}, {"return_logprob", true}, {"top_logprobs_num", 21}})
+                .find("top_logprobs_num must be in [0, 20]"),
+            std::string::npos);
+  EXPECT_NE(error_of(json{{"input_ids", ids}, {"logprob_start_len", 0}}).find("logprob_start_len needs"),
+            std::string::npos);
+  EXPECT_NE(error_of(json{{"input_ids", ids}, {"return_logprob", true}, {"logprob_start_len", 3}})
+                .find("logprob_start_len (3) must be less than the length of prompt 0"),
+            std::string::npos);
+  EXPECT_NE(error_of(json{{"input_ids", ids}, {"sampling_params", {{"presence_penalty", 9}}}})
+                .find("sampling_params.presence_penalty"),
+            std::string::npos);
+  EXPECT_NE(error_of(json{{"input_ids", ids}, {"sampling_params", {{"min_new_tokens", -2}}}})
+                .find("sampling_params.min_new_tokens"),
+            std::string::npos);
+  EXPECT_NE(error_of(json{{"input_ids", ids}, {"sampling_params", {{"logit_bias", {{"x1", 1}}}}}})
+                .find("sampling_params.logit_bias"),
+            std::string::npos);
+}
+
+// The answer shapes: SGLang's [logprob, id, text] lists, OpenAI's dicts and
+// lists, null for the prompt's first token.
+TEST(ServeProtocol, TopLogprobsAnswerShapes) {
+  rollout::RequestResult r;
+  r.prompt_ids = {1, 2};
+  r.prompt_logprob_start = 0;
+  r.prompt_logprobs = {std::nanf(""), -0.5f};
+  r.prompt_top_logprobs = {{}, {{2, -0.5f}, {4, -1.5f}}};
+  r.samples.resize(1);
+  r.samples[0].output_ids = {3};
+  r.samples[0].logprobs = {-0.25f};
+  r.samples[0].top_logprobs = {{{3, -0.25f}, {9, -2.0f}}};
+  const SampleOutput out;
+  const GenJob g = parse_generate(
+      json{{"input_ids", {1, 2}}, {"return_logprob", true}, {"top_logprobs_num", 2}, {"logprob_start_len", 0}},
+      nullptr, kLimits);
+  const json m = generate_item(g, r, 0, out, nullptr, "x")["meta_info"];
+  EXPECT_EQ(m["output_top_logprobs"], json::parse("[[[-0.25, 3, null], [-2.0, 9, null]]]"));
+  EXPECT_EQ(m["input_token_logprobs"], json::parse("[[null, 1, null], [-0.5, 2, null]]"));
+  EXPECT_EQ(m["input_top_logprobs"], json::parse("[null, [[-0.5, 2, null], [-1.5, 4, null]]]"));
+
+  const json chat = chat_logprobs(nullptr, r.samples[0].output_ids, r.samples[0].logprobs, &r.samples[0].top_logprobs);
+  ASSERT_EQ(chat["content"][0]["top_logprobs"].size(), 2u);
+  EXPECT_EQ(chat["content"][0]["top_logprobs"][1]["logprob"], -2.0);
+  EXPECT_TRUE(chat["content"][0]["top_logprobs"][1]["bytes"].is_array());
+  const json plain = chat_logprobs(nullptr, r.samples[0].output_ids, r.samples[0].logprobs);
+  EXPECT_EQ(plain["content"][0]["top_logprobs"], json::array());
 }
 
 }  // namespace

@@ -460,6 +460,144 @@ TEST_F(ServeTest, OpenAiEndpointsAreWellFormed) {
   EXPECT_EQ(json::parse(models->body)["data"][0]["object"], "model");
 }
 
+// Top-N alternatives and prompt logprobs through every API: the shapes each
+// client expects, the same numbers in each, and prompt logprobs equal to
+// `lockstep score`'s of the same ids (the trainer's forward), bit for bit.
+TEST_F(ServeTest, TopAndPromptLogprobsAcrossTheApis) {
+  const std::vector<int32_t> prompt = {72, 101, 108, 108, 111, 32, 119};
+  json g = post("/generate", {{"input_ids", prompt},
+                              {"sampling_params", {{"temperature", 0}, {"max_new_tokens", 6}}},
+                              {"return_logprob", true},
+                              {"top_logprobs_num", 3},
+                              {"logprob_start_len", 0},
+                              {"return_text_in_logprobs", true}});
+  const json& m = g["meta_info"];
+  const std::vector<int32_t> out = ids(g);
+  ASSERT_EQ(m["input_token_logprobs"].size(), prompt.size());
+  EXPECT_TRUE(m["input_token_logprobs"][0][0].is_null());
+  EXPECT_TRUE(m["input_top_logprobs"][0].is_null());
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    EXPECT_EQ(m["input_token_logprobs"][i][1], prompt[i]);
+    EXPECT_TRUE(m["input_token_logprobs"][i][2].is_string());
+    if (i > 0) {
+      EXPECT_EQ(m["input_top_logprobs"][i].size(), 3u);
+    }
+  }
+  ASSERT_EQ(m["output_top_logprobs"].size(), out.size());
+  for (size_t j = 0; j < out.size(); ++j) {
+    const json& alts = m["output_top_logprobs"][j];
+    ASSERT_EQ(alts.size(), 3u);
+    EXPECT_GE(alts[0][0].get<double>(), alts[1][0].get<double>());
+    EXPECT_GE(alts[1][0].get<double>(), alts[2][0].get<double>());
+    EXPECT_TRUE(alts[0][2].is_string());
+    // Greedy: the sampled token is the most likely one.
+    EXPECT_EQ(alts[0][1], out[j]);
+    EXPECT_EQ(alts[0][0], m["output_token_logprobs"][j][0]);
+  }
+
+  // `lockstep score` of prompt[1..] + output given prompt[0].
+  const std::string model_path = json::parse(client().Get("/get_model_info")->body)["model_path"];
+  const fs::path in = dir_ / "score_in.jsonl", outp = dir_ / "score_out.jsonl";
+  std::vector<int32_t> rest(prompt.begin() + 1, prompt.end());
+  rest.insert(rest.end(), out.begin(), out.end());
+  std::ofstream(in) << json{{"prompt_ids", {prompt[0]}}, {"response_ids", rest}}.dump() << "\n";
+  run_ok(lockstep_bin() + " score --model " + model_path + " --input " + in.string() + " --output " +
+         outp.string() + " --threads 1 > /dev/null");
+  std::ifstream is(outp);
+  std::string line;
+  std::getline(is, line);
+  const std::vector<float> want = json::parse(line)["logprobs"].get<std::vector<float>>();
+  ASSERT_EQ(want.size(), rest.size());
+  for (size_t i = 1; i < prompt.size(); ++i)
+    EXPECT_EQ(m["input_token_logprobs"][i][0].get<float>(), want[i - 1]) << "prompt position " << i;
+  for (size_t j = 0; j < out.size(); ++j)
+    EXPECT_EQ(m["output_token_logprobs"][j][0].get<float>(), want[prompt.size() - 1 + j]) << "output " << j;
+
+  // Completions, logprobs 5 with echo: the same numbers, OpenAI's shape.
+  json c = post("/v1/completions",
+                {{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}, {"logprobs", 5}, {"echo", true}});
+  const json& lp = c["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), prompt.size() + out.size());
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  for (size_t i = 1; i < lp["tokens"].size(); ++i) {
+    const float v = lp["token_logprobs"][i].get<float>();
+    EXPECT_EQ(v, want[i - 1]) << i;
+    const json& d = lp["top_logprobs"][i];
+    ASSERT_TRUE(d.is_object());
+    // The five best and the token itself when it is not among them, keyed by
+    // text: tokens of equal text (bytes >= 0x80 of the byte-level tokenizer
+    // each decode to U+FFFD) share one entry, as in OpenAI's format.
+    EXPECT_GE(d.size(), 1u);
+    EXPECT_LE(d.size(), 6u);
+    EXPECT_TRUE(d.contains(lp["tokens"][i].get<std::string>()));
+    double best = -1e30;
+    for (auto it = d.begin(); it != d.end(); ++it) best = std::max(best, it->get<double>());
+    EXPECT_GE(best, double(v));
+  }
+  EXPECT_EQ(c["choices"][0]["text"].get<std::string>().rfind("Hello w", 0), 0u);
+
+  // Streaming completions: each chunk carries its token's alternatives.
+  bool done = false;
+  auto ev = post_stream("/v1/completions",
+                        {{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}, {"logprobs", 5}, {"stream", true}},
+                        &done);
+  EXPECT_TRUE(done);
+  json streamed_top = json::array();
+  for (const auto& e : ev)
+    for (const auto& ch : e["choices"])
+      if (ch["logprobs"].is_object())
+        for (const auto& t : ch["logprobs"]["top_logprobs"]) streamed_top.push_back(t);
+  ASSERT_EQ(streamed_top.size(), out.size());
+  for (size_t j = 0; j < out.size(); ++j) EXPECT_EQ(streamed_top[j], lp["top_logprobs"][prompt.size() + j]) << j;
+
+  // Chat, top_logprobs 3, plain and streamed.
+  json chat_body = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                    {"max_tokens", 5},
+                    {"temperature", 0},
+                    {"logprobs", true},
+                    {"top_logprobs", 3}};
+  json chat = post("/v1/chat/completions", chat_body);
+  const json& content = chat["choices"][0]["logprobs"]["content"];
+  ASSERT_FALSE(content.empty());
+  for (const auto& t : content) {
+    ASSERT_EQ(t["top_logprobs"].size(), 3u);
+    EXPECT_EQ(t["top_logprobs"][0]["logprob"], t["logprob"]);  // greedy
+    EXPECT_TRUE(t["top_logprobs"][2]["bytes"].is_array());
+    EXPECT_TRUE(t["top_logprobs"][2]["token"].is_string());
+  }
+  chat_body["stream"] = true;
+  auto cev = post_stream("/v1/chat/completions", chat_body, &done);
+  json streamed = json::array();
+  for (const auto& e : cev)
+    for (const auto& ch : e["choices"])
+      if (ch["logprobs"].is_object())
+        for (const auto& t : ch["logprobs"]["content"]) streamed.push_back(t);
+  EXPECT_EQ(streamed, content);
+}
+
+// The processors change what is sampled: a strong logit_bias forces its
+// token, the logprobs stay the model's.
+TEST_F(ServeTest, LogitBiasAndPenaltiesShapeSampling) {
+  json c = post("/v1/completions", {{"prompt", "Hello"},
+                                    {"max_tokens", 4},
+                                    {"temperature", 1.0},
+                                    {"seed", 1},
+                                    {"logit_bias", {{"65", 100}}},
+                                    {"logprobs", 0}});
+  EXPECT_EQ(c["choices"][0]["text"], "AAAA");
+  for (const auto& v : c["choices"][0]["logprobs"]["token_logprobs"]) EXPECT_LT(v.get<double>(), -0.001);
+  json plain = post("/generate", greedy_body(12));
+  json body = greedy_body(12);
+  body["sampling_params"]["repetition_penalty"] = 5.0;
+  body["sampling_params"]["frequency_penalty"] = 2.0;
+  body["sampling_params"]["ignore_eos"] = true;
+  EXPECT_NE(ids(post("/generate", body)), ids(plain));
+  body = greedy_body(12);
+  body["sampling_params"]["min_new_tokens"] = 12;
+  EXPECT_EQ(ids(post("/generate", body)).size(), 12u);
+}
+
 TEST_F(ServeTest, BadRequestsGet400WithAJsonError) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"/generate", "{\"text\": \"hi\""},                                       // bad JSON
@@ -475,15 +613,17 @@ TEST_F(ServeTest, BadRequestsGet400WithAJsonError) {
       {"/generate", R"({"text": "a", "sampling_params": {"n": 0}})"},
       {"/generate", R"({"text": "a", "sampling_params": {"max_new_tokens": 0}})"},
       {"/generate", R"({"text": "a", "sampling_params": {"max_new_tokens": 1000}})"},  // past the context
-      {"/generate", R"({"text": "a", "sampling_params": {"frequency_penalty": 0.5}})"},
+      {"/generate", R"({"text": "a", "sampling_params": {"frequency_penalty": 2.5}})"},
+      {"/generate", R"({"text": "a", "top_logprobs_num": 3})"},  // without return_logprob
       {"/generate", R"({"input_ids": [1, 300]})"},  // id out of range
       {"/generate", R"({"input_ids": [1, -1]})"},   // negative id
       {"/generate", R"({"input_ids": [1, 2.5]})"},  // not an integer
       {"/generate", R"({"input_ids": []})"},        // empty prompt
       {"/generate", R"({"input_ids": [[1], "x"]})"},
       {"/v1/completions", R"({"max_tokens": 4})"},
-      {"/v1/completions", R"({"prompt": "a", "logprobs": 5})"},
-      {"/v1/completions", R"({"prompt": "a", "echo": true})"},
+      {"/v1/completions", R"({"prompt": "a", "logprobs": 21})"},
+      {"/v1/completions", R"({"prompt": "a", "logit_bias": {"x": 1}})"},
+      {"/v1/completions", R"({"prompt": "a", "echo": true, "logprobs": 1, "stream": true})"},
       {"/v1/completions", R"({"prompt": "a", "max_tokens": 4, "tempreature": 0})"},
       {"/v1/chat/completions", R"({"max_tokens": 4})"},
       {"/v1/chat/completions", R"({"messages": []})"},

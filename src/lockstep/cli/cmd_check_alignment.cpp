@@ -152,6 +152,9 @@ int run_check(const Args& args) {
     ms.indexer_disagreement = train::indexer_disagreement(rollout_indexer, train_indexer, n_csa, KI);
 
   print_mismatch(ms, precision, trainer_precision, aligned, replay);
+  if (sp.processes_logits())
+    std::printf("\n  note: the penalties, logit_bias and min_new_tokens change what is sampled, not the reported\n"
+                "  logprobs (those of the tempered, unpenalised model), so they leave the comparison unchanged\n");
   if (args.flag("localise")) {
     const std::string where = localise(ctx, rollout_weights, trainer.weights(), ec, requests, results);
     std::printf("\n  localiser: %s\n", where.c_str());

@@ -28,6 +28,10 @@ rollout::SamplingParams sampling_from_args(const Args& args) {
   p.seed = args.get_int("seed", 0);
   p.ignore_eos = args.flag("ignore-eos");
   if (args.has("stop")) p.stop = {args.get("stop", "")};
+  p.frequency_penalty = float(args.get_double("frequency-penalty", 0.0));
+  p.presence_penalty = float(args.get_double("presence-penalty", 0.0));
+  p.repetition_penalty = float(args.get_double("repetition-penalty", 1.0));
+  p.min_new_tokens = args.get_int("min-new-tokens", 0);
   p.validate();
   return p;
 }

@@ -14,6 +14,7 @@ namespace lockstep::cli {
 
 inline const std::vector<std::string> kRolloutFlags = {
     "n", "temperature", "top-p", "top-k", "min-p", "max-new-tokens", "seed", "stop", "ignore-eos",
+    "frequency-penalty", "presence-penalty", "repetition-penalty", "min-new-tokens",
     "precision", "fp8-block", "kv-blocks", "block-size", "max-batch-tokens", "max-running", "max-prefill-chunk",
     "no-prefix-cache", "threads", "device"};
 
@@ -31,6 +32,10 @@ inline const char* kRolloutFlagsHelp =
     "  --seed S               sampling seed (default 0)\n"
     "  --stop STRING          a stop string (needs the model's tokenizer)\n"
     "  --ignore-eos           keep generating past end-of-sequence tokens\n"
+    "  --frequency-penalty F --presence-penalty P   OpenAI's, in [-2, 2] (default 0)\n"
+    "  --repetition-penalty R > 0, over prompt + response (default 1)\n"
+    "  --min-new-tokens N     no EOS, stop token or stop string before N tokens (default 0)\n"
+    "                         (these change what is sampled, not the logprobs reported)\n"
     "  --precision P          f32 (default) | bf16 | fp8: the weights' precision (aligned with\n"
     "                         a trainer in the same precision: score, rl)\n"
     "  --fp8-block B          fp8 scale block size, 0 = per tensor (default 128)\n"

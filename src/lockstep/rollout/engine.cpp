@@ -7,7 +7,9 @@
 #include "lockstep/rollout/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "lockstep/base/error.h"
 #include "lockstep/base/log.h"
@@ -16,6 +18,7 @@
 #include "lockstep/kernels/cpu/sampling.h"
 #include "lockstep/kernels/gpu/backend.h"
 #include "lockstep/model/v4_forward.h"
+#include "lockstep/rollout/logit_processors.h"
 
 namespace lockstep::rollout {
 
@@ -26,6 +29,7 @@ struct Engine::Sequence {
   int64_t n_cached = 0;          // tokens whose KV is in the cache
   std::vector<int32_t> blocks;   // physical KV blocks, in position order
   std::vector<float> logprobs;
+  std::vector<TopLogprobs> top;  // per output token, when the request asks for alternatives
   std::vector<int32_t> routes;   // (fed tokens, L_moe, K)
   std::vector<int32_t> indexer;  // (fed tokens, L_csa, KI) DeepSeek-V4's indexer choices
   bool finished = false;
@@ -46,6 +50,11 @@ struct Engine::Group {
   int64_t prompt_len = 0;
   bool aborted = false;
   bool published = false;  // prompt blocks offered to the prefix cache
+  // Request::prompt_logprob_start >= 0: per prompt position, the logprob of its
+  // token (NaN where none) and its alternatives; scored once the prompt is fed.
+  std::vector<float> prompt_lp;
+  std::vector<TopLogprobs> prompt_top;
+  bool prompt_scored = false;
   std::vector<std::unique_ptr<Sequence>> seqs;
 };
 
@@ -56,6 +65,9 @@ struct Engine::Chunk {
   int64_t row0 = 0;        // batch row of tokens[begin]
   int64_t logit_row = -1;  // its row of the logits when the chunk ends at the last token, else -1
   bool forked = false;     // its leader forked into the request's samples this step
+  // Prompt logprobs: logits rows [prompt_row0, prompt_row0 + prompt_rows) hold
+  // positions [prompt_pos0, ...), each predicting the token after it.
+  int64_t prompt_row0 = -1, prompt_pos0 = 0, prompt_rows = 0;
 };
 
 // One token to sample this step.
@@ -64,6 +76,11 @@ struct Engine::Draw {
   const float* row = nullptr;  // (V) the logits it is drawn from
   int32_t tok = 0;
   float logprob = 0.0f;
+  // The forward's row, which the logprobs come from; `row` points into
+  // `processed` instead when a logit processor reshapes the sampling.
+  const float* raw = nullptr;
+  std::vector<float> processed{};  // (V)
+  TopLogprobs top{};             // params.top_logprobs alternatives
 };
 
 namespace {
@@ -136,10 +153,18 @@ uint64_t Engine::submit_impl(Request req, TokenCallback on_token, std::promise<R
              << config_.num_blocks;
   if (!req.params.stop.empty() && !req.stop_checker)
     LS_THROW << "stop strings need a tokenizer (none was given to this request)";
+  for (const auto& [t, bias] : req.params.logit_bias)
+    if (t >= c.vocab_size) LS_THROW << "logit_bias: token id " << t << " is outside [0, " << c.vocab_size << ")";
+  if (req.prompt_logprob_start < -1 || req.prompt_logprob_start >= len)
+    LS_THROW << "the prompt logprob start " << req.prompt_logprob_start << " is outside [-1, " << len << ")";
   auto g = std::make_unique<Group>();
   g->req = std::move(req);
   g->on_token = std::move(on_token);
   g->prompt_len = len;
+  if (g->req.prompt_logprob_start >= 0) {
+    g->prompt_lp.assign(size_t(len), std::numeric_limits<float>::quiet_NaN());
+    g->prompt_top.assign(size_t(len), {});
+  }
   std::lock_guard<std::mutex> l(mu_);
   g->id = next_id_++;
   g->seed = g->req.params.seed >= 0 ? uint64_t(g->req.params.seed) : mix_seed(config_.seed, g->id);
@@ -234,7 +259,7 @@ void Engine::apply_pending_weights() {
 // capture needs every token fed, so it gets none.
 std::vector<int32_t> Engine::prefix_hits(const Sequence& s) {
   std::vector<int32_t> hits;
-  if (!config_.prefix_cache || s.group->req.return_experts) return hits;
+  if (!config_.prefix_cache || s.group->req.return_experts || s.group->req.prompt_logprob_start >= 0) return hits;
   const int bs = config_.block_size;
   const int64_t len = int64_t(s.tokens.size());
   uint64_t parent = 0;
@@ -458,6 +483,20 @@ model::RaggedBatch Engine::build_batch(std::vector<Chunk>& chunks) {
     }
     w.row0 = batch.add_sequence(w.s->tokens.data() + w.begin, int32_t(w.n), int32_t(w.begin), w.s->blocks.data(),
                                 int32_t(nb));
+    // Prompt logprobs: the rows of prompt positions [max(start, 1) - 1, prompt_len - 1)
+    // in this chunk (the last prompt position's row is the first draw's).
+    const Group& g = *w.s->group;
+    if (g.req.prompt_logprob_start >= 0 && !g.prompt_scored && w.s->index == 0) {
+      const int64_t lo = std::max(w.begin, std::max<int64_t>(g.req.prompt_logprob_start, 1) - 1);
+      const int64_t hi = std::min(w.begin + w.n, g.prompt_len - 1);
+      if (hi > lo) {
+        w.prompt_row0 = n_logits;
+        w.prompt_pos0 = lo;
+        w.prompt_rows = hi - lo;
+        for (int64_t p = lo; p < hi; ++p) batch.logit_rows.push_back(int32_t(w.row0 + p - w.begin));
+        n_logits += hi - lo;
+      }
+    }
     if (w.begin + w.n == int64_t(w.s->tokens.size())) {
       w.logit_row = n_logits++;
       batch.logit_rows.push_back(int32_t(w.row0 + w.n - 1));
@@ -567,12 +606,30 @@ std::vector<Engine::Draw> Engine::sample(const std::vector<Chunk>& chunks, const
       draw(w.s);
     }
   }
+  process_draws(draws);
   // The choices: one kernel call, each a pure function of its row and spec.
+  // Draws from a processed row (logit processors) read a batch of their own
+  // rows instead of the forward's.
+  const Allocator& memory = kernels::device_memory(ctx_);
+  Buffer own_rows;
+  Tensor logits = fr.logits.view();
+  if (std::any_of(draws.begin(), draws.end(), [](const Draw& d) { return !d.processed.empty(); })) {
+    own_rows = Buffer(draws.size() * size_t(V) * sizeof(float), memory, Fill::Undefined, "processed logits");
+    for (size_t i = 0; i < draws.size(); ++i) {
+      float* dst = own_rows.as<float>() + int64_t(i) * V;
+      if (draws[i].processed.empty()) {
+        memory.copy(dst, draws[i].raw, size_t(V) * sizeof(float));
+      } else {
+        memory.copy_in(dst, draws[i].processed.data(), size_t(V) * sizeof(float));
+      }
+      specs[i].logit_row = int64_t(i);
+    }
+    logits = Tensor(own_rows.data(), DType::F32, {int64_t(draws.size()), V});
+  }
   std::vector<int32_t> toks(draws.size());
   if (!draws.empty()) {
-    const Allocator& memory = kernels::device_memory(ctx_);
     Buffer chosen(toks.size() * sizeof(int32_t), memory, Fill::Undefined, "sampled tokens");
-    kernels::sample_rows(ctx_, Tensor(chosen.data(), DType::I32, {int64_t(toks.size())}), fr.logits.view(), specs);
+    kernels::sample_rows(ctx_, Tensor(chosen.data(), DType::I32, {int64_t(toks.size())}), logits, specs);
     memory.copy_out(toks.data(), chosen.data(), chosen.size());
   }
   for (size_t i = 0; i < draws.size(); ++i) draws[i].tok = toks[i];
@@ -580,8 +637,37 @@ std::vector<Engine::Draw> Engine::sample(const std::vector<Chunk>& chunks, const
   return draws;
 }
 
-// The draws' logprobs: one kernel call per logprob temperature over the draws'
-// rows (per-row results: the same bits as one call per row).
+// Logit processors (logit_processors.h): a draw whose request reshapes its
+// sampling distribution is drawn from a processed copy of its row; its
+// logprobs still come from the forward's row.
+void Engine::process_draws(std::vector<Draw>& draws) {
+  const int64_t V = weights_->config().vocab_size;
+  const std::vector<int64_t>& eos = weights_->config().eos_token_ids;
+  for (Draw& d : draws) d.raw = d.row;
+  ctx_.parallel_for(int64_t(draws.size()), [&](int64_t b0, int64_t b1) {
+    for (int64_t i = b0; i < b1; ++i) {
+      Draw& d = draws[size_t(i)];
+      const Group& g = *d.s->group;
+      if (!g.req.params.processes_logits()) continue;
+      d.processed.assign(d.raw, d.raw + V);
+      process_logits(d.processed.data(), V, g.req.params, {&d.s->tokens, g.prompt_len, &eos});
+      d.row = d.processed.data();
+    }
+  });
+}
+
+namespace {
+// The rows `rows` (each (V), in `memory`) copied into one (R, V) buffer there.
+Buffer gather_rows(const Allocator& memory, const std::vector<const float*>& rows, int64_t V) {
+  Buffer out(rows.size() * size_t(V) * sizeof(float), memory, Fill::Undefined, "draw logits");
+  for (size_t j = 0; j < rows.size(); ++j) memory.copy(out.as<float>() + j * V, rows[j], size_t(V) * sizeof(float));
+  return out;
+}
+}  // namespace
+
+// The draws' logprobs, and alternatives for the requests that ask: one kernel
+// call per logprob temperature over the draws' forward rows (per-row results:
+// the same bits as one call per row).
 void Engine::score_draws(std::vector<Draw>& draws) {
   const int64_t V = weights_->config().vocab_size;
   std::vector<float> temps;
@@ -590,20 +676,63 @@ void Engine::score_draws(std::vector<Draw>& draws) {
     if (std::find(temps.begin(), temps.end(), t) == temps.end()) temps.push_back(t);
   }
   for (float t : temps) {
-    std::vector<size_t> which;
-    for (size_t i = 0; i < draws.size(); ++i)
-      if (draws[i].s->group->req.params.logprob_temperature() == t) which.push_back(i);
-    const int64_t R = int64_t(which.size());
-    const Allocator& memory = kernels::device_memory(ctx_);
-    Buffer rows(static_cast<size_t>(R * V) * sizeof(float), memory, Fill::Undefined, "draw logits");  // (R, V)
-    std::vector<int32_t> toks(static_cast<size_t>(R));
-    for (int64_t j = 0; j < R; ++j) {
-      memory.copy(rows.as<float>() + j * V, draws[which[size_t(j)]].row, size_t(V) * sizeof(float));
-      toks[size_t(j)] = draws[which[size_t(j)]].tok;
+    std::vector<size_t> which, asking;
+    std::vector<const float*> rows, asking_rows;
+    std::vector<int32_t> toks;
+    int64_t k = 0;
+    for (size_t i = 0; i < draws.size(); ++i) {
+      const SamplingParams& p = draws[i].s->group->req.params;
+      if (p.logprob_temperature() != t) continue;
+      const float* raw = draws[i].raw ? draws[i].raw : draws[i].row;
+      which.push_back(i);
+      rows.push_back(raw);
+      toks.push_back(draws[i].tok);
+      if (p.top_logprobs > 0) {
+        asking.push_back(i);
+        asking_rows.push_back(raw);
+        k = std::max(k, p.top_logprobs);
+      }
     }
+    Buffer all = gather_rows(kernels::device_memory(ctx_), rows, V);  // (R, V)
     std::vector<float> lp;
-    token_logprobs(ctx_, Tensor(rows.as<float>(), DType::F32, {R, V}), toks, t, &lp);
-    for (int64_t j = 0; j < R; ++j) draws[which[size_t(j)]].logprob = lp[size_t(j)];
+    token_logprobs(ctx_, Tensor(all.as<float>(), DType::F32, {int64_t(rows.size()), V}), toks, t, &lp);
+    for (size_t j = 0; j < which.size(); ++j) draws[which[j]].logprob = lp[j];
+    if (asking.empty()) continue;
+    Buffer ask = gather_rows(kernels::device_memory(ctx_), asking_rows, V);  // (A, V)
+    std::vector<TopLogprobs> top;
+    top_logprobs(ctx_, Tensor(ask.as<float>(), DType::F32, {int64_t(asking.size()), V}), k, t, &top);
+    for (size_t j = 0; j < asking.size(); ++j) {
+      Draw& d = draws[asking[j]];
+      top[j].resize(size_t(d.s->group->req.params.top_logprobs));
+      d.top = std::move(top[j]);
+    }
+  }
+}
+
+// Prompt logprobs of the chunks that asked for them (build_batch): the same
+// kernel calls over the forward's rows of the prompt positions, each row
+// scoring the token after it.
+void Engine::score_prompts(const std::vector<Chunk>& chunks, const model::ForwardResult& fr) {
+  const int64_t V = weights_->config().vocab_size;
+  for (const Chunk& w : chunks) {
+    Group& g = *w.s->group;
+    if (g.req.prompt_logprob_start < 0 || g.prompt_scored || w.s->index != 0) continue;
+    if (w.prompt_rows > 0) {
+      const Tensor rows(fr.logits.f32() + w.prompt_row0 * V, DType::F32, {w.prompt_rows, V});
+      std::vector<int32_t> targets;
+      for (int64_t p = w.prompt_pos0; p < w.prompt_pos0 + w.prompt_rows; ++p)
+        targets.push_back(w.s->tokens[size_t(p + 1)]);
+      const SamplingParams& sp = g.req.params;
+      std::vector<float> lp;
+      token_logprobs(ctx_, rows, targets, sp.logprob_temperature(), &lp);
+      std::vector<TopLogprobs> top;
+      top_logprobs(ctx_, rows, sp.top_logprobs, sp.logprob_temperature(), &top);
+      for (int64_t j = 0; j < w.prompt_rows; ++j) {
+        g.prompt_lp[size_t(w.prompt_pos0 + j + 1)] = lp[size_t(j)];
+        if (sp.top_logprobs > 0) g.prompt_top[size_t(w.prompt_pos0 + j + 1)] = std::move(top[size_t(j)]);
+      }
+    }
+    if (w.begin + w.n >= g.prompt_len) g.prompt_scored = true;
   }
 }
 
@@ -617,13 +746,14 @@ void Engine::apply(const std::vector<Draw>& draws) {
     const SamplingParams& p = g.req.params;
     s.tokens.push_back(d.tok);
     s.logprobs.push_back(d.logprob);
+    if (p.top_logprobs > 0) s.top.push_back(d.top);
     if (s.t_first < 0) {
       s.t_first = g.timer.seconds();
       s.version_first = weights_->version();
     }
     s.version_last = weights_->version();
     stats_.generated_tokens += 1;
-    if (g.on_token) g.on_token(g.id, s.index, d.tok, d.logprob);
+    if (g.on_token) g.on_token(g.id, s.index, d.tok, d.logprob, d.top);
     const int64_t out_len = int64_t(s.tokens.size()) - g.prompt_len;
     if (stops(s, d.tok)) {
       finish_sample(s, "stop");
@@ -638,6 +768,8 @@ void Engine::apply(const std::vector<Draw>& draws) {
 bool Engine::stops(Sequence& s, int32_t tok) {
   const Group& g = *s.group;
   const SamplingParams& p = g.req.params;
+  // Before min_new_tokens nothing stops a sample (EOS and stop tokens are masked too).
+  if (int64_t(s.tokens.size()) - g.prompt_len < p.min_new_tokens) return false;
   bool stop = false;
   if (!p.ignore_eos)
     for (int64_t e : weights_->config().eos_token_ids) stop = stop || tok == int32_t(e);
@@ -648,6 +780,7 @@ bool Engine::stops(Sequence& s, int32_t tok) {
     if (cut >= 0) {
       s.tokens.resize(size_t(g.prompt_len + cut));
       s.logprobs.resize(size_t(cut));
+      if (!s.top.empty()) s.top.resize(size_t(cut));
       stop = true;
     }
   }
@@ -666,6 +799,7 @@ bool Engine::step() {
   model::ForwardResult fr;
   run_forward(chunks, batch, &fr);
   record(chunks, fr);
+  score_prompts(chunks, fr);
   Timer sampling;
   fork_leaders(chunks);
   const std::vector<Draw> draws = sample(chunks, fr);
@@ -691,6 +825,12 @@ void Engine::complete_finished_groups() {
     RequestResult res;
     res.id = g.id;
     res.prompt_ids = g.req.prompt_ids;
+    if (g.req.prompt_logprob_start >= 0) {
+      res.prompt_logprob_start = g.req.prompt_logprob_start;
+      res.prompt_logprobs.assign(g.prompt_lp.begin() + res.prompt_logprob_start, g.prompt_lp.end());
+      if (g.req.params.top_logprobs > 0)
+        res.prompt_top_logprobs.assign(g.prompt_top.begin() + res.prompt_logprob_start, g.prompt_top.end());
+    }
     // Samples never created (aborted before the fork) are reported as aborted.
     for (int64_t k = 0; k < g.req.params.n; ++k) {
       SampleResult sr;
@@ -698,7 +838,11 @@ void Engine::complete_finished_groups() {
       if (q) {
         sr.output_ids.assign(q->tokens.begin() + g.prompt_len, q->tokens.end());
         sr.logprobs = q->logprobs;
-        if (!g.req.params.return_logprobs) sr.logprobs.clear();
+        sr.top_logprobs = q->top;
+        if (!g.req.params.return_logprobs) {
+          sr.logprobs.clear();
+          sr.top_logprobs.clear();
+        }
         sr.finish_reason = q->reason;
         sr.weight_version = q->version_first;
         sr.weight_version_end = q->version_last;

@@ -58,6 +58,10 @@ struct Request {
   // Routed experts of every token in every MoE layer, and for DeepSeek-V4 the
   // indexer's choice of compressed entries in every CSA layer.
   bool return_experts = false;
+  // Prompt logprobs: >= 0 reports the logprob (and params.top_logprobs
+  // alternatives) of every prompt token from this position on, position 0
+  // having none. The prompt is then fed in full (no prefix-cache hits). -1: off.
+  int64_t prompt_logprob_start = -1;
   // Stop strings need text: called with a sample's output ids, returns the
   // offset in output tokens at which a stop string completes (or -1).
   std::function<int64_t(const std::vector<int32_t>&)> stop_checker;
@@ -66,6 +70,7 @@ struct Request {
 struct SampleResult {
   std::vector<int32_t> output_ids;
   std::vector<float> logprobs;  // one per output token, tempered and untruncated (sampler.h)
+  std::vector<TopLogprobs> top_logprobs;  // per output token when params.top_logprobs > 0
   std::string finish_reason;    // "stop", "length" or "abort"
   // (prompt_len + output_len, L_moe, K) when requested. The last output token is
   // never fed to the model; its row repeats the previous token's (harmless:
@@ -86,6 +91,12 @@ struct RequestResult {
   uint64_t id = 0;
   std::vector<int32_t> prompt_ids;
   std::vector<SampleResult> samples;  // n of them
+  // With Request::prompt_logprob_start = s >= 0: for prompt positions [s, prompt_len),
+  // the logprob of each token given those before it (NaN at position 0, which has
+  // none), and its alternatives when params.top_logprobs > 0 (empty at position 0).
+  int64_t prompt_logprob_start = -1;
+  std::vector<float> prompt_logprobs;
+  std::vector<TopLogprobs> prompt_top_logprobs;
 };
 
 struct EngineStats {
@@ -99,8 +110,9 @@ struct EngineStats {
   double forward_s = 0, sample_s = 0;  // time in forward passes / sampling
 };
 
-// Token-level streaming: (request id, sample index, new token id, logprob).
-using TokenCallback = std::function<void(uint64_t, int, int32_t, float)>;
+// Token-level streaming: (request id, sample index, new token id, logprob,
+// its top alternatives (empty unless params.top_logprobs > 0)).
+using TokenCallback = std::function<void(uint64_t, int, int32_t, float, const TopLogprobs&)>;
 
 class Engine {
  public:
@@ -162,7 +174,9 @@ class Engine {
   void record(const std::vector<Chunk>& chunks, const model::ForwardResult& fr);
   void fork_leaders(std::vector<Chunk>& chunks);
   std::vector<Draw> sample(const std::vector<Chunk>& chunks, const model::ForwardResult& fr);
+  void process_draws(std::vector<Draw>& draws);
   void score_draws(std::vector<Draw>& draws);
+  void score_prompts(const std::vector<Chunk>& chunks, const model::ForwardResult& fr);
   void apply(const std::vector<Draw>& draws);
   bool stops(Sequence& s, int32_t tok);
   void finish_sample(Sequence& s, const char* reason);

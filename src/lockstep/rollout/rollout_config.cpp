@@ -31,6 +31,12 @@ RolloutSection rollout_section_from_toml(TomlSection& s) {
   p.top_k = s.get_int("top_k", 0, 0);
   p.min_p = float(s.get_double("min_p", 0.0, 0.0, 1.0));
   p.max_new_tokens = s.get_int("max_new_tokens", 256, 1);
+  // The processors reshape only the sampling distribution (logit_processors.h).
+  p.frequency_penalty = float(s.get_double("frequency_penalty", 0.0, -2.0, 2.0));
+  p.presence_penalty = float(s.get_double("presence_penalty", 0.0, -2.0, 2.0));
+  p.repetition_penalty = float(s.get_double("repetition_penalty", 1.0, 0.0, 100.0));
+  if (!(p.repetition_penalty > 0.0f)) s.fail("repetition_penalty", "must be > 0");
+  p.min_new_tokens = s.get_int("min_new_tokens", 0, 0);
   for (const char* key : {"precision", "fp8_block"})
     if (s.has(key))
       s.fail(key, std::string("moved to [model] ") + key +

@@ -20,6 +20,20 @@ void SamplingParams::validate() const {
   if (!(min_p >= 0.0f && min_p <= 1.0f)) LS_THROW << "sampling_params.min_p must be in [0, 1], got " << min_p;
   if (max_new_tokens < 1) LS_THROW << "sampling_params.max_new_tokens must be >= 1, got " << max_new_tokens;
   if (n < 1 || n > 1024) LS_THROW << "sampling_params.n must be in [1, 1024], got " << n;
+  if (top_logprobs < 0 || top_logprobs > kMaxTopLogprobs)
+    LS_THROW << "sampling_params.top_logprobs must be in [0, " << kMaxTopLogprobs << "], got " << top_logprobs;
+  if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f))
+    LS_THROW << "sampling_params.frequency_penalty must be in [-2, 2], got " << frequency_penalty;
+  if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f))
+    LS_THROW << "sampling_params.presence_penalty must be in [-2, 2], got " << presence_penalty;
+  if (!(repetition_penalty > 0.0f) || !std::isfinite(repetition_penalty))
+    LS_THROW << "sampling_params.repetition_penalty must be > 0, got " << repetition_penalty;
+  if (min_new_tokens < 0) LS_THROW << "sampling_params.min_new_tokens must be >= 0, got " << min_new_tokens;
+  for (const auto& [id, bias] : logit_bias) {
+    if (id < 0) LS_THROW << "sampling_params.logit_bias: token id " << id << " is negative";
+    if (!(bias >= -100.0f && bias <= 100.0f))
+      LS_THROW << "sampling_params.logit_bias[" << id << "] must be in [-100, 100], got " << bias;
+  }
 }
 
 uint64_t sample_stream(uint64_t request_seed, int64_t sample_index) {
@@ -58,6 +72,41 @@ void token_logprobs(const Context& ctx, const Tensor& logits, const std::vector<
   kernels::token_logprob_forward(ctx, Tensor(logp.data(), DType::F32, {R}), Tensor(), Tensor(), logits,
                                  Tensor(targets.data(), DType::I32, {R}), temperature);
   memory.copy_out(out->data(), logp.data(), logp.size());
+}
+
+void top_logprobs(const Context& ctx, const Tensor& logits, int64_t k, float temperature,
+                  std::vector<TopLogprobs>* out) {
+  const int64_t R = logits.dim(0), V = logits.dim(1);
+  out->assign(size_t(R), {});
+  if (R == 0 || k <= 0) return;
+  k = std::min(k, V);
+  Buffer all(static_cast<size_t>(R * V) * sizeof(float));  // (R, V) every token's logprob
+  kernels::log_softmax_forward(ctx, Tensor(all.as<float>(), DType::F32, {R, V}), logits, temperature);
+  ctx.parallel_for(R, [&](int64_t r0, int64_t r1) {
+    std::vector<int32_t> idx(static_cast<size_t>(V));
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* lp = all.as<float>() + r * V;
+      std::iota(idx.begin(), idx.end(), 0);
+      std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                        [&](int32_t a, int32_t b) { return lp[a] > lp[b] || (lp[a] == lp[b] && a < b); });
+      TopLogprobs& t = (*out)[size_t(r)];
+      for (int64_t i = 0; i < k; ++i) t.emplace_back(idx[size_t(i)], lp[idx[size_t(i)]]);
+    }
+  });
+  // The values themselves from token_logprob_forward, one call per rank, so
+  // they are its bits on whichever backend `ctx` selects (on the CPU,
+  // log_softmax_forward's already are; then the order cannot change).
+  std::vector<int32_t> targets(static_cast<size_t>(R));
+  std::vector<float> values;
+  for (int64_t i = 0; i < k; ++i) {
+    for (int64_t r = 0; r < R; ++r) targets[size_t(r)] = (*out)[size_t(r)][size_t(i)].first;
+    token_logprobs(ctx, logits, targets, temperature, &values);
+    for (int64_t r = 0; r < R; ++r) (*out)[size_t(r)][size_t(i)].second = values[size_t(r)];
+  }
+  for (TopLogprobs& t : *out)
+    std::stable_sort(t.begin(), t.end(), [](const auto& a, const auto& b) {
+      return a.second > b.second || (a.second == b.second && a.first < b.first);
+    });
 }
 
 }  // namespace lockstep::rollout

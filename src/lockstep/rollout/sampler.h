@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lockstep/base/thread_pool.h"
@@ -28,12 +29,34 @@ struct SamplingParams {
   int64_t n = 1;                  // samples per prompt (sharing the prompt's KV blocks)
   int64_t seed = -1;              // -1: the engine's seed mixed with the request id
   bool return_logprobs = true;
+  // Top alternatives reported per position (0: none, at most kMaxTopLogprobs),
+  // from the same distribution as the logprobs.
+  int64_t top_logprobs = 0;
+  // Processors of the sampling distribution only (logit_processors.h): the
+  // reported logprobs stay those of the unprocessed, tempered distribution.
+  float frequency_penalty = 0.0f;   // [-2, 2], times a token's count in the output
+  float presence_penalty = 0.0f;    // [-2, 2], once for a token present in the output
+  float repetition_penalty = 1.0f;  // > 0, over prompt + output (1: off)
+  int64_t min_new_tokens = 0;       // EOS and stop tokens masked, stop strings ignored, before this many
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, [-100, 100] added to its logit)
 
   // Throws Error naming the first invalid field.
   void validate() const;
   // The temperature used for logprobs (1 for greedy).
   float logprob_temperature() const { return temperature > 0.0f ? temperature : 1.0f; }
+  // Whether any processor changes the sampling distribution.
+  bool processes_logits() const {
+    return frequency_penalty != 0.0f || presence_penalty != 0.0f || repetition_penalty != 1.0f ||
+           min_new_tokens > 0 || !logit_bias.empty();
+  }
 };
+
+// The most alternatives a request may ask for (OpenAI's limit).
+constexpr int64_t kMaxTopLogprobs = 20;
+
+// One position's alternatives: (token id, logprob), highest logprob first,
+// ties by lower id.
+using TopLogprobs = std::vector<std::pair<int32_t, float>>;
 
 // Per-sample random stream key.
 uint64_t sample_stream(uint64_t request_seed, int64_t sample_index);
@@ -56,5 +79,12 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p
 // call the trainer makes. logits (R, V); tokens (R); out (R).
 void token_logprobs(const Context& ctx, const Tensor& logits, const std::vector<int32_t>& tokens, float temperature,
                     std::vector<float>* out);
+
+// The k most likely tokens of each row under softmax(logits / T), ranked by
+// kernels::log_softmax_forward (token_logprob_forward's documented twin);
+// each value is token_logprob_forward's for that token on that row, bit for
+// bit. logits (R, V); out (R).
+void top_logprobs(const Context& ctx, const Tensor& logits, int64_t k, float temperature,
+                  std::vector<TopLogprobs>* out);
 
 }  // namespace lockstep::rollout

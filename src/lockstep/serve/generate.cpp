@@ -91,16 +91,18 @@ std::shared_ptr<Inflight> ApiServer::Impl::submit(const GenJob& job) {
       rollout::Request r;
       r.prompt_ids = job.prompts[p];
       r.params = job.params;
+      r.prompt_logprob_start = job.logprob_start;
       // The engine records the routing and the indexer's choices together.
       r.return_experts = job.return_experts || job.return_indexer;
       if (!job.params.stop.empty() && tok())
         r.stop_checker = make_stop_checker(*tok(), job.params.stop, job.skip_special_tokens);
       // Runs on the engine thread under its lock: record and hand over, nothing more.
-      auto on_token = [f, p](uint64_t id, int sample, int32_t token, float logprob) {
+      auto on_token = [f, p](uint64_t id, int sample, int32_t token, float logprob,
+                             const rollout::TopLogprobs& top) {
         std::lock_guard<std::mutex> l(f->mu);
         f->ids[p] = id;
         if (f->streaming) {
-          f->events.push_back({int(p), sample, token, logprob});
+          f->events.push_back({int(p), sample, token, logprob, top});
           f->cv.notify_all();
         }
       };
@@ -234,6 +236,13 @@ bool ApiServer::Impl::stream(const GenJob& job, const std::shared_ptr<Inflight>&
     return d;
   };
 
+  // echo: each choice's first chunk is its prompt's text.
+  if (job.api == Api::Completions && job.echo)
+    for (size_t k = 0; k < st.size(); ++k)
+      write(sse(openai_chunk({{"index", k},
+                              {"finish_reason", nullptr},
+                              {"text", echo_text(job, job.prompts[k / size_t(n)], tok())},
+                              {"logprobs", nullptr}})));
   for (bool done = false; !done && !gone;) {
     std::deque<TokenEvent> batch;
     // Every token event precedes its request's completion (the engine calls
@@ -259,13 +268,15 @@ bool ApiServer::Impl::stream(const GenJob& job, const std::shared_ptr<Inflight>&
       } else if (!delta.empty() || job.return_logprob || (chat && !s.role_sent)) {
         const std::vector<int32_t> one = {ev.token};
         const std::vector<float> lp = {ev.logprob};
+        const std::vector<rollout::TopLogprobs> tops = {ev.top};
+        const auto* top = job.params.top_logprobs > 0 ? &tops : nullptr;
         json choice = {{"index", k}, {"finish_reason", nullptr}};
         if (chat) {
           choice["delta"] = delta_for(s, delta);
-          choice["logprobs"] = job.return_logprob ? chat_logprobs(tok(), one, lp) : json(nullptr);
+          choice["logprobs"] = job.return_logprob ? chat_logprobs(tok(), one, lp, top) : json(nullptr);
         } else {
           choice["text"] = delta;
-          choice["logprobs"] = job.return_logprob ? completions_logprobs(tok(), one, lp, 0) : json(nullptr);
+          choice["logprobs"] = job.return_logprob ? completions_logprobs(tok(), one, lp, 0, top) : json(nullptr);
         }
         write(sse(openai_chunk(std::move(choice))));
       }

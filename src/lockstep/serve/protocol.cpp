@@ -172,12 +172,66 @@ void check_lengths(GenJob& job, const ModelLimits& lim, bool explicit_max) {
   }
 }
 
+// SamplingParams::validate names SGLang's fields (sampling_params.X); the
+// OpenAI APIs have them at the top level.
 void validate_params(const GenJob& job) {
   try {
     job.params.validate();
   } catch (const Error& e) {
-    bad(e.what());
+    std::string m = e.what();
+    const std::string prefix = "sampling_params.";
+    if (job.api != Api::Generate)
+      for (size_t at; (at = m.find(prefix)) != std::string::npos;) m.erase(at, prefix.size());
+    bad(m);
   }
+}
+
+// OpenAI's logit_bias: {"token id": bias}, each id in [0, vocab), each bias
+// a number in [-100, 100] (the range itself is checked by validate()).
+std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& v, const std::string& what,
+                                                        const ModelLimits& lim) {
+  if (!v.is_object()) bad(what + " must be an object mapping token ids (strings) to numbers");
+  std::vector<std::pair<int32_t, float>> out;
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    const std::string& key = it.key();
+    const std::string w = what + "[\"" + key + "\"]";
+    size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(key, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (key.empty() || used != key.size() || !std::isdigit(static_cast<unsigned char>(key[0])))
+      bad(what + ": key \"" + key + "\" is not a token id (a decimal integer)");
+    if (id >= lim.vocab_size)
+      bad(w + ": token id " + key + " is out of range [0, " + std::to_string(lim.vocab_size) + ")");
+    if (!it->is_number()) bad(w + " must be a number");
+    const double b = it->get<double>();
+    if (!(b >= -100.0 && b <= 100.0)) bad(w + " must be in [-100, 100], got " + Fields::fmt(b));
+    out.emplace_back(int32_t(id), float(b));
+  }
+  return out;
+}
+
+// A count of top alternatives: an integer in [0, kMaxTopLogprobs].
+int64_t parse_top_count(Fields& f, const std::string& key) {
+  const int64_t k = f.get_int(key, 0);
+  if (k < 0 || k > rollout::kMaxTopLogprobs)
+    bad(f.name(key) + " must be in [0, " + std::to_string(rollout::kMaxTopLogprobs) + "], got " +
+        std::to_string(k));
+  return k;
+}
+
+// The penalties, shared by every API (SGLang's sampling_params and the
+// OpenAI body spell them alike; min_new_tokens is vLLM's min_tokens there).
+void parse_penalties(Fields& f, rollout::SamplingParams& p, const std::string& min_key, const ModelLimits& lim) {
+  p.frequency_penalty = float(f.get_number("frequency_penalty", 0.0));
+  p.presence_penalty = float(f.get_number("presence_penalty", 0.0));
+  p.repetition_penalty = float(f.get_number("repetition_penalty", 1.0));
+  p.min_new_tokens = f.get_int(min_key, 0);
+  if (p.min_new_tokens < 0) bad(f.name(min_key) + " must be >= 0, got " + std::to_string(p.min_new_tokens));
+  if (const json* lb = f.get("logit_bias")) p.logit_bias = parse_logit_bias(*lb, f.name("logit_bias"), lim);
 }
 
 // Sampling keys shared by the OpenAI APIs (with vLLM's extensions that
@@ -203,13 +257,8 @@ void parse_openai_sampling(Fields& f, GenJob& job, const ModelLimits& lim) {
     s.get_bool("continuous_usage_stats", false);
     s.finish();
   }
-  f.neutral_number("presence_penalty", 0.0);
-  f.neutral_number("frequency_penalty", 0.0);
-  f.neutral_number("repetition_penalty", 1.0);
-  f.neutral_number("min_tokens", 0.0);
+  parse_penalties(f, p, "min_tokens", lim);
   f.neutral_number("best_of", double(p.n));
-  if (const json* lb = f.get("logit_bias"))
-    if (!lb->is_object() || !lb->empty()) bad("logit_bias is not supported");
   f.get_string("user", "");
 }
 
@@ -275,17 +324,17 @@ GenJob parse_generate(const json& body, const tokenizer::Tokenizer* tok, const M
     job.no_stop_trim = s.get_bool("no_stop_trim", false);
     // Our decode never inserts spaces around special tokens; both values are accepted.
     s.get_bool("spaces_between_special_tokens", true);
-    s.neutral_number("frequency_penalty", 0.0);
-    s.neutral_number("presence_penalty", 0.0);
-    s.neutral_number("repetition_penalty", 1.0);
-    s.neutral_number("min_new_tokens", 0.0);
+    parse_penalties(s, p, "min_new_tokens", lim);
     s.finish();
   }
   job.params.return_logprobs = true;  // the engine always computes them; cheap
   job.return_logprob = f.get_bool("return_logprob", false);
   job.logprob_text = f.get_bool("return_text_in_logprobs", false);
-  if (f.get_int("top_logprobs_num", 0) != 0)
-    bad("top_logprobs_num is not supported (only the sampled token's logprob is reported)");
+  job.params.top_logprobs = parse_top_count(f, "top_logprobs_num");
+  if (job.params.top_logprobs > 0 && !job.return_logprob) bad("top_logprobs_num needs return_logprob: true");
+  job.logprob_start = f.get_int("logprob_start_len", -1);
+  if (job.logprob_start < -1) bad("logprob_start_len must be >= 0 (or -1: output tokens only)");
+  if (job.logprob_start >= 0 && !job.return_logprob) bad("logprob_start_len needs return_logprob: true");
   job.stream = f.get_bool("stream", false);
   job.return_experts = f.get_bool("return_routed_experts", false);
   job.return_indexer = f.get_bool("return_indexer_topk", false);
@@ -293,6 +342,10 @@ GenJob parse_generate(const json& body, const tokenizer::Tokenizer* tok, const M
   f.finish();
   if (!job.params.stop.empty()) need_tokenizer(tok, "sampling_params.stop");
   check_lengths(job, lim, explicit_max);
+  for (size_t i = 0; i < job.prompts.size(); ++i)
+    if (job.logprob_start >= int64_t(job.prompts[i].size()))
+      bad("logprob_start_len (" + std::to_string(job.logprob_start) + ") must be less than the length of prompt " +
+          std::to_string(i) + " (" + std::to_string(job.prompts[i].size()) + " tokens)");
   validate_params(job);
   return job;
 }
@@ -329,13 +382,15 @@ GenJob parse_completions(const json& body, const tokenizer::Tokenizer* tok, cons
   parse_openai_sampling(f, job, lim);
   bool explicit_max = f.has("max_tokens");
   job.params.max_new_tokens = f.get_int("max_tokens", 16);  // OpenAI's default for completions
-  if (const json* lp = f.get("logprobs")) {
-    int64_t k = Fields::as_int(*lp, "logprobs");
-    if (k != 0)
-      bad("logprobs: only 0 is supported (the sampled token's logprob; top alternatives are not computed)");
+  if (f.has("logprobs")) {
+    job.params.top_logprobs = parse_top_count(f, "logprobs");
     job.return_logprob = true;
   }
-  if (f.get_bool("echo", false)) bad("echo is not supported");
+  // echo: the prompt's text before the completion's, and with logprobs its tokens' too.
+  job.echo = f.get_bool("echo", false);
+  if (job.echo && job.return_logprob) job.logprob_start = 0;
+  if (job.echo && job.stream && job.return_logprob)
+    bad("echo with logprobs is not supported with stream (the prompt's logprobs come with the full answer)");
   if (f.has("suffix")) bad("suffix is not supported");
   f.finish();
   if (!job.params.stop.empty()) need_tokenizer(tok, "stop");
@@ -379,6 +434,9 @@ GenJob parse_chat(const json& body, const tokenizer::Tokenizer* tok, const Model
     chat.push_back(std::move(cm));
   }
   parse_openai_sampling(f, job, lim);
+  job.return_logprob = f.get_bool("logprobs", false);
+  job.params.top_logprobs = parse_top_count(f, "top_logprobs");
+  if (job.params.top_logprobs > 0 && !job.return_logprob) bad("top_logprobs needs logprobs: true");
   const bool add_generation_prompt = f.get_bool("add_generation_prompt", true);
   const auto& t = need_tokenizer(tok, "messages");
   try {
@@ -391,9 +449,6 @@ GenJob parse_chat(const json& body, const tokenizer::Tokenizer* tok, const Model
     bad("give max_tokens or max_completion_tokens, not both");
   // Without a limit a chat answer may use the rest of the context (as vLLM).
   job.params.max_new_tokens = f.get_int("max_tokens", f.get_int("max_completion_tokens", lim.context));
-  job.return_logprob = f.get_bool("logprobs", false);
-  if (f.get_int("top_logprobs", 0) != 0)
-    bad("top_logprobs: only 0 is supported (top alternatives are not computed)");
   if (const json* tools = f.get("tools"))
     if (!tools->is_array() || !tools->empty()) bad("tools are not supported");
   f.get_string("tool_choice", "none");
@@ -506,42 +561,91 @@ std::string token_text(const tokenizer::Tokenizer* tok, int32_t id) {
   return tok->decode(std::span<const int32_t>(one, 1), false);
 }
 
+namespace {
+// A logprob as JSON: NaN (a prompt's first token has none) is null.
+json lp_json(float lp) { return std::isnan(lp) ? json(nullptr) : json(lp); }
+
+json utf8_bytes(const std::string& t) {
+  json bytes = json::array();
+  for (unsigned char c : t) bytes.push_back(int(c));
+  return bytes;
+}
+}  // namespace
+
 json sglang_logprobs(const tokenizer::Tokenizer* tok, const std::vector<int32_t>& ids,
                      const std::vector<float>& logprobs, bool with_text) {
   json out = json::array();
   for (size_t i = 0; i < ids.size(); ++i) {
     json text = with_text ? json(token_text(tok, ids[i])) : json(nullptr);
-    out.push_back(json::array({i < logprobs.size() ? logprobs[i] : 0.0f, ids[i], text}));
+    out.push_back(json::array({i < logprobs.size() ? lp_json(logprobs[i]) : json(0.0f), ids[i], text}));
+  }
+  return out;
+}
+
+json sglang_top_logprobs(const tokenizer::Tokenizer* tok, const std::vector<rollout::TopLogprobs>& top,
+                         bool with_text, bool empty_is_null) {
+  json out = json::array();
+  for (const auto& pos : top) {
+    if (pos.empty() && empty_is_null) {
+      out.push_back(nullptr);
+      continue;
+    }
+    json alts = json::array();
+    for (const auto& [id, lp] : pos)
+      alts.push_back(json::array({lp, id, with_text ? json(token_text(tok, id)) : json(nullptr)}));
+    out.push_back(std::move(alts));
   }
   return out;
 }
 
 json completions_logprobs(const tokenizer::Tokenizer* tok, const std::vector<int32_t>& ids,
-                          const std::vector<float>& logprobs, size_t first_text_offset) {
+                          const std::vector<float>& logprobs, size_t first_text_offset,
+                          const std::vector<rollout::TopLogprobs>* top) {
   json tokens = json::array(), lps = json::array(), offsets = json::array();
+  json tops = top ? json::array() : json(nullptr);
   size_t offset = first_text_offset;
   for (size_t i = 0; i < ids.size(); ++i) {
     std::string t = token_text(tok, ids[i]);
+    const float lp = i < logprobs.size() ? logprobs[i] : 0.0f;
     tokens.push_back(t);
-    lps.push_back(i < logprobs.size() ? logprobs[i] : 0.0f);
+    lps.push_back(lp_json(lp));
     offsets.push_back(offset);
     offset += t.size();
+    if (!top) continue;
+    const rollout::TopLogprobs none;
+    const rollout::TopLogprobs& alts = i < top->size() ? (*top)[i] : none;
+    if (alts.empty() && std::isnan(lp)) {
+      tops.push_back(nullptr);  // the prompt's first token
+      continue;
+    }
+    // {text: logprob}, most likely first; as OpenAI, the sampled token is
+    // always there (up to N + 1 entries). Tokens of equal text keep the first.
+    json d = json::object();
+    for (const auto& [id, alp] : alts) {
+      const std::string at = token_text(tok, id);
+      if (!d.contains(at)) d[at] = alp;
+    }
+    if (!d.contains(t)) d[t] = lp_json(lp);
+    tops.push_back(std::move(d));
   }
-  return json{
-      {"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", nullptr}, {"text_offset", offsets}};
+  return json{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
 json chat_logprobs(const tokenizer::Tokenizer* tok, const std::vector<int32_t>& ids,
-                   const std::vector<float>& logprobs) {
+                   const std::vector<float>& logprobs, const std::vector<rollout::TopLogprobs>* top) {
   json content = json::array();
   for (size_t i = 0; i < ids.size(); ++i) {
     std::string t = token_text(tok, ids[i]);
-    json bytes = json::array();
-    for (unsigned char c : t) bytes.push_back(int(c));
+    json alts = json::array();
+    if (top && i < top->size())
+      for (const auto& [id, lp] : (*top)[i]) {
+        const std::string at = token_text(tok, id);
+        alts.push_back({{"token", at}, {"logprob", lp}, {"bytes", utf8_bytes(at)}});
+      }
     content.push_back({{"token", t},
                        {"logprob", i < logprobs.size() ? logprobs[i] : 0.0f},
-                       {"bytes", bytes},
-                       {"top_logprobs", json::array()}});
+                       {"bytes", utf8_bytes(t)},
+                       {"top_logprobs", alts}});
   }
   return json{{"content", content}};
 }
@@ -557,8 +661,17 @@ json generate_item(const GenJob& job, const rollout::RequestResult& r, size_t sa
                {"weight_version_end", s.weight_version_end},
                {"e2e_latency", s.latency_s},
                {"ttft", s.ttft_s}};
-  if (job.return_logprob)
+  if (job.return_logprob) {
     meta["output_token_logprobs"] = sglang_logprobs(tok, s.output_ids, s.logprobs, job.logprob_text);
+    if (job.params.top_logprobs > 0)
+      meta["output_top_logprobs"] = sglang_top_logprobs(tok, s.top_logprobs, job.logprob_text, false);
+    if (r.prompt_logprob_start >= 0) {
+      const std::vector<int32_t> ids(r.prompt_ids.begin() + r.prompt_logprob_start, r.prompt_ids.end());
+      meta["input_token_logprobs"] = sglang_logprobs(tok, ids, r.prompt_logprobs, job.logprob_text);
+      if (job.params.top_logprobs > 0)
+        meta["input_top_logprobs"] = sglang_top_logprobs(tok, r.prompt_top_logprobs, job.logprob_text, true);
+    }
+  }
   if (job.return_experts) meta["routed_experts"] = s.routed_experts;
   if (job.return_indexer) meta["indexer_topk"] = s.indexer_topk;
   return json{{"text", out.text}, {"output_ids", s.output_ids}, {"meta_info", meta}};
@@ -579,6 +692,26 @@ json generate_response(const GenJob& job, const std::vector<rollout::RequestResu
   return !job.batched && job.params.n == 1 ? items[0] : items;
 }
 
+std::string echo_text(const GenJob& job, const std::vector<int32_t>& prompt_ids, const tokenizer::Tokenizer* tok) {
+  return tok ? tok->decode(prompt_ids, job.skip_special_tokens) : "";
+}
+
+namespace {
+// Completions logprobs with echo: the prompt's tokens (the first without a
+// logprob) then the sample's.
+json echo_logprobs(const GenJob& job, const rollout::RequestResult& r, const rollout::SampleResult& s,
+                   const tokenizer::Tokenizer* tok) {
+  std::vector<int32_t> ids = r.prompt_ids;
+  ids.insert(ids.end(), s.output_ids.begin(), s.output_ids.end());
+  std::vector<float> lps = r.prompt_logprobs;
+  lps.insert(lps.end(), s.logprobs.begin(), s.logprobs.end());
+  if (job.params.top_logprobs == 0) return completions_logprobs(tok, ids, lps, 0, nullptr);
+  std::vector<rollout::TopLogprobs> top = r.prompt_top_logprobs;
+  top.insert(top.end(), s.top_logprobs.begin(), s.top_logprobs.end());
+  return completions_logprobs(tok, ids, lps, 0, &top);
+}
+}  // namespace
+
 json completions_response(const GenJob& job, const std::vector<rollout::RequestResult>& results,
                           const std::vector<SampleOutput>& outputs, const tokenizer::Tokenizer* tok,
                           const ResponseInfo& info) {
@@ -593,13 +726,17 @@ json completions_response(const GenJob& job, const std::vector<rollout::RequestR
       const SampleOutput& o = outputs[k];
       json c = {{"index", k}, {"finish_reason", o.openai_finish}};
       if (o.finish_reason.contains("matched")) c["matched_stop"] = o.finish_reason["matched"];
+      const auto* top = job.params.top_logprobs > 0 ? &s.top_logprobs : nullptr;
       if (chat) {
         c["message"] = {{"role", "assistant"}, {"content", o.text}};
-        c["logprobs"] = job.return_logprob ? chat_logprobs(tok, s.output_ids, s.logprobs) : json(nullptr);
+        c["logprobs"] = job.return_logprob ? chat_logprobs(tok, s.output_ids, s.logprobs, top) : json(nullptr);
+      } else if (job.echo) {
+        c["text"] = echo_text(job, r.prompt_ids, tok) + o.text;
+        c["logprobs"] = job.return_logprob ? echo_logprobs(job, r, s, tok) : json(nullptr);
       } else {
         c["text"] = o.text;
         c["logprobs"] =
-            job.return_logprob ? completions_logprobs(tok, s.output_ids, s.logprobs, 0) : json(nullptr);
+            job.return_logprob ? completions_logprobs(tok, s.output_ids, s.logprobs, 0, top) : json(nullptr);
       }
       choices.push_back(std::move(c));
       ++k;

@@ -41,7 +41,9 @@ struct GenJob {
   rollout::SamplingParams params;             // params.n samples per prompt
   bool batched = false;                       // /generate: text or input_ids was a list (answer is a list)
   bool stream = false;
-  bool return_logprob = false;  // logprob of every output token
+  bool return_logprob = false;  // logprob of every output token (params.top_logprobs alternatives too)
+  int64_t logprob_start = -1;   // >= 0: prompt logprobs from this position (/generate logprob_start_len, echo)
+  bool echo = false;            // completions: the prompt's text (and logprobs) before the completion
   bool logprob_text = false;    // /generate return_text_in_logprobs: token text beside each logprob
   bool skip_special_tokens = true;
   bool no_stop_trim = false;    // keep the matched stop string in the text
@@ -100,16 +102,29 @@ nlohmann::json completions_response(const GenJob& job, const std::vector<rollout
                                     const std::vector<SampleOutput>& outputs, const tokenizer::Tokenizer* tok,
                                     const ResponseInfo& info);
 
-// OpenAI logprobs of sampled tokens: completions {"tokens", "token_logprobs",
-// "top_logprobs", "text_offset"}; chat {"content": [{"token", "logprob",
-// "bytes", "top_logprobs": []}]}.
+// OpenAI logprobs of tokens: completions {"tokens", "token_logprobs",
+// "top_logprobs", "text_offset"} (top_logprobs null without `top`, else per
+// token {text: logprob} of its alternatives and itself; a NaN logprob, a
+// prompt's first token, is null); chat {"content": [{"token", "logprob",
+// "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}. `top`, when
+// given, holds each token's alternatives.
 nlohmann::json completions_logprobs(const tokenizer::Tokenizer* tok, const std::vector<int32_t>& ids,
-                                    const std::vector<float>& logprobs, size_t first_text_offset);
+                                    const std::vector<float>& logprobs, size_t first_text_offset,
+                                    const std::vector<rollout::TopLogprobs>* top = nullptr);
 nlohmann::json chat_logprobs(const tokenizer::Tokenizer* tok, const std::vector<int32_t>& ids,
-                             const std::vector<float>& logprobs);
-// [[logprob, token_id, text or null], ...] as SGLang's output_token_logprobs.
+                             const std::vector<float>& logprobs,
+                             const std::vector<rollout::TopLogprobs>* top = nullptr);
+// [[logprob, token_id, text or null], ...] as SGLang's output_token_logprobs
+// (a NaN logprob is null: input_token_logprobs' first entry).
 nlohmann::json sglang_logprobs(const tokenizer::Tokenizer* tok, const std::vector<int32_t>& ids,
                                const std::vector<float>& logprobs, bool with_text);
+// SGLang's output_top_logprobs / input_top_logprobs: per position a list of
+// [logprob, token_id, text or null]; an empty position is null when
+// `empty_is_null` (the prompt's first token).
+nlohmann::json sglang_top_logprobs(const tokenizer::Tokenizer* tok, const std::vector<rollout::TopLogprobs>& top,
+                                   bool with_text, bool empty_is_null);
+// The prompt's text as completions' echo gives it.
+std::string echo_text(const GenJob& job, const std::vector<int32_t>& prompt_ids, const tokenizer::Tokenizer* tok);
 
 // Text of one token as OpenAI reports it (its own decode, special tokens kept).
 std::string token_text(const tokenizer::Tokenizer* tok, int32_t id);

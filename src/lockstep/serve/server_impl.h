@@ -47,6 +47,7 @@ struct TokenEvent {
   int sample = 0;
   int32_t token = 0;
   float logprob = 0;
+  rollout::TopLogprobs top;  // its alternatives, when the request asks
 };
 
 // The engine requests behind one HTTP request. The engine reports a request's
