@@ -30,9 +30,9 @@ def send(wfile, obj):
 
 
 def user_traceback(exc):
-    """The traceback without the driver's own frames."""
+    """The traceback without the driver's own frames and importlib's."""
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith("<"):
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
