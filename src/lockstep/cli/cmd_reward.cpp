@@ -88,7 +88,11 @@ int run_reward(const Args& args) {
     }
     std::printf(")");
   }
-  std::printf("\nresponses/s:    %.1f\n", summary.responses_per_s);
+  std::printf("\n");
+  for (const auto& [key, sum] : s.extra_sum)  // python rewards: the dict's further numeric keys
+    std::printf("reward/extra/%s: %.4f (mean over %lld)\n", key.c_str(), sum / double(s.extra_n.at(key)),
+                static_cast<long long>(s.extra_n.at(key)));
+  std::printf("responses/s:    %.1f\n", summary.responses_per_s);
   std::printf("output:         %s\n", out.c_str());
   return 0;
 }
