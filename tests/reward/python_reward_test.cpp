@@ -353,6 +353,10 @@ TEST_F(PythonRewardTest, OptionsParseAndValidate) {
   EXPECT_THROW(RewardOptions::from_json({{"type", "python"}}), Error);  // no path
   EXPECT_THROW(RewardOptions::from_json({{"type", "python"}, {"path", "r.py"}, {"workers", -1}}), Error);
   EXPECT_EQ(batch_options_for(o).timeout_s, o.timeout_s + 0.5);
+  o.workers = 6;  // one scoring thread per worker, whatever the core count
+  EXPECT_EQ(batch_options_for(o).threads, 6);
+  o.threads = 3;
+  EXPECT_EQ(batch_options_for(o).threads, 3);
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include "lockstep/base/error.h"
 #include "lockstep/base/thread_pool.h"
 #include "lockstep/base/timer.h"
+#include "lockstep/reward/python_reward.h"
 
 namespace lockstep::reward {
 
@@ -133,6 +134,10 @@ struct BatchScorer::Core {
 BatchOptions batch_options_for(const RewardOptions& options) {
   BatchOptions b;
   b.threads = options.threads;
+  // A python reward's calls wait on its worker processes, not on this
+  // process's cores: one scoring thread per worker keeps every worker busy.
+  if (options.type == "python" && options.threads == 0)
+    b.threads = options.workers > 0 ? options.workers : default_python_workers();
   // Remote and python rewards enforce timeout_s themselves (and kill a hung
   // python worker): the batch limit is only their safety net.
   b.timeout_s = options.timeout_s + (options.type == "remote" || options.type == "python" ? 0.5 : 0.0);
