@@ -1,13 +1,15 @@
 // Tests for Subprocess with /bin/sh children: a line echoed over the
 // channel, stdout folded into stderr (never onto the channel), EOF and the
 // exit status of a child that exits or is killed by a signal, a read that
-// times out, terminate() of a child that ignores SIGTERM, no zombies, and a
-// missing program named before any fork.
+// times out, terminate() of a child that ignores SIGTERM, no zombies, no
+// leaked fd, and a missing program named before any spawn.
 #include "lockstep/base/subprocess.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cerrno>
 
@@ -72,6 +74,19 @@ TEST(BaseSubprocess, DestructorReaps) {
   }
   EXPECT_TRUE(gone(pid));
   EXPECT_EQ(waitpid(-1, nullptr, WNOHANG), -1);
+}
+
+TEST(BaseSubprocess, OnlyTheChannelAndStdioReachTheChild) {
+  const int first = open("/dev/null", O_RDONLY);
+  const int leaky = fcntl(first, F_DUPFD, 10);  // no close-on-exec, above the channel's fd
+  close(first);
+  ASSERT_GE(leaky, 10);
+  const std::string fd = std::to_string(leaky);
+  Subprocess p = sh("if [ -e /proc/self/fd/" + fd + " ]; then echo leaked >&3; else echo closed >&3; fi");
+  std::string line;
+  ASSERT_EQ(p.read_line(&line, in_seconds(10)), Subprocess::Read::Line);
+  EXPECT_EQ(line, "closed");
+  close(leaky);
 }
 
 TEST(BaseSubprocess, MissingProgramIsAnError) {

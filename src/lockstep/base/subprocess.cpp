@@ -1,6 +1,5 @@
-// Subprocess: fork + execve with everything the child needs (argv, envp, the
-// resolved path) built before the fork, since only async-signal-safe calls
-// are allowed between fork and exec in a multi-threaded process. The channel
+// Subprocess: posix_spawn with the program resolved on PATH first (a missing
+// program is an Error here, not a child that dies). The channel
 // is a socketpair (created close-on-exec) so that send() can use
 // MSG_NOSIGNAL: a dead child is a failed write, never a SIGPIPE.
 #include "lockstep/base/subprocess.h"
@@ -8,6 +7,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -63,26 +63,6 @@ const char* signal_name(int sig) {
   }
 }
 
-// In the child, between fork and exec: async-signal-safe calls only.
-[[noreturn]] void exec_child(int channel, int channel_fd, bool stdout_to_stderr, const char* path, char** argv,
-                             char** envp) {
-  // Move the channel above every fd we are about to assign, then into place
-  // (dup2 clears close-on-exec on the copy).
-  int high = fcntl(channel, F_DUPFD_CLOEXEC, 64);
-  if (high < 0 || dup2(high, channel_fd) < 0) _exit(126);
-  int devnull = open("/dev/null", O_RDONLY);
-  if (devnull >= 0 && devnull != 0) {
-    dup2(devnull, 0);
-    close(devnull);
-  }
-  if (stdout_to_stderr) dup2(2, 1);
-  // Nothing else of the parent's (sockets, files opened without O_CLOEXEC) leaks in.
-  if (channel_fd > 3) close_range(3, unsigned(channel_fd - 1), 0);
-  close_range(unsigned(channel_fd + 1), ~0U, 0);
-  execve(path, argv, envp);
-  _exit(127);
-}
-
 bool is_executable_file(const std::string& path) {
   struct stat st {};
   return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(path.c_str(), X_OK) == 0;
@@ -117,17 +97,44 @@ Subprocess::Subprocess(const SpawnOptions& options) {
   std::vector<char*> argv = c_strings(argv_s), envp = c_strings(env_s);
 
   int sv[2];
-  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
-    LS_THROW << "socketpair: " << strerror(errno);
-  pid_t pid = fork();
-  if (pid < 0) {
-    int err = errno;
-    close(sv[0]);
-    close(sv[1]);
-    LS_THROW << "fork: " << strerror(err);
-  }
-  if (pid == 0) exec_child(sv[1], options.channel_fd, options.stdout_to_stderr, path.c_str(), argv.data(), envp.data());
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) LS_THROW << "socketpair: " << strerror(errno);
+  // The child's end moves above the fds it is dup2'ed onto, so that dup2
+  // never maps an fd onto itself (which would keep its close-on-exec flag).
+  int child_end = fcntl(sv[1], F_DUPFD_CLOEXEC, 64);
   close(sv[1]);
+  if (child_end < 0) {
+    close(sv[0]);
+    LS_THROW << "fcntl: " << strerror(errno);
+  }
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  if (options.stdout_to_stderr) posix_spawn_file_actions_adddup2(&fa, 2, 1);
+  posix_spawn_file_actions_adddup2(&fa, child_end, options.channel_fd);
+  // Nothing else of the parent's (sockets, files opened without O_CLOEXEC) leaks in.
+  posix_spawn_file_actions_addclosefrom_np(&fa, options.channel_fd + 1);
+  // The child starts with no signal blocked and default handlers, whatever
+  // this process's threads (or the MPI library) set up.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none, defaults;
+  sigemptyset(&none);
+  sigemptyset(&defaults);
+  for (int sig : {SIGTERM, SIGINT, SIGPIPE, SIGCHLD, SIGHUP}) sigaddset(&defaults, sig);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  pid_t pid = -1;
+  // posix_spawn (vfork-like in glibc) rather than fork: no copy of a large
+  // trainer's page tables, and nothing runs between fork and exec.
+  int err = posix_spawn(&pid, path.c_str(), &fa, &attr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  close(child_end);
+  if (err != 0) {
+    close(sv[0]);
+    LS_THROW << "'" << path << "': cannot start (" << strerror(err) << ")";
+  }
   pid_ = pid;
   fd_ = sv[0];
 }
