@@ -21,6 +21,7 @@
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/model/params.h"
 #include "lockstep/model/weights.h"
+#include "lockstep/reward/reward.h"
 #include "lockstep/rollout/engine.h"
 #include "lockstep/rl/rollout_backend.h"
 #include "lockstep/tokenizer/byte_level.h"
@@ -496,6 +497,48 @@ TEST(RlLoop, AHangingRewardTimesOutAndIsCountedNotTrained) {
   EXPECT_GT(nulls, 0);
 }
 
+// A verl-style Python reward in the loop: its dict's extra keys become
+// reward/extra/<key> metrics, and each sample (training and eval) is scored
+// exactly once (the file appends a line per call).
+TEST(RlLoop, APythonRewardLogsItsExtraKeysAndScoresEachSampleOnce) {
+  Fixture f;
+  RlConfig c = f.config(f.dir.str("py"));
+  c.steps = 1;
+  const std::string calls = f.dir.str("calls.txt");
+  {
+    std::ofstream(f.dir.str("len_reward.py"))
+        << "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        << "    with open(" << nlohmann::json(calls).dump() << ", 'a') as f:\n"
+        << "        f.write('x\\n')\n"
+        << "    return {'score': float(len(solution_str) % 2 == 0), 'length': len(solution_str), 'one': 1}\n";
+  }
+  reward::RewardOptions o;
+  o.type = "python";
+  o.path = f.dir.str("len_reward.py");
+  o.workers = 1;
+  if (std::filesystem::exists("/usr/bin/python3")) o.python = "/usr/bin/python3";
+  c.reward = o;
+  c.eval.config.reward = o;
+  auto t = f.trainer(c);
+  run_rl(*t, f.inputs(std::shared_ptr<const reward::Reward>(reward::make_reward(o))), c, false);
+  const auto m = metrics_of(c.out_dir);
+  ASSERT_EQ(m.size(), 2u);  // the eval before the first step, then step 1
+  EXPECT_EQ(m[1]["reward/extra/one"].get<double>(), 1.0);
+  EXPECT_GE(m[1]["reward/extra/length"].get<double>(), 0.0);
+  EXPECT_EQ(m[1]["rollout/reward_failures"].get<int64_t>(), 0);
+  int64_t scored = 0;
+  for (const auto& x : m) {
+    scored += x.value("rollout/num_samples", int64_t(0));
+    for (const auto& [k, v] : x.items())
+      if (k.rfind("eval/", 0) == 0 && k.find("/num_samples") != std::string::npos) scored += v.get<int64_t>();
+  }
+  std::ifstream in(calls);
+  int64_t lines = 0;
+  for (std::string l; std::getline(in, l);) ++lines;
+  EXPECT_GT(scored, 0);
+  EXPECT_EQ(lines, scored);
+}
+
 // Rollout one step ahead: step k+1's prompts are submitted before step k
 // trains and collected when step k+1 starts; only then does the rollout get
 // the weights of step k's update. Eval (steps 0, 2, 4) needs the rollout idle
@@ -605,6 +648,16 @@ TEST(RlLoop, StalenessNeedsARolloutThatCanOverlap) {
   auto t = f.trainer(c);
   test::expect_error([&] { run_rl(*t, f.inputs(), c, false); },
                      {"max_weight_staleness = 1", "rollout_ranks > 0", "colocated"});
+}
+
+TEST(RlConfig, APythonRewardPathIsRelativeToTheConfigFile) {
+  const std::string base = "[reward]\ntype = \"python\"\npath = \"rewards/r.py\"\n";
+  toml::table t = parse_toml_with_overrides(base, "/work/cfg/rl.toml", {});
+  EXPECT_EQ(rl_config_from_toml(t, "/work/cfg/rl.toml").reward.path, "/work/cfg/rewards/r.py");
+  toml::table u = parse_toml_with_overrides(base, "/work/cfg/rl.toml", {"reward.path=\"/abs/r.py\""});
+  EXPECT_EQ(rl_config_from_toml(u, "/work/cfg/rl.toml").reward.path, "/abs/r.py");
+  toml::table v = parse_toml_with_overrides(base, "rl.toml", {});  // in the current directory
+  EXPECT_EQ(rl_config_from_toml(v, "rl.toml").reward.path, "rewards/r.py");
 }
 
 TEST(RlConfig, ReadsSectionsAndNamesBadKeys) {

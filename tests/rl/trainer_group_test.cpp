@@ -65,6 +65,7 @@ class TwoRanks final : public TrainerGroup {
     for (size_t i = 0; i < n; ++i) v[i] = v[i] + peer[i];  // rank order: 0, then 1
   }
   double max(double x) override { return peer.empty() ? x : std::max(x, peer_max); }
+  std::vector<std::string> gather_strings(const std::string& mine) override { return {mine, mine}; }
   std::vector<double> sent, peer;
   double peer_max = 0;
 };

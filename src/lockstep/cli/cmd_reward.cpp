@@ -1,5 +1,5 @@
 // `lockstep reward`: scores a JSONL file of responses with a verifier (math,
-// countdown, exact, remote) and writes the per-line verdicts plus a summary.
+// countdown, exact, remote, python) and writes the per-line verdicts plus a summary.
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -12,7 +12,7 @@ namespace lockstep::cli {
 namespace {
 
 const char* const kHelp =
-    "usage: lockstep reward --type math|countdown|exact|remote --input IN.jsonl --output OUT.jsonl [flags]\n"
+    "usage: lockstep reward --type math|countdown|exact|remote|python --input IN.jsonl --output OUT.jsonl [flags]\n"
     "\n"
     "Scores each line's \"response\" against its \"label\" (and \"metadata\", \"prompt\" if present) and\n"
     "writes OUT.jsonl: every input field plus \"reward\" (null when scoring failed), \"correct\",\n"
@@ -31,6 +31,10 @@ const char* const kHelp =
     "  --url URL           remote: endpoint (http://127.0.0.1:PORT/path)\n"
     "  --timeout S         per-sample time limit in seconds (default 10)\n"
     "  --threads N         scoring threads (default: hardware threads)\n"
+    "  --path FILE         python: the reward file (relative to the current directory)\n"
+    "  --function NAME     python: the function to call (default compute_score)\n"
+    "  --workers N         python: worker processes (default min(4, hardware threads))\n"
+    "  --python EXE        python: the interpreter (default python3, PATH is searched)\n"
     "\n"
     "See docs/rewards.md for every option, the equivalence rules and the remote protocol.\n";
 
@@ -41,7 +45,7 @@ nlohmann::json parse_value(const std::string& v) {
 
 int run_reward(const Args& args) {
   args.check_known({"type", "input", "output", "options", "extractors", "tolerance", "format-reward", "url",
-                    "timeout", "threads"});
+                    "timeout", "threads", "path", "function", "workers", "python"});
   nlohmann::json opts = nlohmann::json::object();
   if (auto o = args.maybe("options")) {
     opts = nlohmann::json::parse(*o, nullptr, false);
@@ -61,6 +65,10 @@ int run_reward(const Args& args) {
   if (auto v = args.maybe("url")) opts["url"] = *v;
   if (args.has("timeout")) opts["timeout_s"] = args.get_double("timeout", 0);
   if (args.has("threads")) opts["threads"] = static_cast<int>(args.get_int("threads", 0));
+  if (auto v = args.maybe("path")) opts["path"] = *v;
+  if (auto v = args.maybe("function")) opts["function"] = *v;
+  if (args.has("workers")) opts["workers"] = static_cast<int>(args.get_int("workers", 0));
+  if (auto v = args.maybe("python")) opts["python"] = *v;
   auto options = reward::RewardOptions::from_json(opts);
 
   std::string in = args.require("input"), out = args.require("output");
@@ -80,7 +88,11 @@ int run_reward(const Args& args) {
     }
     std::printf(")");
   }
-  std::printf("\nresponses/s:    %.1f\n", summary.responses_per_s);
+  std::printf("\n");
+  for (const auto& [key, sum] : s.extra_sum)  // python rewards: the dict's further numeric keys
+    std::printf("reward/extra/%s: %.4f (mean over %lld)\n", key.c_str(), sum / double(s.extra_n.at(key)),
+                static_cast<long long>(s.extra_n.at(key)));
+  std::printf("responses/s:    %.1f\n", summary.responses_per_s);
   std::printf("output:         %s\n", out.c_str());
   return 0;
 }

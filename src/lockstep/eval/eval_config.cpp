@@ -1,6 +1,7 @@
 // Parsing of the [eval] and [reward] config sections.
 #include "lockstep/eval/eval_config.h"
 
+#include <filesystem>
 #include <sstream>
 
 #include "lockstep/base/error.h"
@@ -58,7 +59,13 @@ nlohmann::json toml_to_json(const toml::node& node) {
 reward::RewardOptions reward_options_from_toml(const toml::table* reward, const std::string& source) {
   if (!reward) return reward::RewardOptions::from_json(nlohmann::json::object());
   try {
-    return reward::RewardOptions::from_json(toml_to_json(*reward));
+    auto options = reward::RewardOptions::from_json(toml_to_json(*reward));
+    // A python reward's file is found next to the config, wherever it is run from.
+    if (!options.path.empty() && std::filesystem::path(options.path).is_relative()) {
+      auto dir = std::filesystem::path(source).parent_path();
+      if (!dir.empty()) options.path = (dir / options.path).lexically_normal().string();
+    }
+    return options;
   } catch (const Error& err) {
     LS_THROW << source << ": [reward] " << err.what();
   }

@@ -114,7 +114,8 @@ EvalSummary Evaluator::score(const tokenizer::Tokenizer& tok,
     }
   }
   reward::BatchStats stats;
-  auto verdicts = scorer_->score(requests, &stats);
+  auto verdicts = score_batch_ ? score_batch_(requests) : scorer_->score(requests);
+  for (const auto& r : verdicts) stats.add(r);
   LS_CHECK(verdicts.size() == requests.size()) << "scorer returned " << verdicts.size() << " results";
 
   EvalSummary sum;

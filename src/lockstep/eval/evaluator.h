@@ -119,10 +119,18 @@ class Evaluator {
 
   const EvalConfig& config() const { return config_; }
 
+  // How score() scores its batch of requests (results in order); by
+  // default scorer().score. The RL loop splits the batch over its trainer
+  // ranks so that each sample is scored once.
+  using ScoreBatchFn = std::function<std::vector<reward::RewardResult>(const std::vector<reward::RewardRequest>&)>;
+  void set_score_batch(ScoreBatchFn fn) { score_batch_ = std::move(fn); }
+  reward::BatchScorer& scorer() { return *scorer_; }
+
  private:
   EvalConfig config_;
   std::shared_ptr<const reward::Reward> reward_;
   std::unique_ptr<reward::BatchScorer> scorer_;
+  ScoreBatchFn score_batch_;
 };
 
 // One-shot convenience: Evaluator(config).run(engine, ...).

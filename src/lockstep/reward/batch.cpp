@@ -25,6 +25,7 @@
 #include "lockstep/base/error.h"
 #include "lockstep/base/thread_pool.h"
 #include "lockstep/base/timer.h"
+#include "lockstep/reward/python_reward.h"
 
 namespace lockstep::reward {
 
@@ -133,7 +134,13 @@ struct BatchScorer::Core {
 BatchOptions batch_options_for(const RewardOptions& options) {
   BatchOptions b;
   b.threads = options.threads;
-  b.timeout_s = options.timeout_s + (options.type == "remote" ? 0.5 : 0.0);
+  // A python reward's calls wait on its worker processes, not on this
+  // process's cores: one scoring thread per worker keeps every worker busy.
+  if (options.type == "python" && options.threads == 0)
+    b.threads = options.workers > 0 ? options.workers : default_python_workers();
+  // Remote and python rewards enforce timeout_s themselves (and kill a hung
+  // python worker): the batch limit is only their safety net.
+  b.timeout_s = options.timeout_s + (options.type == "remote" || options.type == "python" ? 0.5 : 0.0);
   return b;
 }
 
@@ -148,6 +155,10 @@ void BatchStats::add(const RewardResult& r) {
   }
   if (r.correct) ++correct;
   reward_sum += r.reward;
+  for (const auto& [k, v] : r.extra) {
+    extra_sum[k] += v;
+    ++extra_n[k];
+  }
 }
 
 void BatchStats::merge(const BatchStats& o) {
@@ -158,6 +169,8 @@ void BatchStats::merge(const BatchStats& o) {
   reward_sum += o.reward_sum;
   seconds += o.seconds;
   for (const auto& [k, v] : o.failure_reasons) failure_reasons[k] += v;
+  for (const auto& [k, v] : o.extra_sum) extra_sum[k] += v;
+  for (const auto& [k, v] : o.extra_n) extra_n[k] += v;
 }
 
 double BatchStats::reward_mean() const {
@@ -166,10 +179,12 @@ double BatchStats::reward_mean() const {
 }
 
 std::map<std::string, double> BatchStats::metrics() const {
-  return {{"rollout/reward_failures", static_cast<double>(failures)},
-          {"rollout/reward_timeouts", static_cast<double>(timeouts)},
-          {"rollout/reward_accuracy", accuracy()},
-          {"rollout/reward_mean", reward_mean()}};
+  std::map<std::string, double> m = {{"rollout/reward_failures", static_cast<double>(failures)},
+                                     {"rollout/reward_timeouts", static_cast<double>(timeouts)},
+                                     {"rollout/reward_accuracy", accuracy()},
+                                     {"rollout/reward_mean", reward_mean()}};
+  for (const auto& [k, v] : extra_sum) m["reward/extra/" + k] = v / static_cast<double>(extra_n.at(k));
+  return m;
 }
 
 BatchScorer::BatchScorer(std::shared_ptr<const Reward> reward, BatchOptions options)

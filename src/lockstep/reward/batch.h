@@ -36,12 +36,16 @@ struct BatchStats {
   double reward_sum = 0.0;  // over samples that did not fail
   double seconds = 0.0;     // wall time of score()
   std::map<std::string, int64_t> failure_reasons;  // "timeout", "bad_label", "http 500", ...
+  // RewardResult::extra over the samples that did not fail and reported the key.
+  std::map<std::string, double> extra_sum;
+  std::map<std::string, int64_t> extra_n;
 
   void add(const RewardResult& r);
   void merge(const BatchStats& other);
   double accuracy() const { return n ? static_cast<double>(correct) / static_cast<double>(n) : 0.0; }
   double reward_mean() const;  // over samples that did not fail
-  // rollout/reward_failures, rollout/reward_timeouts, rollout/reward_accuracy, rollout/reward_mean.
+  // rollout/reward_failures, rollout/reward_timeouts, rollout/reward_accuracy, rollout/reward_mean,
+  // and reward/extra/<key>: the mean of each extra key over the samples that reported it.
   std::map<std::string, double> metrics() const;
 };
 

@@ -8,6 +8,7 @@
 #include "lockstep/reward/exact.h"
 #include "lockstep/reward/math_text.h"
 #include "lockstep/reward/math_verifier.h"
+#include "lockstep/reward/python_reward.h"
 #include "lockstep/reward/remote.h"
 
 namespace lockstep::reward {
@@ -109,10 +110,18 @@ RewardOptions RewardOptions::from_json(const nlohmann::json& j) {
       o.max_concurrency = get_int(key, v);
     } else if (key == "threads") {
       o.threads = get_int(key, v);
+    } else if (key == "path") {
+      o.path = get_string(key, v);
+    } else if (key == "function") {
+      o.function = get_string(key, v);
+    } else if (key == "workers") {
+      o.workers = get_int(key, v);
+    } else if (key == "python") {
+      o.python = get_string(key, v);
     } else {
       LS_THROW << "reward: unknown option '" << key
                << "' (known: type, extractors, tolerance, correct_reward, incorrect_reward, format_reward, strip, "
-                  "casefold, url, timeout_s, request_timeout_s, retries, backoff_s, max_concurrency, threads)";
+                  "casefold, url, timeout_s, request_timeout_s, retries, backoff_s, max_concurrency, threads, path, function, workers, python)";
     }
   }
   o.validate();
@@ -136,12 +145,16 @@ nlohmann::json RewardOptions::to_json() const {
   j["backoff_s"] = backoff_s;
   j["max_concurrency"] = max_concurrency;
   j["threads"] = threads;
+  j["path"] = path;
+  j["function"] = function;
+  j["workers"] = workers;
+  j["python"] = python;
   return j;
 }
 
 void RewardOptions::validate() const {
-  if (type != "math" && type != "countdown" && type != "exact" && type != "remote")
-    LS_THROW << "reward.type: unknown reward type '" << type << "' (math, countdown, exact, remote)";
+  if (type != "math" && type != "countdown" && type != "exact" && type != "remote" && type != "python")
+    LS_THROW << "reward.type: unknown reward type '" << type << "' (math, countdown, exact, remote, python)";
   for (const auto& e : extractors) {
     if (!extractor_from_name(e))
       LS_THROW << "reward.extractors: unknown extractor '" << e
@@ -159,6 +172,12 @@ void RewardOptions::validate() const {
   if (max_concurrency < 1 || max_concurrency > 4096)
     LS_THROW << "reward.max_concurrency: must be in [1, 4096], got " << max_concurrency;
   if (threads < 0 || threads > 4096) LS_THROW << "reward.threads: must be in [0, 4096], got " << threads;
+  if (workers < 0 || workers > 256) LS_THROW << "reward.workers: must be in [0, 256], got " << workers;
+  if (type == "python") {
+    if (path.empty()) LS_THROW << "reward.path: required for type 'python' (a .py file with " << function << ")";
+    if (function.empty()) LS_THROW << "reward.function: must not be empty";
+    if (python.empty()) LS_THROW << "reward.python: must not be empty";
+  }
   if (type == "remote") {
     if (url.empty()) LS_THROW << "reward.url: required for type 'remote'";
     if (url.rfind("http://", 0) != 0 && url.rfind("https://", 0) != 0)
@@ -176,6 +195,7 @@ std::unique_ptr<Reward> make_reward(const RewardOptions& options) {
   if (options.type == "math") return std::make_unique<MathVerifier>(options);
   if (options.type == "countdown") return std::make_unique<CountdownReward>(options);
   if (options.type == "exact") return std::make_unique<ExactMatchReward>(options);
+  if (options.type == "python") return std::make_unique<PythonReward>(options);
   return std::make_unique<RemoteReward>(options);
 }
 

@@ -3,6 +3,7 @@
 // and the factory that builds a verifier from them.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -29,6 +30,9 @@ struct RewardResult {
   bool correct = false;
   std::string extracted;  // the answer found in the response; "" when none
   std::string failure;    // "" when scoring succeeded
+  // Further numbers a reward reports per sample (python: the other numeric
+  // keys of the dict it returns); logged as reward/extra/<key>.
+  std::map<std::string, double> extra;
   bool failed() const { return !failure.empty(); }
   static RewardResult failure_result(std::string reason);
 };
@@ -51,7 +55,7 @@ class Reward {
 
 // All reward settings. Keys of from_json() have the same names.
 struct RewardOptions {
-  std::string type = "math";            // math | countdown | exact | remote
+  std::string type = "math";            // math | countdown | exact | remote | python
   std::vector<std::string> extractors;  // math, exact: answer extractors in order ([] = the type's default)
   double tolerance = 1e-6;              // math: relative tolerance for inexact numbers
   double correct_reward = 1.0;          // reward of a correct answer
@@ -66,6 +70,10 @@ struct RewardOptions {
   double backoff_s = 0.25;              // remote: delay before the first retry, doubled each time
   int max_concurrency = 16;             // remote: requests in flight at once
   int threads = 0;                      // batch scoring worker threads (0: hardware threads)
+  std::string path;                     // python: the reward file (config: relative to the config's directory)
+  std::string function = "compute_score";  // python: the function called per sample
+  int workers = 0;                      // python: worker processes (0: min(4, hardware threads))
+  std::string python = "python3";       // python: the interpreter (PATH is searched)
 
   // Builds options from a JSON object; unknown keys and wrong value types
   // throw lockstep::Error naming the key. Calls validate().

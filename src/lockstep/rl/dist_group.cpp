@@ -2,6 +2,9 @@
 #include "lockstep/rl/dist_group.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
 
 #include "lockstep/base/error.h"
 #include "lockstep/parallel/data_parallel.h"
@@ -23,6 +26,19 @@ class CommGroup final : public TrainerGroup {
     double m = x;
     for (double y : comm_.all_gather(x)) m = std::max(m, y);
     return m;
+  }
+  // Lengths first, then every rank's text padded to the longest.
+  std::vector<std::string> gather_strings(const std::string& mine) override {
+    const std::vector<uint64_t> sizes = comm_.all_gather(uint64_t(mine.size()));
+    uint64_t longest = 0;
+    for (uint64_t s : sizes) longest = std::max(longest, s);
+    std::string padded = mine;
+    padded.resize(size_t(longest), '\0');
+    std::string all(size_t(longest) * sizes.size(), '\0');
+    if (longest > 0) comm_.all_gather_bytes(padded.data(), size_t(longest), all.data());
+    std::vector<std::string> out;
+    for (size_t r = 0; r < sizes.size(); ++r) out.push_back(all.substr(r * size_t(longest), size_t(sizes[r])));
+    return out;
   }
 
  private:

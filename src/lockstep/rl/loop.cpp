@@ -31,6 +31,7 @@
 #include "lockstep/train/data_order.h"
 #include "lockstep/train/mismatch.h"
 #include "lockstep/rl/gap_check.h"
+#include "lockstep/rl/group_scoring.h"
 
 namespace lockstep::rl {
 
@@ -63,6 +64,7 @@ struct Sample {
   double reward = 0, score = 0, advantage = 0;
   bool correct = false, failed = false;
   uint64_t version = 0, version_end = 0;
+  std::map<std::string, double> reward_extra;  // the reward's further numbers (reward/extra/<key>)
 };
 
 struct Group {
@@ -153,7 +155,12 @@ class Runner {
     writer_ = group_.writer();
     reward_ = in.reward ? in.reward : std::shared_ptr<const reward::Reward>(reward::make_reward(cfg.reward));
     scorer_ = std::make_unique<reward::BatchScorer>(reward_, reward::batch_options_for(cfg.reward));
-    if (!in.eval.empty()) evaluator_ = std::make_unique<eval::Evaluator>(cfg.eval.config, reward_);
+    if (!in.eval.empty()) {
+      evaluator_ = std::make_unique<eval::Evaluator>(cfg.eval.config, reward_);
+      evaluator_->set_score_batch([this](const std::vector<reward::RewardRequest>& reqs) {
+        return score_across_ranks(evaluator_->scorer(), group_, reqs);
+      });
+    }
     if (cfg.algo.kl_coef > 0) {
       LS_CHECK(in.reference) << "rl: [algo] kl_coef > 0 needs the reference model (RlInputs::reference)";
       LS_CHECK(in.reference->weights().layout().numel() == trainer.model_layout().numel())
@@ -360,13 +367,15 @@ void Runner::score_groups(std::vector<Group>& groups) {
       r.metadata = in_.train[g.prompt].metadata;
       reqs.push_back(std::move(r));
     }
-  auto results = scorer_->score(reqs);
+  // Each trainer rank scores its share; all ranks get every verdict.
+  auto results = score_across_ranks(*scorer_, group_, reqs);
   size_t k = 0;
   for (auto& g : groups)
     for (auto& s : g.samples) {
       const auto& r = results[k++];
       s.failed = r.failed() || s.finish_reason == "abort";
       s.correct = r.correct;
+      s.reward_extra = r.extra;
       s.score = r.failed() ? 0.0 : r.reward;
       s.reward = s.score + overlong_penalty(int64_t(s.output_ids.size()), cfg_.rollout.sampling.max_new_tokens,
                                             cfg_.algo.overlong_buffer_len, cfg_.algo.overlong_penalty_factor);
@@ -851,6 +860,7 @@ void Runner::filter_round(std::vector<Group>& round, StepSamples& ss) const {
 // Over every sample drawn this step (before filtering).
 void Runner::rollout_metrics(const StepSamples& ss, nlohmann::json& m) const {
   std::vector<double> rewards, scores, lens;
+  std::map<std::string, std::pair<double, int64_t>> extra;  // key -> (sum, samples)
   int64_t truncated = 0, failures = 0, correct = 0, n_samples = 0;
   for (auto& g : ss.all)
     for (auto& s : g.samples) {
@@ -864,7 +874,12 @@ void Runner::rollout_metrics(const StepSamples& ss, nlohmann::json& m) const {
       rewards.push_back(s.reward);
       scores.push_back(s.score);
       correct += s.correct ? 1 : 0;
+      for (const auto& [key, v] : s.reward_extra) {
+        extra[key].first += v;
+        ++extra[key].second;
+      }
     }
+  for (const auto& [key, sn] : extra) m["reward/extra/" + key] = sn.first / double(sn.second);
   m["rollout/reward_mean"] = mean_of(rewards);
   m["rollout/reward_std"] = std_of(rewards);
   m["rollout/score_mean"] = mean_of(scores);

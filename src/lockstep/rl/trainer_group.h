@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "lockstep/rl/algo.h"
 #include "lockstep/train/mismatch.h"
@@ -24,6 +26,8 @@ class TrainerGroup {
   virtual void sum(double* v, size_t n) = 0;
   // The largest of x over the ranks.
   virtual double max(double x) = 0;
+  // Every rank's `mine`, in rank order (the RL loop gathers reward verdicts).
+  virtual std::vector<std::string> gather_strings(const std::string& mine) = 0;
 };
 
 // One trainer: the whole mini-batch, sums and maxima of one value.
@@ -35,6 +39,7 @@ class OneRank final : public TrainerGroup {
   std::pair<size_t, size_t> shard(size_t n) const override { return {0, n}; }
   void sum(double*, size_t) override {}
   double max(double x) override { return x; }
+  std::vector<std::string> gather_strings(const std::string& mine) override { return {mine}; }
 
  private:
   bool writer_;
