@@ -3,7 +3,9 @@
 // comes from token_logprob_forward.
 #include "lockstep/rollout/sampler.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "lockstep/base/error.h"
 #include "lockstep/base/rng.h"
