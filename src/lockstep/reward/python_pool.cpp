@@ -137,38 +137,52 @@ void PythonPool::release(size_t slot, bool dead) {
   std::lock_guard<std::mutex> lk(mu_);
   slots_[slot].state = dead ? State::Dead : State::Idle;
   if (dead) {
+    ++slots_[slot].generation;  // its objects die with it
     keeper_cv_.notify_all();
+    idle_cv_.notify_all();      // callers waiting on its objects learn it
   } else {
     idle_cv_.notify_one();
   }
 }
 
-PythonCallResult PythonPool::call(const std::string& function, const nlohmann::json& kwargs, double timeout_s) {
-  const auto deadline = after(timeout_s);
+std::optional<PythonCallResult> PythonPool::acquire(Clock::time_point deadline, long only, int64_t generation,
+                                                    size_t* slot, Subprocess** proc) {
+  std::unique_lock<std::mutex> lk(mu_);
   PythonCallResult res;
-  size_t slot = 0;
-  Subprocess* proc = nullptr;
-  {
-    std::unique_lock<std::mutex> lk(mu_);
-    auto idle = [&] {
-      for (size_t i = 0; i < slots_.size(); ++i)
-        if (slots_[i].state == State::Idle) {
-          slot = i;
-          return true;
-        }
-      return false;
-    };
-    if (!idle_cv_.wait_until(lk, deadline, [&] { return stop_ || idle(); }) || stop_) {
-      res.status = PythonCallResult::Status::NoWorker;
-      res.message = stop_ ? "the pool is stopping" : "no python worker free within the time limit";
-      if (!restart_error_.empty()) res.message += " (restart failed: " + restart_error_ + ")";
-      return res;
+  auto gone = [&] { return only >= 0 && slots_[size_t(only)].generation != generation; };
+  auto idle = [&] {
+    if (only >= 0) {
+      *slot = size_t(only);
+      return slots_[*slot].state == State::Idle;
     }
-    slots_[slot].state = State::Busy;
-    proc = slots_[slot].proc.get();
+    for (size_t i = 0; i < slots_.size(); ++i)
+      if (slots_[i].state == State::Idle) {
+        *slot = i;
+        return true;
+      }
+    return false;
+  };
+  const bool got = idle_cv_.wait_until(lk, deadline, [&] { return stop_ || gone() || idle(); });
+  if (gone()) {
+    res.status = PythonCallResult::Status::Crashed;
+    res.message = "the worker holding the object died or was restarted (its objects are lost)";
+    return res;
   }
+  if (!got || stop_) {
+    res.status = PythonCallResult::Status::NoWorker;
+    res.message = stop_ ? "the pool is stopping" : "no python worker free within the time limit";
+    if (!restart_error_.empty()) res.message += " (restart failed: " + restart_error_ + ")";
+    return res;
+  }
+  slots_[*slot].state = State::Busy;
+  *proc = slots_[*slot].proc.get();
+  return std::nullopt;
+}
+
+PythonCallResult PythonPool::exchange(size_t slot, Subprocess* proc, nlohmann::json req, Clock::time_point deadline) {
+  PythonCallResult res;
   const int64_t id = ++next_id_;
-  nlohmann::json req = {{"id", id}, {"fn", function}, {"kwargs", kwargs}};
+  req["id"] = id;
   // Model output may hold invalid UTF-8: replace it rather than fail.
   std::string line = req.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   bool sent = proc->write_all(line, deadline);
@@ -202,6 +216,54 @@ PythonCallResult PythonPool::call(const std::string& function, const nlohmann::j
     res.message = j.value("unconvertible", "an unknown value");
   }
   return res;
+}
+
+PythonCallResult PythonPool::call(const std::string& function, const nlohmann::json& kwargs, double timeout_s) {
+  const auto deadline = after(timeout_s);
+  size_t slot = 0;
+  Subprocess* proc = nullptr;
+  if (auto fail = acquire(deadline, -1, 0, &slot, &proc)) return *fail;
+  return exchange(slot, proc, {{"fn", function}, {"kwargs", kwargs}}, deadline);
+}
+
+PythonCallResult PythonPool::create(const std::string& function, const nlohmann::json& kwargs, double timeout_s,
+                                    PythonObject* object) {
+  const auto deadline = after(timeout_s);
+  size_t slot = 0;
+  Subprocess* proc = nullptr;
+  if (auto fail = acquire(deadline, -1, 0, &slot, &proc)) return *fail;
+  int64_t generation = 0;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    generation = slots_[slot].generation;
+  }
+  PythonCallResult r = exchange(slot, proc, {{"fn", function}, {"kwargs", kwargs}, {"keep", true}}, deadline);
+  if (r.ok()) {
+    object->slot = slot;
+    object->generation = generation;
+    object->handle = r.value.get<int64_t>();
+    r.value = nullptr;
+  }
+  return r;
+}
+
+PythonCallResult PythonPool::call_method(const PythonObject& object, const std::string& method,
+                                         const nlohmann::json& kwargs, double timeout_s) {
+  LS_CHECK(object.slot < slots_.size() && object.handle >= 0) << "python pool: call on an object never created";
+  const auto deadline = after(timeout_s);
+  size_t slot = 0;
+  Subprocess* proc = nullptr;
+  if (auto fail = acquire(deadline, long(object.slot), object.generation, &slot, &proc)) return *fail;
+  return exchange(slot, proc, {{"obj", object.handle}, {"fn", method}, {"kwargs", kwargs}}, deadline);
+}
+
+void PythonPool::drop(const PythonObject& object, double timeout_s) {
+  if (object.handle < 0) return;
+  const auto deadline = after(timeout_s);
+  size_t slot = 0;
+  Subprocess* proc = nullptr;
+  if (acquire(deadline, long(object.slot), object.generation, &slot, &proc)) return;  // gone already
+  exchange(slot, proc, {{"obj", object.handle}, {"drop", true}}, deadline);
 }
 
 // Kills and restarts Dead slots, one at a time, outside the lock.

@@ -57,6 +57,15 @@ struct PythonCallResult {
   bool ok() const { return status == Status::Ok; }
 };
 
+// An object one worker holds for its caller (PythonPool::create): calls on it
+// go to that worker. A worker that died or was restarted since holds it no
+// more: calls then report Crashed.
+struct PythonObject {
+  size_t slot = 0;
+  int64_t generation = -1;  // the slot's process when the object was made
+  int64_t handle = -1;      // the driver's key for it
+};
+
 class PythonPool {
  public:
   // Starts every worker and waits until each has imported the file. Throws
@@ -71,6 +80,16 @@ class PythonPool {
   // deadline. Thread-safe: up to workers() calls run at once.
   PythonCallResult call(const std::string& function, const nlohmann::json& kwargs, double timeout_s);
 
+  // Instances: `function(**kwargs)` (a class, typically) on a free worker,
+  // its result kept there; *object names it (Ok only). call_method runs
+  // `object.method(**kwargs)` on that worker, waiting for it if busy; drop
+  // forgets the object (best effort: a dead worker already has).
+  PythonCallResult create(const std::string& function, const nlohmann::json& kwargs, double timeout_s,
+                          PythonObject* object);
+  PythonCallResult call_method(const PythonObject& object, const std::string& method, const nlohmann::json& kwargs,
+                               double timeout_s);
+  void drop(const PythonObject& object, double timeout_s);
+
   const PythonFunctionInfo& function(const std::string& name) const;  // one of options.functions
   const std::string& python_version() const { return python_version_; }
   int workers() const { return int(slots_.size()); }
@@ -82,12 +101,19 @@ class PythonPool {
   struct Slot {
     std::unique_ptr<Subprocess> proc;
     State state = State::Dead;
+    int64_t generation = 0;  // += 1 at every restart: objects of the old process are gone
   };
 
   std::unique_ptr<Subprocess> spawn() const;
   nlohmann::json await_ready(Subprocess& proc) const;  // the "ready" object; throws Error
   void keeper_loop();
   void release(size_t slot, bool dead);
+  // Takes an Idle slot (any, or `only` when >= 0; generation must then match)
+  // until the deadline; NoWorker / Crashed result otherwise.
+  std::optional<PythonCallResult> acquire(Subprocess::Clock::time_point deadline, long only, int64_t generation,
+                                          size_t* slot, Subprocess** proc);
+  // One request out on the slot taken, its reply back; releases the slot.
+  PythonCallResult exchange(size_t slot, Subprocess* proc, nlohmann::json req, Subprocess::Clock::time_point deadline);
 
   PythonPoolOptions options_;
   std::map<std::string, PythonFunctionInfo> functions_;

@@ -151,20 +151,29 @@ void whiten_advantages(std::vector<double>& adv, const std::vector<int64_t>& tok
 }
 
 std::vector<double> importance_weights(const float* old_logp, const float* rollout_logp, int64_t n,
-                                       const AlgoConfig& cfg, int64_t* corrected) {
+                                       const AlgoConfig& cfg, int64_t* corrected, const uint8_t* mask) {
   std::vector<double> w(size_t(n), 1.0);
   if (cfg.rollout_is == IsLevel::None || n == 0) return w;
+  auto keep = [&](int64_t t) { return mask == nullptr || mask[t] != 0; };
   double sum = 0;
+  int64_t kept = 0;
   for (int64_t t = 0; t < n; ++t) {
+    if (!keep(t)) continue;
     const double lr = double(old_logp[t]) - double(rollout_logp[t]);
     w[size_t(t)] = safe_exp(lr);
     sum += lr;
+    ++kept;
   }
-  if (cfg.rollout_is == IsLevel::Sequence) std::fill(w.begin(), w.end(), safe_exp(sum));
-  if (cfg.rollout_is == IsLevel::Geometric) std::fill(w.begin(), w.end(), safe_exp(sum / double(n)));
+  for (int64_t t = 0; t < n; ++t) {
+    if (!keep(t)) continue;
+    if (cfg.rollout_is == IsLevel::Sequence) w[size_t(t)] = safe_exp(sum);
+    if (cfg.rollout_is == IsLevel::Geometric) w[size_t(t)] = safe_exp(sum / double(std::max<int64_t>(kept, 1)));
+  }
   const double hi = cfg.rollout_is_threshold;
   const double lo = cfg.rollout_is_threshold_lower > 0 ? cfg.rollout_is_threshold_lower : 1.0 / hi;
-  for (double& x : w) {
+  for (int64_t t = 0; t < n; ++t) {
+    if (!keep(t)) continue;
+    double& x = w[size_t(t)];
     if (cfg.rollout_is_mode == IsMode::Truncate) {
       if (x > hi) {
         x = hi;
@@ -202,14 +211,25 @@ double sequence_loss(const AlgoConfig& cfg, const SeqLossInput& in, float* dlogp
   // GSPO: one ratio per sequence, exp of the mean log-ratio; each token's
   // term has that value and d/dlogp_t = ratio (the token-level form, so the
   // aggregation decides how tokens weigh).
+  auto keep = [&](int64_t t) { return in.mask == nullptr || in.mask[t] != 0; };
   double seq_ratio = 0;
   if (cfg.policy_loss == PolicyLoss::Gspo && in.n > 0) {
     double s = 0;
-    for (int64_t t = 0; t < in.n; ++t) s += double(in.logp[t]) - double(in.old_logp[t]);
-    seq_ratio = safe_exp(s / double(in.n));
+    int64_t kept = 0;
+    for (int64_t t = 0; t < in.n; ++t)
+      if (keep(t)) {
+        s += double(in.logp[t]) - double(in.old_logp[t]);
+        ++kept;
+      }
+    seq_ratio = safe_exp(s / double(std::max<int64_t>(kept, 1)));
   }
   double loss = 0;
   for (int64_t t = 0; t < in.n; ++t) {
+    if (!keep(t)) {  // not the model's token: no term, no gradient
+      dlogp[t] = 0.0f;
+      if (dentropy) dentropy[t] = 0.0f;
+      continue;
+    }
     const double logp = in.logp[t], old = in.old_logp[t];
     const double isw = in.is_weight ? in.is_weight[t] : 1.0;
     const double ratio = cfg.policy_loss == PolicyLoss::Gspo ? seq_ratio : safe_exp(logp - old);

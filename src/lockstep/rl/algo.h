@@ -78,8 +78,10 @@ void whiten_advantages(std::vector<double>& adv, const std::vector<int64_t>& tok
 // Sequence (exp of the summed log-ratio) and Geometric (exp of its mean).
 // Truncate: min(w, threshold); Mask: w outside [lower, threshold] becomes 0.
 // *corrected counts tokens whose weight was truncated or masked.
+// A non-null mask (n entries) leaves its 0 tokens out: weight 1, not in the
+// sequence-level sums, not counted in *corrected.
 std::vector<double> importance_weights(const float* old_logp, const float* rollout_logp, int64_t n,
-                                       const AlgoConfig& cfg, int64_t* corrected);
+                                       const AlgoConfig& cfg, int64_t* corrected, const uint8_t* mask = nullptr);
 
 // Per-token loss weight of a sequence of n tokens under the aggregation.
 // total_tokens and num_seqs describe the whole optimizer step's batch.
@@ -92,6 +94,9 @@ struct SeqLossInput {
   const float* old_logp = nullptr;      // policy that sampled (trainer's view of it)
   const float* ref_logp = nullptr;      // reference; null when kl_coef == 0
   const double* is_weight = nullptr;    // importance weights; null = 1
+  // (n) 0: the token is not the model's (a multi-turn sample's environment
+  // tokens): no loss term, zero gradient, not in the stats. Null: all train.
+  const uint8_t* mask = nullptr;
   int64_t n = 0;
   double advantage = 0;
   double token_weight = 0;  // from token_weight()

@@ -32,6 +32,7 @@
 #include "lockstep/train/mismatch.h"
 #include "lockstep/rl/gap_check.h"
 #include "lockstep/rl/group_scoring.h"
+#include "lockstep/rl/multi_turn.h"
 
 namespace lockstep::rl {
 
@@ -65,6 +66,15 @@ struct Sample {
   bool correct = false, failed = false;
   uint64_t version = 0, version_end = 0;
   std::map<std::string, double> reward_extra;  // the reward's further numbers (reward/extra/<key>)
+  // Multi-turn ([rollout] env): the episode's own prompt (empty: the
+  // group's), the loss mask of output_ids (1: model token), its turns, the
+  // environment's reward (the sum of its steps'), the last turn's text.
+  std::vector<int32_t> prompt_ids;
+  std::vector<uint8_t> loss_mask;
+  int64_t turns = 1;
+  std::optional<double> env_reward;
+  bool env_failed = false;
+  std::string env_error, last_completion;
 };
 
 struct Group {
@@ -106,6 +116,7 @@ std::string step_name(int64_t step) {
 // samples took to generate (for a batch generated ahead: submit to results).
 struct StepPerf {
   double rollout = 0, generate = 0, wait = 0, reward = 0, old_logprob = 0, ref_logprob = 0, train = 0, sync = 0;
+  double env = 0;  // multi-turn: time in environment calls (part of rollout)
   size_t sync_bytes = 0;
   int64_t rollout_tokens = 0, train_tokens = 0;
 };
@@ -137,6 +148,28 @@ struct UpdateBatch {
   double is_sum = 0;                     // sum of the importance weights
   std::optional<train::MismatchStats> mismatch;
 };
+
+// Per sequence, the entries of the model's own tokens (loss_mask's ones):
+// sequence first_sample + i of the batch for lp[i]. The gap check and the
+// mismatch metrics compare only what the model generated.
+std::vector<std::vector<float>> model_tokens(const std::vector<std::vector<float>>& lp, const UpdateBatch& b,
+                                             size_t first_sample) {
+  std::vector<std::vector<float>> out;
+  for (size_t i = 0; i < lp.size(); ++i) {
+    const std::vector<uint8_t>& mask = b.seqs[first_sample + i].loss_mask;
+    if (mask.empty()) {
+      out.push_back(lp[i]);
+      continue;
+    }
+    LS_CHECK(mask.size() == lp[i].size()) << "rl: sample " << first_sample + i << " has " << lp[i].size()
+                                          << " logprobs for a loss mask of " << mask.size();
+    std::vector<float> kept;
+    for (size_t t = 0; t < mask.size(); ++t)
+      if (mask[t]) kept.push_back(lp[i][t]);
+    out.push_back(std::move(kept));
+  }
+  return out;
+}
 
 // What the mini-batches of one update add up to.
 struct UpdateTotals {
@@ -175,6 +208,12 @@ class Runner {
                << "trainer's own process (colocated), so it cannot generate while the trainer trains; rollout "
                << "ahead of training needs rollout ranks ([dist] rollout_ranks > 0)";
     synced_version_ = trainer.version();  // every backend starts on the trainer's weights
+    if (cfg.env.enabled()) {
+      if (overlap_)
+        LS_THROW << "[rollout] env (multi-turn) cannot generate ahead of training ([dist] max_weight_staleness > 0)";
+      env_ = make_environment(cfg.env);
+      multi_ = std::make_unique<MultiTurnRollout>(*rollout_, *env_, *in.tok, cfg.env, cfg.rollout.sampling);
+    }
   }
 
   RlResult run(bool resume);
@@ -184,6 +223,7 @@ class Runner {
   std::vector<Group> draw(int64_t count, std::vector<rollout::Request>& reqs);
   void fill(std::vector<Group>& groups, std::vector<rollout::RequestResult> results);
   std::vector<Group> rollout_round(int64_t count);
+  std::vector<Group> episode_round(int64_t count);
   void submit_ahead();
   void collect_ahead();
   std::vector<Group> take_ahead();
@@ -236,6 +276,9 @@ class Runner {
   std::unique_ptr<eval::Evaluator> evaluator_;
   train::Scorer* ref_ = nullptr;  // the KL reference (in_.reference) when kl_coef > 0
   int32_t end_of_turn_ = -1;
+  // Multi-turn rollouts ([rollout] env): the environment and the driver.
+  std::unique_ptr<Environment> env_;
+  std::unique_ptr<MultiTurnRollout> multi_;
   std::map<std::string, double> phase_total_;
   // Overlap ([dist] max_weight_staleness > 0): the batch generated ahead.
   bool overlap_ = false;
@@ -291,6 +334,7 @@ void Runner::fill(std::vector<Group>& groups, std::vector<rollout::RequestResult
 
 // One synchronous round: `count` prompts, generated now.
 std::vector<Group> Runner::rollout_round(int64_t count) {
+  if (multi_) return episode_round(count);
   std::vector<rollout::Request> reqs;
   std::vector<Group> groups = draw(count, reqs);
   Timer t;
@@ -307,6 +351,49 @@ std::vector<Group> Runner::rollout_round(int64_t count) {
   perf_.rollout += secs;
   perf_.generate += secs;
   fill(groups, std::move(results));
+  return groups;
+}
+
+// Multi-turn: `count` prompts, n episodes each, run to their ends now.
+std::vector<Group> Runner::episode_round(int64_t count) {
+  std::vector<rollout::Request> reqs;
+  std::vector<Group> groups = draw(count, reqs);
+  std::vector<EpisodePrompt> prompts;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const data::PromptExample& ex = in_.train[groups[i].prompt];
+    EpisodePrompt p;
+    p.prompt_ids = ex.prompt_ids;
+    p.prompt_text = ex.prompt_text;
+    p.sample = {{"prompt", ex.prompt_text}, {"label", ex.label}, {"metadata", ex.metadata}};
+    p.seed = reqs[i].params.seed;
+    prompts.push_back(std::move(p));
+  }
+  Timer t;
+  MultiTurnStats st;
+  std::vector<Episode> eps = multi_->run(prompts, &st);
+  const double secs = t.seconds();
+  perf_.rollout += secs;
+  perf_.generate += secs - st.env_seconds;
+  perf_.env += st.env_seconds;
+  perf_.rollout_tokens += st.generated_tokens;
+  const size_t n = size_t(cfg_.rollout.sampling.n);
+  for (size_t i = 0; i < eps.size(); ++i) {
+    Episode& e = eps[i];
+    Sample x;
+    x.prompt_ids = std::move(e.prompt_ids);
+    x.output_ids = std::move(e.output_ids);
+    x.rollout_logp = std::move(e.logprobs);
+    x.loss_mask = std::move(e.loss_mask);
+    x.finish_reason = e.finish_reason;
+    x.version = e.version;
+    x.version_end = e.version_end;
+    x.turns = e.turns;
+    x.env_reward = e.env_reward;
+    x.env_failed = e.env_failed;
+    x.env_error = std::move(e.env_error);
+    x.last_completion = std::move(e.last_completion);
+    groups[i / n].samples.push_back(std::move(x));
+  }
   return groups;
 }
 
@@ -359,10 +446,12 @@ void Runner::score_groups(std::vector<Group>& groups) {
   std::vector<reward::RewardRequest> reqs;
   for (auto& g : groups)
     for (auto& s : g.samples) {
-      s.response = in_.tok->decode(s.output_ids, true);
+      // Multi-turn: the transcript keeps the template tokens between turns.
+      s.response = in_.tok->decode(s.output_ids, /*skip_special_tokens=*/s.loss_mask.empty());
+      if (s.env_reward || s.env_failed) continue;  // the environment's verdict stands
       reward::RewardRequest r;
       r.prompt = in_.train[g.prompt].prompt_text;
-      r.response = s.response;
+      r.response = multi_ ? s.last_completion : s.response;
       r.label = in_.train[g.prompt].label;
       r.metadata = in_.train[g.prompt].metadata;
       reqs.push_back(std::move(r));
@@ -372,6 +461,13 @@ void Runner::score_groups(std::vector<Group>& groups) {
   size_t k = 0;
   for (auto& g : groups)
     for (auto& s : g.samples) {
+      if (s.env_reward || s.env_failed) {
+        s.failed = s.env_failed || s.finish_reason == "abort";
+        s.score = s.env_failed ? 0.0 : *s.env_reward;
+        s.correct = !s.env_failed && s.score > 0;
+        s.reward = s.score;
+        continue;
+      }
       const auto& r = results[k++];
       s.failed = r.failed() || s.finish_reason == "abort";
       s.correct = r.correct;
@@ -474,9 +570,11 @@ bool Runner::make_sequences(const std::vector<Group>& groups, UpdateBatch& b) {
     const Group& g = groups[it.g];
     const Sample& s = g.samples[it.s];
     train::TrainSequence t;
-    t.tokens = g.prompt_ids;
+    const std::vector<int32_t>& prompt = s.prompt_ids.empty() ? g.prompt_ids : s.prompt_ids;
+    t.tokens = prompt;
     t.tokens.insert(t.tokens.end(), s.output_ids.begin(), s.output_ids.end());
-    t.prompt_len = int32_t(g.prompt_ids.size());
+    t.prompt_len = int32_t(prompt.size());
+    t.loss_mask = s.loss_mask;
     if (cfg_.algo.routing_replay) {
       t.routed_experts = s.routed_experts;
       t.indexer_topk = s.indexer_topk;
@@ -524,13 +622,14 @@ void Runner::weigh_samples(UpdateBatch& b) {
   b.isw.resize(b.seqs.size());
   for (size_t i = 0; i < b.seqs.size(); ++i) {
     const int64_t n = b.seqs[i].num_targets();
-    b.tokens += n;
+    b.tokens += b.seqs[i].num_loss_targets();
     if (a.rollout_is != IsLevel::None) {
-      b.isw[i] = importance_weights(b.old_lp[i].data(), b.rollout_lp[i].data(), n, a, &b.is_corrected);
+      const uint8_t* mask = b.seqs[i].loss_mask.empty() ? nullptr : b.seqs[i].loss_mask.data();
+      b.isw[i] = importance_weights(b.old_lp[i].data(), b.rollout_lp[i].data(), n, a, &b.is_corrected, mask);
       for (double w : b.isw[i]) b.is_sum += w;
     }
   }
-  if (!b.shortcut) b.mismatch = train::compute_mismatch(b.rollout_lp, b.old_lp);
+  if (!b.shortcut) b.mismatch = train::compute_mismatch(model_tokens(b.rollout_lp, b, 0), model_tokens(b.old_lp, b, 0));
   // Recomputed under the rollout's own weights: in aligned mode the same bits.
   if (!b.shortcut && b.same_version) check_gap(b.rollout_lp, b.old_lp, b, 0);
 }
@@ -542,7 +641,8 @@ void Runner::weigh_samples(UpdateBatch& b) {
 void Runner::check_gap(const std::vector<std::vector<float>>& rollout, const std::vector<std::vector<float>>& trainer,
                        const UpdateBatch& b, size_t first_sample) {
   if (!rollout_->aligned()) return;
-  const std::optional<GapToken> g = first_gap(rollout, trainer, first_sample);
+  const std::optional<GapToken> g =
+      first_gap(model_tokens(rollout, b, first_sample), model_tokens(trainer, b, first_sample), first_sample);
   if (group_.max(g ? 1.0 : 0.0) == 0.0) return;
   const std::string what =
       "rl: aligned mode (both engines in " + cfg_.rollout.precision +
@@ -583,7 +683,7 @@ double Runner::accumulate_minibatch(const std::vector<Group>& groups, const Upda
   const int64_t n_mb = tot.n_mb, n = int64_t(b.seqs.size());
   const size_t lo = size_t(n * mb / n_mb), hi = size_t(n * (mb + 1) / n_mb);
   int64_t part_tokens = 0;
-  for (size_t k = lo; k < hi; ++k) part_tokens += b.seqs[k].num_targets();
+  for (size_t k = lo; k < hi; ++k) part_tokens += b.seqs[k].num_loss_targets();
   const int64_t part_seqs = int64_t(hi - lo);
   const auto [shard_lo, shard_hi] = group_.shard(hi - lo);
   const size_t sb = lo + shard_lo, se = lo + shard_hi;  // this rank's [sb, se) of [lo, hi)
@@ -598,10 +698,11 @@ double Runner::accumulate_minibatch(const std::vector<Group>& groups, const Upda
     li.old_logp = b.old_lp[k].data();
     li.ref_logp = b.ref_lp.empty() ? nullptr : b.ref_lp[k].data();
     li.is_weight = b.isw[k].empty() ? nullptr : b.isw[k].data();
+    li.mask = b.seqs[k].loss_mask.empty() ? nullptr : b.seqs[k].loss_mask.data();
     li.n = nt;
     li.advantage = groups[b.items[k].g].samples[b.items[k].s].advantage;
     // Weights from the whole mini-batch's counts: the shards' gradients sum to it.
-    li.token_weight = token_weight(a.loss_agg, nt, part_tokens, part_seqs, norm_len);
+    li.token_weight = token_weight(a.loss_agg, b.seqs[k].num_loss_targets(), part_tokens, part_seqs, norm_len);
     SeqLossStats st;
     const double l = sequence_loss(a, li, dlogp, dent, &st);
     ls.pg_loss += st.pg_loss / double(n_mb);
@@ -637,7 +738,7 @@ double Runner::accumulate_minibatch(const std::vector<Group>& groups, const Upda
   if (mb == 0 && b.shortcut) {  // the mismatch of this rank's shard; StepSums::reduce adds the others'
     std::vector<std::vector<float>> first_lp, rl(b.rollout_lp.begin() + long(sb), b.rollout_lp.begin() + long(se));
     for (auto& sc : scores) first_lp.push_back(std::move(sc.logp));
-    tot.sums.mismatch = train::compute_mismatch(rl, first_lp);
+    tot.sums.mismatch = train::compute_mismatch(model_tokens(rl, b, sb), model_tokens(first_lp, b, sb));
     tot.sums.has_mismatch = true;
     check_gap(rl, first_lp, b, sb);
   }
@@ -736,6 +837,10 @@ void Runner::write_samples(int64_t step, const std::vector<Group>& groups) {
                        {"finish_reason", s.finish_reason},
                        {"response_len", int64_t(s.output_ids.size())},
                        {"advantage", s.advantage}});
+      if (multi_) {
+        lines.back()["turns"] = s.turns;
+        if (s.env_failed) lines.back()["env_error"] = s.env_error;
+      }
     }
   std::filesystem::create_directories(cfg_.out_dir + "/samples");
   data::write_jsonl_atomic(cfg_.out_dir + "/samples/" + step_name(step) + ".jsonl", lines);
@@ -861,14 +966,17 @@ void Runner::filter_round(std::vector<Group>& round, StepSamples& ss) const {
 void Runner::rollout_metrics(const StepSamples& ss, nlohmann::json& m) const {
   std::vector<double> rewards, scores, lens;
   std::map<std::string, std::pair<double, int64_t>> extra;  // key -> (sum, samples)
-  int64_t truncated = 0, failures = 0, correct = 0, n_samples = 0;
+  int64_t truncated = 0, failures = 0, correct = 0, n_samples = 0, env_failures = 0;
+  double turns = 0;
   for (auto& g : ss.all)
     for (auto& s : g.samples) {
       ++n_samples;
+      turns += double(s.turns);
+      env_failures += s.env_failed ? 1 : 0;
       lens.push_back(double(s.output_ids.size()));
-      truncated += s.finish_reason == "length" ? 1 : 0;
+      truncated += s.finish_reason == "length" || s.finish_reason == "budget" ? 1 : 0;
       if (s.failed) {
-        ++failures;
+        failures += s.env_failed ? 0 : 1;  // env failures are counted apart
         continue;
       }
       rewards.push_back(s.reward);
@@ -892,6 +1000,11 @@ void Runner::rollout_metrics(const StepSamples& ss, nlohmann::json& m) const {
   m["rollout/sampling_tries"] = ss.tries;
   m["rollout/filtered_groups"] = ss.filtered;
   m["rollout/prompts_drawn"] = int64_t(ss.all.size());
+  if (multi_) {
+    m["rollout/turns_mean"] = turns / double(std::max<int64_t>(n_samples, 1));
+    m["rollout/env_failures"] = env_failures;
+    m["rollout/env_time_s"] = perf_.env;
+  }
 }
 
 void Runner::train_step(int64_t step, StepSamples& ss, nlohmann::json& m) {

@@ -79,6 +79,8 @@ void finish_config(RlConfig& c, const std::string& source) {
   if (c.algo.overlong_buffer_len >= c.rollout.sampling.max_new_tokens)
     LS_THROW << source << ": [algo] overlong_buffer_len (" << c.algo.overlong_buffer_len
              << ") must be below [rollout] max_new_tokens (" << c.rollout.sampling.max_new_tokens << ")";
+  if (c.env.enabled() && c.algo.routing_replay)
+    LS_THROW << source << ": [algo] routing_replay is not supported with multi-turn rollouts ([rollout] env)";
   if (c.rollout.sampling.n < 2 && c.algo.advantage != Advantage::ReinforcePP)
     LS_THROW << source << ": [rollout] n must be >= 2 for group advantages (" << to_string(c.algo.advantage)
              << "); use advantage = \"reinforce++\" for one sample per prompt";
@@ -93,6 +95,7 @@ RlConfig rl_config_from_toml(const toml::table& root, const std::string& source)
     TomlSection s(root["rollout"].as_table(), source, "rollout");
     c.batch_size = s.get_int("batch_size", c.batch_size, 1, 1 << 20);
     c.rollout = rollout::rollout_section_from_toml(s);
+    c.env = env_config_from_toml(s);
     s.finish();
   }
   read_train(root, source, c);

@@ -10,6 +10,7 @@
 #include "lockstep/eval/eval_config.h"
 #include "lockstep/reward/reward.h"
 #include "lockstep/rl/algo.h"
+#include "lockstep/rl/env.h"
 #include "lockstep/rollout/rollout_config.h"
 #include "lockstep/train/trainer.h"
 
@@ -26,6 +27,7 @@ struct LogConfig {
 struct RlConfig {
   AlgoConfig algo;
   rollout::RolloutSection rollout;  // engine, sampling (n, temperature, ...), precisions ([model])
+  EnvConfig env;                    // [rollout] env ...: multi-turn rollouts (docs/agents.md)
   int64_t batch_size = 16;          // prompts per step ([rollout] batch_size)
   train::TrainerConfig trainer;     // optimizer, micro_batch_tokens
   int64_t steps = 100;              // RL steps ([train] steps)

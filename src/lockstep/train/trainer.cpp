@@ -195,6 +195,15 @@ void Trainer::save_optimizer(const std::string& path) {
   model_params_ = Buffer();  // the model was saved before (save_checkpoint)
 }
 
+int64_t TrainSequence::num_loss_targets() const {
+  if (loss_mask.empty()) return num_targets();
+  LS_CHECK(int64_t(loss_mask.size()) == num_targets())
+      << "TrainSequence: loss_mask has " << loss_mask.size() << " entries for " << num_targets() << " targets";
+  int64_t n = 0;
+  for (uint8_t m : loss_mask) n += m ? 1 : 0;
+  return n;
+}
+
 std::vector<std::pair<size_t, size_t>> micro_batches(const std::vector<TrainSequence>& seqs,
                                                      int64_t micro_batch_tokens) {
   std::vector<std::pair<size_t, size_t>> out;

@@ -9,6 +9,10 @@
 #   worker -> lockstep, once: {"ready": {"python": "3.11.2", "functions": {NAME: INFO}}}
 #                         or: {"fatal": "FILE:LINE: what went wrong", "traceback": "..."}
 #   lockstep -> worker: {"id": N, "fn": NAME, "kwargs": {...}}
+#                       {"id": N, "fn": NAME, "kwargs": {...}, "keep": true}: NAME(**kwargs) is kept in
+#                           this worker; the result is its handle (an int)
+#                       {"id": N, "obj": H, "fn": METHOD, "kwargs": {...}}: a method of kept object H
+#                       {"id": N, "obj": H, "drop": true}: forget H (result null)
 #   worker -> lockstep: {"id": N, "result": JSON} | {"id": N, "error": "Type: message", "traceback": "..."}
 #                       | {"id": N, "unconvertible": "TYPE"} (a value JSON cannot hold: NaN, an object)
 # INFO: {"file": basename, "line": N, "async": bool, "return_kinds": null | ["number", "dict", "none", "other"]}
@@ -144,13 +148,24 @@ def is_finite_tree(v):
     return True
 
 
-def answer(module, loop, req):
+def answer(module, loop, req, kept):
     rid = req.get("id")
     try:
-        fn = getattr(module, req["fn"])
+        if "obj" in req:
+            if req["obj"] not in kept:
+                raise KeyError(f"no object {req['obj']} in this worker")
+            if req.get("drop"):
+                del kept[req["obj"]]
+                return {"id": rid, "result": None}
+            fn = getattr(kept[req["obj"]], req["fn"])
+        else:
+            fn = getattr(module, req["fn"])
         result = fn(**req.get("kwargs", {}))
         if inspect.isawaitable(result):
             result = loop.run_until_complete(result)
+        if req.get("keep"):
+            kept[rid] = result
+            return {"id": rid, "result": rid}
     except Exception as exc:  # the user's error, reported per call
         return {"id": rid, "error": f"{type(exc).__name__}: {exc}", "traceback": user_traceback(exc)}
     try:
@@ -188,8 +203,9 @@ def main():
     send(wfile, {"ready": {"python": sys.version.split()[0], "pid": os.getpid(), "functions": infos}})
     loop = asyncio.new_event_loop()  # one per worker: async functions are awaited on it
     asyncio.set_event_loop(loop)
+    kept = {}  # handle -> object (instances made with "keep")
     for line in rfile:
-        send(wfile, answer(module, loop, json.loads(line)))
+        send(wfile, answer(module, loop, json.loads(line), kept))
 
 
 main()

@@ -1,0 +1,233 @@
+// The multi-turn rollout: reset every episode, then rounds of (all active
+// episodes' next turns generated together -> all their step() calls in
+// parallel -> observations appended) until none is active.
+#include "lockstep/rl/multi_turn.h"
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "lockstep/base/error.h"
+#include "lockstep/base/rng.h"
+#include "lockstep/base/timer.h"
+#include "lockstep/data/dataset.h"
+
+namespace lockstep::rl {
+
+namespace {
+
+// Environment calls block on Python workers or HTTP services: at most this
+// many run at once from one round (the workers bound the real parallelism).
+constexpr size_t kMaxEnvThreads = 64;
+
+// fn(i) for i in [0, n) on up to kMaxEnvThreads threads; the first
+// exception any call threw is rethrown after all have finished.
+template <typename Fn>
+void parallel_for(size_t n, const Fn& fn) {
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  std::exception_ptr first;
+  auto work = [&] {
+    for (size_t i = next++; i < n; i = next++) {
+      try {
+        fn(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lk(mu);
+        if (!first) first = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t t = 1; t < std::min(n, kMaxEnvThreads); ++t) threads.emplace_back(work);
+  work();
+  for (auto& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+void fail(Episode& e, const std::string& why) {
+  e.env_failed = true;
+  e.env_error = why;
+  e.finish_reason = "env_error";
+  e.finished = true;
+}
+
+}  // namespace
+
+std::string observation_text(const tokenizer::Tokenizer& tok, const std::vector<tokenizer::ChatMessage>& history,
+                             const std::string& role, const std::string& observation,
+                             const std::string& end_of_turn_text) {
+  const std::string before = tok.apply_chat_template(history, /*add_generation_prompt=*/false);
+  std::vector<tokenizer::ChatMessage> next = history;
+  next.push_back({role, observation});
+  const std::string after = tok.apply_chat_template(next, /*add_generation_prompt=*/true);
+  const size_t eot = end_of_turn_text.empty() ? std::string::npos : before.rfind(end_of_turn_text);
+  const size_t cut = eot == std::string::npos ? before.size() : eot + end_of_turn_text.size();
+  if (after.compare(0, cut, before, 0, cut) != 0)
+    LS_THROW << "multi-turn rollout: the chat template '" << tok.chat_template().name()
+             << "' does not extend a conversation by appending to it (a new message changes the text before it), "
+             << "so the episode cannot stay one token sequence";
+  return after.substr(cut);
+}
+
+MultiTurnRollout::MultiTurnRollout(RolloutBackend& rollout, Environment& env, const tokenizer::Tokenizer& tok,
+                                   const EnvConfig& cfg, rollout::SamplingParams base)
+    : rollout_(rollout), env_(env), tok_(tok), cfg_(cfg), base_(std::move(base)) {
+  end_of_turn_ = data::end_of_turn_id(tok);
+  end_of_turn_text_ = tok.decode(std::vector<int32_t>{end_of_turn_}, false);
+  if (std::find(base_.stop_token_ids.begin(), base_.stop_token_ids.end(), end_of_turn_) == base_.stop_token_ids.end())
+    base_.stop_token_ids.push_back(end_of_turn_);
+  base_.return_logprobs = true;
+}
+
+int64_t MultiTurnRollout::budget_left(const Episode& e) const {
+  if (cfg_.max_total_tokens <= 0) return INT64_MAX / 2;  // no budget: max_turns bounds the episode
+  return cfg_.max_total_tokens - int64_t(e.output_ids.size());
+}
+
+std::vector<Episode> MultiTurnRollout::run(const std::vector<EpisodePrompt>& prompts, MultiTurnStats* stats) {
+  MultiTurnStats st;
+  const int64_t first_session = next_session_;
+  std::vector<Episode> eps(prompts.size() * size_t(base_.n));
+  next_session_ += int64_t(eps.size());
+  reset_all(eps, prompts, first_session, st);
+  for (;;) {
+    const bool active = std::any_of(eps.begin(), eps.end(), [](const Episode& e) { return !e.finished; });
+    if (!active) break;
+    ++st.rounds;
+    generate_turns(eps, prompts, st);
+    step_all(eps, first_session, st);
+  }
+  parallel_for(eps.size(), [&](size_t i) { env_.close(first_session + int64_t(i)); });
+  if (stats) *stats = st;
+  return eps;
+}
+
+void MultiTurnRollout::reset_all(std::vector<Episode>& eps, const std::vector<EpisodePrompt>& prompts,
+                                 int64_t first_session, MultiTurnStats& st) {
+  Timer t;
+  const size_t n = size_t(base_.n);
+  parallel_for(eps.size(), [&](size_t i) {
+    Episode& e = eps[i];
+    const EpisodePrompt& p = prompts[i / n];
+    e.prompt_ids = p.prompt_ids;
+    e.messages = {{"user", p.prompt_text}};
+    try {
+      EnvReset r = env_.reset(first_session + int64_t(i), p.sample);
+      if (r.messages) {
+        e.messages = *r.messages;
+        e.prompt_ids = tok_.encode_chat(e.messages, /*add_generation_prompt=*/true);
+      } else if (r.prompt) {
+        e.messages = {{"user", *r.prompt}};
+        e.prompt_ids = tok_.encode(*r.prompt, false);
+      }
+      if (e.prompt_ids.empty()) fail(e, "reset gave an empty prompt");
+    } catch (const EnvFailure& ex) {
+      fail(e, ex.what());
+    }
+  });
+  for (const auto& e : eps) st.env_failures += e.env_failed ? 1 : 0;
+  st.env_seconds += t.seconds();
+}
+
+// The next turn of every active episode, one request each, all at once.
+void MultiTurnRollout::generate_turns(std::vector<Episode>& eps, const std::vector<EpisodePrompt>& prompts,
+                                      MultiTurnStats& st) {
+  const size_t n = size_t(base_.n);
+  std::vector<rollout::Request> reqs;
+  std::vector<size_t> who;
+  for (size_t i = 0; i < eps.size(); ++i) {
+    Episode& e = eps[i];
+    if (e.finished) continue;
+    rollout::Request r;
+    r.prompt_ids = e.prompt_ids;
+    r.prompt_ids.insert(r.prompt_ids.end(), e.output_ids.begin(), e.output_ids.end());
+    r.params = base_;
+    r.params.n = 1;
+    r.params.max_new_tokens = std::min(base_.max_new_tokens, budget_left(e));
+    // A seed per (prompt, sample, turn): runs repeat, episodes differ.
+    r.params.seed = int64_t(mix_seed(uint64_t(prompts[i / n].seed), (i % n) * 4096 + uint64_t(e.turns)) >> 1);
+    reqs.push_back(std::move(r));
+    who.push_back(i);
+  }
+  int64_t tokens = 0;
+  std::vector<rollout::RequestResult> results = rollout_.generate(std::move(reqs), {}, &tokens);
+  st.generated_tokens += tokens;
+  LS_CHECK(results.size() == who.size()) << "multi-turn rollout: " << results.size() << " results for "
+                                         << who.size() << " requests";
+  for (size_t k = 0; k < who.size(); ++k) {
+    Episode& e = eps[who[k]];
+    rollout::SampleResult& s = results[k].samples.at(0);
+    if (e.turns == 0) e.version = s.weight_version;
+    e.version_end = s.weight_version_end;
+    ++e.turns;
+    e.output_ids.insert(e.output_ids.end(), s.output_ids.begin(), s.output_ids.end());
+    e.logprobs.insert(e.logprobs.end(), s.logprobs.begin(), s.logprobs.end());
+    e.loss_mask.insert(e.loss_mask.end(), s.output_ids.size(), uint8_t(1));
+    e.last_completion = tok_.decode(s.output_ids, /*skip_special_tokens=*/true);
+    e.messages.push_back({"assistant", e.last_completion});
+    if (s.finish_reason == "abort") {
+      e.finish_reason = "abort";
+      e.finished = true;
+    } else if (s.finish_reason == "length") {
+      // The turn hit max_new_tokens: out of budget the episode ends after
+      // this step; otherwise the turn is closed with the end-of-turn token
+      // (a template token: not the model's, masked) and the episode goes on.
+      if (budget_left(e) <= 1) {
+        e.finish_reason = "budget";
+      } else {
+        e.output_ids.push_back(end_of_turn_);
+        e.logprobs.push_back(0.0f);
+        e.loss_mask.push_back(0);
+      }
+    }
+  }
+}
+
+// step() for every episode that generated this round; observations appended.
+void MultiTurnRollout::step_all(std::vector<Episode>& eps, int64_t first_session, MultiTurnStats& st) {
+  Timer t;
+  std::atomic<int64_t> failures{0};
+  parallel_for(eps.size(), [&](size_t i) {
+    Episode& e = eps[i];
+    if (e.finished) return;
+    EnvStep s;
+    try {
+      s = env_.step(first_session + int64_t(i), e.messages, e.last_completion);
+    } catch (const EnvFailure& ex) {
+      fail(e, ex.what());
+      ++failures;
+      return;
+    }
+    if (s.reward) e.env_reward = e.env_reward.value_or(0.0) + *s.reward;
+    if (!e.finish_reason.empty()) {  // out of budget: ends here
+      e.finished = true;
+      return;
+    }
+    if (s.done || !s.observation) {
+      e.finish_reason = "done";
+    } else if (e.turns >= cfg_.max_turns) {
+      e.finish_reason = "max_turns";
+    } else {
+      const std::string text = observation_text(tok_, e.messages, cfg_.role, *s.observation, end_of_turn_text_);
+      const std::vector<int32_t> ids = tok_.encode(text, false);
+      e.messages.push_back({cfg_.role, *s.observation});
+      // Room for the observation and at least one model token.
+      if (int64_t(ids.size()) + 1 > budget_left(e)) {
+        e.finish_reason = "budget";
+      } else {
+        e.output_ids.insert(e.output_ids.end(), ids.begin(), ids.end());
+        e.logprobs.insert(e.logprobs.end(), ids.size(), 0.0f);
+        e.loss_mask.insert(e.loss_mask.end(), ids.size(), uint8_t(0));
+        return;
+      }
+    }
+    e.finished = true;
+  });
+  st.env_failures += failures.load();
+  st.env_seconds += t.seconds();
+}
+
+}  // namespace lockstep::rl
