@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # lockstep demo and lockstep rl from the command line:
 #  1. configs/demo/rl.toml is the demo's RL config (`demo --print-config`), and
-#     every shipped recipe passes `rl --check-config`;
+#     every shipped recipe and example passes `rl --check-config`;
 #  2. a short demo is deterministic: two runs write the same metrics (timings
 #     aside), a summary.json and a report, with a zero gap at every step;
 #  3. `lockstep rl` killed with SIGKILL mid-run, then --resume: every metrics
@@ -14,7 +14,7 @@ T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 
 "$BIN" demo --print-config | diff - "$SRC/configs/demo/rl.toml"
-for f in "$SRC"/configs/demo/*.toml "$SRC"/configs/recipes/*.toml; do
+for f in "$SRC"/configs/demo/*.toml "$SRC"/configs/recipes/*.toml "$SRC"/configs/examples/*.toml; do
   "$BIN" rl --check-config "$f" | grep -q ": OK"
 done
 if "$BIN" rl --check-config "$SRC/configs/demo/rl.toml" --set algo.eps_clip_c=0.5 2> "$T/err"; then

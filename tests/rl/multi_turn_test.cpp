@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -450,6 +451,33 @@ TEST(MultiTurn, ObservationTextIsWhatTheTemplateAppends) {
   Fixture f;
   const std::string t = observation_text(*f.tok, {{"user", "x"}, {"assistant", "y"}}, "tool", "42", "<|im_end|>");
   EXPECT_EQ(t, "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n");
+}
+
+// The bundled calculator environment (configs/examples/tool_math_env.py)
+// in real workers: a tool call is answered, the final number is scored.
+TEST(MultiTurn, ExampleCalculatorEnvironment) {
+  namespace fs = std::filesystem;
+  EnvConfig c;
+  c.env = "python";
+  // Tests run in the build directory; __FILE__ is relative to it or absolute.
+  c.path = (fs::path(__FILE__).parent_path() / "../../configs/examples/tool_math_env.py").lexically_normal().string();
+  ASSERT_TRUE(fs::exists(c.path)) << c.path;
+  c.workers = 1;
+  auto env = make_environment(c);
+  const EnvReset r = env->reset(7, {{"prompt", "x"}, {"label", "56"}, {"metadata", {{"question", "What is 7*8?"}}}});
+  ASSERT_TRUE(r.messages.has_value());
+  EXPECT_EQ(r.messages->back().content, "What is 7*8?");
+  EnvStep s = env->step(7, *r.messages, "let me compute <calc>7 * (4 + 4)</calc>");
+  EXPECT_FALSE(s.done);
+  EXPECT_EQ(s.observation.value_or(""), "<result>56</result>");
+  EXPECT_FALSE(s.reward.has_value());
+  s = env->step(7, *r.messages, "<calc>1/0</calc>");
+  EXPECT_NE(s.observation.value_or("").find("error"), std::string::npos);
+  s = env->step(7, *r.messages, "The answer is 56");
+  EXPECT_TRUE(s.done);
+  EXPECT_EQ(s.reward.value_or(-1), 1.0);
+  env->close(7);
+  EXPECT_THROW(env->step(7, *r.messages, "again"), Error);  // the session is gone
 }
 
 // RL steps end to end: episodes of three turns, the environment's reward,

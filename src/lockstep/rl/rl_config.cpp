@@ -4,6 +4,7 @@
 #include "lockstep/rl/rl_config.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <vector>
 
 #include "lockstep/base/error.h"
@@ -97,6 +98,11 @@ RlConfig rl_config_from_toml(const toml::table& root, const std::string& source)
     c.rollout = rollout::rollout_section_from_toml(s);
     c.env = env_config_from_toml(s);
     s.finish();
+    // As a python reward's file: found next to the config, wherever it is run from.
+    if (!c.env.path.empty() && std::filesystem::path(c.env.path).is_relative()) {
+      const auto dir = std::filesystem::path(source).parent_path();
+      if (!dir.empty()) c.env.path = (dir / c.env.path).lexically_normal().string();
+    }
   }
   read_train(root, source, c);
   read_precision(root, source, c);
