@@ -24,6 +24,7 @@
 #include "lockstep/reward/reward.h"
 #include "lockstep/rl/algo.h"
 #include "lockstep/rl/loop.h"
+#include "lockstep/rl/rl_config.h"
 #include "lockstep/rl/rollout_backend.h"
 #include "lockstep/tokenizer/byte_level.h"
 #include "../model/model_test_util.h"
@@ -478,6 +479,24 @@ TEST(MultiTurn, ExampleCalculatorEnvironment) {
   EXPECT_EQ(s.reward.value_or(-1), 1.0);
   env->close(7);
   EXPECT_THROW(env->step(7, *r.messages, "again"), Error);  // the session is gone
+}
+
+TEST(MultiTurn, ConfigKeysAndErrors) {
+  auto parse = [](const std::string& rollout) {
+    const toml::table t = toml::parse("[rollout]\n" + rollout + "\n[algo]\nadvantage = \"reinforce++\"\n");
+    return rl_config_from_toml(t, "/cfg/x.toml");
+  };
+  const RlConfig c = parse("env = \"python\"\nenv_path = \"e.py\"\nmax_turns = 3\nmax_total_tokens = 99");
+  EXPECT_TRUE(c.env.enabled());
+  EXPECT_EQ(c.env.path, "/cfg/e.py");  // next to the config
+  EXPECT_EQ(c.env.class_name, "Env");
+  EXPECT_EQ(c.env.max_turns, 3);
+  EXPECT_EQ(c.env.max_total_tokens, 99);
+  EXPECT_EQ(parse("env = \"http://localhost:9/env\"").env.env, "http://localhost:9/env");
+  test::expect_error([&] { parse("env = \"python\""); }, {"env_path"});
+  test::expect_error([&] { parse("env = \"ftp://x\""); }, {"env", "ftp://x"});
+  test::expect_error([&] { parse("max_turns = 3"); }, {"max_turns", "only used with [rollout] env"});
+  test::expect_error([&] { parse("env = \"python\"\nenv_path = \"e.py\"\nmax_turns = 0"); }, {"max_turns"});
 }
 
 // RL steps end to end: episodes of three turns, the environment's reward,

@@ -554,7 +554,9 @@ std::vector<Item> Runner::assign_advantages(std::vector<Group>& groups) const {
     std::vector<int64_t> tok;
     for (auto& it : items) {
       adv.push_back(groups[it.g].samples[it.s].advantage);
-      tok.push_back(int64_t(groups[it.g].samples[it.s].output_ids.size()));
+      const Sample& x = groups[it.g].samples[it.s];  // weighed by the tokens that train
+      tok.push_back(x.loss_mask.empty() ? int64_t(x.output_ids.size())
+                                        : int64_t(std::count(x.loss_mask.begin(), x.loss_mask.end(), uint8_t(1))));
     }
     whiten_advantages(adv, tok, a.adv_eps);
     for (size_t i = 0; i < items.size(); ++i) groups[items[i].g].samples[items[i].s].advantage = adv[i];
