@@ -3,6 +3,8 @@
 
 #include <httplib.h>
 
+#include <chrono>
+
 #include "lockstep/base/error.h"
 
 namespace lockstep::rl {
@@ -18,6 +20,23 @@ HttpEnvironment::HttpEnvironment(const EnvConfig& cfg) : cfg_(cfg) {
 nlohmann::json HttpEnvironment::post(const nlohmann::json& body) const {
   const std::string op = body.value("op", "");
   const std::string where = cfg_.env + " (" + op + ")";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                               std::chrono::duration<double>(cfg_.timeout_s));
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (!cv_.wait_until(lk, deadline, [&] { return in_flight_ < cfg_.workers; }))
+      throw EnvFailure(where + ": no request slot within env_timeout_s (env_workers = " + std::to_string(cfg_.workers) +
+                       " calls in flight)");
+    ++in_flight_;
+  }
+  struct Release {
+    const HttpEnvironment* self;
+    ~Release() {
+      std::lock_guard<std::mutex> lk(self->mu_);
+      --self->in_flight_;
+      self->cv_.notify_one();
+    }
+  } release{this};
   httplib::Client cli(url_.scheme + "://" + url_.host + ":" + std::to_string(url_.port));
   const auto sec = time_t(cfg_.timeout_s);
   const auto usec = time_t((cfg_.timeout_s - double(sec)) * 1e6);

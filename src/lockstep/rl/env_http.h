@@ -2,8 +2,13 @@
 // POSTs to one URL, {"op": "reset", "session": id, "sample": {...}} ->
 // the reset reply, {"op": "step", "session": id, "messages": [...],
 // "completion": "..."} -> the step reply, {"op": "close", "session": id}
-// (its reply is ignored). One connection per call, env_timeout_s each.
+// (its reply is ignored). One connection per call, env_timeout_s each, at
+// most env_workers calls in flight (a call waiting for a slot waits within
+// its own deadline).
 #pragma once
+
+#include <condition_variable>
+#include <mutex>
 
 #include "lockstep/reward/remote.h"
 #include "lockstep/rl/env.h"
@@ -22,6 +27,9 @@ class HttpEnvironment : public Environment {
   nlohmann::json post(const nlohmann::json& body) const;  // throws EnvFailure
   EnvConfig cfg_;
   reward::ParsedUrl url_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  mutable int in_flight_ = 0;
 };
 
 }  // namespace lockstep::rl
