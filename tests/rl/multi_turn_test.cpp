@@ -249,6 +249,33 @@ TEST(MultiTurn, RaisingHangingAndMalformedEnvironmentsFailTheirSamplesOnly) {
   for (const Episode& e : ok) EXPECT_EQ(e.turns, 3) << e.env_error;
 }
 
+// Episodes end before they overflow the model's context (the engine would
+// refuse the next turn's request); a prompt that leaves no room fails.
+TEST(MultiTurn, EpisodesStopAtTheContext) {
+  Fixture f;
+  f.env.max_total_tokens = 0;
+  auto trainer = f.trainer();
+  LocalRollout rollout(*trainer, f.rollout_section(), 1);
+  auto env = make_environment(f.env);
+  MultiTurnRollout mt(rollout, *env, *f.tok, f.env, f.sampling, /*context=*/64);
+  MultiTurnStats st;
+  const std::vector<Episode> eps = mt.run(f.prompts({"ok"}), &st);
+  EXPECT_EQ(st.env_failures, 0);
+  for (const Episode& e : eps) {
+    EXPECT_EQ(e.finish_reason, "budget");
+    EXPECT_LT(e.turns, 3);
+    EXPECT_LT(int64_t(e.prompt_ids.size() + e.output_ids.size()), 64);
+    expect_gap_zero(*trainer, e);
+  }
+  MultiTurnRollout tight(rollout, *env, *f.tok, f.env, f.sampling, /*context=*/10);
+  MultiTurnStats st2;
+  for (const Episode& e : tight.run(f.prompts({"ok"}), &st2)) {
+    EXPECT_TRUE(e.env_failed);
+    EXPECT_NE(e.env_error.find("leaves no room"), std::string::npos) << e.env_error;
+  }
+  EXPECT_EQ(st2.env_failures, 2);
+}
+
 TEST(MultiTurn, MissingClassOrFileIsAClearError) {
   Fixture f;
   f.env.class_name = "Nope";

@@ -212,7 +212,8 @@ class Runner {
       if (overlap_)
         LS_THROW << "[rollout] env (multi-turn) cannot generate ahead of training ([dist] max_weight_staleness > 0)";
       env_ = make_environment(cfg.env);
-      multi_ = std::make_unique<MultiTurnRollout>(*rollout_, *env_, *in.tok, cfg.env, cfg.rollout.sampling);
+      multi_ = std::make_unique<MultiTurnRollout>(*rollout_, *env_, *in.tok, cfg.env, cfg.rollout.sampling,
+                                                  trainer.config().max_position_embeddings);
     }
   }
 

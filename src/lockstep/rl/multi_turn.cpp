@@ -73,8 +73,8 @@ std::string observation_text(const tokenizer::Tokenizer& tok, const std::vector<
 }
 
 MultiTurnRollout::MultiTurnRollout(RolloutBackend& rollout, Environment& env, const tokenizer::Tokenizer& tok,
-                                   const EnvConfig& cfg, rollout::SamplingParams base)
-    : rollout_(rollout), env_(env), tok_(tok), cfg_(cfg), base_(std::move(base)) {
+                                   const EnvConfig& cfg, rollout::SamplingParams base, int64_t context)
+    : rollout_(rollout), env_(env), tok_(tok), cfg_(cfg), base_(std::move(base)), context_(context) {
   end_of_turn_ = data::end_of_turn_id(tok);
   end_of_turn_text_ = tok.decode(std::vector<int32_t>{end_of_turn_}, false);
   if (std::find(base_.stop_token_ids.begin(), base_.stop_token_ids.end(), end_of_turn_) == base_.stop_token_ids.end())
@@ -82,9 +82,13 @@ MultiTurnRollout::MultiTurnRollout(RolloutBackend& rollout, Environment& env, co
   base_.return_logprobs = true;
 }
 
+// Tokens the episode may still add: within max_total_tokens and, the whole
+// sequence, below the model's context (the engine refuses a prompt that fills it).
 int64_t MultiTurnRollout::budget_left(const Episode& e) const {
-  if (cfg_.max_total_tokens <= 0) return INT64_MAX / 2;  // no budget: max_turns bounds the episode
-  return cfg_.max_total_tokens - int64_t(e.output_ids.size());
+  int64_t left = INT64_MAX / 2;  // no budget: max_turns bounds the episode
+  if (cfg_.max_total_tokens > 0) left = cfg_.max_total_tokens - int64_t(e.output_ids.size());
+  if (context_ > 0) left = std::min(left, context_ - 1 - int64_t(e.prompt_ids.size() + e.output_ids.size()));
+  return left;
 }
 
 std::vector<Episode> MultiTurnRollout::run(const std::vector<EpisodePrompt>& prompts, MultiTurnStats* stats) {
@@ -141,6 +145,12 @@ void MultiTurnRollout::generate_turns(std::vector<Episode>& eps, const std::vect
   for (size_t i = 0; i < eps.size(); ++i) {
     Episode& e = eps[i];
     if (e.finished) continue;
+    if (budget_left(e) < 1) {  // only a prompt from reset can leave no room for a turn
+      fail(e, "the prompt (" + std::to_string(e.prompt_ids.size()) + " tokens) leaves no room for a turn within " +
+                  "max_total_tokens and the model's context (" + std::to_string(context_) + ")");
+      ++st.env_failures;
+      continue;
+    }
     rollout::Request r;
     r.prompt_ids = e.prompt_ids;
     r.prompt_ids.insert(r.prompt_ids.end(), e.output_ids.begin(), e.output_ids.end());

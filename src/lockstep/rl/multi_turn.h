@@ -59,9 +59,11 @@ struct MultiTurnStats {
 class MultiTurnRollout {
  public:
   // `base`: the sampling of every turn (n is the episodes per prompt; the
-  // end-of-turn stop token and return_logprobs are set here).
+  // end-of-turn stop token and return_logprobs are set here). `context`:
+  // the model's max_position_embeddings; an episode that reaches it ends
+  // ("budget") rather than overflow the engine (0: unbounded).
   MultiTurnRollout(RolloutBackend& rollout, Environment& env, const tokenizer::Tokenizer& tok, const EnvConfig& cfg,
-                   rollout::SamplingParams base);
+                   rollout::SamplingParams base, int64_t context = 0);
   // prompts.size() x base.n episodes, prompt-major.
   std::vector<Episode> run(const std::vector<EpisodePrompt>& prompts, MultiTurnStats* stats);
 
@@ -78,6 +80,7 @@ class MultiTurnRollout {
   const tokenizer::Tokenizer& tok_;
   EnvConfig cfg_;
   rollout::SamplingParams base_;
+  int64_t context_ = 0;
   int32_t end_of_turn_ = -1;
   std::string end_of_turn_text_;
   int64_t next_session_ = 0;
