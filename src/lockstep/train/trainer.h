@@ -26,16 +26,16 @@ namespace lockstep::train {
 struct TrainSequence {
   std::vector<int32_t> tokens;
   int32_t prompt_len = 1;  // >= 1: the first token is never predicted
-  // (num_targets) 1: the token is the model's and trains; 0: it is not (an
-  // environment's observation and the chat template's tokens around it in a
-  // multi-turn sample): scored, but no loss term, no gradient, left out of the
-  // gap and mismatch metrics. Empty: every target trains.
-  std::vector<uint8_t> loss_mask;
   // Optional routing replay (R3): (len, L_moe, K) experts for every token.
   std::vector<int32_t> routed_experts;
   // DeepSeek-V4's part of the replay: (len, L_csa, KI) the compressed entries
   // each token's indexer chose in every CSA layer (rollout::SampleResult).
   std::vector<int32_t> indexer_topk;
+  // (num_targets) 1: the token is the model's and trains; 0: it is not (an
+  // environment's observation and the chat template's tokens around it in a
+  // multi-turn sample): scored, but no loss term, no gradient, left out of the
+  // gap and mismatch metrics. Empty: every target trains.
+  std::vector<uint8_t> loss_mask;
   int64_t num_targets() const { return int64_t(tokens.size()) - prompt_len; }
   // The targets that train (loss_mask's ones; num_targets() without a mask).
   int64_t num_loss_targets() const;
