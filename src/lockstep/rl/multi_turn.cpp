@@ -96,15 +96,24 @@ std::vector<Episode> MultiTurnRollout::run(const std::vector<EpisodePrompt>& pro
   const int64_t first_session = next_session_;
   std::vector<Episode> eps(prompts.size() * size_t(base_.n));
   next_session_ += int64_t(eps.size());
-  reset_all(eps, prompts, first_session, st);
-  for (;;) {
-    const bool active = std::any_of(eps.begin(), eps.end(), [](const Episode& e) { return !e.finished; });
-    if (!active) break;
-    ++st.rounds;
-    generate_turns(eps, prompts, st);
-    step_all(eps, first_session, st);
+  // Every session is closed, also when an error ends the run (close never throws).
+  auto close_all = [&] { parallel_for(eps.size(), [&](size_t i) { env_.close(first_session + int64_t(i)); }); };
+  try {
+    reset_all(eps, prompts, first_session, st);
+    for (;;) {
+      const bool active = std::any_of(eps.begin(), eps.end(), [](const Episode& e) { return !e.finished; });
+      if (!active) break;
+      ++st.rounds;
+      generate_turns(eps, prompts, st);
+      step_all(eps, first_session, st);
+    }
+  } catch (...) {
+    close_all();
+    throw;
   }
-  parallel_for(eps.size(), [&](size_t i) { env_.close(first_session + int64_t(i)); });
+  Timer t;
+  close_all();
+  st.env_seconds += t.seconds();
   if (stats) *stats = st;
   return eps;
 }
