@@ -215,7 +215,7 @@ TEST(MultiTurn, RaisingHangingAndMalformedEnvironmentsFailTheirSamplesOnly) {
     EXPECT_TRUE(eps[i].env_failed);
     EXPECT_EQ(eps[i].finish_reason, "env_error");
     EXPECT_NE(eps[i].env_error.find("ValueError: tool exploded"), std::string::npos) << eps[i].env_error;
-    EXPECT_NE(eps[i].env_error.find("env.py Env.step"), std::string::npos) << eps[i].env_error;
+    EXPECT_NE(eps[i].env_error.find("env.py:4 Env.step"), std::string::npos) << eps[i].env_error;
     EXPECT_EQ(eps[i].turns, 2);
   }
   for (int i : {2, 3}) {

@@ -118,9 +118,15 @@ def describe(module, path, names):
             return None, f"{base}: '{name}' is a {type(fn).__name__}, not a function"
         target = fn if inspect.isfunction(fn) or inspect.ismethod(fn) else getattr(type(fn), "__call__", fn)
         code = getattr(inspect.unwrap(target), "__code__", None)
+        line = code.co_firstlineno if code else 0
+        if inspect.isclass(fn):  # an environment class: where the class statement is
+            try:
+                line = inspect.getsourcelines(fn)[1]
+            except (OSError, TypeError):
+                line = 0
         infos[name] = {
             "file": os.path.basename(code.co_filename) if code else base,
-            "line": code.co_firstlineno if code else 0,
+            "line": line,
             "async": inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(target),
             "return_kinds": annotation_kinds(target),
         }
