@@ -8,6 +8,8 @@ right number (the sample's label), else 0.0. Every call past the third costs
 0.1, so the policy learns to call the tool when it helps and stop after.
 
 The file is imported once per worker process; Env() is made once per sample.
+A sample's metadata may carry "question" (the user message; default: the
+prompt) and "system" (the system message; "" for none; default: SYSTEM).
 """
 import ast
 import operator
@@ -15,6 +17,8 @@ import re
 
 CALL = re.compile(r"<calc>(.*?)</calc>", re.S)
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+SYSTEM = ("Use <calc>expression</calc> to compute. "
+          "Reply with only the final number when done.")
 OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
        ast.Div: operator.truediv, ast.USub: operator.neg, ast.UAdd: operator.pos}
 
@@ -47,12 +51,11 @@ class Env:
 
     def reset(self, sample):
         self.label = str(sample["label"])
-        question = sample["metadata"]["question"] if sample.get("metadata") else sample["prompt"]
-        return [
-            {"role": "system", "content": "Use <calc>expression</calc> to compute. "
-                                          "Reply with only the final number when done."},
-            {"role": "user", "content": question},
-        ]
+        meta = sample.get("metadata") or {}
+        system = meta.get("system", SYSTEM)
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": meta.get("question", sample["prompt"])})
+        return messages
 
     def step(self, messages, completion):
         call = CALL.search(completion)
