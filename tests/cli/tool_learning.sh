@@ -51,12 +51,13 @@ norm_topk_prob = true
 TOML
 "$BIN" init --config "$T/model.toml" --out "$T/model" --seed 3 > "$T/init.log"
 
-# Problems a*b with a, b in [10, 100): 1200 for SFT, 600 others for RL.
+# Problems a*b with a, b in [10, 100): 1200 for SFT, 600 others for RL, 64
+# others held out for the eval.
 python3 - "$T" "$TOOL_RATE" <<'PY'
 import json, random, sys
 t, tool_rate = sys.argv[1], float(sys.argv[2])
 rng = random.Random(11)
-pairs = rng.sample([(a, b) for a in range(10, 100) for b in range(10, 100)], 1800)
+pairs = rng.sample([(a, b) for a in range(10, 100) for b in range(10, 100)], 1864)
 def user(a, b):
     return {"role": "user", "content": f"{a}*{b}"}
 with open(f"{t}/sft.jsonl", "w") as f:
@@ -70,10 +71,11 @@ with open(f"{t}/sft.jsonl", "w") as f:
             f.write(json.dumps({"messages": [user(a, b), answer]}) + "\n")
         # The second turn after a call is always shown: copy the result.
         f.write(json.dumps({"messages": [user(a, b), call, result, answer]}) + "\n")
-with open(f"{t}/rl.jsonl", "w") as f:
-    for a, b in pairs[1200:]:
-        f.write(json.dumps({"prompt": f"{a}*{b}", "label": str(a * b),
-                            "metadata": {"question": f"{a}*{b}", "system": ""}}) + "\n")
+for name, part in (("rl", pairs[1200:1800]), ("eval", pairs[1800:])):
+    with open(f"{t}/{name}.jsonl", "w") as f:
+        for a, b in part:
+            f.write(json.dumps({"prompt": f"{a}*{b}", "label": str(a * b),
+                                "metadata": {"question": f"{a}*{b}", "system": ""}}) + "\n")
 PY
 
 cat > "$T/sft.toml" <<TOML
@@ -97,7 +99,8 @@ TOML
 "$BIN" sft --config "$T/sft.toml" --out "$T/sft" > "$T/sft.log" 2>&1 || { cat "$T/sft.log"; exit 1; }
 
 "$BIN" rl --config "$SRC/configs/examples/tool-math.toml" \
-  --set model.path="\"$T/sft/checkpoints/latest\"" --set data.train_file="\"$T/rl.jsonl\"" \
+  --set model.path="\"$T/sft/checkpoints/latest\"" --set data.train_file="\"$T/rl.jsonl\"" --set data.eval_file="\"$T/eval.jsonl\"" \
+  --set eval.n=4 --set eval.max_new_tokens=20 --set eval.interval=0 \
   --set train.out_dir="\"$T/rl\"" --set train.steps=$RL_STEPS --set train.lr=$RL_LR --set train.warmup_steps=2 \
   --set train.save_interval=$RL_STEPS --set rollout.batch_size=16 --set rollout.max_new_tokens=20 \
   --set rollout.max_total_tokens=120 --set rollout.kv_blocks=2048 --set rollout.env_workers=2 \
@@ -107,8 +110,17 @@ TOML
 python3 - "$T/rl" <<'PY'
 import json, sys
 run = sys.argv[1]
-steps = [json.loads(l) for l in open(run + "/metrics.jsonl")]
-steps = [m for m in steps if m["step"] >= 1 and "rollout/turns_mean" in m]
+rows = [json.loads(l) for l in open(run + "/metrics.jsonl")]
+steps = [m for m in rows if m["step"] >= 1 and "rollout/turns_mean" in m]
+# Held-out: 64 problems x 4 episodes before RL (step 0) and after.
+evals = [m for m in rows if "eval/test/pass@1" in m]
+assert len(evals) == 2 and evals[0]["step"] == 0 and evals[1]["step"] == steps[-1]["step"], evals
+before, after = evals
+print(f"tool_learning: held-out pass@1 {before['eval/test/pass@1']:.3f} -> {after['eval/test/pass@1']:.3f}, "
+      f"turns {before['eval/test/turns_mean']:.3f} -> {after['eval/test/turns_mean']:.3f}")
+assert after["eval/test/pass@1"] >= before["eval/test/pass@1"] + 0.3, (before, after)
+assert after["eval/test/turns_mean"] >= before["eval/test/turns_mean"] + 0.25, (before, after)
+assert after["eval/test/reward_failures"] == 0, after
 assert len(steps) >= 8, steps
 for m in steps:
     assert m["train/train_rollout_logprob_abs_diff"] == 0.0, m
@@ -122,7 +134,7 @@ tool_first, tool_last = mean(first, "rollout/turns_mean") - 1, mean(last, "rollo
 reward_first, reward_last = mean(first, "rollout/reward_mean"), mean(last, "rollout/reward_mean")
 print(f"tool_learning: tool-call rate {tool_first:.3f} -> {tool_last:.3f}, "
       f"reward {reward_first:.3f} -> {reward_last:.3f} over {len(steps)} RL steps (first/last {k})")
-assert tool_last >= tool_first + 0.25, (tool_first, tool_last)
+assert tool_last >= tool_first + 0.2, (tool_first, tool_last)
 assert reward_last >= reward_first + 0.2, (reward_first, reward_last)
 # Direct answers (one turn, no call) are almost never right: the reward
 # comes from the tool.

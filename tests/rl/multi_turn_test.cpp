@@ -23,6 +23,7 @@
 #include "lockstep/model/params.h"
 #include "lockstep/reward/reward.h"
 #include "lockstep/rl/algo.h"
+#include "lockstep/rl/episode_eval.h"
 #include "lockstep/rl/loop.h"
 #include "lockstep/rl/rl_config.h"
 #include "lockstep/rl/rollout_backend.h"
@@ -34,7 +35,8 @@ namespace {
 
 // A tool environment: the model's turn is answered with "obs <turn>"; the
 // episode is done after `turns` steps with reward = the number of messages
-// the environment saw (so a reward checks what step() received). Sample
+// the environment saw (so a reward checks what step() received; label
+// "noreward": none, the verifier decides). Sample
 // labels choose failures: "raise" raises in step, "hang" sleeps past the
 // timeout, "bad" returns a malformed reply.
 constexpr const char* kEnvPy = R"PY(
@@ -59,7 +61,8 @@ class Env:
         if self.label == "bad":
             return {"observation": 3}
         if self.turn >= 3:
-            return {"observation": None, "reward": float(len(messages)), "done": True}
+            reward = None if self.label == "noreward" else float(len(messages))
+            return {"observation": None, "reward": reward, "done": True}
         return {"observation": "obs " + str(self.turn), "reward": None, "done": False}
 )PY";
 
@@ -541,6 +544,74 @@ TEST(MultiTurn, ConfigKeysAndErrors) {
 
 // RL steps end to end: episodes of three turns, the environment's reward,
 // gap 0 (the run aborts otherwise), the metrics and the samples' turns.
+// The held-out eval of a multi-turn task runs episodes: the environment's
+// reward decides where it gave one, the verifier scores the last model turn
+// where it gave none, a raising environment is a scoring failure; the seeds
+// are the eval's, so a rerun repeats.
+TEST(MultiTurn, HeldOutEvalRunsEpisodes) {
+  Fixture f;
+  auto trainer = f.trainer();
+  LocalRollout rollout(*trainer, f.rollout_section(), 1);
+  auto env = make_environment(f.env);
+  eval::EvalConfig ec;
+  ec.name = "held";
+  ec.n = 2;
+  ec.seed = 5;
+  ec.sampling = f.sampling;
+  MultiTurnRollout mt(rollout, *env, *f.tok, f.env, eval_sampling(ec));
+  std::vector<data::PromptExample> problems;
+  for (const char* label : {"ok", "noreward", "raise"}) {
+    data::PromptExample ex;
+    ex.line = int64_t(problems.size()) + 1;
+    ex.prompt_text = "e" + std::to_string(problems.size());
+    ex.prompt_ids = f.tok->encode(ex.prompt_text, false);
+    ex.label = label;
+    problems.push_back(std::move(ex));
+  }
+  std::vector<reward::RewardRequest> asked;
+  const auto score = [&](const std::vector<reward::RewardRequest>& reqs) {
+    asked = reqs;
+    std::vector<reward::RewardResult> out(reqs.size());
+    for (auto& r : out) {
+      r.reward = 0.5;
+      r.correct = true;
+    }
+    return out;
+  };
+  std::vector<eval::EvalProblemResult> per;
+  MultiTurnStats st;
+  const eval::EvalSummary s = evaluate_episodes(mt, ec, score, *f.tok, problems, &per, &st);
+  EXPECT_EQ(s.name, "held");
+  EXPECT_EQ(s.num_problems, 3);
+  EXPECT_EQ(s.num_samples, 6);
+  ASSERT_EQ(per.size(), 3u);
+  EXPECT_EQ(per[0].correct, 2);  // the environment's reward 6 > 0
+  EXPECT_EQ(per[1].correct, 2);  // the verifier's verdict
+  EXPECT_EQ(per[2].correct, 0);
+  EXPECT_EQ(per[2].failures, 2);
+  EXPECT_EQ(s.reward_failures, 2);
+  EXPECT_NE(per[2].samples[0].failure.find("tool exploded"), std::string::npos) << per[2].samples[0].failure;
+  EXPECT_DOUBLE_EQ(s.pass_at_1, 2.0 / 3.0);
+  EXPECT_DOUBLE_EQ(s.reward_mean, (6 + 6 + 0.5 + 0.5) / 4.0);
+  EXPECT_DOUBLE_EQ(s.turns_mean, (3 + 3 + 3 + 3 + 2 + 2) / 6.0);
+  EXPECT_EQ(st.env_failures, 2);
+  // Only the episodes without an environment reward reach the verifier, with
+  // their last model turn as the response.
+  ASSERT_EQ(asked.size(), 2u);
+  for (const auto& r : asked) EXPECT_EQ(r.label, "noreward");
+  EXPECT_EQ(per[0].samples[0].turns, 3);
+  EXPECT_NE(per[0].samples[0].response.find("obs 2"), std::string::npos) << per[0].samples[0].response;
+  EXPECT_EQ(per[1].samples[1].response.substr(per[1].samples[1].response.size() - asked[1].response.size() -
+                                                  std::string("<|im_end|>").size()),
+            asked[1].response + "<|im_end|>");
+  std::vector<eval::EvalProblemResult> again;
+  evaluate_episodes(mt, ec, score, *f.tok, problems, &again, nullptr);
+  for (size_t p = 0; p < per.size(); ++p)
+    for (size_t k = 0; k < per[p].samples.size(); ++k)
+      EXPECT_EQ(again[p].samples[k].response, per[p].samples[k].response);
+  EXPECT_NE(per[0].samples[0].response, per[0].samples[1].response);
+}
+
 TEST(MultiTurn, RlStepsWithAnEnvironment) {
   Fixture f;
   auto trainer = f.trainer();
@@ -569,6 +640,9 @@ TEST(MultiTurn, RlStepsWithAnEnvironment) {
   in.tok = &*f.tok;
   in.train = train;
   in.tokenizer_dir = f.dir.str("tok");
+  in.eval = train;  // held-out episodes before the first step and after the last
+  c.eval.config.n = 2;
+  c.eval.config.sampling.max_new_tokens = 4;
   std::vector<nlohmann::json> metrics;
   in.on_step = [&](int64_t, const nlohmann::json& m) { metrics.push_back(m); };
   for (bool recompute : {false, true}) {
@@ -578,7 +652,13 @@ TEST(MultiTurn, RlStepsWithAnEnvironment) {
     const RlResult r = run_rl(*trainer, in, c, false);
     EXPECT_EQ(r.steps_run, 2);
     EXPECT_EQ(r.max_logprob_abs_diff, 0.0);
-    ASSERT_EQ(metrics.size(), 2u);
+    ASSERT_TRUE(r.first_eval && r.last_eval);
+    EXPECT_EQ(r.first_eval->turns_mean, 3.0);
+    EXPECT_EQ(r.last_eval->num_samples, 8);
+    EXPECT_EQ(r.last_eval->pass_at_1, 1.0);  // the environment's reward 6
+    ASSERT_EQ(metrics.size(), 3u);  // step 0 (the first eval) and the two steps
+    EXPECT_EQ(metrics[0]["eval/test/turns_mean"].get<double>(), 3.0);
+    metrics.erase(metrics.begin());
     for (const auto& m : metrics) {
       EXPECT_EQ(m["rollout/turns_mean"].get<double>(), 3.0);
       EXPECT_EQ(m["rollout/env_failures"].get<int64_t>(), 0);

@@ -40,6 +40,7 @@ std::map<std::string, double> eval_metrics(const EvalSummary& s) {
   m[p + "num_samples"] = double(s.num_samples);
   m[p + "tokens_per_s"] = s.tokens_per_s;
   m[p + "time_s"] = s.elapsed_s;
+  if (s.turns_mean > 0) m[p + "turns_mean"] = s.turns_mean;
   return m;
 }
 
@@ -89,6 +90,7 @@ nlohmann::json problem_to_json(const EvalProblemResult& p) {
     e["length"] = s.length;
     e["extracted"] = s.extracted;
     e["failure"] = s.failure.empty() ? nlohmann::json(nullptr) : nlohmann::json(s.failure);
+    if (s.turns > 0) e["turns"] = s.turns;
     samples.push_back(std::move(e));
   }
   j["samples"] = std::move(samples);

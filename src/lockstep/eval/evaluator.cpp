@@ -79,6 +79,52 @@ EvalSummary Evaluator::run(const GenerateFn& generate, const tokenizer::Tokenize
   return score(tok, problems, results, timer.seconds(), per_problem);
 }
 
+EvalSummary aggregate(const EvalConfig& config, std::vector<EvalProblemResult>& probs,
+                      const std::vector<reward::RewardResult>& verdicts) {
+  size_t samples = 0;
+  for (const auto& pr : probs) samples += pr.samples.size();
+  LS_CHECK(verdicts.size() == samples) << verdicts.size() << " verdicts for " << samples << " samples";
+  reward::BatchStats stats;
+  for (const auto& r : verdicts) stats.add(r);
+  const auto ks = pass_at_k_ks(config.n);
+  EvalSummary sum;
+  sum.name = config.name;
+  sum.n = config.n;
+  sum.num_problems = int64_t(probs.size());
+  for (int64_t k : ks) sum.pass_at_k[k] = 0.0;
+  double len_sum = 0.0;
+  size_t v = 0;
+  for (auto& pr : probs) {
+    for (auto& es : pr.samples) {
+      const reward::RewardResult& r = verdicts[v++];
+      es.reward = r.failed() ? std::nan("") : r.reward;
+      es.correct = !r.failed() && r.correct;  // a failure is reported, never scored
+      es.extracted = r.extracted;
+      es.failure = r.failure;
+      pr.correct += es.correct ? 1 : 0;
+      pr.failures += r.failed() ? 1 : 0;
+      pr.truncated += es.finish_reason == "length" || es.finish_reason == "budget" ? 1 : 0;
+      sum.aborted += es.finish_reason == "abort" ? 1 : 0;
+      sum.generated_tokens += es.length;
+      len_sum += double(es.length);
+    }
+    for (int64_t k : ks) {
+      pr.pass_at_k[k] = pass_at_k(pr.n, pr.correct, k);
+      sum.pass_at_k[k] += pr.pass_at_k[k];
+    }
+    sum.truncated += pr.truncated;
+    sum.num_samples += pr.n;
+  }
+  for (auto& [k, value] : sum.pass_at_k) value /= double(sum.num_problems);
+  sum.pass_at_1 = sum.pass_at_k[1];
+  sum.truncated_ratio = double(sum.truncated) / double(sum.num_samples);
+  sum.response_len_mean = len_sum / double(sum.num_samples);
+  sum.reward_mean = stats.reward_mean();
+  sum.reward_failures = stats.failures;
+  sum.failure_reasons = stats.failure_reasons;
+  return sum;
+}
+
 EvalSummary Evaluator::score(const tokenizer::Tokenizer& tok,
                              const std::vector<data::PromptExample>& problems,
                              const std::vector<rollout::RequestResult>& results, double generate_s,
@@ -113,46 +159,8 @@ EvalSummary Evaluator::score(const tokenizer::Tokenizer& tok,
       pr.samples.push_back(std::move(es));
     }
   }
-  reward::BatchStats stats;
   auto verdicts = score_batch_ ? score_batch_(requests) : scorer_->score(requests);
-  for (const auto& r : verdicts) stats.add(r);
-  LS_CHECK(verdicts.size() == requests.size()) << "scorer returned " << verdicts.size() << " results";
-
-  EvalSummary sum;
-  sum.name = config_.name;
-  sum.n = config_.n;
-  sum.num_problems = int64_t(problems.size());
-  for (int64_t k : ks) sum.pass_at_k[k] = 0.0;
-  double len_sum = 0.0;
-  size_t v = 0;
-  for (auto& pr : probs) {
-    for (auto& es : pr.samples) {
-      const reward::RewardResult& r = verdicts[v++];
-      es.reward = r.failed() ? std::nan("") : r.reward;
-      es.correct = !r.failed() && r.correct;  // a failure is reported, never scored
-      es.extracted = r.extracted;
-      es.failure = r.failure;
-      pr.correct += es.correct ? 1 : 0;
-      pr.failures += r.failed() ? 1 : 0;
-      pr.truncated += es.finish_reason == "length" ? 1 : 0;
-      sum.aborted += es.finish_reason == "abort" ? 1 : 0;
-      sum.generated_tokens += es.length;
-      len_sum += double(es.length);
-    }
-    for (int64_t k : ks) {
-      pr.pass_at_k[k] = pass_at_k(pr.n, pr.correct, k);
-      sum.pass_at_k[k] += pr.pass_at_k[k];
-    }
-    sum.truncated += pr.truncated;
-    sum.num_samples += pr.n;
-  }
-  for (auto& [k, value] : sum.pass_at_k) value /= double(sum.num_problems);
-  sum.pass_at_1 = sum.pass_at_k[1];
-  sum.truncated_ratio = double(sum.truncated) / double(sum.num_samples);
-  sum.response_len_mean = len_sum / double(sum.num_samples);
-  sum.reward_mean = stats.reward_mean();
-  sum.reward_failures = stats.failures;
-  sum.failure_reasons = stats.failure_reasons;
+  EvalSummary sum = aggregate(config_, probs, verdicts);
   sum.generate_s = generate_s;
   sum.score_s = timer.seconds();
   sum.elapsed_s = generate_s + sum.score_s;

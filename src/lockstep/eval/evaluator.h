@@ -50,6 +50,7 @@ struct EvalSample {
   bool correct = false;       // false when scoring failed
   std::string extracted;
   std::string failure;  // "" unless scoring failed
+  int64_t turns = 0;    // multi-turn episodes: model turns (0: a single-turn sample)
 };
 
 struct EvalProblemResult {
@@ -79,6 +80,7 @@ struct EvalSummary {
   int64_t generated_tokens = 0;
   double generate_s = 0, score_s = 0, elapsed_s = 0;
   double tokens_per_s = 0;  // generated tokens / generate_s
+  double turns_mean = 0;    // multi-turn episodes: model turns per sample (0: single-turn)
 };
 
 // Runs the requests and returns their results in request order (how the
@@ -132,6 +134,13 @@ class Evaluator {
   std::unique_ptr<reward::BatchScorer> scorer_;
   ScoreBatchFn score_batch_;
 };
+
+// The verdicts (sample order: problem-major) into the samples of `probs`
+// (whose response, length and finish_reason are set), and the summary over
+// them; timing fields are left 0. A finish reason "length" or "budget"
+// (a multi-turn episode out of tokens) counts as truncated.
+EvalSummary aggregate(const EvalConfig& config, std::vector<EvalProblemResult>& probs,
+                      const std::vector<reward::RewardResult>& verdicts);
 
 // One-shot convenience: Evaluator(config).run(engine, ...).
 EvalSummary evaluate(rollout::Engine& engine, const tokenizer::Tokenizer& tok,

@@ -30,6 +30,7 @@
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/data_order.h"
 #include "lockstep/train/mismatch.h"
+#include "lockstep/rl/episode_eval.h"
 #include "lockstep/rl/gap_check.h"
 #include "lockstep/rl/group_scoring.h"
 #include "lockstep/rl/multi_turn.h"
@@ -214,6 +215,10 @@ class Runner {
       env_ = make_environment(cfg.env);
       multi_ = std::make_unique<MultiTurnRollout>(*rollout_, *env_, *in.tok, cfg.env, cfg.rollout.sampling,
                                                   trainer.config().max_position_embeddings);
+      if (evaluator_)  // held-out episodes, with the eval's sampling
+        multi_eval_ = std::make_unique<MultiTurnRollout>(*rollout_, *env_, *in.tok, cfg.env,
+                                                         eval_sampling(cfg.eval.config),
+                                                         trainer.config().max_position_embeddings);
     }
   }
 
@@ -279,7 +284,7 @@ class Runner {
   int32_t end_of_turn_ = -1;
   // Multi-turn rollouts ([rollout] env): the environment and the driver.
   std::unique_ptr<Environment> env_;
-  std::unique_ptr<MultiTurnRollout> multi_;
+  std::unique_ptr<MultiTurnRollout> multi_, multi_eval_;
   std::map<std::string, double> phase_total_;
   // Overlap ([dist] max_weight_staleness > 0): the batch generated ahead.
   bool overlap_ = false;
@@ -801,7 +806,12 @@ void Runner::run_eval(int64_t step, nlohmann::json& m, RlResult& result) {
   eval::GenerateFn gen = [&](std::vector<rollout::Request> reqs) {
     return rollout_->generate(std::move(reqs), {}, nullptr);
   };
-  const eval::EvalSummary s = evaluator_->run(gen, *in_.tok, in_.eval, &per);
+  const auto score = [this](const std::vector<reward::RewardRequest>& reqs) {
+    return score_across_ranks(evaluator_->scorer(), group_, reqs);
+  };
+  const eval::EvalSummary s = multi_eval_ ? evaluate_episodes(*multi_eval_, cfg_.eval.config, score, *in_.tok,
+                                                              in_.eval, &per, nullptr)
+                                          : evaluator_->run(gen, *in_.tok, in_.eval, &per);
   for (auto& [k, v] : eval::eval_metrics(s)) m[k] = v;
   const double secs = t.seconds();
   m["perf/eval_time_s"] = secs;
@@ -822,8 +832,9 @@ void Runner::run_eval(int64_t step, nlohmann::json& m, RlResult& result) {
   std::cout << "eval step " << step << ": " << s.name << " pass@1 " << s.pass_at_1;
   for (auto& [k, v] : s.pass_at_k)
     if (k > 1) std::cout << ", pass@" << k << " " << v;
-  std::cout << ", truncated " << s.truncated_ratio << ", len " << s.response_len_mean << " (" << secs << " s)"
-            << std::endl;
+  std::cout << ", truncated " << s.truncated_ratio << ", len " << s.response_len_mean;
+  if (s.turns_mean > 0) std::cout << ", turns " << s.turns_mean;
+  std::cout << " (" << secs << " s)" << std::endl;
 }
 
 void Runner::write_samples(int64_t step, const std::vector<Group>& groups) {
