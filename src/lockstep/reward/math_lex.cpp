@@ -325,7 +325,9 @@ class Lexer {
     std::string w = lower(run);
     i_ = j;
     if (text_mode()) {
-      if (run.size() == 1) {
+      // One letter after a number is a unit (5\text{ m}, 3\text{ g}).
+      bool after_number = !out_.empty() && out_.back().kind == Tk::Num;
+      if (run.size() == 1 && !after_number) {
         emit(Tk::Ident, std::string(run) + read_subscript());
       } else if (w == "and" || w == "or") {
         emit(Tk::Sep, w);

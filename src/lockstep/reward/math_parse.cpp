@@ -445,7 +445,11 @@ class Parser {
         std::string text = next().text;
         auto v = Rational::from_decimal(text);
         if (!v) throw ParseError{};
-        return number(*v, text.find_first_of(".eE") != std::string::npos);
+        int n = number(*v, text.find_first_of(".eE") != std::string::npos);
+        size_t point = text.find('.');
+        if (point != std::string::npos && text.find_first_of("eE") == std::string::npos)
+          e_.nodes[static_cast<size_t>(n)].places = static_cast<int>(text.size() - point - 1);
+        return n;
       }
       case Tk::Ident: {
         Node n;

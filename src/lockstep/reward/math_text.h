@@ -16,7 +16,7 @@ enum class Extractor {
   AnswerTag,    // last <answer>...</answer>
   AnswerIs,     // text after the last "answer is"
   AnswerColon,  // text after the last "Answer:"
-  LastMath,     // a bare-expression response, else the later of the last $...$ span and the last number
+  LastMath,     // a bare-expression response, else the last-ending $...$ span, vector/matrix or number
   LastNumber,   // the last number
   Whole,        // the whole response
 };
@@ -35,7 +35,8 @@ struct Extraction {
 std::optional<Extraction> extract_answer(std::string_view response, const std::vector<Extractor>& order);
 
 // The content of the last \boxed{...}, with boxes just before it that are
-// separated only by "and", commas or spacing joined as "a, b".
+// separated only by "and", commas, spacing or a variable naming the next
+// value ("$x=\boxed{2}$ and $y=\boxed{3}$") joined as "a, b".
 std::optional<std::string> extract_boxed(std::string_view text);
 
 // The answer inside a label: its \boxed{} if any, else the label without
