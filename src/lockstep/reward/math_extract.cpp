@@ -139,8 +139,10 @@ std::optional<Span> leading_span(std::string_view s) {
   return std::nullopt;
 }
 
-// All math spans, in one pass; returns the last one.
-std::optional<Span> last_math_span(std::string_view t) {
+// All math spans, in one pass; returns the last one. Inline math ($...$,
+// \(...\)) does not span lines: `broken`, when given, receives the last
+// inline pair of delimiters with a line break between them.
+std::optional<Span> last_math_span(std::string_view t, std::optional<Span>* broken = nullptr) {
   std::optional<Span> last;
   size_t i = 0, n = t.size();
   auto record = [&](size_t start, size_t cs, size_t ce, size_t end) {
@@ -150,10 +152,16 @@ std::optional<Span> last_math_span(std::string_view t) {
     char c = t[i];
     if (c == '\\' && i + 1 < n) {
       if (t[i + 1] == '(' || t[i + 1] == '[') {
-        std::string_view close = t[i + 1] == '(' ? "\\)" : "\\]";
+        bool inline_math = t[i + 1] == '(';
+        std::string_view close = inline_math ? "\\)" : "\\]";
         size_t e = t.find(close, i + 2);
         if (e == std::string_view::npos) break;
-        record(i, i + 2, e, e + 2);
+        size_t line_break = t.find('\n', i + 2);
+        if (inline_math && line_break < e) {
+          if (broken) *broken = Span{i, e + 2, {}};
+        } else {
+          record(i, i + 2, e, e + 2);
+        }
         i = e + 2;
         continue;
       }
@@ -175,6 +183,8 @@ std::optional<Span> last_math_span(std::string_view t) {
         record(i, i + 1, j, j + 1);
         i = j + 1;
       } else {
+        size_t close = broken && j < n ? t.find('$', j) : std::string_view::npos;
+        if (close != std::string_view::npos) *broken = Span{i, close + 1, {}};
         i = j;
       }
       continue;
@@ -434,8 +444,11 @@ std::optional<std::string> run_extractor(Extractor ex, std::string_view t) {
     case Extractor::LastMath: {
       std::string_view whole = trim(t);
       if (whole.size() <= 300 && looks_like_math(whole)) return std::string(whole);
-      auto sp = last_math_span(t);
+      std::optional<Span> broken;
+      auto sp = last_math_span(t, &broken);
       auto num = last_number(t);
+      // A number inside inline delimiters broken across lines is no answer.
+      if (num && broken && num->start > broken->start && num->end < broken->end) return std::nullopt;
       // A vector ends after the numbers in it: the one that ends last wins,
       // a math span on a tie (the vector is inside it).
       auto vec = last_vector(t);

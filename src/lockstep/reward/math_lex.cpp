@@ -164,6 +164,8 @@ class Lexer {
     t.kind = kind;
     t.text = std::move(text);
     if (kind != Tk::Num) pending_digit_args_ = 0;
+    t.line_break = line_break_;
+    line_break_ = false;
     out_.push_back(std::move(t));
   }
   void emit_rel(RelOp r) {
@@ -223,7 +225,8 @@ class Lexer {
       // \frac12: each argument is a single digit in LaTeX.
       --pending_digit_args_;
       num.push_back(s_[i_++]);
-      out_.push_back(Token{Tk::Num, num, Fn::Sqrt, RelOp::Eq});
+      out_.push_back(Token{Tk::Num, num, Fn::Sqrt, RelOp::Eq, line_break_});
+      line_break_ = false;
       return;
     }
     size_t j = i_;
@@ -565,6 +568,7 @@ class Lexer {
   void step() {
     char c = s_[i_];
     if (std::isspace(static_cast<unsigned char>(c))) {
+      line_break_ = line_break_ || c == '\n';
       ++i_;
       return;
     }
@@ -669,6 +673,7 @@ class Lexer {
   int bracket_depth_ = 0;
   int matrix_depth_ = 0;
   int pending_digit_args_ = 0;
+  bool line_break_ = false;  // a line break since the last token
 };
 
 // Words are units or prose around an answer ("5 cm", "12 apples"): drop them

@@ -52,9 +52,10 @@ std::string strip_answer(std::string_view s);
 // \dfrac -> \frac; words-only answers are lower-cased.
 std::string canonical_answer(std::string_view s);
 
-// Multiple choice: "B", "(B)", "\text{(B)}" -> 'B'. strict (for labels):
-// the whole answer must be the letter, upper-case A-Z. Otherwise (responses)
-// "(B) 42" and "B) 42" also count.
+// Multiple choice: "B", "(B)", "\text{(B)}", "B. text" -> 'B'. strict (for
+// labels): the answer must be the letter, upper-case A-Z, or the letter with
+// its text ("C. x = 42"). Otherwise (responses) "(B) 42" and "B) 42" also
+// count.
 std::optional<char> choice_letter(std::string_view s, bool strict);
 
 // Heuristic: true when `s` reads as a math expression rather than prose.
