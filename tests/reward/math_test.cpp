@@ -562,6 +562,11 @@ TEST(MathResponse, ExtractionAndGrading) {
       {"\\boxed{2} and \\boxed{3}", "3", false},
       {"I first got \\boxed{2}, but the answer is \\boxed{3}", "3", true},
       {"\\boxed{0.333}", "\\frac{1}{3}", true},
+      // A final-answer statement after the last box is the later answer.
+      {"so $\\boxed{200}$, then $\\boxed{255}$. Final Answer: The final answer is $10,455$. I hope it is correct.", "10455", true},
+      {"so $\\boxed{200}$, then $\\boxed{255}$. Final Answer: The final answer is $10,455$. I hope it is correct.", "255", false},
+      {"Thus \\boxed{5}. The final answer is correct.", "5", true},
+      {"The final answer is 7, so \\boxed{8}", "8", true},
   };
   int failed = 0;
   for (const auto& c : cases) {

@@ -17,6 +17,7 @@ constexpr int kTrials = 12;         // random points per comparison; the last 4 
 constexpr int kMinChecks = 3;       // points where both sides must be defined
 constexpr size_t kMaxItems = 64;    // list/set sizes compared (pairwise matching is quadratic)
 constexpr int kMaxCompareDepth = 48;
+constexpr size_t kMaxMatrixCells = 1600;  // numeric matrix arithmetic (products are cubic)
 // Expressions with variables are compared in floating point at random
 // points: round-off makes an exact match too strict.
 constexpr double kSymbolicTol = 1e-9;
@@ -284,6 +285,7 @@ class Comparer {
     const Node& x = a.n();
     const Node& y = b.n();
     bool sa = is_scalar(*a.e, a.i), sb = is_scalar(*b.e, b.i);
+    if (matrix_arithmetic(a) || matrix_arithmetic(b)) return matrix_values_equal(a, b);
     if (sa && sb) return scalar_equal(a, -1, b, -1);
     if (auto decided = structure_equal(a, b, depth)) return *decided;
     auto kind_is = [](const Node& n, NodeKind k) { return n.kind == k; };
@@ -332,6 +334,92 @@ class Comparer {
       return unordered(items_of(a), items_of(b), depth);
     }
     return false;
+  }
+
+  // A numeric matrix: rows x cols values, row-major.
+  struct NumMatrix {
+    int rows = 0, cols = 0;
+    std::vector<double> v;
+  };
+
+  // Sums, products and negations with a matrix among their operands
+  // ("A + B", "A B", "2A"): their value is a matrix, not a number.
+  static bool matrix_arithmetic(Ref r, int depth = 0) {
+    const Node& n = r.n();
+    if (depth > 8 || (n.kind != NodeKind::Add && n.kind != NodeKind::Mul && n.kind != NodeKind::Neg)) return false;
+    for (size_t k = 0; k < n.kids.size(); ++k) {
+      Ref kid = r.kid(k);
+      if (kid.n().kind == NodeKind::Matrix || matrix_arithmetic(kid, depth + 1)) return true;
+    }
+    return false;
+  }
+
+  // The value of a matrix expression with numeric entries: a matrix, a sum of
+  // matrices of one shape, a product of matrices and numbers, a negation. A
+  // plain number is a 1x1 "scalar" (rows = cols = 0).
+  static bool numeric_matrix(Ref r, NumMatrix* out, int depth = 0) {
+    const Node& n = r.n();
+    if (depth > 8) return false;
+    if (n.kind == NodeKind::Matrix) {
+      if (static_cast<size_t>(n.sub) * static_cast<size_t>(n.sub2) > kMaxMatrixCells) return false;
+      *out = NumMatrix{n.sub, n.sub2, {}};
+      for (size_t k = 0; k < n.kids.size(); ++k) {
+        Ref cell = r.kid(k);
+        if (!is_scalar(*cell.e, cell.i) || !variable_free(cell)) return false;
+        out->v.push_back(eval_double(*cell.e, cell.i, EvalEnv{}));
+      }
+      return true;
+    }
+    if (!matrix_arithmetic(r)) {
+      if (!is_scalar(*r.e, r.i) || !variable_free(r)) return false;
+      *out = NumMatrix{0, 0, {eval_double(*r.e, r.i, EvalEnv{})}};
+      return true;
+    }
+    if (!numeric_matrix(r.kid(0), out, depth + 1)) return false;
+    if (n.kind == NodeKind::Neg) {
+      for (double& x : out->v) x = -x;
+      return true;
+    }
+    for (size_t k = 1; k < n.kids.size(); ++k) {
+      NumMatrix m;
+      if (!numeric_matrix(r.kid(k), &m, depth + 1)) return false;
+      if (!(n.kind == NodeKind::Add ? matrix_add(out, m) : matrix_mul(out, m))) return false;
+    }
+    return true;
+  }
+
+  static bool matrix_add(NumMatrix* acc, const NumMatrix& m) {
+    if (acc->rows != m.rows || acc->cols != m.cols || acc->rows == 0) return false;
+    for (size_t k = 0; k < acc->v.size(); ++k) acc->v[k] += m.v[k];
+    return true;
+  }
+
+  static bool matrix_mul(NumMatrix* acc, const NumMatrix& m) {
+    if (acc->rows == 0 || m.rows == 0) {  // a number times a matrix
+      double c = acc->rows == 0 ? acc->v[0] : m.v[0];
+      NumMatrix out = acc->rows == 0 ? m : *acc;
+      for (double& x : out.v) x *= c;
+      *acc = std::move(out);
+      return true;
+    }
+    if (acc->cols != m.rows) return false;
+    NumMatrix out{acc->rows, m.cols, std::vector<double>(static_cast<size_t>(acc->rows) * m.cols, 0.0)};
+    for (int i = 0; i < acc->rows; ++i)
+      for (int j = 0; j < m.cols; ++j)
+        for (int k = 0; k < acc->cols; ++k)
+          out.v[static_cast<size_t>(i) * m.cols + j] +=
+              acc->v[static_cast<size_t>(i) * acc->cols + k] * m.v[static_cast<size_t>(k) * m.cols + j];
+    *acc = std::move(out);
+    return true;
+  }
+
+  bool matrix_values_equal(Ref a, Ref b) {
+    NumMatrix x, y;
+    if (!numeric_matrix(a, &x) || !numeric_matrix(b, &y)) return false;
+    if (x.rows != y.rows || x.cols != y.cols || x.rows == 0) return false;
+    for (size_t k = 0; k < x.v.size(); ++k)
+      if (!close(x.v[k], y.v[k], tol_) && !(x.v[k] == 0 && y.v[k] == 0)) return false;
+    return true;
   }
 
   struct Assignment {

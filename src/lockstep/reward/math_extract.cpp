@@ -470,6 +470,28 @@ std::optional<std::string> run_extractor(Extractor ex, std::string_view t) {
   return std::nullopt;
 }
 
+// "\boxed{200} ... \boxed{255} ... Final Answer: The final answer is $10,455$":
+// a final-answer statement after the last box is the later answer, when it
+// names a number (a trailing "the final answer is correct" does not).
+std::optional<Extraction> final_answer_after_box(std::string_view t, const std::vector<Extractor>& order) {
+  auto box = last_box(t, t.size());
+  if (!box) return std::nullopt;
+  auto span = boxed_at(t, box->first, box->second, t.size());
+  if (!span) return std::nullopt;
+  std::string_view tail = t.substr(span->end);
+  if (lower_ascii(tail).find("final answer") == std::string::npos) return std::nullopt;
+  for (Extractor ex : {Extractor::AnswerIs, Extractor::AnswerColon}) {
+    if (std::find(order.begin(), order.end(), ex) == order.end()) continue;
+    auto found = run_extractor(ex, tail);
+    if (!found) continue;
+    std::string answer = strip_answer(*found);
+    if (answer.empty() || answer.find_first_of("0123456789") == std::string::npos || !looks_like_math(answer))
+      continue;
+    return Extraction{std::move(answer), ex};
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<Extractor> extractor_from_name(std::string_view name) {
@@ -523,6 +545,9 @@ std::optional<std::string> extract_boxed(std::string_view text) {
 
 std::optional<Extraction> extract_answer(std::string_view response, const std::vector<Extractor>& order) {
   for (Extractor ex : order) {
+    if (ex == Extractor::Boxed) {
+      if (auto later = final_answer_after_box(response, order)) return later;
+    }
     auto found = run_extractor(ex, response);
     if (!found) continue;
     std::string answer = strip_answer(*found);

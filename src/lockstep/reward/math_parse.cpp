@@ -195,6 +195,7 @@ class Parser {
     switch (peek().kind) {
       case Tk::Num: case Tk::Ident: case Tk::Pi: case Tk::EConst: case Tk::Func: case Tk::Frac:
       case Tk::Sqrt: case Tk::Binom: case Tk::FloorOpen: case Tk::CeilOpen: case Tk::Inf:
+      case Tk::MatBegin:  // A B, 2A: products with a matrix
         return true;
       case Tk::Open:
         return peek().text == "(" || peek().text == "{";
