@@ -430,6 +430,9 @@ TEST(MathEquivalence, MultipleChoice) {
                           {"D", "d", true},
                           {"\\text{C}", "\\text{(C)}", true},
                           {"E", "A", false},
+                          {"C", "C. x = 42", true},
+                          {"C. x = 42", "C", true},
+                          {"C", "D. x = 42", false},
                       });
 }
 
@@ -442,6 +445,15 @@ TEST(MathEquivalence, Matrices) {
                 {"\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "(1,2)", true},
                 {"\\begin{pmatrix}1 & 2 \\\\3 & 4\\end{pmatrix}", "\\left[\\begin{array}{cc}1 & 2 \\\\3 & 4\\end{array}\\right]", true},
                 {"\\begin{pmatrix}1 & 2\\end{pmatrix}", "\\begin{pmatrix}1 \\\\ 2 \\\\ 3\\end{pmatrix}", false},
+                // Sums, products and multiples of numeric matrices.
+                {"\\begin{pmatrix}6&8\\\\10&12\\end{pmatrix}", "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}+\\begin{pmatrix}5&6\\\\7&8\\end{pmatrix}", true},
+                {"\\begin{pmatrix}6&8\\\\10&13\\end{pmatrix}", "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}+\\begin{pmatrix}5&6\\\\7&8\\end{pmatrix}", false},
+                {"\\begin{pmatrix}19&22\\\\43&50\\end{pmatrix}", "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}\\begin{pmatrix}5&6\\\\7&8\\end{pmatrix}", true},
+                {"\\begin{pmatrix}23&34\\\\31&46\\end{pmatrix}", "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}\\begin{pmatrix}5&6\\\\7&8\\end{pmatrix}", false},  // B A
+                {"\\begin{pmatrix}2&4\\\\6&8\\end{pmatrix}", "2\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}", true},
+                {"\\begin{pmatrix}-1&-2\\end{pmatrix}", "-\\begin{pmatrix}1&2\\end{pmatrix}", true},
+                {"\\begin{pmatrix}2&4\\end{pmatrix}", "\\begin{pmatrix}1&2\\end{pmatrix}+\\begin{pmatrix}1\\\\2\\end{pmatrix}", false},  // shapes differ
+                {"4", "\\begin{pmatrix}1&2\\end{pmatrix}\\begin{pmatrix}1\\\\2\\end{pmatrix}", false},  // 1x1 is a matrix
             });
 }
 
@@ -562,6 +574,16 @@ TEST(MathResponse, ExtractionAndGrading) {
       {"\\boxed{2} and \\boxed{3}", "3", false},
       {"I first got \\boxed{2}, but the answer is \\boxed{3}", "3", true},
       {"\\boxed{0.333}", "\\frac{1}{3}", true},
+      // Mixed numbers: one line, a proper fraction part.
+      {"4 4/9", "\\frac{40}{9}", true},
+      {"11 6/6", "12", false},
+      {"11 6/6", "11", false},
+      {"11 7/6", "\\frac{73}{6}", false},
+      {"11\n5/6", "\\frac{71}{6}", false},
+      // Inline math does not span lines; display math does.
+      {"Answer $ \n 9 \n $", "9", false},
+      {"Answer \\( \n 9 \n \\)", "9", false},
+      {"Answer \\[ \n 9 \n \\]", "9", true},
       // A final-answer statement after the last box is the later answer.
       {"so $\\boxed{200}$, then $\\boxed{255}$. Final Answer: The final answer is $10,455$. I hope it is correct.", "10455", true},
       {"so $\\boxed{200}$, then $\\boxed{255}$. Final Answer: The final answer is $10,455$. I hope it is correct.", "255", false},
