@@ -109,9 +109,9 @@ TEST(VerifierAgreement, PublishedCasesOfOtherVerifiers) {
     cat.agree += agree;
     all.agree += agree;
     if (!agree && c.known.empty()) {
-      ADD_FAILURE() << "line " << c.line << " (" << c.source << "): expected " << c.expected << ", got " << got
-                    << "\n  label: " << c.label << "\n  " << (c.is_response ? "response: " : "answer: ")
-                    << c.text.substr(0, 300);
+      ADD_FAILURE() << "line " << c.line << " (" << c.source << "): expected " << c.expected << ", got "
+                    << got << "\n  label: " << c.label << "\n  "
+                    << (c.is_response ? "response: " : "answer: ") << c.text.substr(0, 300);
     }
     if (!agree && !c.known.empty()) std::printf("  disagrees (known) line %d: %s\n", c.line, c.known.c_str());
     if (agree && !c.known.empty()) now_agree.push_back(std::to_string(c.line));
@@ -119,9 +119,10 @@ TEST(VerifierAgreement, PublishedCasesOfOtherVerifiers) {
   for (const auto& [name, t] : by_category)
     std::printf("[%-17s] %3d cases, %3d agree (%.1f%%)\n", name.c_str(), t.n, t.agree, 100.0 * t.agree / t.n);
   double rate = static_cast<double>(all.agree) / all.n;
-  std::printf("agreement: %d / %d = %.2f%%; slowest case: line %d, %.6f s CPU\n", all.agree, all.n, 100.0 * rate,
-              slowest_line, slowest);
-  for (const auto& l : now_agree) std::printf("  line %s has a known_disagreement note but now agrees\n", l.c_str());
+  std::printf("agreement: %d / %d = %.2f%%; slowest case: line %d, %.6f s CPU\n", all.agree, all.n,
+              100.0 * rate, slowest_line, slowest);
+  for (const auto& l : now_agree)
+    std::printf("  line %s has a known_disagreement note but now agrees\n", l.c_str());
   EXPECT_GE(rate, kMinAgreement);
 }
 

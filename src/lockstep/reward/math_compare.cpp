@@ -346,7 +346,8 @@ class Comparer {
   // ("A + B", "A B", "2A"): their value is a matrix, not a number.
   static bool matrix_arithmetic(Ref r, int depth = 0) {
     const Node& n = r.n();
-    if (depth > 8 || (n.kind != NodeKind::Add && n.kind != NodeKind::Mul && n.kind != NodeKind::Neg)) return false;
+    bool arithmetic = n.kind == NodeKind::Add || n.kind == NodeKind::Mul || n.kind == NodeKind::Neg;
+    if (depth > 8 || !arithmetic) return false;
     for (size_t k = 0; k < n.kids.size(); ++k) {
       Ref kid = r.kid(k);
       if (kid.n().kind == NodeKind::Matrix || matrix_arithmetic(kid, depth + 1)) return true;
@@ -439,7 +440,8 @@ class Comparer {
       if (item.kid(0).n().kind != NodeKind::Symbol) return false;
       out->push_back({item.kid(0).n().text, item.kid(1)});
     }
-    std::sort(out->begin(), out->end(), [](const Assignment& p, const Assignment& q) { return p.name < q.name; });
+    auto by_name = [](const Assignment& p, const Assignment& q) { return p.name < q.name; };
+    std::sort(out->begin(), out->end(), by_name);
     for (size_t k = 1; k < out->size(); ++k)
       if ((*out)[k].name == (*out)[k - 1].name) return false;
     return true;
@@ -448,7 +450,8 @@ class Comparer {
   // Both sides assign: the same variables with equal values. One side a
   // tuple: the values in the alphabetical order of their variables, as in
   // (x, y) or (a, b, c).
-  bool assignments_equal(const std::vector<Assignment>& ma, Ref b, const std::vector<Assignment>* mb, int depth) {
+  bool assignments_equal(const std::vector<Assignment>& ma, Ref b, const std::vector<Assignment>* mb,
+                         int depth) {
     if (mb) {
       if (ma.size() != mb->size()) return false;
       for (size_t k = 0; k < ma.size(); ++k)
