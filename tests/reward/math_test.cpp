@@ -66,7 +66,7 @@ TEST(MathEquivalence, Fractions) {
                              {"\\frac{1}{2}", "\\frac{1}{3}", false},
                              {"1/3", "0.33", false},
                              {"\\frac{1}{3}", "0.3333333", true},
-                             {"\\frac{1}{3}", "0.333", false},
+                             {"\\frac{1}{3}", "0.333", true},  // see DecimalApproximations
                              {"\\frac{10}{9}", "10/9", true},
                              {"-\\frac{10}{9}", "-10/9", true},
                              {"-\\frac{10}{9}", "\\frac{10}{9}", false},
@@ -99,6 +99,112 @@ TEST(MathEquivalence, Decimals) {
                             {"0", "0.000001", false},
                             {"7.78", "\\frac{70}{9}", false},
                         });
+}
+
+// A decimal with 3+ places equals a fraction without a finite decimal
+// expansion when it is that fraction rounded or cut to its places and
+// within 1e-3 of it (relative); either side may be the label.
+TEST(MathEquivalence, DecimalApproximations) {
+  run_table("decimal_approx", {
+                                  {"\\frac13", "0.333", true},
+                                  {"\\frac{1}{3}", "0.3333", true},
+                                  {"\\frac{2}{3}", "0.667", true},
+                                  {"\\frac{2}{3}", "0.666", true},  // cut, not rounded
+                                  {"\\frac{2}{3}", "0.6667", true},
+                                  {"\\frac{100}{3}", "33.333", true},
+                                  {"\\frac{1}{7}", "0.143", true},
+                                  {"-\\frac{1}{3}", "-0.333", true},
+                                  {"0.333", "\\frac{1}{3}", true},  // label decimal, answer fraction
+                                  {"0.667", "2/3", true},
+                                  {"4.667", "\\frac{14}{3}", true},
+                                  {"(\\frac13, \\frac23)", "(0.333, 0.667)", true},
+                                  {"\\frac{2}{3}", "0.668", false},  // neither rounded nor cut
+                                  {"\\frac{1}{3}", "0.334", false},
+                                  {"\\frac{1}{3}", "0.33", false},  // 2 places: too few
+                                  {"\\frac{14}{3}", "4.67", false},
+                                  {"\\frac{100}{3}", "33.3", false},
+                                  {"\\frac{1}{7}", "0.142", false},     // cut, but 0.6% away
+                                  {"\\frac{1}{1500}", "0.001", false},  // rounded, but 50% away
+                                  {"-\\frac{1}{3}", "0.333", false},
+                                  {"\\frac{1}{8}", "0.126", false},  // 1/8 = 0.125 has a finite expansion
+                                  {"\\frac{1}{8}", "0.125", true},
+                                  {"5", "5.001", false},
+                                  {"\\sqrt{2}", "1.414", false},  // irrational: only the tolerance
+                                  {"1.333", "\\frac{1}{3}", false},
+                              });
+}
+
+// Solution sets written as assignments: against a tuple, the values in the
+// alphabetical order of their variables; against assignments, by name.
+TEST(MathEquivalence, AssignmentsAndTuples) {
+  run_table("assignments", {
+                               {"(1,2)", "x=1, y=2", true},
+                               {"(1,2)", "y=2, x=1", true},
+                               {"x=1, y=2", "(1,2)", true},
+                               {"x=1, y=2", "y=2, x=1", true},
+                               {"(x,y)=(1,2)", "x=1 \\text{ and } y=2", true},
+                               {"(3,-1,2)", "a=3, b=-1, c=2", true},
+                               {"(1,2)", "x=2, y=1", false},
+                               {"x=1, y=2", "x=2, y=1", false},
+                               {"x=1, y=2", "x=1, z=2", false},
+                               {"(1,2,3)", "x=1, y=2", false},
+                               {"(1,2)", "x=1, y=2, z=3", false},
+                               {"x=1, x=2", "1, 2", true},  // one variable twice: its two values
+                           });
+}
+
+// Inequality chains against intervals; a list of inequalities in one
+// variable ("x < 1 or x > 2") against a union of intervals.
+TEST(MathEquivalence, InequalitiesAsIntervals) {
+  run_table("inequality_intervals",
+            {
+                {"(1,3]", "1 < x \\le 3", true},
+                {"1 < x \\le 3", "(1, 3]", true},
+                {"[2,\\infty)", "x \\ge 2", true},
+                {"(1,3]", "3 \\ge x > 1", true},
+                {"(-\\infty,1)\\cup(2,\\infty)", "x<1 \\text{ or } x>2", true},
+                {"x<1 \\text{ or } x>2", "(2,\\infty)\\cup(-\\infty,1)", true},
+                {"(-\\infty,-3]\\cup[2,\\infty)", "x \\le -3 \\text{ or } x \\ge 2", true},
+                {"(1,3]", "1 \\le x \\le 3", false},
+                {"(1,3]", "1 < x < 3", false},
+                {"x<3", "x\\le 3", false},
+                {"(-\\infty,3)", "x \\le 3", false},
+                {"[2,\\infty)", "x > 2", false},
+                {"(-\\infty,1)\\cup(2,\\infty)", "x \\le 1 \\text{ or } x>2", false},
+                {"(-\\infty,1)\\cup(2,\\infty)", "x<1 \\text{ or } y>2", false},
+                {"(-\\infty,1)\\cup(2,\\infty)", "x<1", false},
+                {"(-\\infty,1)\\cup(2,\\infty)", "x<1 \\text{ or } x>2 \\text{ or } x>5", false},
+            });
+}
+
+// Units and words around a number are dropped, not compared or converted.
+TEST(MathEquivalence, UnitsAndWordsAroundNumbers) {
+  run_table("units_words", {
+                               {"5", "5\\text{ cm}", true},
+                               {"5", "\\text{5 apples}", true},
+                               {"5", "\\$5", true},
+                               {"5", "5 dollars", true},
+                               {"50", "50\\%", true},
+                               {"5\\text{ cm}", "5\\text{ m}", true},  // units are not compared
+                               {"6", "5\\text{ cm}", false},
+                               {"50", "\\text{5 apples}", false},
+                               {"\\$5", "\\$50", false},
+                               {"50\\%", "5", false},
+                               {"50\\%", "0.05", false},
+                               {"5 dollars", "6", false},
+                           });
+}
+
+// Near misses that must stay apart.
+TEST(MathEquivalence, NearMisses) {
+  run_table("near_misses", {
+                               {"1+1/e", "1-1/e", false},
+                               {"1+\\frac{1}{e}", "1+\\frac{1}{e}", true},
+                               {"(1,2)", "(2,1)", false},
+                               {"\\{1,2\\}", "\\{2,1\\}", true},
+                               {"x<3", "x \\le 3", false},
+                               {"x \\le 3", "x<3", false},
+                           });
 }
 
 TEST(MathEquivalence, Expressions) {
@@ -324,6 +430,9 @@ TEST(MathEquivalence, MultipleChoice) {
                           {"D", "d", true},
                           {"\\text{C}", "\\text{(C)}", true},
                           {"E", "A", false},
+                          {"C", "C. x = 42", true},
+                          {"C. x = 42", "C", true},
+                          {"C", "D. x = 42", false},
                       });
 }
 
@@ -336,6 +445,15 @@ TEST(MathEquivalence, Matrices) {
                 {"\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "(1,2)", true},
                 {"\\begin{pmatrix}1 & 2 \\\\3 & 4\\end{pmatrix}", "\\left[\\begin{array}{cc}1 & 2 \\\\3 & 4\\end{array}\\right]", true},
                 {"\\begin{pmatrix}1 & 2\\end{pmatrix}", "\\begin{pmatrix}1 \\\\ 2 \\\\ 3\\end{pmatrix}", false},
+                // Sums, products and multiples of numeric matrices.
+                {"\\begin{pmatrix}6&8\\\\10&12\\end{pmatrix}", "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}+\\begin{pmatrix}5&6\\\\7&8\\end{pmatrix}", true},
+                {"\\begin{pmatrix}6&8\\\\10&13\\end{pmatrix}", "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}+\\begin{pmatrix}5&6\\\\7&8\\end{pmatrix}", false},
+                {"\\begin{pmatrix}19&22\\\\43&50\\end{pmatrix}", "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}\\begin{pmatrix}5&6\\\\7&8\\end{pmatrix}", true},
+                {"\\begin{pmatrix}23&34\\\\31&46\\end{pmatrix}", "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}\\begin{pmatrix}5&6\\\\7&8\\end{pmatrix}", false},  // B A
+                {"\\begin{pmatrix}2&4\\\\6&8\\end{pmatrix}", "2\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}", true},
+                {"\\begin{pmatrix}-1&-2\\end{pmatrix}", "-\\begin{pmatrix}1&2\\end{pmatrix}", true},
+                {"\\begin{pmatrix}2&4\\end{pmatrix}", "\\begin{pmatrix}1&2\\end{pmatrix}+\\begin{pmatrix}1\\\\2\\end{pmatrix}", false},  // shapes differ
+                {"4", "\\begin{pmatrix}1&2\\end{pmatrix}\\begin{pmatrix}1\\\\2\\end{pmatrix}", false},  // 1x1 is a matrix
             });
 }
 
@@ -434,6 +552,43 @@ TEST(MathResponse, ExtractionAndGrading) {
       {"Thus, the answer is $x \\in \\boxed{(2,12) \\cup (12,102)}$", "(2, 12) \\cup (12, 102)", true},
       {"**Final Answer**\n\\boxed{189}", "189", true},
       {"solutions are:\n\\[\n\\boxed{(1, 2)}, \\boxed{(2, 1)}\n\\]", "(2,1),(1,2)", true},
+      // Vectors and matrices in running text: the last one is the answer.
+      {"The direction vector is \\begin{pmatrix} 3 \\\\ 2 \\\\ -6 \\end{pmatrix}.", "\\begin{pmatrix}3\\\\2\\\\-6\\end{pmatrix}", true},
+      {"The direction vector is \\begin{pmatrix} 3 \\\\ 2 \\\\ -6 \\end{pmatrix}.", "(3,2,-6)", true},
+      {"First \\begin{pmatrix}1\\\\2\\end{pmatrix}, then scaled \\begin{bmatrix}2\\\\4\\end{bmatrix}.", "(2,4)", true},
+      {"First \\begin{pmatrix}1\\\\2\\end{pmatrix}, then scaled \\begin{bmatrix}2\\\\4\\end{bmatrix}.", "(1,2)", false},
+      {"So the point is (1, 2, 3).", "(1,2,3)", true},
+      {"So the point is (1, 2, 3).", "(3,2,1)", false},
+      {"So the point is (1, 2, 3).", "3", false},
+      {"The vector is \\langle 1,2\\rangle.", "(1,2)", true},
+      {"The vector is \\langle 1,2\\rangle.", "(2,1)", false},
+      {"Then f(1, 2) gives 7", "7", true},
+      {"Using the points (1, 2) and (3, 4), the distance is 5", "5", true},
+      {"We get (see steps 1, 2) 9", "9", true},
+      // Several boxes that together are one answer.
+      {"$x=\\boxed{2}$ and $y=\\boxed{3}$", "(2,3)", true},
+      {"$x=\\boxed{2}$ and $y=\\boxed{3}$", "(3,2)", false},
+      {"\\boxed{2} and \\boxed{3}", "\\{2,3\\}", true},
+      {"\\boxed{2} and \\boxed{3}", "2, 3", true},
+      {"\\boxed{2} and \\boxed{3}", "\\{2,4\\}", false},
+      {"\\boxed{2} and \\boxed{3}", "3", false},
+      {"I first got \\boxed{2}, but the answer is \\boxed{3}", "3", true},
+      {"\\boxed{0.333}", "\\frac{1}{3}", true},
+      // Mixed numbers: one line, a proper fraction part.
+      {"4 4/9", "\\frac{40}{9}", true},
+      {"11 6/6", "12", false},
+      {"11 6/6", "11", false},
+      {"11 7/6", "\\frac{73}{6}", false},
+      {"11\n5/6", "\\frac{71}{6}", false},
+      // Inline math does not span lines; display math does.
+      {"Answer $ \n 9 \n $", "9", false},
+      {"Answer \\( \n 9 \n \\)", "9", false},
+      {"Answer \\[ \n 9 \n \\]", "9", true},
+      // A final-answer statement after the last box is the later answer.
+      {"so $\\boxed{200}$, then $\\boxed{255}$. Final Answer: The final answer is $10,455$. I hope it is correct.", "10455", true},
+      {"so $\\boxed{200}$, then $\\boxed{255}$. Final Answer: The final answer is $10,455$. I hope it is correct.", "255", false},
+      {"Thus \\boxed{5}. The final answer is correct.", "5", true},
+      {"The final answer is 7, so \\boxed{8}", "8", true},
   };
   int failed = 0;
   for (const auto& c : cases) {

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
+#include <string>
 
 #include "lockstep/reward/math_expr.h"
 
@@ -15,6 +17,7 @@ constexpr int kTrials = 12;         // random points per comparison; the last 4 
 constexpr int kMinChecks = 3;       // points where both sides must be defined
 constexpr size_t kMaxItems = 64;    // list/set sizes compared (pairwise matching is quadratic)
 constexpr int kMaxCompareDepth = 48;
+constexpr size_t kMaxMatrixCells = 1600;  // numeric matrix arithmetic (products are cubic)
 // Expressions with variables are compared in floating point at random
 // points: round-off makes an exact match too strict.
 constexpr double kSymbolicTol = 1e-9;
@@ -143,6 +146,59 @@ Ref strip_assignment(Ref r) {
   return strip_in(r);
 }
 
+// A decimal written with at least this many places may stand for a fraction
+// without a finite decimal expansion when it is that fraction rounded or cut
+// to its places (0.333 = 1/3, 0.667 = 2/3, but 0.33 != 1/3, 4.67 != 14/3) ...
+constexpr int kMinApproxPlaces = 3;
+constexpr int kMaxApproxPlaces = 40;
+// ... and lies within this relative distance of it (so 0.001 is not 1/1500).
+constexpr int64_t kApproxRelTolDenominator = 1000;  // 1e-3
+constexpr size_t kMaxApproxDenBits = 256;
+
+// The places of a decimal literal, possibly negated; -1 for anything else.
+int decimal_places(Ref r) {
+  const Node& n = r.n();
+  if (n.kind == NodeKind::Neg) return decimal_places(r.kid(0));
+  if (n.kind == NodeKind::Number && n.decimal) return n.places;
+  return -1;
+}
+
+// True when v has a finite decimal expansion (its denominator is 2^a 5^b).
+bool terminates(const Rational& v) {
+  BigInt d = v.den();
+  for (int64_t p : {2, 5}) {
+    for (;;) {
+      BigInt q, r;
+      BigInt::divmod(d, BigInt(p), &q, &r);
+      if (!r.is_zero()) break;
+      d = q;
+    }
+  }
+  return d.is_one();
+}
+
+// d, written with `places` decimal places, is the exact value v rounded or
+// truncated to those places, and within the relative tolerance of it.
+bool decimal_stands_for(const Rational& d, int places, const Rational& v) {
+  if (places < kMinApproxPlaces || places > kMaxApproxPlaces) return false;
+  if (v.den().bits() > kMaxApproxDenBits || terminates(v)) return false;
+  auto scale = Rational::pow(Rational(10), places);
+  if (!scale) return false;
+  auto vs = Rational::mul(v, *scale), ds = Rational::mul(d, *scale);
+  if (!vs || !ds || !ds->is_integer()) return false;
+  BigInt q, r;  // q = v * 10^places truncated toward zero
+  BigInt::divmod(vs->num(), vs->den(), &q, &r);
+  auto other = vs->sign() < 0 ? BigInt::sub(q, BigInt(1)) : BigInt::add(q, BigInt(1));
+  if (!other || !(ds->num() == q || ds->num() == *other)) return false;
+  auto diff = Rational::sub(d, v);
+  if (!diff) return false;
+  auto lhs = Rational::mul(*diff, Rational(kApproxRelTolDenominator));
+  if (!lhs) return false;
+  Rational abs_lhs = lhs->sign() < 0 ? lhs->negated() : *lhs;
+  Rational abs_v = v.sign() < 0 ? v.negated() : v;
+  return Rational::compare(abs_lhs, abs_v) <= 0;
+}
+
 struct Equation {
   Ref lhs{nullptr, -1}, rhs{nullptr, -1};
   bool has_value = false;
@@ -229,7 +285,9 @@ class Comparer {
     const Node& x = a.n();
     const Node& y = b.n();
     bool sa = is_scalar(*a.e, a.i), sb = is_scalar(*b.e, b.i);
+    if (matrix_arithmetic(a) || matrix_arithmetic(b)) return matrix_values_equal(a, b);
     if (sa && sb) return scalar_equal(a, -1, b, -1);
+    if (auto decided = structure_equal(a, b, depth)) return *decided;
     auto kind_is = [](const Node& n, NodeKind k) { return n.kind == k; };
     auto collection = [](const Node& n) { return n.kind == NodeKind::List || n.kind == NodeKind::Set; };
     auto empty_set = [](const Node& n) {
@@ -276,6 +334,195 @@ class Comparer {
       return unordered(items_of(a), items_of(b), depth);
     }
     return false;
+  }
+
+  // A numeric matrix: rows x cols values, row-major.
+  struct NumMatrix {
+    int rows = 0, cols = 0;
+    std::vector<double> v;
+  };
+
+  // Sums, products and negations with a matrix among their operands
+  // ("A + B", "A B", "2A"): their value is a matrix, not a number.
+  static bool matrix_arithmetic(Ref r, int depth = 0) {
+    const Node& n = r.n();
+    bool arithmetic = n.kind == NodeKind::Add || n.kind == NodeKind::Mul || n.kind == NodeKind::Neg;
+    if (depth > 8 || !arithmetic) return false;
+    for (size_t k = 0; k < n.kids.size(); ++k) {
+      Ref kid = r.kid(k);
+      if (kid.n().kind == NodeKind::Matrix || matrix_arithmetic(kid, depth + 1)) return true;
+    }
+    return false;
+  }
+
+  // The value of a matrix expression with numeric entries: a matrix, a sum of
+  // matrices of one shape, a product of matrices and numbers, a negation. A
+  // plain number is a 1x1 "scalar" (rows = cols = 0).
+  static bool numeric_matrix(Ref r, NumMatrix* out, int depth = 0) {
+    const Node& n = r.n();
+    if (depth > 8) return false;
+    if (n.kind == NodeKind::Matrix) {
+      if (static_cast<size_t>(n.sub) * static_cast<size_t>(n.sub2) > kMaxMatrixCells) return false;
+      *out = NumMatrix{n.sub, n.sub2, {}};
+      for (size_t k = 0; k < n.kids.size(); ++k) {
+        Ref cell = r.kid(k);
+        if (!is_scalar(*cell.e, cell.i) || !variable_free(cell)) return false;
+        out->v.push_back(eval_double(*cell.e, cell.i, EvalEnv{}));
+      }
+      return true;
+    }
+    if (!matrix_arithmetic(r)) {
+      if (!is_scalar(*r.e, r.i) || !variable_free(r)) return false;
+      *out = NumMatrix{0, 0, {eval_double(*r.e, r.i, EvalEnv{})}};
+      return true;
+    }
+    if (!numeric_matrix(r.kid(0), out, depth + 1)) return false;
+    if (n.kind == NodeKind::Neg) {
+      for (double& x : out->v) x = -x;
+      return true;
+    }
+    for (size_t k = 1; k < n.kids.size(); ++k) {
+      NumMatrix m;
+      if (!numeric_matrix(r.kid(k), &m, depth + 1)) return false;
+      if (!(n.kind == NodeKind::Add ? matrix_add(out, m) : matrix_mul(out, m))) return false;
+    }
+    return true;
+  }
+
+  static bool matrix_add(NumMatrix* acc, const NumMatrix& m) {
+    if (acc->rows != m.rows || acc->cols != m.cols || acc->rows == 0) return false;
+    for (size_t k = 0; k < acc->v.size(); ++k) acc->v[k] += m.v[k];
+    return true;
+  }
+
+  static bool matrix_mul(NumMatrix* acc, const NumMatrix& m) {
+    if (acc->rows == 0 || m.rows == 0) {  // a number times a matrix
+      double c = acc->rows == 0 ? acc->v[0] : m.v[0];
+      NumMatrix out = acc->rows == 0 ? m : *acc;
+      for (double& x : out.v) x *= c;
+      *acc = std::move(out);
+      return true;
+    }
+    if (acc->cols != m.rows) return false;
+    NumMatrix out{acc->rows, m.cols, std::vector<double>(static_cast<size_t>(acc->rows) * m.cols, 0.0)};
+    for (int i = 0; i < acc->rows; ++i)
+      for (int j = 0; j < m.cols; ++j)
+        for (int k = 0; k < acc->cols; ++k)
+          out.v[static_cast<size_t>(i) * m.cols + j] +=
+              acc->v[static_cast<size_t>(i) * acc->cols + k] * m.v[static_cast<size_t>(k) * m.cols + j];
+    *acc = std::move(out);
+    return true;
+  }
+
+  bool matrix_values_equal(Ref a, Ref b) {
+    NumMatrix x, y;
+    if (!numeric_matrix(a, &x) || !numeric_matrix(b, &y)) return false;
+    if (x.rows != y.rows || x.cols != y.cols || x.rows == 0) return false;
+    for (size_t k = 0; k < x.v.size(); ++k)
+      if (!close(x.v[k], y.v[k], tol_) && !(x.v[k] == 0 && y.v[k] == 0)) return false;
+    return true;
+  }
+
+  struct Assignment {
+    std::string name;
+    Ref value;
+  };
+
+  // "x=1, y=2": a list of assignments to two or more distinct variables,
+  // sorted by name.
+  static bool assignments(Ref r, std::vector<Assignment>* out) {
+    const Node& n = r.n();
+    if (n.kind != NodeKind::List || n.kids.size() < 2 || n.kids.size() > kMaxItems) return false;
+    for (size_t k = 0; k < n.kids.size(); ++k) {
+      Ref item = r.kid(k);
+      const Node& m = item.n();
+      if (m.kind != NodeKind::Relation || m.ops.size() != 1 || m.ops[0] != RelOp::Eq) return false;
+      if (item.kid(0).n().kind != NodeKind::Symbol) return false;
+      out->push_back({item.kid(0).n().text, item.kid(1)});
+    }
+    auto by_name = [](const Assignment& p, const Assignment& q) { return p.name < q.name; };
+    std::sort(out->begin(), out->end(), by_name);
+    for (size_t k = 1; k < out->size(); ++k)
+      if ((*out)[k].name == (*out)[k - 1].name) return false;
+    return true;
+  }
+
+  // Both sides assign: the same variables with equal values. One side a
+  // tuple: the values in the alphabetical order of their variables, as in
+  // (x, y) or (a, b, c).
+  bool assignments_equal(const std::vector<Assignment>& ma, Ref b, const std::vector<Assignment>* mb,
+                         int depth) {
+    if (mb) {
+      if (ma.size() != mb->size()) return false;
+      for (size_t k = 0; k < ma.size(); ++k)
+        if (ma[k].name != (*mb)[k].name || !top(ma[k].value, (*mb)[k].value, depth + 1)) return false;
+      return true;
+    }
+    const Node& t = b.n();
+    if (t.kids.size() != ma.size()) return false;
+    for (size_t k = 0; k < ma.size(); ++k)
+      if (!top(ma[k].value, b.kid(k), depth + 1)) return false;
+    return true;
+  }
+
+  // The one variable of an inequality, or "" when it has none or several.
+  static std::string inequality_variable(Ref r) {
+    std::vector<std::string> names;
+    collect_symbols(*r.e, r.i, &names);
+    return names.size() == 1 ? names[0] : std::string();
+  }
+
+  // A union of intervals, or a list of inequalities in one variable
+  // ("x < 1 or x > 2"), as its intervals.
+  static bool interval_parts(Ref r, std::vector<Interval>* out) {
+    const Node& n = r.n();
+    if (n.kids.size() > kMaxItems) return false;
+    std::string var;
+    for (size_t k = 0; k < n.kids.size(); ++k) {
+      Ref part = r.kid(k);
+      Interval iv;
+      if (n.kind == NodeKind::Union) {
+        if (!as_interval(part, &iv) && !inequality_interval(part, &iv)) return false;
+      } else {
+        std::string v = inequality_variable(part);
+        if (v.empty() || (k > 0 && v != var) || !inequality_interval(part, &iv)) return false;
+        var = v;
+      }
+      out->push_back(iv);
+    }
+    return !out->empty();
+  }
+
+  bool intervals_match(const std::vector<Interval>& a, const std::vector<Interval>& b) {
+    if (a.size() != b.size()) return false;
+    std::vector<bool> used(b.size(), false);
+    for (const auto& x : a) {
+      bool found = false;
+      for (size_t k = 0; k < b.size() && !found; ++k) {
+        if (used[k] || !interval_equal(x, b[k])) continue;
+        used[k] = found = true;
+      }
+      if (!found) return false;
+    }
+    return true;
+  }
+
+  // Comparisons decided by structure before the generic list, set and tuple
+  // rules: assignment lists, and unions against lists of inequalities.
+  // nullopt when none applies.
+  std::optional<bool> structure_equal(Ref a, Ref b, int depth) {
+    std::vector<Assignment> ma, mb;
+    bool am = assignments(a, &ma), bm = assignments(b, &mb);
+    if (am && bm) return assignments_equal(ma, b, &mb, depth);
+    if (am && b.n().kind == NodeKind::Tuple) return assignments_equal(ma, b, nullptr, depth);
+    if (bm && a.n().kind == NodeKind::Tuple) return assignments_equal(mb, a, nullptr, depth);
+    bool ua = a.n().kind == NodeKind::Union, ub = b.n().kind == NodeKind::Union;
+    bool la = a.n().kind == NodeKind::List, lb = b.n().kind == NodeKind::List;
+    if ((ua && lb) || (la && ub)) {
+      std::vector<Interval> ia, ib;
+      if (interval_parts(a, &ia) && interval_parts(b, &ib)) return intervals_match(ia, ib);
+    }
+    return std::nullopt;
   }
 
   static char bracket(int c) {
@@ -411,7 +658,12 @@ class Comparer {
         if (*xa == *xb) return true;
         // Exact rationals written without a decimal point must match exactly
         // (1/3 is not 0.3333, 10^20+1 is not 10^20).
-        if (!has_decimal(*a.e, a.i) && !has_decimal(*b.e, b.i)) return false;
+        bool da = has_decimal(*a.e, a.i), db = has_decimal(*b.e, b.i);
+        if (!da && !db) return false;
+        // A decimal that rounds a fraction given exactly (0.333 for 1/3).
+        if (da != db && (da ? decimal_stands_for(*xa, decimal_places(a), *xb)
+                            : decimal_stands_for(*xb, decimal_places(b), *xa)))
+          return true;
       }
       EvalEnv ea, eb;
       ea.pm_mask = static_cast<uint32_t>(ma);

@@ -59,6 +59,7 @@ struct Node {
   int sub2 = 0;
   bool decimal = false;  // Number written with a decimal point
   bool grouped = false;  // came from a parenthesized group: f(2) keeps "(2)" an argument
+  int places = 0;        // Number: digits written after the decimal point (0 for 1e-3 forms)
   int value = -1;        // Number: index into Expr::values
   std::vector<int> kids;
   std::vector<RelOp> ops;  // Relation only

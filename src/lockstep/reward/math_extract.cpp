@@ -68,7 +68,28 @@ std::optional<std::pair<size_t, size_t>> last_box(std::string_view t, size_t bef
   return std::make_pair(a, size_t{6});
 }
 
-// Text between two boxes that only separates them ("and", ",", spacing).
+// "x =", "x_1 =", "y_{2} =" at gap[i]: the name of the next box's value.
+size_t assignment_prefix(std::string_view gap, size_t i) {
+  if (i >= gap.size() || !is_alpha(gap[i]) || (i > 0 && is_alpha(gap[i - 1]))) return 0;
+  size_t j = i + 1;
+  if (j < gap.size() && gap[j] == '_') {
+    ++j;
+    if (j < gap.size() && gap[j] == '{') {
+      size_t close = gap.find('}', j);
+      if (close == std::string_view::npos || close - j > 8) return 0;
+      j = close + 1;
+    } else if (j < gap.size() && std::isalnum(static_cast<unsigned char>(gap[j]))) {
+      ++j;
+    } else {
+      return 0;
+    }
+  }
+  while (j < gap.size() && is_space(gap[j])) ++j;
+  return j < gap.size() && gap[j] == '=' ? j + 1 - i : 0;
+}
+
+// Text between two boxes that only separates them ("and", ",", spacing,
+// "y =" naming the next value).
 bool only_separators(std::string_view gap) {
   static const char* const kTokens[] = {"\\quad", "\\qquad", "\\text{", "\\textnormal{", "\\mbox{", "\\mathrm{",
                                         "\\(", "\\)", "\\[", "\\]", "\\,", "\\;", "\\ ", "\\\\", "and", "or",
@@ -78,6 +99,10 @@ bool only_separators(std::string_view gap) {
     char c = gap[i];
     if (is_space(c) || c == ',' || c == ';' || c == '$' || c == '&' || c == '}' || c == '.') {
       ++i;
+      continue;
+    }
+    if (size_t len = assignment_prefix(gap, i)) {
+      i += len;
       continue;
     }
     bool matched = false;
@@ -114,8 +139,10 @@ std::optional<Span> leading_span(std::string_view s) {
   return std::nullopt;
 }
 
-// All math spans, in one pass; returns the last one.
-std::optional<Span> last_math_span(std::string_view t) {
+// All math spans, in one pass; returns the last one. Inline math ($...$,
+// \(...\)) does not span lines: `broken`, when given, receives the last
+// inline pair of delimiters with a line break between them.
+std::optional<Span> last_math_span(std::string_view t, std::optional<Span>* broken = nullptr) {
   std::optional<Span> last;
   size_t i = 0, n = t.size();
   auto record = [&](size_t start, size_t cs, size_t ce, size_t end) {
@@ -125,10 +152,16 @@ std::optional<Span> last_math_span(std::string_view t) {
     char c = t[i];
     if (c == '\\' && i + 1 < n) {
       if (t[i + 1] == '(' || t[i + 1] == '[') {
-        std::string_view close = t[i + 1] == '(' ? "\\)" : "\\]";
+        bool inline_math = t[i + 1] == '(';
+        std::string_view close = inline_math ? "\\)" : "\\]";
         size_t e = t.find(close, i + 2);
         if (e == std::string_view::npos) break;
-        record(i, i + 2, e, e + 2);
+        size_t line_break = t.find('\n', i + 2);
+        if (inline_math && line_break < e) {
+          if (broken) *broken = Span{i, e + 2, {}};
+        } else {
+          record(i, i + 2, e, e + 2);
+        }
         i = e + 2;
         continue;
       }
@@ -150,6 +183,8 @@ std::optional<Span> last_math_span(std::string_view t) {
         record(i, i + 1, j, j + 1);
         i = j + 1;
       } else {
+        size_t close = broken && j < n ? t.find('$', j) : std::string_view::npos;
+        if (close != std::string_view::npos) *broken = Span{i, close + 1, {}};
         i = j;
       }
       continue;
@@ -202,6 +237,85 @@ std::optional<Span> last_number(std::string_view t) {
     i = std::max(end, i + 1);
   }
   return last;
+}
+
+constexpr size_t kMaxVectorChars = 600;
+// Closing parentheses looked at, from the end, for a tuple: the answer is
+// near the end, and the bound keeps the scan linear.
+constexpr int kMaxTupleCandidates = 64;
+
+// Prose inside a candidate tuple: a run of two or more letters that is not
+// a command name ("see 1, 2" is prose, "\frac{1}{2}, x" is not).
+bool has_prose_run(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    if (s[i] == '\\') {
+      ++i;
+      while (i < s.size() && is_alpha(s[i])) ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < s.size() && is_alpha(s[j])) ++j;
+    if (j - i >= 2) return true;
+    i = j > i ? j : i + 1;
+  }
+  return false;
+}
+
+// The last \begin{pmatrix}...\end{pmatrix} (bmatrix, ...) or
+// \langle ...\rangle in t.
+std::optional<Span> last_environment_vector(std::string_view t) {
+  std::optional<Span> best;
+  auto consider = [&](std::string_view open, std::string_view close) {
+    size_t e = t.rfind(close);
+    if (e == std::string_view::npos) return;
+    size_t b = t.rfind(open, e);
+    if (b == std::string_view::npos || e + close.size() - b > kMaxVectorChars) return;
+    size_t end = e + close.size();
+    if (!best || end > best->end) best = Span{b, end, std::string(t.substr(b, end - b))};
+  };
+  for (std::string_view env : {"pmatrix", "bmatrix", "Bmatrix", "vmatrix", "matrix"}) {
+    std::string open = "\\begin{" + std::string(env) + "}", close = "\\end{" + std::string(env) + "}";
+    consider(open, close);
+  }
+  consider("\\langle", "\\rangle");
+  return best;
+}
+
+// The last "(a, b, ...)" of math items in t, not a function's arguments
+// ("f(1, 2)"): closing parentheses are tried from the end, each matched
+// backwards within kMaxVectorChars.
+std::optional<Span> last_paren_tuple(std::string_view t) {
+  size_t pos = t.size();
+  for (int tried = 0; tried < kMaxTupleCandidates; ++tried) {
+    size_t close = pos == 0 ? std::string_view::npos : t.rfind(')', pos - 1);
+    if (close == std::string_view::npos) return std::nullopt;
+    pos = close;
+    int depth = 0;
+    size_t b = std::string_view::npos;
+    size_t stop = close > kMaxVectorChars ? close - kMaxVectorChars : 0;
+    for (size_t j = close; j-- > stop;) {
+      if (t[j] == ')') ++depth;
+      if (t[j] == '(' && depth-- == 0) {
+        b = j;
+        break;
+      }
+    }
+    if (b == std::string_view::npos) continue;
+    std::string_view inner = t.substr(b + 1, close - b - 1);
+    if (inner.find(',') == std::string_view::npos) continue;
+    if (b > 0 && (is_alpha(t[b - 1]) || is_digit(t[b - 1]))) continue;
+    if (has_prose_run(inner) || !looks_like_math(inner)) continue;
+    return Span{b, close + 1, std::string(t.substr(b, close + 1 - b))};
+  }
+  return std::nullopt;
+}
+
+// The last vector or matrix written in running text, outside math spans.
+std::optional<Span> last_vector(std::string_view t) {
+  auto env = last_environment_vector(t);
+  auto tup = last_paren_tuple(t);
+  if (env && (!tup || env->end >= tup->end)) return env;
+  return tup;
 }
 
 // Cuts s at the end of its first sentence: a newline, or . ! ? followed by
@@ -330,9 +444,17 @@ std::optional<std::string> run_extractor(Extractor ex, std::string_view t) {
     case Extractor::LastMath: {
       std::string_view whole = trim(t);
       if (whole.size() <= 300 && looks_like_math(whole)) return std::string(whole);
-      auto sp = last_math_span(t);
+      std::optional<Span> broken;
+      auto sp = last_math_span(t, &broken);
       auto num = last_number(t);
-      if (sp && (!num || sp->end >= num->end)) return sp->content;
+      // A number inside inline delimiters broken across lines is no answer.
+      if (num && broken && num->start > broken->start && num->end < broken->end) return std::nullopt;
+      // A vector ends after the numbers in it: the one that ends last wins,
+      // a math span on a tie (the vector is inside it).
+      auto vec = last_vector(t);
+      size_t sp_end = sp ? sp->end : 0, num_end = num ? num->end : 0, vec_end = vec ? vec->end : 0;
+      if (sp && sp_end >= num_end && sp_end >= vec_end) return sp->content;
+      if (vec && vec_end > num_end) return vec->content;
       if (num) return num->content;
       if (!whole.empty() && whole.size() <= 100) return std::string(whole);  // a word answer
       return std::nullopt;
@@ -344,6 +466,28 @@ std::optional<std::string> run_extractor(Extractor ex, std::string_view t) {
     }
     case Extractor::Whole:
       return cut(trim(t));
+  }
+  return std::nullopt;
+}
+
+// "\boxed{200} ... \boxed{255} ... Final Answer: The final answer is $10,455$":
+// a final-answer statement after the last box is the later answer, when it
+// names a number (a trailing "the final answer is correct" does not).
+std::optional<Extraction> final_answer_after_box(std::string_view t, const std::vector<Extractor>& order) {
+  auto box = last_box(t, t.size());
+  if (!box) return std::nullopt;
+  auto span = boxed_at(t, box->first, box->second, t.size());
+  if (!span) return std::nullopt;
+  std::string_view tail = t.substr(span->end);
+  if (lower_ascii(tail).find("final answer") == std::string::npos) return std::nullopt;
+  for (Extractor ex : {Extractor::AnswerIs, Extractor::AnswerColon}) {
+    if (std::find(order.begin(), order.end(), ex) == order.end()) continue;
+    auto found = run_extractor(ex, tail);
+    if (!found) continue;
+    std::string answer = strip_answer(*found);
+    if (answer.empty() || answer.find_first_of("0123456789") == std::string::npos || !looks_like_math(answer))
+      continue;
+    return Extraction{std::move(answer), ex};
   }
   return std::nullopt;
 }
@@ -401,6 +545,9 @@ std::optional<std::string> extract_boxed(std::string_view text) {
 
 std::optional<Extraction> extract_answer(std::string_view response, const std::vector<Extractor>& order) {
   for (Extractor ex : order) {
+    if (ex == Extractor::Boxed) {
+      if (auto later = final_answer_after_box(response, order)) return later;
+    }
     auto found = run_extractor(ex, response);
     if (!found) continue;
     std::string answer = strip_answer(*found);

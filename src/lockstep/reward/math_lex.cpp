@@ -164,6 +164,8 @@ class Lexer {
     t.kind = kind;
     t.text = std::move(text);
     if (kind != Tk::Num) pending_digit_args_ = 0;
+    t.line_break = line_break_;
+    line_break_ = false;
     out_.push_back(std::move(t));
   }
   void emit_rel(RelOp r) {
@@ -223,7 +225,8 @@ class Lexer {
       // \frac12: each argument is a single digit in LaTeX.
       --pending_digit_args_;
       num.push_back(s_[i_++]);
-      out_.push_back(Token{Tk::Num, num, Fn::Sqrt, RelOp::Eq});
+      out_.push_back(Token{Tk::Num, num, Fn::Sqrt, RelOp::Eq, line_break_});
+      line_break_ = false;
       return;
     }
     size_t j = i_;
@@ -325,7 +328,9 @@ class Lexer {
     std::string w = lower(run);
     i_ = j;
     if (text_mode()) {
-      if (run.size() == 1) {
+      // One letter after a number is a unit (5\text{ m}, 3\text{ g}).
+      bool after_number = !out_.empty() && out_.back().kind == Tk::Num;
+      if (run.size() == 1 && !after_number) {
         emit(Tk::Ident, std::string(run) + read_subscript());
       } else if (w == "and" || w == "or") {
         emit(Tk::Sep, w);
@@ -563,6 +568,7 @@ class Lexer {
   void step() {
     char c = s_[i_];
     if (std::isspace(static_cast<unsigned char>(c))) {
+      line_break_ = line_break_ || c == '\n';
       ++i_;
       return;
     }
@@ -667,6 +673,7 @@ class Lexer {
   int bracket_depth_ = 0;
   int matrix_depth_ = 0;
   int pending_digit_args_ = 0;
+  bool line_break_ = false;  // a line break since the last token
 };
 
 // Words are units or prose around an answer ("5 cm", "12 apples"): drop them

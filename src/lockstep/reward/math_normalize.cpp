@@ -165,6 +165,9 @@ std::optional<char> choice_letter(std::string_view s, bool strict) {
     if (up || !strict || paren) return upper(v[0]);
     return std::nullopt;
   }
+  // A choice with its text: "C. x = 42" (a letter, a point, then no digit).
+  if (c.size() >= 3 && c[0] >= 'A' && c[0] <= 'Z' && c[1] == '.' && !std::isdigit(static_cast<unsigned char>(c[2])))
+    return c[0];
   if (strict) return std::nullopt;
   // A response that opens with its choice: "(B) 42", "B) 42", "B: 42".
   if (c.size() >= 3 && c[0] == '(' && is_alpha(c[1]) && c[2] == ')') return upper(c[1]);

@@ -195,6 +195,7 @@ class Parser {
     switch (peek().kind) {
       case Tk::Num: case Tk::Ident: case Tk::Pi: case Tk::EConst: case Tk::Func: case Tk::Frac:
       case Tk::Sqrt: case Tk::Binom: case Tk::FloorOpen: case Tk::CeilOpen: case Tk::Inf:
+      case Tk::MatBegin:  // A B, 2A: products with a matrix
         return true;
       case Tk::Open:
         return peek().text == "(" || peek().text == "{";
@@ -230,6 +231,10 @@ class Parser {
         int a = parse_primary();
         next();  // the '/'
         int b = parse_primary();
+        // 11 6/6 or 4 4/0 is not a mixed number, nor a product: no answer.
+        const Rational& num = e_.values[static_cast<size_t>(e_.at(a).value)];
+        const Rational& den = e_.values[static_cast<size_t>(e_.at(b).value)];
+        if (den.is_zero() || Rational::compare(num, den) >= 0) throw ParseError{};
         int sum = make(NodeKind::Add, {mag, make(NodeKind::Div, {a, b})});
         factors = {parse_postfix_ops(neg ? make(NodeKind::Neg, {sum}) : sum)};
       } else if (starts_factor()) {
@@ -263,6 +268,7 @@ class Parser {
     if (!is_int_literal(whole)) return false;
     auto int_tok = [](const Token& t) { return t.kind == Tk::Num && t.text.find_first_of(".eE") == std::string::npos; };
     if (!int_tok(peek(0)) || !(peek(1).kind == Tk::Op && peek(1).text == "/") || !int_tok(peek(2))) return false;
+    if (peek(0).line_break) return false;  // "11\n5/6": two lines, not one number
     const Token& after = peek(3);
     return !(after.kind == Tk::Op && (after.text == "^" || after.text == "*" || after.text == "/" || after.text == "!")) &&
            after.kind != Tk::Ident && after.kind != Tk::Num && !(after.kind == Tk::Open && after.text == "(");
@@ -445,7 +451,11 @@ class Parser {
         std::string text = next().text;
         auto v = Rational::from_decimal(text);
         if (!v) throw ParseError{};
-        return number(*v, text.find_first_of(".eE") != std::string::npos);
+        int n = number(*v, text.find_first_of(".eE") != std::string::npos);
+        size_t point = text.find('.');
+        if (point != std::string::npos && text.find_first_of("eE") == std::string::npos)
+          e_.nodes[static_cast<size_t>(n)].places = static_cast<int>(text.size() - point - 1);
+        return n;
       }
       case Tk::Ident: {
         Node n;

@@ -16,7 +16,7 @@ enum class Extractor {
   AnswerTag,    // last <answer>...</answer>
   AnswerIs,     // text after the last "answer is"
   AnswerColon,  // text after the last "Answer:"
-  LastMath,     // a bare-expression response, else the later of the last $...$ span and the last number
+  LastMath,     // a bare-expression response, else the last-ending $...$ span, vector/matrix or number
   LastNumber,   // the last number
   Whole,        // the whole response
 };
@@ -35,7 +35,8 @@ struct Extraction {
 std::optional<Extraction> extract_answer(std::string_view response, const std::vector<Extractor>& order);
 
 // The content of the last \boxed{...}, with boxes just before it that are
-// separated only by "and", commas or spacing joined as "a, b".
+// separated only by "and", commas, spacing or a variable naming the next
+// value ("$x=\boxed{2}$ and $y=\boxed{3}$") joined as "a, b".
 std::optional<std::string> extract_boxed(std::string_view text);
 
 // The answer inside a label: its \boxed{} if any, else the label without
@@ -51,9 +52,10 @@ std::string strip_answer(std::string_view s);
 // \dfrac -> \frac; words-only answers are lower-cased.
 std::string canonical_answer(std::string_view s);
 
-// Multiple choice: "B", "(B)", "\text{(B)}" -> 'B'. strict (for labels):
-// the whole answer must be the letter, upper-case A-Z. Otherwise (responses)
-// "(B) 42" and "B) 42" also count.
+// Multiple choice: "B", "(B)", "\text{(B)}", "B. text" -> 'B'. strict (for
+// labels): the answer must be the letter, upper-case A-Z, or the letter with
+// its text ("C. x = 42"). Otherwise (responses) "(B) 42" and "B) 42" also
+// count.
 std::optional<char> choice_letter(std::string_view s, bool strict);
 
 // Heuristic: true when `s` reads as a math expression rather than prose.

@@ -22,6 +22,7 @@ struct Token {
   std::string text;  // Num: digits; Ident: name; Word: lower-cased word; Op/Open/Close: symbol
   Fn fn = Fn::Sqrt;
   RelOp rel = RelOp::Eq;
+  bool line_break = false;  // a line break came before this token
 };
 
 struct ParseError {};
