@@ -215,10 +215,13 @@ class Runner {
       env_ = make_environment(cfg.env);
       multi_ = std::make_unique<MultiTurnRollout>(*rollout_, *env_, *in.tok, cfg.env, cfg.rollout.sampling,
                                                   trainer.config().max_position_embeddings);
-      if (evaluator_)  // held-out episodes, with the eval's sampling
+      multi_->share_across(&group_);  // each episode's environment runs on one trainer rank
+      if (evaluator_) {  // held-out episodes, with the eval's sampling
         multi_eval_ = std::make_unique<MultiTurnRollout>(*rollout_, *env_, *in.tok, cfg.env,
                                                          eval_sampling(cfg.eval.config),
                                                          trainer.config().max_position_embeddings);
+        multi_eval_->share_across(&group_);
+      }
     }
   }
 

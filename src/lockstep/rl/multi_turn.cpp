@@ -8,6 +8,7 @@
 #include <climits>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "lockstep/base/error.h"
@@ -45,6 +46,39 @@ void parallel_for(size_t n, const Fn& fn) {
   work();
   for (auto& t : threads) t.join();
   if (first) std::rethrow_exception(first);
+}
+
+// What one reset or step call gave an episode: what every trainer rank
+// applies to its copy of the episode.
+struct Outcome {
+  std::optional<std::string> error;  // the call failed (EnvFailure's message)
+  EnvReset reset;
+  EnvStep step;
+};
+using Outcomes = std::vector<std::optional<Outcome>>;  // per episode; none: not called
+
+nlohmann::json encode_outcome(size_t i, const Outcome& o) {
+  nlohmann::json j = {{"i", i}, {"d", o.step.done}};
+  if (o.error) j["err"] = *o.error;
+  if (o.reset.messages) j["rm"] = messages_to_json(*o.reset.messages);
+  if (o.reset.prompt) j["rp"] = *o.reset.prompt;
+  if (o.step.observation) j["obs"] = *o.step.observation;
+  if (o.step.reward) j["r"] = *o.step.reward;  // doubles round-trip through JSON exactly
+  return j;
+}
+
+void decode_outcome(const nlohmann::json& j, Outcomes& out) {
+  Outcome o;
+  if (j.contains("err")) o.error = j["err"].get<std::string>();
+  if (j.contains("rm")) {
+    o.reset.messages.emplace();
+    for (const auto& m : j["rm"]) o.reset.messages->push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+  }
+  if (j.contains("rp")) o.reset.prompt = j["rp"].get<std::string>();
+  if (j.contains("obs")) o.step.observation = j["obs"].get<std::string>();
+  if (j.contains("r")) o.step.reward = j["r"].get<double>();
+  o.step.done = j["d"].get<bool>();
+  out.at(j["i"].get<size_t>()) = std::move(o);
 }
 
 void fail(Episode& e, const std::string& why) {
@@ -97,7 +131,10 @@ std::vector<Episode> MultiTurnRollout::run(const std::vector<EpisodePrompt>& pro
   std::vector<Episode> eps(prompts.size() * size_t(base_.n));
   next_session_ += int64_t(eps.size());
   // Every session is closed, also when an error ends the run (close never throws).
-  auto close_all = [&] { parallel_for(eps.size(), [&](size_t i) { env_.close(first_session + int64_t(i)); }); };
+  const auto mine = owned(eps.size());
+  auto close_all = [&] {
+    parallel_for(mine.second - mine.first, [&](size_t k) { env_.close(first_session + int64_t(mine.first + k)); });
+  };
   try {
     reset_all(eps, prompts, first_session, st);
     for (;;) {
@@ -118,29 +155,55 @@ std::vector<Episode> MultiTurnRollout::run(const std::vector<EpisodePrompt>& pro
   return eps;
 }
 
+std::pair<size_t, size_t> MultiTurnRollout::owned(size_t episodes) const {
+  return group_ ? group_->shard(episodes) : std::pair<size_t, size_t>{0, episodes};
+}
+
+// Every rank's outcomes to every rank (a no-op on one rank): afterwards `out`
+// holds the calls of all episodes, each made once, by its owner.
+static void exchange(TrainerGroup* group, std::pair<size_t, size_t> mine, Outcomes& out) {
+  if (!group || group->ranks() == 1) return;
+  nlohmann::json part = nlohmann::json::array();
+  for (size_t i = mine.first; i < mine.second; ++i)
+    if (out[i]) part.push_back(encode_outcome(i, *out[i]));
+  for (const std::string& text : group->gather_strings(part.dump()))
+    for (const auto& j : nlohmann::json::parse(text)) decode_outcome(j, out);
+}
+
 void MultiTurnRollout::reset_all(std::vector<Episode>& eps, const std::vector<EpisodePrompt>& prompts,
                                  int64_t first_session, MultiTurnStats& st) {
   Timer t;
   const size_t n = size_t(base_.n);
-  parallel_for(eps.size(), [&](size_t i) {
+  const auto mine = owned(eps.size());
+  Outcomes out(eps.size());
+  parallel_for(mine.second - mine.first, [&](size_t k) {
+    const size_t i = mine.first + k;
+    Outcome o;
+    try {
+      o.reset = env_.reset(first_session + int64_t(i), prompts[i / n].sample);
+    } catch (const EnvFailure& ex) {
+      o.error = ex.what();
+    }
+    out[i] = std::move(o);
+  });
+  exchange(group_, mine, out);
+  for (size_t i = 0; i < eps.size(); ++i) {
     Episode& e = eps[i];
     const EpisodePrompt& p = prompts[i / n];
     e.prompt_ids = p.prompt_ids;
     e.messages = {{"user", p.prompt_text}};
-    try {
-      EnvReset r = env_.reset(first_session + int64_t(i), p.sample);
-      if (r.messages) {
-        e.messages = *r.messages;
-        e.prompt_ids = tok_.encode_chat(e.messages, /*add_generation_prompt=*/true);
-      } else if (r.prompt) {
-        e.messages = {{"user", *r.prompt}};
-        e.prompt_ids = tok_.encode(*r.prompt, false);
-      }
-      if (e.prompt_ids.empty()) fail(e, "reset gave an empty prompt");
-    } catch (const EnvFailure& ex) {
-      fail(e, ex.what());
+    const Outcome& o = out[i].value();
+    if (o.error) {
+      fail(e, *o.error);
+    } else if (o.reset.messages) {
+      e.messages = *o.reset.messages;
+      e.prompt_ids = tok_.encode_chat(e.messages, /*add_generation_prompt=*/true);
+    } else if (o.reset.prompt) {
+      e.messages = {{"user", *o.reset.prompt}};
+      e.prompt_ids = tok_.encode(*o.reset.prompt, false);
     }
-  });
+    if (!e.env_failed && e.prompt_ids.empty()) fail(e, "reset gave an empty prompt");
+  }
   for (const auto& e : eps) st.env_failures += e.env_failed ? 1 : 0;
   st.env_seconds += t.seconds();
 }
@@ -205,48 +268,63 @@ void MultiTurnRollout::generate_turns(std::vector<Episode>& eps, const std::vect
   }
 }
 
-// step() for every episode that generated this round; observations appended.
+// step() for every episode that generated this round (each by its owner
+// rank); observations appended.
 void MultiTurnRollout::step_all(std::vector<Episode>& eps, int64_t first_session, MultiTurnStats& st) {
   Timer t;
-  std::atomic<int64_t> failures{0};
-  parallel_for(eps.size(), [&](size_t i) {
-    Episode& e = eps[i];
+  const auto mine = owned(eps.size());
+  Outcomes out(eps.size());
+  parallel_for(mine.second - mine.first, [&](size_t k) {
+    const size_t i = mine.first + k;
+    const Episode& e = eps[i];
     if (e.finished) return;
-    EnvStep s;
+    Outcome o;
     try {
-      s = env_.step(first_session + int64_t(i), e.messages, e.last_completion);
+      o.step = env_.step(first_session + int64_t(i), e.messages, e.last_completion);
     } catch (const EnvFailure& ex) {
-      fail(e, ex.what());
-      ++failures;
-      return;
+      o.error = ex.what();
     }
-    if (s.reward) e.env_reward = e.env_reward.value_or(0.0) + *s.reward;
-    if (!e.finish_reason.empty()) {  // out of budget: ends here
-      e.finished = true;
-      return;
-    }
-    if (s.done || !s.observation) {
-      e.finish_reason = "done";
-    } else if (e.turns >= cfg_.max_turns) {
-      e.finish_reason = "max_turns";
-    } else {
-      const std::string text = observation_text(tok_, e.messages, cfg_.role, *s.observation, end_of_turn_text_);
-      const std::vector<int32_t> ids = tok_.encode(text, false);
-      e.messages.push_back({cfg_.role, *s.observation});
-      // Room for the observation and at least one model token.
-      if (int64_t(ids.size()) + 1 > budget_left(e)) {
-        e.finish_reason = "budget";
-      } else {
-        e.output_ids.insert(e.output_ids.end(), ids.begin(), ids.end());
-        e.logprobs.insert(e.logprobs.end(), ids.size(), 0.0f);
-        e.loss_mask.insert(e.loss_mask.end(), ids.size(), uint8_t(0));
-        return;
-      }
-    }
-    e.finished = true;
+    out[i] = std::move(o);
   });
-  st.env_failures += failures.load();
+  exchange(group_, mine, out);
+  for (size_t i = 0; i < eps.size(); ++i) {
+    if (eps[i].finished) continue;
+    const Outcome& o = out[i].value();
+    if (o.error) {
+      fail(eps[i], *o.error);
+      ++st.env_failures;
+    } else {
+      apply_step(eps[i], o.step);
+    }
+  }
   st.env_seconds += t.seconds();
+}
+
+void MultiTurnRollout::apply_step(Episode& e, const EnvStep& s) const {
+  if (s.reward) e.env_reward = e.env_reward.value_or(0.0) + *s.reward;
+  if (!e.finish_reason.empty()) {  // out of budget: ends here
+    e.finished = true;
+    return;
+  }
+  if (s.done || !s.observation) {
+    e.finish_reason = "done";
+  } else if (e.turns >= cfg_.max_turns) {
+    e.finish_reason = "max_turns";
+  } else {
+    const std::string text = observation_text(tok_, e.messages, cfg_.role, *s.observation, end_of_turn_text_);
+    const std::vector<int32_t> ids = tok_.encode(text, false);
+    e.messages.push_back({cfg_.role, *s.observation});
+    // Room for the observation and at least one model token.
+    if (int64_t(ids.size()) + 1 > budget_left(e)) {
+      e.finish_reason = "budget";
+    } else {
+      e.output_ids.insert(e.output_ids.end(), ids.begin(), ids.end());
+      e.logprobs.insert(e.logprobs.end(), ids.size(), 0.0f);
+      e.loss_mask.insert(e.loss_mask.end(), ids.size(), uint8_t(0));
+      return;
+    }
+  }
+  e.finished = true;
 }
 
 }  // namespace lockstep::rl

@@ -17,6 +17,7 @@
 
 #include "lockstep/rl/env.h"
 #include "lockstep/rl/rollout_backend.h"
+#include "lockstep/rl/trainer_group.h"
 #include "lockstep/tokenizer/tokenizer.h"
 
 namespace lockstep::rl {
@@ -66,13 +67,20 @@ class MultiTurnRollout {
                    rollout::SamplingParams base, int64_t context = 0);
   // prompts.size() x base.n episodes, prompt-major.
   std::vector<Episode> run(const std::vector<EpisodePrompt>& prompts, MultiTurnStats* stats);
+  // Several trainer ranks drive the same episodes (MPI): each rank calls the
+  // environment for its contiguous share of them (group->shard) and the
+  // outcomes are gathered, so every episode's environment runs once and all
+  // ranks hold the same episodes. Every rank must then make the same run()
+  // calls (collective). Null: this process calls every episode's environment.
+  void share_across(TrainerGroup* group) { group_ = group; }
 
  private:
   void reset_all(std::vector<Episode>& eps, const std::vector<EpisodePrompt>& prompts, int64_t first_session,
                  MultiTurnStats& st);
   void generate_turns(std::vector<Episode>& eps, const std::vector<EpisodePrompt>& prompts, MultiTurnStats& st);
   void step_all(std::vector<Episode>& eps, int64_t first_session, MultiTurnStats& st);
-  void append_observation(Episode& e, const std::string& observation) const;
+  void apply_step(Episode& e, const EnvStep& s) const;
+  std::pair<size_t, size_t> owned(size_t episodes) const;  // this rank's episodes
   int64_t budget_left(const Episode& e) const;
 
   RolloutBackend& rollout_;
@@ -84,6 +92,7 @@ class MultiTurnRollout {
   int32_t end_of_turn_ = -1;
   std::string end_of_turn_text_;
   int64_t next_session_ = 0;
+  TrainerGroup* group_ = nullptr;
 };
 
 // The template tokens of `observation` as a new `role` message after
