@@ -57,7 +57,8 @@ LossFn nll(const std::vector<TrainSequence>& seqs) {
   };
 }
 
-// The MTP block's mean cross-entropy, from its own forward.
+// The MTP block's mean cross-entropy over the targets the loss masks keep,
+// from its own forward.
 double mtp_cross_entropy(const Context& ctx, const model::ModelWeights& w, const std::vector<TrainSequence>& seqs) {
   double total = 0;
   int64_t count = 0;
@@ -74,6 +75,8 @@ double mtp_cross_entropy(const Context& ctx, const model::ModelWeights& w, const
     model::forward(ctx, w, kv, ws, b, o, &r);
     const int64_t V = w.config().vocab_size;
     for (size_t k = 0; k < b.logit_rows.size(); ++k) {
+      const int32_t target = b.logit_rows[k] + 2;
+      if (!s.loss_mask.empty() && !s.loss_mask[size_t(target - s.prompt_len)]) continue;
       const float* row = r.mtp_logits[0].f32() + int64_t(k) * V;
       double mx = row[0], z = 0;
       for (int64_t v = 0; v < V; ++v) mx = std::max(mx, double(row[v]));
@@ -103,6 +106,28 @@ TEST(V4Mtp, TheLossGainsTheMtpTermAndOnlyThenTheMtpBlockLearns) {
   }
   EXPECT_EQ(ga, 0.0);
   EXPECT_GT(gb, 0.0);
+}
+
+// Multi-turn sequences: the tokens loss_mask drops (an environment's) are no
+// MTP targets either, in the sum and in the mean's count.
+TEST(V4Mtp, MaskedTokensAreNoMtpTargets) {
+  const ModelConfig c = mtp_config();
+  const Context ctx{nullptr, 0};
+  auto seqs = sequences();
+  for (auto& s : seqs) {
+    s.loss_mask.assign(size_t(s.num_targets()), 1);
+    for (size_t k = 2; k < s.loss_mask.size(); k += 3) s.loss_mask[k] = 0;
+  }
+  auto unmasked = seqs;
+  for (auto& s : unmasked) s.loss_mask.clear();
+  TrainerConfig plain, with_mtp;
+  with_mtp.mtp_loss_coef = 0.3;
+  Trainer a(ctx, c, init(c), plain), b(ctx, c, init(c), with_mtp);
+  const double la = a.accumulate(seqs, nll(seqs), {}), lb = b.accumulate(seqs, nll(seqs), {});
+  const double ce = mtp_cross_entropy(ctx, a.weights(), seqs);
+  EXPECT_NEAR(lb - la, 0.3 * ce, 1e-4 * std::fabs(ce));
+  // Different from the unmasked term (the test would not see a missing mask otherwise).
+  EXPECT_GT(std::fabs(ce - mtp_cross_entropy(ctx, a.weights(), unmasked)), 1e-3);
 }
 
 TEST(V4Mtp, AModelWithoutMtpBlocksRefusesTheCoefficient) {

@@ -241,11 +241,19 @@ struct RunSpec {
   double mtp_loss_coef = 0.0;          // TrainerConfig::mtp_loss_coef
 };
 
+// Whether the token at position `pos` (>= prompt_len) trains: loss_mask
+// keeps it (every response token without a mask). Multi-turn sequences mask
+// the environment's tokens out of the MTP loss as out of the main one.
+bool mtp_trains(const TrainSequence& s, int64_t pos) {
+  return s.loss_mask.empty() || s.loss_mask[size_t(pos - s.prompt_len)] != 0;
+}
+
 // MTP block j's targets in seqs: the logit rows p (prompt_len - 1 .. len - 2)
-// whose token p + j + 2 exists.
+// whose token p + j + 2 exists and trains.
 int64_t mtp_targets(const std::vector<TrainSequence>& seqs, int64_t j) {
   int64_t n = 0;
-  for (const auto& s : seqs) n += std::max<int64_t>(0, int64_t(s.tokens.size()) - s.prompt_len - 1 - j);
+  for (const auto& s : seqs)
+    for (int64_t t = s.prompt_len + 1 + j; t < int64_t(s.tokens.size()); ++t) n += mtp_trains(s, t) ? 1 : 0;
   return n;
 }
 
@@ -287,7 +295,7 @@ double mtp_loss(const RunSpec& r, model::ForwardResult& fr, const std::vector<Tr
       const auto& s = seqs[i];
       for (int64_t p = s.prompt_len - 1; p + 1 < int64_t(s.tokens.size()); ++p) {
         const int64_t row = first_row[i - b0] + p - (s.prompt_len - 1), target = p + int64_t(j) + 2;
-        if (target >= int64_t(s.tokens.size())) continue;
+        if (target >= int64_t(s.tokens.size()) || !mtp_trains(s, target)) continue;
         tgt.view().i32()[row] = s.tokens[size_t(target)];
         valid[size_t(row)] = 1;
       }
