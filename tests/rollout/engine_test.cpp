@@ -137,6 +137,37 @@ TEST(Engine, PrefixCacheServesARepeatedPromptWithIdenticalResults) {
   EXPECT_EQ(a.samples[0].output_ids, c.samples[0].output_ids);
 }
 
+// A finished sample's generated blocks are cached too: a request that
+// continues its sequence (a multi-turn episode's next turn) is served from
+// them, with the same bits as an engine without a prefix cache.
+TEST(Engine, PrefixCacheServesAContinuedSequenceWithIdenticalResults) {
+  for (bool moe : {true, false}) {
+    Model m(tiny_moe(moe));
+    Engine e(Context{}, m.weights.get(), small_config());
+    const std::vector<int32_t> p = prompt(13, 9);
+    Request turn = req(p, 0.8f, 1, 12);
+    turn.params.ignore_eos = true;
+    auto first = e.generate({turn})[0].samples[0];
+    ASSERT_EQ(first.output_ids.size(), 12u) << "the test wants a turn that runs to max_new_tokens";
+    std::vector<int32_t> next = p;
+    next.insert(next.end(), first.output_ids.begin(), first.output_ids.end());
+    for (int32_t t : prompt(5, 10)) next.push_back(t);
+    const int64_t hits0 = e.stats().prefix_hit_tokens;
+    auto cached = e.generate({req(next, 0.8f, 2, 8, 7)})[0];
+    // 13 + 11 fed tokens = 6 full blocks of 4; the prompt alone had 3.
+    EXPECT_EQ(e.stats().prefix_hit_tokens - hits0, 24);
+    EngineConfig off = small_config();
+    off.prefix_cache = false;
+    Engine plain(Context{}, m.weights.get(), off);
+    auto ref = plain.generate({req(next, 0.8f, 2, 8, 7)})[0];
+    EXPECT_EQ(plain.stats().prefix_hit_tokens, 0);
+    for (int k = 0; k < 2; ++k) {
+      EXPECT_EQ(cached.samples[size_t(k)].output_ids, ref.samples[size_t(k)].output_ids);
+      EXPECT_EQ(cached.samples[size_t(k)].logprobs, ref.samples[size_t(k)].logprobs);
+    }
+  }
+}
+
 TEST(Engine, TinyKvBudgetForcesPreemptionAndResultsStayTheSame) {
   Model m(tiny_moe());
   std::vector<Request> rs;

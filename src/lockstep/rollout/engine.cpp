@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string_view>
 
 #include "lockstep/base/error.h"
 #include "lockstep/base/log.h"
@@ -236,7 +237,25 @@ void Engine::finish_sample(Sequence& s, const char* reason) {
   s.reason = reason;
   ++stats_.finished_samples;
   s.t_end = s.group->timer.seconds();
+  if (std::string_view(reason) != "abort") publish_generated(s);
   release(s);
+}
+
+// A finished sample's full blocks, generated tokens included, go to the prefix
+// cache: a request that continues its sequence (the next turn of a multi-turn
+// episode: the history plus an observation) is served from them. The KV of a
+// decoded token has the bits a prefill of it would have (batch-invariant
+// kernels), so a hit changes no result.
+void Engine::publish_generated(const Sequence& s) {
+  if (!config_.prefix_cache || !s.running || s.group->req.return_experts) return;
+  const int bs = config_.block_size;
+  uint64_t parent = 0;
+  for (int64_t b = 0; (b + 1) * bs <= s.n_cached && b < int64_t(s.blocks.size()); ++b) {
+    const int32_t* toks = s.tokens.data() + b * bs;
+    const uint64_t key = BlockManager::chain_hash(parent, toks, bs);
+    blocks_.insert(s.blocks[size_t(b)], key, parent, toks);
+    parent = key;
+  }
 }
 
 void Engine::apply_pending_weights() {

@@ -32,7 +32,7 @@ struct EngineConfig {
   int64_t max_batch_tokens = 2048;  // tokens per forward step (decode + prefill chunks)
   int64_t max_running = 256;        // sequences decoding at once
   int64_t max_prefill_chunk = 512;  // longest prefill chunk of one sequence per step
-  bool prefix_cache = true;         // reuse full prompt blocks across requests
+  bool prefix_cache = true;         // reuse full blocks (prompts, finished samples' sequences) across requests
   uint64_t seed = 0;                // default sampling seed (a request's own seed wins)
   // Keep the KV cache in bf16 when the weights are bf16 or fp8 (half the
   // cache memory and decode traffic). Fast mode only: the trainer's cache is
@@ -163,6 +163,7 @@ class Engine {
   void apply_pending_weights();
   void admit();
   std::vector<int32_t> prefix_hits(const Sequence& s);
+  void publish_generated(const Sequence& s);
   bool admit_sample(Sequence& s, std::vector<int32_t> hits, int64_t reserve);
   bool preempt_one(const std::vector<Chunk>& scheduled);
   void readmit_preempted();
