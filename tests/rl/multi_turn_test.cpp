@@ -8,7 +8,9 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -544,6 +546,104 @@ TEST(MultiTurn, ConfigKeysAndErrors) {
 
 // RL steps end to end: episodes of three turns, the environment's reward,
 // gap 0 (the run aborts otherwise), the metrics and the samples' turns.
+// The rollout as a round-by-round backend (no streaming): the schedule the
+// streaming one must equal.
+class RoundByRound final : public RolloutBackend {
+ public:
+  explicit RoundByRound(RolloutBackend& inner) : inner_(inner) {}
+  std::vector<rollout::RequestResult> generate(std::vector<rollout::Request> requests,
+                                               const RolloutProgress& progress, int64_t* tokens) override {
+    return inner_.generate(std::move(requests), progress, tokens);
+  }
+  void sync(train::Trainer& t) override { inner_.sync(t); }
+  bool aligned() const override { return inner_.aligned(); }
+
+ private:
+  RolloutBackend& inner_;
+};
+
+// "wait" episodes block in their first step until every "go" episode has
+// ended (three turns each), and fail after `patience` seconds.
+class Rendezvous final : public Environment {
+ public:
+  Rendezvous(int go, double patience) : go_left_(go), patience_(patience) {}
+  EnvReset reset(int64_t session, const nlohmann::json& sample) override {
+    std::lock_guard<std::mutex> l(mu_);
+    label_[session] = sample["label"].get<std::string>();
+    EnvReset r;
+    r.messages = std::vector<tokenizer::ChatMessage>{{"user", "task"}};
+    return r;
+  }
+  EnvStep step(int64_t session, const std::vector<tokenizer::ChatMessage>&, const std::string&) override {
+    std::unique_lock<std::mutex> l(mu_);
+    const int turn = ++turn_[session];
+    if (label_[session] == "wait" && turn == 1 &&
+        !cv_.wait_for(l, std::chrono::duration<double>(patience_), [&] { return go_left_ == 0; }))
+      throw EnvFailure("the go episodes did not end while this one waited");
+    EnvStep s;
+    if (turn < 3) {
+      s.observation = "obs";
+      return s;
+    }
+    if (label_[session] == "go" && --go_left_ == 0) cv_.notify_all();
+    s.reward = 1.0;
+    s.done = true;
+    return s;
+  }
+  void close(int64_t) override {}
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int go_left_;
+  double patience_;
+  std::map<int64_t, std::string> label_;
+  std::map<int64_t, int> turn_;
+};
+
+// The colocated rollout streams turns: an episode's next turn is generated
+// as soon as its environment answered, while others still wait on theirs.
+// The episodes equal the round-by-round schedule's bit for bit.
+TEST(MultiTurn, StreamedEpisodesDoNotWaitForEachOtherAndEqualRounds) {
+  Fixture f;
+  auto trainer = f.trainer();
+  LocalRollout rollout(*trainer, f.rollout_section(), 1);
+  ASSERT_TRUE(rollout.can_stream());
+  RoundByRound rounds(rollout);
+  auto env = make_environment(f.env);
+  MultiTurnRollout streamed(rollout, *env, *f.tok, f.env, f.sampling), stepped(rounds, *env, *f.tok, f.env, f.sampling);
+  MultiTurnStats a, b;
+  const std::vector<Episode> x = streamed.run(f.prompts({"ok", "ok", "ok"}), &a);
+  const std::vector<Episode> y = stepped.run(f.prompts({"ok", "ok", "ok"}), &b);
+  ASSERT_EQ(x.size(), y.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_EQ(x[i].output_ids, y[i].output_ids) << i;
+    EXPECT_EQ(x[i].loss_mask, y[i].loss_mask) << i;
+    ASSERT_EQ(x[i].logprobs.size(), y[i].logprobs.size());
+    for (size_t k = 0; k < x[i].logprobs.size(); ++k) EXPECT_EQ(bits(x[i].logprobs[k]), bits(y[i].logprobs[k]));
+    EXPECT_EQ(x[i].env_reward, y[i].env_reward);
+    EXPECT_EQ(x[i].turns, y[i].turns);
+  }
+  EXPECT_EQ(a.generated_tokens, b.generated_tokens);
+  EXPECT_EQ(a.rounds, b.rounds);
+  // Two "wait" episodes need both "go" episodes to finish three turns first.
+  Rendezvous patient(2, 20.0);
+  MultiTurnRollout meet(rollout, patient, *f.tok, f.env, f.sampling);
+  MultiTurnStats st;
+  for (const Episode& e : meet.run(f.prompts({"wait", "go"}), &st)) {
+    EXPECT_FALSE(e.env_failed) << e.env_error;
+    EXPECT_EQ(e.turns, 3);
+  }
+  EXPECT_EQ(st.env_failures, 0);
+  // Round by round the go episodes cannot go on while the wait episodes
+  // block the round: the wait episodes give up.
+  Rendezvous impatient(2, 0.5);
+  MultiTurnRollout locked(rounds, impatient, *f.tok, f.env, f.sampling);
+  const std::vector<Episode> z = locked.run(f.prompts({"wait", "go"}), &st);
+  EXPECT_TRUE(z[0].env_failed && z[1].env_failed);
+  EXPECT_FALSE(z[2].env_failed || z[3].env_failed);
+}
+
 // The held-out eval of a multi-turn task runs episodes: the environment's
 // reward decides where it gave one, the verifier scores the last model turn
 // where it gave none, a raising environment is a scoring failure; the seeds

@@ -23,6 +23,9 @@ namespace {
 // Environment calls block on Python workers or HTTP services: at most this
 // many run at once from one round (the workers bound the real parallelism).
 constexpr size_t kMaxEnvThreads = 64;
+// The streaming schedule runs an episode per thread (most of them waiting on
+// the engine or on their environment); more episodes queue for a thread.
+constexpr size_t kMaxStreamThreads = 1024;
 
 // fn(i) for i in [0, n) on up to kMaxEnvThreads threads; the first
 // exception any call threw is rethrown after all have finished.
@@ -90,6 +93,30 @@ void fail(Episode& e, const std::string& why) {
 
 }  // namespace
 
+// Wall time during which at least one environment call is in flight
+// (parallel calls counted once), over the threads of a streaming run.
+class EnvClock {
+ public:
+  void begin() {
+    std::lock_guard<std::mutex> l(mu_);
+    if (active_++ == 0) since_.reset();
+  }
+  void end() {
+    std::lock_guard<std::mutex> l(mu_);
+    if (--active_ == 0) total_ += since_.seconds();
+  }
+  double seconds() {
+    std::lock_guard<std::mutex> l(mu_);
+    return total_;
+  }
+
+ private:
+  std::mutex mu_;
+  int active_ = 0;
+  Timer since_;
+  double total_ = 0;
+};
+
 std::string observation_text(const tokenizer::Tokenizer& tok, const std::vector<tokenizer::ChatMessage>& history,
                              const std::string& role, const std::string& observation,
                              const std::string& end_of_turn_text) {
@@ -136,6 +163,12 @@ std::vector<Episode> MultiTurnRollout::run(const std::vector<EpisodePrompt>& pro
     parallel_for(mine.second - mine.first, [&](size_t k) { env_.close(first_session + int64_t(mine.first + k)); });
   };
   try {
+    if (rollout_.can_stream() && (!group_ || group_->ranks() == 1)) {
+      run_streaming(eps, prompts, first_session, st);
+      close_all();
+      if (stats) *stats = st;
+      return eps;
+    }
     reset_all(eps, prompts, first_session, st);
     for (;;) {
       const bool active = std::any_of(eps.begin(), eps.end(), [](const Episode& e) { return !e.finished; });
@@ -170,6 +203,22 @@ static void exchange(TrainerGroup* group, std::pair<size_t, size_t> mine, Outcom
     for (const auto& j : nlohmann::json::parse(text)) decode_outcome(j, out);
 }
 
+void MultiTurnRollout::apply_reset(Episode& e, const EpisodePrompt& p, const std::optional<std::string>& error,
+                                   const EnvReset& r) const {
+  e.prompt_ids = p.prompt_ids;
+  e.messages = {{"user", p.prompt_text}};
+  if (error) {
+    fail(e, *error);
+  } else if (r.messages) {
+    e.messages = *r.messages;
+    e.prompt_ids = tok_.encode_chat(e.messages, /*add_generation_prompt=*/true);
+  } else if (r.prompt) {
+    e.messages = {{"user", *r.prompt}};
+    e.prompt_ids = tok_.encode(*r.prompt, false);
+  }
+  if (!e.env_failed && e.prompt_ids.empty()) fail(e, "reset gave an empty prompt");
+}
+
 void MultiTurnRollout::reset_all(std::vector<Episode>& eps, const std::vector<EpisodePrompt>& prompts,
                                  int64_t first_session, MultiTurnStats& st) {
   Timer t;
@@ -188,24 +237,61 @@ void MultiTurnRollout::reset_all(std::vector<Episode>& eps, const std::vector<Ep
   });
   exchange(group_, mine, out);
   for (size_t i = 0; i < eps.size(); ++i) {
-    Episode& e = eps[i];
-    const EpisodePrompt& p = prompts[i / n];
-    e.prompt_ids = p.prompt_ids;
-    e.messages = {{"user", p.prompt_text}};
     const Outcome& o = out[i].value();
-    if (o.error) {
-      fail(e, *o.error);
-    } else if (o.reset.messages) {
-      e.messages = *o.reset.messages;
-      e.prompt_ids = tok_.encode_chat(e.messages, /*add_generation_prompt=*/true);
-    } else if (o.reset.prompt) {
-      e.messages = {{"user", *o.reset.prompt}};
-      e.prompt_ids = tok_.encode(*o.reset.prompt, false);
-    }
-    if (!e.env_failed && e.prompt_ids.empty()) fail(e, "reset gave an empty prompt");
+    apply_reset(eps[i], prompts[i / n], o.error, o.reset);
   }
   for (const auto& e : eps) st.env_failures += e.env_failed ? 1 : 0;
   st.env_seconds += t.seconds();
+}
+
+// The request of an episode's next turn (its whole sequence so far).
+rollout::Request MultiTurnRollout::turn_request(const Episode& e, const EpisodePrompt& p, size_t i) const {
+  rollout::Request r;
+  r.prompt_ids = e.prompt_ids;
+  r.prompt_ids.insert(r.prompt_ids.end(), e.output_ids.begin(), e.output_ids.end());
+  r.params = base_;
+  r.params.n = 1;
+  r.params.max_new_tokens = std::min(base_.max_new_tokens, budget_left(e));
+  // A seed per (prompt, sample, turn): runs repeat, episodes differ.
+  const size_t n = size_t(base_.n);
+  r.params.seed = int64_t(mix_seed(uint64_t(p.seed), (i % n) * 4096 + uint64_t(e.turns)) >> 1);
+  return r;
+}
+
+// An episode with no room left for a turn fails (only a prompt from reset
+// can leave none); true when it may generate.
+bool MultiTurnRollout::room_for_turn(Episode& e) const {
+  if (budget_left(e) >= 1) return true;
+  fail(e, "the prompt (" + std::to_string(e.prompt_ids.size()) + " tokens) leaves no room for a turn within " +
+              "max_total_tokens and the model's context (" + std::to_string(context_) + ")");
+  return false;
+}
+
+// The generated turn joins the episode.
+void MultiTurnRollout::apply_turn(Episode& e, rollout::SampleResult& s) const {
+  if (e.turns == 0) e.version = s.weight_version;
+  e.version_end = s.weight_version_end;
+  ++e.turns;
+  e.output_ids.insert(e.output_ids.end(), s.output_ids.begin(), s.output_ids.end());
+  e.logprobs.insert(e.logprobs.end(), s.logprobs.begin(), s.logprobs.end());
+  e.loss_mask.insert(e.loss_mask.end(), s.output_ids.size(), uint8_t(1));
+  e.last_completion = tok_.decode(s.output_ids, /*skip_special_tokens=*/true);
+  e.messages.push_back({"assistant", e.last_completion});
+  if (s.finish_reason == "abort") {
+    e.finish_reason = "abort";
+    e.finished = true;
+  } else if (s.finish_reason == "length") {
+    // The turn hit max_new_tokens: out of budget the episode ends after
+    // this step; otherwise the turn is closed with the end-of-turn token
+    // (a template token: not the model's, masked) and the episode goes on.
+    if (budget_left(e) <= 1) {
+      e.finish_reason = "budget";
+    } else {
+      e.output_ids.push_back(end_of_turn_);
+      e.logprobs.push_back(0.0f);
+      e.loss_mask.push_back(0);
+    }
+  }
 }
 
 // The next turn of every active episode, one request each, all at once.
@@ -217,21 +303,11 @@ void MultiTurnRollout::generate_turns(std::vector<Episode>& eps, const std::vect
   for (size_t i = 0; i < eps.size(); ++i) {
     Episode& e = eps[i];
     if (e.finished) continue;
-    if (budget_left(e) < 1) {  // only a prompt from reset can leave no room for a turn
-      fail(e, "the prompt (" + std::to_string(e.prompt_ids.size()) + " tokens) leaves no room for a turn within " +
-                  "max_total_tokens and the model's context (" + std::to_string(context_) + ")");
+    if (!room_for_turn(e)) {
       ++st.env_failures;
       continue;
     }
-    rollout::Request r;
-    r.prompt_ids = e.prompt_ids;
-    r.prompt_ids.insert(r.prompt_ids.end(), e.output_ids.begin(), e.output_ids.end());
-    r.params = base_;
-    r.params.n = 1;
-    r.params.max_new_tokens = std::min(base_.max_new_tokens, budget_left(e));
-    // A seed per (prompt, sample, turn): runs repeat, episodes differ.
-    r.params.seed = int64_t(mix_seed(uint64_t(prompts[i / n].seed), (i % n) * 4096 + uint64_t(e.turns)) >> 1);
-    reqs.push_back(std::move(r));
+    reqs.push_back(turn_request(e, prompts[i / n], i));
     who.push_back(i);
   }
   int64_t tokens = 0;
@@ -239,33 +315,7 @@ void MultiTurnRollout::generate_turns(std::vector<Episode>& eps, const std::vect
   st.generated_tokens += tokens;
   LS_CHECK(results.size() == who.size()) << "multi-turn rollout: " << results.size() << " results for "
                                          << who.size() << " requests";
-  for (size_t k = 0; k < who.size(); ++k) {
-    Episode& e = eps[who[k]];
-    rollout::SampleResult& s = results[k].samples.at(0);
-    if (e.turns == 0) e.version = s.weight_version;
-    e.version_end = s.weight_version_end;
-    ++e.turns;
-    e.output_ids.insert(e.output_ids.end(), s.output_ids.begin(), s.output_ids.end());
-    e.logprobs.insert(e.logprobs.end(), s.logprobs.begin(), s.logprobs.end());
-    e.loss_mask.insert(e.loss_mask.end(), s.output_ids.size(), uint8_t(1));
-    e.last_completion = tok_.decode(s.output_ids, /*skip_special_tokens=*/true);
-    e.messages.push_back({"assistant", e.last_completion});
-    if (s.finish_reason == "abort") {
-      e.finish_reason = "abort";
-      e.finished = true;
-    } else if (s.finish_reason == "length") {
-      // The turn hit max_new_tokens: out of budget the episode ends after
-      // this step; otherwise the turn is closed with the end-of-turn token
-      // (a template token: not the model's, masked) and the episode goes on.
-      if (budget_left(e) <= 1) {
-        e.finish_reason = "budget";
-      } else {
-        e.output_ids.push_back(end_of_turn_);
-        e.logprobs.push_back(0.0f);
-        e.loss_mask.push_back(0);
-      }
-    }
-  }
+  for (size_t k = 0; k < who.size(); ++k) apply_turn(eps[who[k]], results[k].samples.at(0));
 }
 
 // step() for every episode that generated this round (each by its owner
@@ -325,6 +375,85 @@ void MultiTurnRollout::apply_step(Episode& e, const EnvStep& s) const {
     }
   }
   e.finished = true;
+}
+
+// Streaming schedule: each episode on a thread of its own runs reset, then
+// (turn streamed to the rollout -> step) until it ends; the rollout batches
+// the turns of whichever episodes are generating, so no episode waits for
+// another's environment. Episodes are seeded per (prompt, sample, turn) and
+// the engine is batch-invariant: the episodes equal the round-by-round
+// schedule's, bit for bit.
+void MultiTurnRollout::run_streaming(std::vector<Episode>& eps, const std::vector<EpisodePrompt>& prompts,
+                                     int64_t first_session, MultiTurnStats& st) {
+  const size_t n = size_t(base_.n);
+  EnvClock clock;
+  std::mutex mu;  // guards st's counters from the episode threads
+  std::atomic<size_t> next{0};
+  std::exception_ptr first;
+  auto work = [&] {
+    for (size_t i = next++; i < eps.size(); i = next++) {
+      try {
+        MultiTurnStats mine;
+        run_episode(eps[i], prompts[i / n], i, first_session + int64_t(i), clock, mine);
+        std::lock_guard<std::mutex> l(mu);
+        st.env_failures += mine.env_failures;
+        st.generated_tokens += mine.generated_tokens;
+        st.rounds = std::max(st.rounds, mine.rounds);
+      } catch (...) {
+        std::lock_guard<std::mutex> l(mu);
+        if (!first) first = std::current_exception();
+        next = eps.size();  // start no further episode
+      }
+    }
+  };
+  rollout_.begin_stream();
+  std::vector<std::thread> threads;
+  for (size_t t = 1; t < std::min(eps.size(), kMaxStreamThreads); ++t) threads.emplace_back(work);
+  work();
+  for (auto& t : threads) t.join();
+  rollout_.end_stream();
+  st.env_seconds += clock.seconds();
+  if (first) std::rethrow_exception(first);
+}
+
+void MultiTurnRollout::run_episode(Episode& e, const EpisodePrompt& p, size_t i, int64_t session, EnvClock& clock,
+                                   MultiTurnStats& st) {
+  std::optional<std::string> error;
+  EnvReset r;
+  clock.begin();
+  try {
+    r = env_.reset(session, p.sample);
+  } catch (const EnvFailure& ex) {
+    error = ex.what();
+  }
+  clock.end();
+  apply_reset(e, p, error, r);
+  st.env_failures += e.env_failed ? 1 : 0;
+  while (!e.finished) {
+    if (!room_for_turn(e)) {
+      ++st.env_failures;
+      break;
+    }
+    rollout::RequestResult result = rollout_.stream(turn_request(e, p, i)).get();
+    rollout::SampleResult& s = result.samples.at(0);
+    st.generated_tokens += int64_t(s.output_ids.size());
+    apply_turn(e, s);
+    ++st.rounds;
+    EnvStep step;
+    clock.begin();
+    try {
+      step = env_.step(session, e.messages, e.last_completion);
+    } catch (const EnvFailure& ex) {
+      error = ex.what();
+    }
+    clock.end();
+    if (error) {
+      fail(e, *error);
+      ++st.env_failures;
+      break;
+    }
+    apply_step(e, step);
+  }
 }
 
 }  // namespace lockstep::rl

@@ -57,6 +57,8 @@ struct MultiTurnStats {
   int64_t rounds = 0;
 };
 
+class EnvClock;  // multi_turn.cpp
+
 class MultiTurnRollout {
  public:
   // `base`: the sampling of every turn (n is the episodes per prompt; the
@@ -79,6 +81,18 @@ class MultiTurnRollout {
                  MultiTurnStats& st);
   void generate_turns(std::vector<Episode>& eps, const std::vector<EpisodePrompt>& prompts, MultiTurnStats& st);
   void step_all(std::vector<Episode>& eps, int64_t first_session, MultiTurnStats& st);
+  // Streaming: every episode runs on its own thread, its turns streamed to
+  // the rollout as soon as its environment has answered.
+  void run_streaming(std::vector<Episode>& eps, const std::vector<EpisodePrompt>& prompts, int64_t first_session,
+                     MultiTurnStats& st);
+  void run_episode(Episode& e, const EpisodePrompt& p, size_t i, int64_t session, EnvClock& clock,
+                   MultiTurnStats& st);
+  // One episode's pieces, shared by both schedules.
+  void apply_reset(Episode& e, const EpisodePrompt& p, const std::optional<std::string>& error,
+                   const EnvReset& r) const;
+  rollout::Request turn_request(const Episode& e, const EpisodePrompt& p, size_t i) const;
+  bool room_for_turn(Episode& e) const;
+  void apply_turn(Episode& e, rollout::SampleResult& s) const;
   void apply_step(Episode& e, const EnvStep& s) const;
   std::pair<size_t, size_t> owned(size_t episodes) const;  // this rank's episodes
   int64_t budget_left(const Episode& e) const;

@@ -16,6 +16,16 @@ std::vector<rollout::RequestResult> RolloutBackend::collect(const RolloutProgres
   LS_THROW << "this rollout backend cannot overlap training: nothing was submitted (collect needs can_overlap())";
 }
 
+void RolloutBackend::begin_stream() {
+  LS_THROW << "this rollout backend cannot stream requests (begin_stream needs can_stream())";
+}
+
+std::future<rollout::RequestResult> RolloutBackend::stream(rollout::Request) {
+  LS_THROW << "this rollout backend cannot stream requests (stream needs can_stream())";
+}
+
+void RolloutBackend::end_stream() {}
+
 LocalRollout::LocalRollout(train::Trainer& trainer, const rollout::RolloutSection& cfg, uint64_t seed)
     : ctx_(trainer.context()) {
   const DType storage = rollout::precision_dtype(cfg.precision);
@@ -65,6 +75,14 @@ std::vector<rollout::RequestResult> LocalRollout::generate(std::vector<rollout::
   if (generated_tokens) *generated_tokens = engine_->stats().generated_tokens - before.generated_tokens;
   return out;
 }
+
+void LocalRollout::begin_stream() { engine_->start_background(); }
+
+std::future<rollout::RequestResult> LocalRollout::stream(rollout::Request request) {
+  return engine_->submit_async(std::move(request));
+}
+
+void LocalRollout::end_stream() { engine_->stop_background(); }
 
 void LocalRollout::sync(train::Trainer& trainer) {
   if (model_.size()) trainer.gather_model(model_.as<float>(), true);  // collective over the trainer's EP group

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <memory>
 #include <vector>
 
@@ -49,6 +50,17 @@ class RolloutBackend {
   virtual bool can_overlap() const { return false; }
   virtual void submit(std::vector<rollout::Request> requests);
   virtual std::vector<rollout::RequestResult> collect(const RolloutProgress& progress, int64_t* generated_tokens);
+
+  // Streaming (multi-turn episodes that do not wait for each other). A
+  // backend that can_stream() serves, between begin_stream() and
+  // end_stream(), requests from any thread: stream() returns at once and the
+  // future completes when that request has finished, while the engine keeps
+  // batching whatever else is running. Results are those generate() would
+  // give (seeded, batch-invariant). No generate(), sync() or submit() in between.
+  virtual bool can_stream() const { return false; }
+  virtual void begin_stream();
+  virtual std::future<rollout::RequestResult> stream(rollout::Request request);
+  virtual void end_stream();
 };
 
 // The rollout engine in this process, reading the trainer's weights: in
@@ -62,6 +74,10 @@ class LocalRollout : public RolloutBackend {
                                                int64_t* generated_tokens) override;
   void sync(train::Trainer& trainer) override;
   bool aligned() const override { return aligned_; }
+  bool can_stream() const override { return true; }
+  void begin_stream() override;
+  std::future<rollout::RequestResult> stream(rollout::Request request) override;
+  void end_stream() override;
   rollout::Engine& engine() { return *engine_; }
 
  private:
