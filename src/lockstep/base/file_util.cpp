@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/pause_point.h"
 
 namespace lockstep {
 
@@ -59,6 +60,7 @@ void AtomicFile::write(const void* data, size_t n) {
     n -= static_cast<size_t>(w);
     written_ += static_cast<uint64_t>(w);
   }
+  pause_point("atomic.write", path_);  // the temporary file is partly written
 }
 
 void AtomicFile::commit() {
@@ -67,6 +69,7 @@ void AtomicFile::commit() {
   const int rc = ::close(fd_);
   fd_ = -1;
   if (rc != 0) LS_THROW << path_ << ": close failed: " << std::strerror(errno);
+  pause_point("atomic.rename", path_);  // whole and synced, not yet in place
   if (::rename(tmp_path_.c_str(), path_.c_str()) != 0)
     LS_THROW << path_ << ": rename from " << tmp_path_ << " failed: " << std::strerror(errno);
   committed_ = true;
