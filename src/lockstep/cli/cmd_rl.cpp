@@ -18,6 +18,7 @@
 #include "lockstep/parallel/parallel_trainer.h"
 #include "lockstep/parallel/role_comms.h"
 #include "lockstep/base/file_util.h"
+#include "lockstep/train/checkpoint.h"
 #include "lockstep/rl/dist_group.h"
 #include "lockstep/rl/loop.h"
 #include "lockstep/rl/mpi_rollout.h"
@@ -73,6 +74,7 @@ int run_trainer(const Args& args, const toml::table& root, const std::string& cf
   }
   if (writer) {
     std::filesystem::create_directories(cfg.out_dir);
+    if (args.flag("resume")) train::remove_crash_leftovers(cfg.out_dir);  // what a killed run left behind
     write_file_atomic(cfg.out_dir + "/config.toml", [&] {
       std::ostringstream os;
       os << root;

@@ -16,6 +16,7 @@
 #include "lockstep/rollout/rollout_config.h"
 #include "lockstep/parallel/role_comms.h"
 #include "lockstep/base/file_util.h"
+#include "lockstep/train/checkpoint.h"
 #include "lockstep/train/sft.h"
 #include "lockstep/train/train_config.h"
 
@@ -56,6 +57,7 @@ int train_sft(const Args& args, const toml::table& root, const std::string& cfg_
   }
   if (writer) {
     std::filesystem::create_directories(ts.out_dir);
+    if (args.flag("resume")) train::remove_crash_leftovers(ts.out_dir);  // what a killed run left behind
     write_file_atomic(ts.out_dir + "/config.toml", [&] {
       std::ostringstream os;
       os << root;

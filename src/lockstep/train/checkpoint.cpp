@@ -111,6 +111,12 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, Trainer& t
   return final_dir.string();
 }
 
+void remove_crash_leftovers(const std::string& run_dir) {
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  if (fs::is_directory(root)) sweep_crash_leftovers(root);
+  for (const char* sub : {"", "samples", "eval"}) remove_stale_temporaries((fs::path(run_dir) / sub).string());
+}
+
 std::optional<CheckpointInfo> find_latest_checkpoint(const std::string& run_dir) {
   const fs::path root = fs::path(run_dir) / "checkpoints";
   const fs::path latest = root / "latest";

@@ -28,6 +28,12 @@ struct CheckpointInfo {
 std::string save_checkpoint(const std::string& run_dir, int64_t step, Trainer& trainer, nlohmann::json state,
                             const std::string& tokenizer_dir = "", int keep_last = 0);
 
+// What killed runs left in run_dir: half-written step_N.tmp and half-removed
+// step_N.old directories under checkpoints/, and temporary files of dead
+// writers in run_dir, checkpoints/, samples/ and eval/. Run by the writer
+// before it writes anything (the directory has no other writer).
+void remove_crash_leftovers(const std::string& run_dir);
+
 // The checkpoint `latest` names, if any (Error if it names a missing or
 // incomplete checkpoint).
 std::optional<CheckpointInfo> find_latest_checkpoint(const std::string& run_dir);
