@@ -65,14 +65,17 @@ TEST(PausePoint, TraceRecordsEveryHitAndGoesOn) {
 
 TEST(PausePoint, StopsAtTheNthHitUntilKilled) {
   const std::string notify = notify_path("stop");
-  PauseEnv env("metrics.line:3", notify);
+  PauseEnv env("metrics.line@run/:3", notify);
   EXPECT_TRUE(pause_point_armed("metrics.line"));
   EXPECT_FALSE(pause_point_armed("atomic.write"));
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    pause_point("atomic.write", "/other");  // another point: not counted
-    for (int i = 1; i <= 5; ++i) pause_point("metrics.line", "hit " + std::to_string(i));
+    pause_point("atomic.write", "run/other");  // another point: not counted
+    for (int i = 1; i <= 5; ++i) {
+      pause_point("metrics.line", "elsewhere/" + std::to_string(i));  // not where: not counted
+      pause_point("metrics.line", "run/hit " + std::to_string(i));
+    }
     std::_Exit(0);  // only if it did not stop
   }
   std::string note;
@@ -80,7 +83,7 @@ TEST(PausePoint, StopsAtTheNthHitUntilKilled) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     note = read_all(notify);
   }
-  EXPECT_EQ(note, "metrics.line hit 3\n");
+  EXPECT_EQ(note, "metrics.line run/hit 3\n");
   int status = 0;
   EXPECT_EQ(::waitpid(child, &status, WNOHANG), 0) << "the child did not wait at its pause point";
   ::kill(child, SIGKILL);

@@ -15,6 +15,7 @@ namespace {
 
 struct Armed {
   std::string point;
+  std::string where;  // counted only where `detail` contains this ("POINT@WHERE:N")
   int64_t nth = 1;
 };
 
@@ -30,7 +31,9 @@ bool armed_point(Armed* out) {
     out->nth = std::atoll(s.c_str() + colon + 1);
     s.resize(colon);
   }
-  out->point = s;
+  const size_t at = s.find('@');
+  out->where = at == std::string::npos ? "" : s.substr(at + 1);
+  out->point = s.substr(0, at);
   return out->nth >= 0;
 }
 
@@ -48,6 +51,7 @@ bool pause_point_armed(const char* point) {
 void pause_point(const char* point, const std::string& detail) {
   Armed a;
   if (!armed_point(&a) || (a.point != point && a.point != "*")) return;
+  if (detail.find(a.where) == std::string::npos) return;
   const bool trace = a.nth == 0;
   if (!trace && g_hits.fetch_add(1) + 1 != a.nth) return;
   const std::string line = std::string(point) + " " + detail + "\n";

@@ -11,7 +11,8 @@ namespace lockstep {
 // With LOCKSTEP_PAUSE_AT="POINT" or "POINT:N", the N-th time (1 if omitted)
 // this process reaches `point`, it appends "POINT DETAIL\n" to the file named
 // by LOCKSTEP_PAUSE_NOTIFY (stderr if that is unset) and sleeps until it is
-// killed. `detail` says where (the file being written). "POINT:0" only
+// killed. `detail` says where (the file being written); "POINT@TEXT:N"
+// counts only the hits whose detail contains TEXT. "POINT:0" only
 // appends that line at every hit and goes on (a trace); POINT "*" is every
 // point. Otherwise it returns at once. The points are listed in docs/rl.md
 // ("Crash safety").
