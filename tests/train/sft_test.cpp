@@ -184,7 +184,7 @@ TEST(Sft, LatestNeverNamesAHalfWrittenCheckpoint) {
 // keep_last removes old checkpoints by moving them aside first: a process
 // killed while removing one (here at the "checkpoint.discard" pause point)
 // leaves step_1.old, never a half-removed step_1 that looks like a
-// checkpoint; the next save sweeps the leftovers.
+// checkpoint; remove_crash_leftovers (run by --resume) sweeps the leftovers.
 TEST(Sft, AKilledPruneLeavesNoHalfRemovedCheckpoint) {
   const std::string dir = temp_dir("prune");
   const std::string notify = dir + "/paused";
@@ -213,15 +213,24 @@ TEST(Sft, AKilledPruneLeavesNoHalfRemovedCheckpoint) {
   auto info = find_latest_checkpoint(dir);
   ASSERT_TRUE(info.has_value());
   EXPECT_EQ(info->step, 2);
+  auto names = [&] {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(ck)) out.push_back(e.path().filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  // --resume sweeps what killed runs leave: here also a half-written step_7
+  // and an expert-parallel optimizer state gathered for a save that never came.
+  fs::create_directories(ck / "step_7.tmp");
+  std::ofstream(ck / "optimizer.gathered") << "x";
+  remove_crash_leftovers(dir);
+  EXPECT_EQ(names(), (std::vector<std::string>{"latest", "step_2"}));
   ThreadPool pool(1);
   Context ctx{&pool, 0};
   auto t = make_trainer(tiny_moe(), ctx);
   load_checkpoint(*info, *t);
   save_checkpoint(dir, 3, *t, {}, "", 1);
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(ck)) names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{"latest", "step_3"}));
+  EXPECT_EQ(names(), (std::vector<std::string>{"latest", "step_3"}));
   fs::remove_all(dir);
 }
 

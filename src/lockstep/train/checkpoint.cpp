@@ -114,6 +114,11 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, Trainer& t
 void remove_crash_leftovers(const std::string& run_dir) {
   const fs::path root = fs::path(run_dir) / "checkpoints";
   if (fs::is_directory(root)) sweep_crash_leftovers(root);
+  // Expert parallelism gathers the optimizer state here just before a save
+  // moves it into step_N (Trainer::prepare_checkpoint): left over only by a
+  // kill in between.
+  std::error_code ec;
+  fs::remove(root / "optimizer.gathered", ec);
   for (const char* sub : {"", "samples", "eval"}) remove_stale_temporaries((fs::path(run_dir) / sub).string());
 }
 
