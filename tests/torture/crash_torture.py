@@ -48,9 +48,11 @@ import tempfile
 import time
 import uuid
 
-# What a pause-point kill aims at: a kind of file (chosen first, each kind
-# alike, so the rare ones are hit too), then one of the points reached while
-# writing it. The detail of a hit (the file's path) names its kind.
+# What a pause-point kill aims at: a kind of file (chosen first, by the
+# weights below, so the rarely written ones are hit too), then one of the
+# points reached while writing it. The detail of a hit (the file's path)
+# names its kind.
+KIND_WEIGHTS = {"checkpoint": 3, "metrics": 2, "samples": 1, "eval": 1, "report": 1, "config": 1}
 FILE_KINDS = {
     "checkpoint": "/checkpoints/",  # shards, optimizer.bin, trainer_state.json, latest; step_N renames, pruning
     "metrics": "metrics.jsonl",  # a step's line (whole or half), the resume's rewrite
@@ -509,7 +511,7 @@ def plan_kill(rng, hits, steps_left, cfg, seconds):
     if not kinds or rng.random() < TIMED_SHARE:  # no kinds: a binary without pause points
         # The start-up (loading, a resume's checks) is a good part of a tiny run.
         return None, rng.uniform(0.0, seconds * (0.3 + 0.7 * steps_left / cfg.steps))
-    kind = rng.choice(kinds)
+    kind = rng.choices(kinds, [KIND_WEIGHTS[k] for k in kinds])[0]
     point = rng.choice([p for p in POINTS if hits.get((p, kind), 0) > 0])
     per_step = hits[(point, kind)] / cfg.steps
     n = rng.randint(1, max(1, round(per_step * min(steps_left, 3))))
