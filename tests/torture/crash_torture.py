@@ -13,7 +13,8 @@ parallelism, sft in one process) on a tiny MoE model made with `lockstep init`:
    either at a random time, or at a pause point drawn at random (the N-th
    time the process reaches it: inside a checkpoint, a metrics line, a sample
    or eval file, the report), where the process waits for the kill. All
-   draws come from one seeded random.Random, so a seed replays its plan.
+   draws come from one seeded random.Random, so a seed replays its plan
+   (exactly, but for where the timed kills land and what follows from that).
 3. after every kill: every JSON line parses (a torn last metrics line is
    allowed only right after a kill; resume must drop it), every safetensors
    header matches its file's size, every checkpoints/step_N is complete,
@@ -22,14 +23,14 @@ parallelism, sft in one process) on a tiny MoE model made with `lockstep init`:
    state, samples and eval files equal the reference run's bit for bit, and
    the metrics rows equal it but for timings.
 
-Then the full-disk and read-only checks (--disk): a run directory on a tiny
+Then the full-disk and read-only checks (unless --no-disk): a run directory on a tiny
 tmpfs fills up mid-run (or, where nothing can be mounted, a file size limit
 makes the writes fail), and a read-only run directory: the job must fail
 with an error naming the file, and lose nothing already written (the last
 checkpoint resumes to the reference's bits, every metrics row up to it stays).
 
-usage: crash_torture.py --bin LOCKSTEP [--mpiexec MPIRUN] [--mode short|full]
-                        [--seed S] [--configs rl,rl-ep,sft] [--kills N] [--no-disk] [--keep]
+usage: crash_torture.py --bin LOCKSTEP [--mpiexec MPIRUN] [--mode short|full] [--seed S]
+                        [--configs rl,rl-ep,sft] [--kills N] [--no-disk] [--no-mount] [--keep DIR]
 Exit status 0 when every check passed; prints a summary per configuration.
 """
 import argparse

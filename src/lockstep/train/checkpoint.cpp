@@ -26,9 +26,6 @@ void copy_tokenizer(const std::string& from, const std::string& to) {
     if (fs::exists(src)) fs::copy_file(src, fs::path(to) / f, fs::copy_options::overwrite_existing);
   }
 }
-}  // namespace
-
-namespace {
 
 // The N of a published checkpoint directory's name "step_N"; -1 for anything
 // else (step_N.tmp being written, step_N.old being removed, latest, ...).
@@ -58,7 +55,8 @@ void discard_checkpoint_dir(const fs::path& dir) {
 
 // What a crash left in checkpoints/: step_N.old directories half removed,
 // step_N.tmp directories half written, and temporary files of AtomicFile.
-// Called at the start of a save (the process is the directory's one writer).
+// Called at the start of a save and by remove_crash_leftovers (the process is
+// the directory's one writer then).
 void sweep_crash_leftovers(const fs::path& root) {
   std::error_code ec;
   std::vector<fs::path> stale;
