@@ -389,6 +389,25 @@ TEST(RlLoop, ResumeAfterAStopGivesTheSameWeightsBitForBit) {
   EXPECT_EQ(ma[4]["rollout/reward_mean"], m[4]["rollout/reward_mean"]);
 }
 
+// Killed after its step-0 eval line but before the first checkpoint, a run
+// resumed with --resume starts again from step 0: the step-0 line it
+// writes again replaces the old one (each step once in metrics.jsonl).
+TEST(RlLoop, ResumeWithoutACheckpointWritesStepZeroOnce) {
+  Fixture f;
+  RlConfig c = f.config(f.dir.str("nockpt"));
+  c.steps = 1;
+  fs::create_directories(c.out_dir);
+  {
+    std::ofstream os(c.out_dir + "/metrics.jsonl");
+    os << "{\"step\": 0, \"eval/test/pass@1\": 0.25}\n{\"step\": 1, \"rollout/rew";
+  }
+  auto t = f.trainer(c);
+  run_rl(*t, f.inputs(), c, true);
+  std::vector<int64_t> steps;
+  for (const auto& x : metrics_of(c.out_dir)) steps.push_back(x["step"].get<int64_t>());
+  EXPECT_EQ(steps, (std::vector<int64_t>{0, 1}));
+}
+
 TEST(RlLoop, FastModeReportsTheGapAndAppliesTis) {
   Fixture f;
   RlConfig c = f.config(f.dir.str("bf16"));

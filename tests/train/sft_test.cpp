@@ -6,7 +6,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <algorithm>
 #include <random>
 
 #include "lockstep/metrics/metrics_logger.h"
@@ -174,6 +178,59 @@ TEST(Sft, LatestNeverNamesAHalfWrittenCheckpoint) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("step_9"), std::string::npos) << e.what();
   }
+  fs::remove_all(dir);
+}
+
+// keep_last removes old checkpoints by moving them aside first: a process
+// killed while removing one (here at the "checkpoint.discard" pause point)
+// leaves step_1.old, never a half-removed step_1 that looks like a
+// checkpoint; remove_crash_leftovers (run by --resume) sweeps the leftovers.
+TEST(Sft, AKilledPruneLeavesNoHalfRemovedCheckpoint) {
+  const std::string dir = temp_dir("prune");
+  const std::string notify = dir + "/paused";
+  ::setenv("LOCKSTEP_PAUSE_AT", "checkpoint.discard", 1);
+  ::setenv("LOCKSTEP_PAUSE_NOTIFY", notify.c_str(), 1);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // the trainer is made after the fork: the child has no other threads
+    ThreadPool pool(1);
+    Context ctx{&pool, 0};
+    auto t = make_trainer(tiny_moe(), ctx);
+    save_checkpoint(dir, 1, *t, {}, "", 1);
+    save_checkpoint(dir, 2, *t, {}, "", 1);  // removes step_1: waits at the pause point
+    std::_Exit(0);
+  }
+  for (int i = 0; i < 3000 && !fs::exists(notify); ++i) ::usleep(10000);
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ::unsetenv("LOCKSTEP_PAUSE_AT");
+  ::unsetenv("LOCKSTEP_PAUSE_NOTIFY");
+  ASSERT_TRUE(fs::exists(notify)) << "the child never reached checkpoint.discard";
+  const fs::path ck = fs::path(dir) / "checkpoints";
+  EXPECT_FALSE(fs::exists(ck / "step_1"));
+  EXPECT_TRUE(fs::exists(ck / "step_1.old"));
+  auto info = find_latest_checkpoint(dir);
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->step, 2);
+  auto names = [&] {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(ck)) out.push_back(e.path().filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  // --resume sweeps what killed runs leave: here also a half-written step_7
+  // and an expert-parallel optimizer state gathered for a save that never came.
+  fs::create_directories(ck / "step_7.tmp");
+  std::ofstream(ck / "optimizer.gathered") << "x";
+  remove_crash_leftovers(dir);
+  EXPECT_EQ(names(), (std::vector<std::string>{"latest", "step_2"}));
+  ThreadPool pool(1);
+  Context ctx{&pool, 0};
+  auto t = make_trainer(tiny_moe(), ctx);
+  load_checkpoint(*info, *t);
+  save_checkpoint(dir, 3, *t, {}, "", 1);
+  EXPECT_EQ(names(), (std::vector<std::string>{"latest", "step_3"}));
   fs::remove_all(dir);
 }
 

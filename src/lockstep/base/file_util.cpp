@@ -3,6 +3,7 @@
 #include "lockstep/base/file_util.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,10 +11,12 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/pause_point.h"
 
 namespace lockstep {
 
@@ -59,6 +62,7 @@ void AtomicFile::write(const void* data, size_t n) {
     n -= static_cast<size_t>(w);
     written_ += static_cast<uint64_t>(w);
   }
+  pause_point("atomic.write", path_);  // the temporary file is partly written
 }
 
 void AtomicFile::commit() {
@@ -67,6 +71,7 @@ void AtomicFile::commit() {
   const int rc = ::close(fd_);
   fd_ = -1;
   if (rc != 0) LS_THROW << path_ << ": close failed: " << std::strerror(errno);
+  pause_point("atomic.rename", path_);  // whole and synced, not yet in place
   if (::rename(tmp_path_.c_str(), path_.c_str()) != 0)
     LS_THROW << path_ << ": rename from " << tmp_path_ << " failed: " << std::strerror(errno);
   committed_ = true;
@@ -76,6 +81,44 @@ void write_file_atomic(const std::string& path, const std::string& text) {
   AtomicFile f(path);
   f.write(text);
   f.commit();
+}
+
+namespace {
+// The writer's pid of an AtomicFile temporary "<name>.tmp.<pid>.<n>", or -1.
+long temporary_writer(const std::string& name) {
+  const size_t at = name.rfind(".tmp.");
+  if (at == std::string::npos) return -1;
+  const std::string rest = name.substr(at + 5);  // "<pid>.<n>"
+  const size_t dot = rest.find('.');
+  if (dot == std::string::npos || dot == 0 || dot + 1 == rest.size()) return -1;
+  if (rest.find_first_not_of("0123456789.") != std::string::npos || rest.find('.', dot + 1) != std::string::npos)
+    return -1;
+  return std::atol(rest.c_str());
+}
+
+// Whether process `pid` may still write: it exists and is not a zombie (a
+// killed writer whose parent has not reaped it yet).
+bool writer_alive(long pid) {
+  if (pid == long(::getpid())) return true;
+  if (::kill(pid_t(pid), 0) != 0 && errno == ESRCH) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;  // no /proc: trust kill()
+  const size_t paren = line.rfind(')');
+  return paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] != 'Z';
+}
+}  // namespace
+
+int remove_stale_temporaries(const std::string& dir) {
+  std::error_code ec;
+  int removed = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const long pid = temporary_writer(e.path().filename().string());
+    if (pid <= 0 || !e.is_regular_file(ec)) continue;
+    if (writer_alive(pid)) continue;  // this process, or another still running
+    if (std::filesystem::remove(e.path(), ec)) ++removed;
+  }
+  return removed;
 }
 
 void sync_directory(const std::string& dir) {

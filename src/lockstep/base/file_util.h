@@ -41,6 +41,11 @@ class AtomicFile {
 // Writes `text` to `path` through an AtomicFile.
 void write_file_atomic(const std::string& path, const std::string& text);
 
+// Removes the temporary files of AtomicFiles ("<name>.tmp.<pid>.<n>") in
+// `dir` (not below it) whose writer process is gone: what a killed run left.
+// Best effort; returns how many it removed.
+int remove_stale_temporaries(const std::string& dir);
+
 // fsync of a directory, so renames inside it survive a crash. Best effort.
 void sync_directory(const std::string& dir);
 

@@ -18,6 +18,7 @@
 #include "lockstep/parallel/parallel_trainer.h"
 #include "lockstep/parallel/role_comms.h"
 #include "lockstep/base/file_util.h"
+#include "lockstep/train/checkpoint.h"
 #include "lockstep/rl/dist_group.h"
 #include "lockstep/rl/loop.h"
 #include "lockstep/rl/mpi_rollout.h"
@@ -73,6 +74,7 @@ int run_trainer(const Args& args, const toml::table& root, const std::string& cf
   }
   if (writer) {
     std::filesystem::create_directories(cfg.out_dir);
+    if (args.flag("resume")) train::remove_crash_leftovers(cfg.out_dir);  // what a killed run left behind
     write_file_atomic(cfg.out_dir + "/config.toml", [&] {
       std::ostringstream os;
       os << root;
@@ -186,7 +188,8 @@ LS_REGISTER_COMMAND(Command{
     "[data] eval_file (pass@1, pass@k), and it checkpoints every [train] save_interval steps.\n"
     "Writes OUT/config.toml (resolved), OUT/metrics.jsonl, OUT/samples/, OUT/eval/,\n"
     "OUT/checkpoints/step_N (Hugging Face layout + optimizer state) and OUT/report.html.\n"
-    "--resume continues from OUT/checkpoints/latest (metrics lines after it are dropped).\n"
+    "--resume continues from OUT/checkpoints/latest (metrics lines after it are dropped), also\n"
+    "after a kill -9 (docs/rl.md, \"Crash safety\"; it first removes what a killed run left behind).\n"
     "Under mpirun/srun, [dist] trainer_ranks / rollout_ranks split the ranks into data-parallel\n"
     "trainers and rollout ranks that receive the weights after every step (docs/distributed.md);\n"
     "[dist] max_weight_staleness = 1 lets the rollout ranks generate one step ahead of training;\n"

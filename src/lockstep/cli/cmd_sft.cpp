@@ -16,6 +16,7 @@
 #include "lockstep/rollout/rollout_config.h"
 #include "lockstep/parallel/role_comms.h"
 #include "lockstep/base/file_util.h"
+#include "lockstep/train/checkpoint.h"
 #include "lockstep/train/sft.h"
 #include "lockstep/train/train_config.h"
 
@@ -56,6 +57,7 @@ int train_sft(const Args& args, const toml::table& root, const std::string& cfg_
   }
   if (writer) {
     std::filesystem::create_directories(ts.out_dir);
+    if (args.flag("resume")) train::remove_crash_leftovers(ts.out_dir);  // what a killed run left behind
     write_file_atomic(ts.out_dir + "/config.toml", [&] {
       std::ostringstream os;
       os << root;
@@ -123,7 +125,8 @@ LS_REGISTER_COMMAND(Command{
     "Trains with token cross-entropy on the response tokens of [data] train_file (lines with\n"
     "prompt + response, or messages ending with the assistant's reply). Writes\n"
     "OUT/metrics.jsonl, OUT/config.toml (resolved) and OUT/checkpoints/step_N (Hugging Face\n"
-    "layout + optimizer state). --resume continues from OUT/checkpoints/latest.\n"
+    "layout + optimizer state). --resume continues from OUT/checkpoints/latest, also after a kill -9\n"
+    "(docs/rl.md, \"Crash safety\"; it first removes what a killed run left behind).\n"
     "Sections: [model] (path = HF dir, or an inline architecture), [data], [train], [log],\n"
     "[dist]; see docs/configuration.md.\n\n"
     "Under mpirun (or with a [dist] section) every rank trains: each step's batch is split\n"

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/file_util.h"
 
 namespace lockstep::data {
 
@@ -56,15 +57,9 @@ std::vector<int32_t> require_ids(const JsonlRecord& r, const std::string& path, 
 }
 
 void write_jsonl_atomic(const std::string& path, const std::vector<nlohmann::json>& lines) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) LS_THROW << tmp << ": cannot write";
-    for (const auto& l : lines) out << l.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-    out.flush();
-    if (!out) LS_THROW << tmp << ": write failed";
-  }
-  std::filesystem::rename(tmp, path);
+  std::string text;
+  for (const auto& l : lines) text += l.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  write_file_atomic(path, text);
 }
 
 }  // namespace lockstep::data

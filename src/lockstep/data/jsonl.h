@@ -23,7 +23,8 @@ const nlohmann::json& require_field(const JsonlRecord& r, const std::string& pat
 std::string require_string(const JsonlRecord& r, const std::string& path, const std::string& key);
 std::vector<int32_t> require_ids(const JsonlRecord& r, const std::string& path, const std::string& key);
 
-// Writes lines to `path` atomically (temporary file, then rename).
+// Writes lines to `path` atomically (an AtomicFile: temporary file, fsync,
+// rename); an Error naming `path` if any write fails.
 void write_jsonl_atomic(const std::string& path, const std::vector<nlohmann::json>& lines);
 
 }  // namespace lockstep::data

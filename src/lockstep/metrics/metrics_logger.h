@@ -1,7 +1,8 @@
 // metrics.jsonl: one JSON object per step, written with a single write() and
 // flushed to disk, so a crash loses at most the line being written. On
-// resume, lines of steps after the checkpoint are dropped (they will be
-// produced again), and a torn last line is removed.
+// resume, lines of the steps the run writes again are dropped (those after
+// the checkpoint, and the step-0 eval when there is no checkpoint), and a
+// torn last line is removed.
 #pragma once
 
 #include <cstdint>
@@ -14,9 +15,14 @@ namespace lockstep::metrics {
 
 class MetricsLogger {
  public:
-  // Opens path for appending. If resume_step >= 0, first keeps only the
-  // complete lines whose "step" is <= resume_step (rewritten atomically).
-  explicit MetricsLogger(const std::string& path, int64_t resume_step = -1);
+  // No rewrite: new lines go after whatever the file holds.
+  static constexpr int64_t kAppend = INT64_MIN;
+
+  // Opens path for appending. Unless keep_through is kAppend, first keeps
+  // only the complete lines whose "step" is <= keep_through (rewritten
+  // atomically): a resumed run passes the step before the first one it
+  // writes again (-1 keeps no line).
+  explicit MetricsLogger(const std::string& path, int64_t keep_through = kAppend);
   ~MetricsLogger();
   MetricsLogger(const MetricsLogger&) = delete;
   MetricsLogger& operator=(const MetricsLogger&) = delete;
@@ -26,6 +32,8 @@ class MetricsLogger {
   const std::string& path() const { return path_; }
 
  private:
+  void append(const char* data, size_t n);
+
   std::string path_;
   int fd_ = -1;
 };

@@ -892,8 +892,13 @@ RlResult Runner::run(bool resume) {
   Timer total;
   const int64_t start = begin_run(resume);
   std::unique_ptr<metrics::MetricsLogger> log;
-  if (writer_) log = std::make_unique<metrics::MetricsLogger>(cfg_.out_dir + "/metrics.jsonl", resume ? start : -1);
-  if (start == 0 && evaluator_) {
+  // Resumed: the lines of the steps written again go (the step-0 eval too,
+  // when there is no checkpoint to resume from).
+  const bool eval_zero = start == 0 && evaluator_;
+  if (writer_)
+    log = std::make_unique<metrics::MetricsLogger>(cfg_.out_dir + "/metrics.jsonl",
+                                                   resume ? (eval_zero ? -1 : start) : metrics::MetricsLogger::kAppend);
+  if (eval_zero) {
     nlohmann::json m = nlohmann::json::object();
     run_eval(0, m, result);
     if (log) log->log(0, m);

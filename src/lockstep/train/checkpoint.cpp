@@ -8,6 +8,7 @@
 #include "lockstep/base/error.h"
 #include "lockstep/base/log.h"
 #include "lockstep/base/file_util.h"
+#include "lockstep/base/pause_point.h"
 #include "lockstep/model/pretrained.h"
 
 namespace fs = std::filesystem;
@@ -25,16 +26,68 @@ void copy_tokenizer(const std::string& from, const std::string& to) {
     if (fs::exists(src)) fs::copy_file(src, fs::path(to) / f, fs::copy_options::overwrite_existing);
   }
 }
+
+// The N of a published checkpoint directory's name "step_N"; -1 for anything
+// else (step_N.tmp being written, step_N.old being removed, latest, ...).
+int64_t checkpoint_step_of(const std::string& name) {
+  if (name.rfind("step_", 0) != 0 || name.size() == 5) return -1;
+  for (size_t i = 5; i < name.size(); ++i)
+    if (name[i] < '0' || name[i] > '9') return -1;
+  try {
+    return std::stoll(name.substr(5));
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+// Removes a checkpoint directory so that a crash cannot leave it half removed
+// under its own name: it is renamed to "<name>.old" (which no reader takes for
+// a checkpoint) and then removed.
+void discard_checkpoint_dir(const fs::path& dir) {
+  const fs::path doomed = dir.string() + ".old";
+  std::error_code ec;
+  fs::remove_all(doomed, ec);
+  fs::rename(dir, doomed, ec);
+  if (ec) LS_THROW << dir.string() << ": cannot move aside to remove it: " << ec.message();
+  pause_point("checkpoint.discard", dir.string());
+  fs::remove_all(doomed, ec);
+}
+
+// What a crash left in checkpoints/: step_N.old directories half removed,
+// step_N.tmp directories half written, and temporary files of AtomicFile.
+// Called at the start of a save and by remove_crash_leftovers (the process is
+// the directory's one writer then).
+void sweep_crash_leftovers(const fs::path& root) {
+  std::error_code ec;
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string n = e.path().filename().string();
+    const bool dir_leftover = n.rfind("step_", 0) == 0 && (n.ends_with(".old") || n.ends_with(".tmp"));
+    if (dir_leftover || n.find(".tmp.") != std::string::npos) stale.push_back(e.path());
+  }
+  for (const auto& p : stale) fs::remove_all(p, ec);
+}
+
+void prune_checkpoints(const fs::path& root, int64_t step, int keep_last) {
+  std::vector<std::pair<int64_t, fs::path>> all;
+  for (const auto& e : fs::directory_iterator(root)) {
+    const int64_t s = checkpoint_step_of(e.path().filename().string());
+    if (e.is_directory() && s >= 0) all.emplace_back(s, e.path());
+  }
+  std::sort(all.begin(), all.end());
+  for (size_t i = 0; i + size_t(keep_last) < all.size(); ++i)
+    if (all[i].first != step) discard_checkpoint_dir(all[i].second);
+}
+
 }  // namespace
 
 std::string save_checkpoint(const std::string& run_dir, int64_t step, Trainer& trainer, nlohmann::json state,
                             const std::string& tokenizer_dir, int keep_last) {
   const fs::path root = fs::path(run_dir) / "checkpoints";
   fs::create_directories(root);
+  sweep_crash_leftovers(root);
   const std::string name = "step_" + std::to_string(step);
   const fs::path final_dir = root / name, tmp_dir = root / (name + ".tmp");
-  std::error_code ec;
-  fs::remove_all(tmp_dir, ec);
   fs::create_directories(tmp_dir);
   save_pretrained(tmp_dir.string(), trainer.config(), trainer.model_layout(), trainer.checkpoint_params(), DType::F32);
   copy_tokenizer(tokenizer_dir, tmp_dir.string());
@@ -44,28 +97,27 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, Trainer& t
   state["optimizer_steps"] = trainer.optimizer().steps_done();
   write_file_atomic((tmp_dir / "trainer_state.json").string(), state.dump(2) + "\n");
   sync_directory(tmp_dir.string());
-  fs::remove_all(final_dir, ec);
+  // A step_N of an earlier attempt (crashed before `latest` named it): never
+  // the checkpoint `latest` names, which is older than any step saved again.
+  if (fs::exists(final_dir)) discard_checkpoint_dir(final_dir);
   fs::rename(tmp_dir, final_dir);
   sync_directory(root.string());
+  pause_point("checkpoint.published", final_dir.string());  // in place, `latest` still names the previous one
   write_file_atomic((root / "latest").string(), name + "\n");
   sync_directory(root.string());
-
-  if (keep_last > 0) {
-    std::vector<std::pair<int64_t, fs::path>> all;
-    for (const auto& e : fs::directory_iterator(root)) {
-      const std::string n = e.path().filename().string();
-      if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find(".tmp") == std::string::npos) {
-        try {
-          all.emplace_back(std::stoll(n.substr(5)), e.path());
-        } catch (const std::exception&) {
-        }
-      }
-    }
-    std::sort(all.begin(), all.end());
-    for (size_t i = 0; i + size_t(keep_last) < all.size(); ++i)
-      if (all[i].first != step) fs::remove_all(all[i].second, ec);
-  }
+  if (keep_last > 0) prune_checkpoints(root, step, keep_last);
   return final_dir.string();
+}
+
+void remove_crash_leftovers(const std::string& run_dir) {
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  if (fs::is_directory(root)) sweep_crash_leftovers(root);
+  // Expert parallelism gathers the optimizer state here just before a save
+  // moves it into step_N (Trainer::prepare_checkpoint): left over only by a
+  // kill in between.
+  std::error_code ec;
+  fs::remove(root / "optimizer.gathered", ec);
+  for (const char* sub : {"", "samples", "eval"}) remove_stale_temporaries((fs::path(run_dir) / sub).string());
 }
 
 std::optional<CheckpointInfo> find_latest_checkpoint(const std::string& run_dir) {

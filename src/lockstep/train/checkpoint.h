@@ -2,7 +2,9 @@
 // layout (config.json + safetensors, plus tokenizer files copied from the
 // source model), optimizer.bin and trainer_state.json. A checkpoint is
 // written into step_N.tmp/ and renamed, and checkpoints/latest is replaced
-// atomically afterwards, so "latest" never names a half-written checkpoint.
+// atomically afterwards, so "latest" never names a half-written checkpoint;
+// a checkpoint is removed by renaming it to step_N.old first, so none is
+// ever half removed under its own name (docs/rl.md, "Crash safety").
 #pragma once
 
 #include <cstdint>
@@ -27,6 +29,13 @@ struct CheckpointInfo {
 // Keeps only the newest `keep_last` checkpoints when keep_last > 0.
 std::string save_checkpoint(const std::string& run_dir, int64_t step, Trainer& trainer, nlohmann::json state,
                             const std::string& tokenizer_dir = "", int keep_last = 0);
+
+// What killed runs left in run_dir: half-written step_N.tmp and half-removed
+// step_N.old directories and a gathered optimizer state
+// (checkpoints/optimizer.gathered) under checkpoints/, and temporary files of dead
+// writers in run_dir, checkpoints/, samples/ and eval/. Run by the writer
+// before it writes anything (the directory has no other writer).
+void remove_crash_leftovers(const std::string& run_dir);
 
 // The checkpoint `latest` names, if any (Error if it names a missing or
 // incomplete checkpoint).
