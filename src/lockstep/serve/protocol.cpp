@@ -296,7 +296,7 @@ GenJob parse_generate(const json& body, const tokenizer::Tokenizer* tok, const M
       job.prompts.push_back(parse_ids(*ids, "input_ids", lim));
     }
   }
-  if (job.prompts.empty()) bad("the batch of prompts is empty");
+  if (job.prompts.empty()) bad(std::string(text ? "text" : "input_ids") + " is an empty list (no prompt)");
   if (job.prompts.size() > 4096) bad("at most 4096 prompts per request");
 
   bool explicit_max = false;
@@ -315,8 +315,9 @@ GenJob parse_generate(const json& body, const tokenizer::Tokenizer* tok, const M
     p.min_p = float(s.get_number("min_p", 0.0));
     p.n = s.get_int("n", 1);
     if (s.has("seed") && s.has("sampling_seed")) bad("give sampling_params.seed or sampling_seed, not both");
+    const std::string seed_key = s.has("sampling_seed") ? "sampling_seed" : "seed";
     p.seed = s.get_int("seed", s.get_int("sampling_seed", -1));
-    if (p.seed < -1) bad("sampling_params.seed must be >= 0");
+    if (p.seed < -1) bad(s.name(seed_key) + " must be >= 0");
     p.stop = parse_stop(s.get("stop"), "sampling_params.stop");
     p.stop_token_ids = parse_stop_ids(s.get("stop_token_ids"), "sampling_params.stop_token_ids", lim);
     p.ignore_eos = s.get_bool("ignore_eos", false);

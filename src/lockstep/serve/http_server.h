@@ -1,0 +1,48 @@
+// The HTTP transport of `lockstep serve`: cpp-httplib's Server with a deeper
+// accept queue and its own connection loop, which gives every request a
+// deadline for arriving whole. httplib's own loop only bounds each recv(), so
+// a client that trickles one byte every few seconds would hold an HTTP worker
+// for ever, and a few dozen such clients would stall every other request.
+#pragma once
+
+#include <httplib.h>
+
+#include <chrono>
+
+namespace lockstep::serve {
+
+// Per-connection limits of HttpServer (docs/server.md, "Limits").
+struct ConnectionLimits {
+  // A request's line, headers and body must arrive within this many seconds
+  // of its first byte; the connection is closed otherwise.
+  double request_timeout_s = 30;
+  // Longest wait for any one read or write (a client that stops reading its
+  // answer is dropped after this) and for the next request of a keep-alive
+  // connection.
+  double io_timeout_s = 5;
+  size_t keep_alive_max_count = 1000;
+};
+
+class HttpServer : public httplib::Server {
+ public:
+  void set_limits(const ConnectionLimits& limits) { limits_ = limits; }
+  // httplib 0.11 listens with a backlog of 5, so a burst of new connections
+  // overflows it and clients wait for a SYN retransmit (1 s). listen() again
+  // on the bound socket raises it to SOMAXCONN.
+  bool widen_backlog();
+  // On an HTTP worker: whether the request being answered ran past its
+  // deadline (httplib then answers 400; the server turns that into 408).
+  static bool request_timed_out();
+
+ private:
+  // Serves one accepted connection (httplib calls this on a worker thread):
+  // keep-alive requests one after another, each read under its deadline.
+  bool process_and_close_socket(socket_t sock) override;
+  // Waits up to io_timeout for the next request's first byte; false when the
+  // connection was closed, went idle too long or the server is stopping.
+  bool wait_next_request(socket_t sock) const;
+
+  ConnectionLimits limits_;
+};
+
+}  // namespace lockstep::serve
