@@ -48,24 +48,30 @@ void address_of(socket_t sock, bool peer, std::string& ip, int& port) {
   }
 }
 
+double seconds(time_t sec, time_t usec) {
+  return double(sec) + double(usec) * 1e-6;
+}
+
 // A connected socket as httplib's Stream. Reads are buffered (httplib reads
 // the request line and headers a byte at a time) and fail once the current
-// request's deadline has passed; each read and write waits io_timeout at most.
+// request's deadline has passed; each single read or write waits read_s or
+// write_s at most.
 class DeadlineStream : public httplib::Stream {
  public:
-  DeadlineStream(socket_t sock, const ConnectionLimits& limits) : sock_(sock), limits_(limits) {}
+  DeadlineStream(socket_t sock, double read_s, double write_s, double request_s)
+      : sock_(sock), read_s_(read_s), write_s_(write_s), request_s_(request_s) {}
 
-  // The next request begins now: it has request_timeout_s to arrive.
+  // The next request begins now: it has request_s to arrive.
   void start_request() {
     timed_out_ = false;
-    deadline_ = Clock::now() + std::chrono::milliseconds(to_ms(limits_.request_timeout_s));
+    deadline_ = Clock::now() + std::chrono::milliseconds(to_ms(request_s_));
   }
   bool timed_out() const { return timed_out_; }
   bool has_buffered() const { return off_ < len_; }
 
   bool is_readable() const override { return has_buffered() || wait_readable() > 0; }
   bool is_writable() const override {
-    if (wait_for(sock_, POLLOUT, to_ms(limits_.io_timeout_s)) <= 0) return false;
+    if (wait_for(sock_, POLLOUT, to_ms(write_s_)) <= 0) return false;
     // A peer that has closed its end reads as end of file: nobody to write to.
     if (wait_for(sock_, POLLIN, 0) > 0) {
       char c;
@@ -92,7 +98,7 @@ class DeadlineStream : public httplib::Stream {
   }
 
   ssize_t write(const char* ptr, size_t size) override {
-    if (wait_for(sock_, POLLOUT, to_ms(limits_.io_timeout_s)) <= 0) return -1;
+    if (wait_for(sock_, POLLOUT, to_ms(write_s_)) <= 0) return -1;
     ssize_t n;
     do {
       n = ::send(sock_, ptr, size, MSG_NOSIGNAL);
@@ -105,20 +111,23 @@ class DeadlineStream : public httplib::Stream {
   socket_t socket() const override { return sock_; }
 
  private:
-  // Waits for data until the sooner of io_timeout and the request's deadline.
+  // Waits for data until the sooner of read_s and the request's deadline.
   int wait_readable() const {
     const double left = std::chrono::duration<double>(deadline_ - Clock::now()).count();
     if (left <= 0) {
       timed_out_ = true;
       return 0;
     }
-    const int r = wait_for(sock_, POLLIN, to_ms(std::min(left, limits_.io_timeout_s)));
-    if (r == 0 && Clock::now() >= deadline_) timed_out_ = true;
+    // A wait cut short by the deadline (not by read_s) has timed out the
+    // request, however many microseconds the rounding to poll's ms left.
+    const bool deadline_first = left <= read_s_;
+    const int r = wait_for(sock_, POLLIN, to_ms(deadline_first ? left : read_s_));
+    if (r == 0 && deadline_first) timed_out_ = true;
     return r;
   }
 
   socket_t sock_;
-  const ConnectionLimits& limits_;
+  double read_s_, write_s_, request_s_;
   Clock::time_point deadline_ = Clock::now();
   mutable bool timed_out_ = false;
   char buf_[4096];
@@ -138,7 +147,7 @@ bool HttpServer::widen_backlog() {
 bool HttpServer::wait_next_request(socket_t sock) const {
   // In steps, so that a stopping server (its socket closed) does not wait out
   // the idle time of every keep-alive connection.
-  const auto until = Clock::now() + std::chrono::milliseconds(to_ms(limits_.io_timeout_s));
+  const auto until = Clock::now() + std::chrono::seconds(keep_alive_timeout_sec_);
   while (svr_sock_ != INVALID_SOCKET) {
     const int r = wait_for(sock, POLLIN, 50);
     if (r != 0) return r > 0;
@@ -152,10 +161,11 @@ bool HttpServer::request_timed_out() {
 }
 
 bool HttpServer::process_and_close_socket(socket_t sock) {
-  DeadlineStream strm(sock, limits_);
+  DeadlineStream strm(sock, seconds(read_timeout_sec_, read_timeout_usec_),
+                      seconds(write_timeout_sec_, write_timeout_usec_), request_timeout_s_);
   tl_stream = &strm;
   bool ok = false;
-  for (size_t left = std::max<size_t>(1, limits_.keep_alive_max_count); left > 0; --left) {
+  for (size_t left = std::max<size_t>(1, keep_alive_max_count_); left > 0; --left) {
     if (!strm.has_buffered() && !wait_next_request(sock)) break;
     strm.start_request();
     bool closed = false;

@@ -7,25 +7,17 @@
 
 #include <httplib.h>
 
-#include <chrono>
 
 namespace lockstep::serve {
 
-// Per-connection limits of HttpServer (docs/server.md, "Limits").
-struct ConnectionLimits {
-  // A request's line, headers and body must arrive within this many seconds
-  // of its first byte; the connection is closed otherwise.
-  double request_timeout_s = 30;
-  // Longest wait for any one read or write (a client that stops reading its
-  // answer is dropped after this) and for the next request of a keep-alive
-  // connection.
-  double io_timeout_s = 5;
-  size_t keep_alive_max_count = 1000;
-};
-
 class HttpServer : public httplib::Server {
  public:
-  void set_limits(const ConnectionLimits& limits) { limits_ = limits; }
+  // A request's line, headers and body must arrive within this many seconds
+  // of its first byte, else the connection is closed (after a 408 when the
+  // client is still there to read one). httplib's read and write timeouts
+  // (5 s) still bound each single wait, and its keep-alive timeout (5 s) the
+  // wait for the next request.
+  void set_request_timeout(double seconds) { request_timeout_s_ = seconds; }
   // httplib 0.11 listens with a backlog of 5, so a burst of new connections
   // overflows it and clients wait for a SYN retransmit (1 s). listen() again
   // on the bound socket raises it to SOMAXCONN.
@@ -38,11 +30,12 @@ class HttpServer : public httplib::Server {
   // Serves one accepted connection (httplib calls this on a worker thread):
   // keep-alive requests one after another, each read under its deadline.
   bool process_and_close_socket(socket_t sock) override;
-  // Waits up to io_timeout for the next request's first byte; false when the
-  // connection was closed, went idle too long or the server is stopping.
+  // Waits up to the keep-alive timeout for the next request's first byte;
+  // false when the connection was closed, went idle too long or the server
+  // is stopping.
   bool wait_next_request(socket_t sock) const;
 
-  ConnectionLimits limits_;
+  double request_timeout_s_ = 30;
 };
 
 }  // namespace lockstep::serve

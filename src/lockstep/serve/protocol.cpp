@@ -179,9 +179,14 @@ void validate_params(const GenJob& job) {
     job.params.validate();
   } catch (const Error& e) {
     std::string m = e.what();
-    const std::string prefix = "sampling_params.";
-    if (job.api != Api::Generate)
-      for (size_t at; (at = m.find(prefix)) != std::string::npos;) m.erase(at, prefix.size());
+    if (job.api != Api::Generate) {
+      // OpenAI's names: top level, and max_tokens / min_tokens for SGLang's
+      // max_new_tokens / min_new_tokens.
+      const std::pair<std::string, std::string> renames[] = {
+          {"sampling_params.", ""}, {"max_new_tokens", "max_tokens"}, {"min_new_tokens", "min_tokens"}};
+      for (const auto& [from, to] : renames)
+        for (size_t at = 0; (at = m.find(from, at)) != std::string::npos; at += to.size()) m.replace(at, from.size(), to);
+    }
     bad(m);
   }
 }

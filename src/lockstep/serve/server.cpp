@@ -203,10 +203,8 @@ void ApiServer::Impl::install_routes() {
   http.set_tcp_nodelay(true);
   // httplib closes a keep-alive connection after 5 requests by default; RL
   // clients send thousands over a few connections.
-  ConnectionLimits limits;
-  limits.keep_alive_max_count = 1000;
-  limits.request_timeout_s = opt.request_timeout_s;
-  http.set_limits(limits);
+  http.set_keep_alive_max_count(1000);
+  http.set_request_timeout(opt.request_timeout_s);
   // Errors httplib produces itself (404, 413, 400 on a malformed request,
   // 408 when that was a request past its deadline)
   // get the same JSON body as ours.
