@@ -67,6 +67,21 @@ TEST(ServeProtocol, ErrorsNameTheField) {
   EXPECT_EQ(parse_error(json{{"input_ids", {1}}, {"bogus", 1}}).status(), 400);
 }
 
+// Messages the soak test (tests/serve/soak.py) found naming another field
+// than the one the client sent.
+TEST(ServeProtocol, RangeErrorsNameTheKeyTheClientSent) {
+  auto message = [](const json& body, auto parse) { return std::string(parse_error(body, parse).what()); };
+  const std::string seed =
+      message(json{{"input_ids", {1}}, {"sampling_params", {{"sampling_seed", -7}}}}, parse_generate);
+  EXPECT_NE(seed.find("sampling_params.sampling_seed"), std::string::npos) << seed;
+  const std::string max_tokens = message(json{{"prompt", {1, 2}}, {"max_tokens", -7}}, parse_completions);
+  EXPECT_NE(max_tokens.find("max_tokens must be >= 1"), std::string::npos) << max_tokens;
+  EXPECT_EQ(max_tokens.find("max_new_tokens"), std::string::npos) << max_tokens;
+  const std::string min_tokens = message(json{{"prompt", {1, 2}}, {"min_tokens", -1}}, parse_completions);
+  EXPECT_NE(min_tokens.find("min_tokens"), std::string::npos) << min_tokens;
+  EXPECT_EQ(min_tokens.find("min_new_tokens"), std::string::npos) << min_tokens;
+}
+
 TEST(ServeProtocol, ExplicitMaxTokensThatDoNotFitAreRejected) {
   const json body = {{"prompt", {1, 2, 3}}, {"max_tokens", 40}, {"model", "tiny"}};
   const HttpError e = parse_error(body, parse_completions);

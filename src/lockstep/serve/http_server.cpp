@@ -12,6 +12,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <sstream>
+
+#include "lockstep/serve/protocol.h"
 
 namespace lockstep::serve {
 
@@ -160,6 +163,13 @@ bool HttpServer::request_timed_out() {
   return tl_stream != nullptr && tl_stream->timed_out();
 }
 
+std::string HttpServer::timeout_message() const {
+  std::ostringstream os;
+  os << "the request did not arrive whole within " << request_timeout_s_
+     << " s of its first byte (see --request-timeout)";
+  return os.str();
+}
+
 bool HttpServer::process_and_close_socket(socket_t sock) {
   DeadlineStream strm(sock, seconds(read_timeout_sec_, read_timeout_usec_),
                       seconds(write_timeout_sec_, write_timeout_usec_), request_timeout_s_);
@@ -170,6 +180,17 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
     strm.start_request();
     bool closed = false;
     ok = process_request(strm, /*close_connection=*/left == 1, closed, nullptr);
+    if (!ok && strm.timed_out()) {
+      // Cut off inside the request line: httplib has no request to answer,
+      // so the 408 is written here (past the line, the error handler does).
+      const std::string body = error_body(408, timeout_message(), "invalid_request_error").dump();
+      std::ostringstream os;
+      os << "HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nContent-Length: " << body.size()
+         << "\r\nConnection: close\r\n\r\n"
+         << body;
+      const std::string answer = os.str();
+      strm.write(answer.data(), answer.size());
+    }
     if (!ok || closed || strm.timed_out()) break;
   }
   tl_stream = nullptr;

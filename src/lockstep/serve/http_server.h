@@ -7,6 +7,7 @@
 
 #include <httplib.h>
 
+#include <string>
 
 namespace lockstep::serve {
 
@@ -25,6 +26,8 @@ class HttpServer : public httplib::Server {
   // On an HTTP worker: whether the request being answered ran past its
   // deadline (httplib then answers 400; the server turns that into 408).
   static bool request_timed_out();
+  // What a 408 says.
+  std::string timeout_message() const;
 
  private:
   // Serves one accepted connection (httplib calls this on a worker thread):

@@ -66,12 +66,6 @@ size_t json_nesting_depth(const std::string& text) {
   return deepest;
 }
 
-std::string seconds_text(double s) {
-  std::ostringstream os;
-  os << s;
-  return os.str();
-}
-
 }  // namespace
 
 json parse_body(const httplib::Request& req) {
@@ -217,8 +211,7 @@ void ApiServer::Impl::install_routes() {
                               ? "request body too large (limit " + std::to_string(opt.max_body_bytes) +
                                     " bytes; see --max-body-bytes)"
                           : res.status == 408
-                              ? "the request did not arrive within " + seconds_text(opt.request_timeout_s) +
-                                    " s (see --request-timeout)"
+                              ? http.timeout_message()
                               : "bad request";
         set_error(res, res.status, msg);
         return httplib::Server::HandlerResponse::Handled;
