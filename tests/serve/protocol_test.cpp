@@ -82,6 +82,28 @@ TEST(ServeProtocol, RangeErrorsNameTheKeyTheClientSent) {
   EXPECT_EQ(min_tokens.find("min_new_tokens"), std::string::npos) << min_tokens;
 }
 
+// 4096 prompts x n = 1024 was accepted: four million samples in one
+// request, gigabytes of engine state and answer (found by the soak test).
+TEST(ServeProtocol, SamplesPerRequestAreCapped) {
+  ModelLimits lim = kLimits;
+  lim.max_samples = 8;
+  const json ok = {{"input_ids", {{1}, {2}}}, {"sampling_params", {{"n", 4}, {"max_new_tokens", 1}}}};
+  EXPECT_EQ(parse_generate(ok, nullptr, lim).params.n, 4);
+  try {
+    parse_generate(json{{"input_ids", {{1}, {2}, {3}}}, {"sampling_params", {{"n", 3}}}}, nullptr, lim);
+    ADD_FAILURE() << "9 samples passed a cap of 8";
+  } catch (const HttpError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_NE(std::string(e.what()).find("sampling_params.n"), std::string::npos) << e.what();
+  }
+  try {
+    parse_completions(json{{"prompt", {{1}, {2}, {3}}}, {"n", 3}}, nullptr, lim);
+    ADD_FAILURE() << "9 samples passed a cap of 8";
+  } catch (const HttpError& e) {
+    EXPECT_NE(std::string(e.what()).find("x n 3 = 9 samples"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ServeProtocol, ExplicitMaxTokensThatDoNotFitAreRejected) {
   const json body = {{"prompt", {1, 2, 3}}, {"max_tokens", 40}, {"model", "tiny"}};
   const HttpError e = parse_error(body, parse_completions);

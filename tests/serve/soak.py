@@ -591,6 +591,18 @@ def drop_mid_stream(port, rng, tally, kind):
         s.close()
 
 
+def too_many_samples(port, rng, tally, kind):
+    """prompts x n past the server's --max-samples (65536 by default)."""
+    n = rng.randint(17, 64)
+    if rng.random() < 0.5:
+        path, body, field = "/generate", {"input_ids": [[1]] * 4096, "sampling_params": {"n": n}}, "sampling_params.n"
+    else:
+        path, body, field = "/v1/completions", {"prompt": [[1]] * 4096, "n": n}, "x n"
+    status, ctype, raw = post_json(port, path, body)
+    tally.count(kind, status)
+    check_error(status, ctype, raw, field=field, expect=400)
+
+
 def not_found(port, rng, tally, kind):
     method, path = rng.choice([("GET", "/nope"), ("POST", "/v1/embeddings"), ("GET", "/generate"),
                                ("PUT", "/generate")])
@@ -731,6 +743,7 @@ def kinds(fields):
         ("bad /update_weights_from_disk", 2, bad_update),
         ("broken HTTP", 4, bad_http),
         ("no such endpoint", 2, not_found),
+        ("too many samples", 1, too_many_samples),
         ("dropped mid-stream", 5, drop_mid_stream),
     ]
 

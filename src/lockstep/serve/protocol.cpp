@@ -152,6 +152,11 @@ std::vector<int32_t> parse_stop_ids(const json* v, const std::string& what, cons
 // max_new_tokens: an explicit value that does not fit is an error (as in
 // SGLang and vLLM); a default is shortened to what fits.
 void check_lengths(GenJob& job, const ModelLimits& lim, bool explicit_max) {
+  const int64_t samples = int64_t(job.prompts.size()) * std::max<int64_t>(job.params.n, 1);
+  if (samples > lim.max_samples)
+    bad(std::to_string(job.prompts.size()) + " prompts x " + (job.api == Api::Generate ? "sampling_params.n" : "n") +
+        " " + std::to_string(job.params.n) + " = " + std::to_string(samples) + " samples; at most " +
+        std::to_string(lim.max_samples) + " per request (--max-samples): split the batch");
   size_t longest = 0;
   for (size_t i = 0; i < job.prompts.size(); ++i) {
     const auto& p = job.prompts[i];

@@ -161,7 +161,8 @@ ApiServer::Impl::Impl(const Context& c, ServerOptions o) : ctx(c), opt(std::move
 }
 
 ModelLimits ApiServer::Impl::limits() const {
-  return ModelLimits{config.vocab_size, config.max_position_embeddings, opt.served_model_name};
+  return ModelLimits{config.vocab_size, config.max_position_embeddings, opt.served_model_name,
+                     opt.max_samples_per_request};
 }
 
 std::string ApiServer::Impl::next_id(const char* prefix) {
