@@ -56,7 +56,8 @@ int run_serve(const Args& args) {
   o.max_body_bytes = size_t(body);
   o.request_timeout_s = args.get_double("request-timeout", o.request_timeout_s);
   o.max_samples_per_request = args.get_int("max-samples", o.max_samples_per_request);
-  if (o.max_samples_per_request < 1) LS_THROW << "--max-samples must be >= 1, got " << o.max_samples_per_request;
+  if (o.max_samples_per_request < 1)
+    LS_THROW << "--max-samples must be >= 1, got " << o.max_samples_per_request;
   if (!(o.request_timeout_s > 0 && o.request_timeout_s <= 86400))
     LS_THROW << "--request-timeout must be in (0, 86400] seconds, got " << o.request_timeout_s;
   const int64_t http_threads = args.get_int("http-threads", o.http_threads);

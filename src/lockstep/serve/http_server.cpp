@@ -109,8 +109,12 @@ class DeadlineStream : public httplib::Stream {
     return n;
   }
 
-  void get_remote_ip_and_port(std::string& ip, int& port) const override { address_of(sock_, true, ip, port); }
-  void get_local_ip_and_port(std::string& ip, int& port) const override { address_of(sock_, false, ip, port); }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    address_of(sock_, true, ip, port);
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    address_of(sock_, false, ip, port);
+  }
   socket_t socket() const override { return sock_; }
 
  private:
@@ -185,8 +189,8 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
       // so the 408 is written here (past the line, the error handler does).
       const std::string body = error_body(408, timeout_message(), "invalid_request_error").dump();
       std::ostringstream os;
-      os << "HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nContent-Length: " << body.size()
-         << "\r\nConnection: close\r\n\r\n"
+      os << "HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nContent-Length: "
+         << body.size() << "\r\nConnection: close\r\n\r\n"
          << body;
       const std::string answer = os.str();
       strm.write(answer.data(), answer.size());

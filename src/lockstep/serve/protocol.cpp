@@ -154,9 +154,10 @@ std::vector<int32_t> parse_stop_ids(const json* v, const std::string& what, cons
 void check_lengths(GenJob& job, const ModelLimits& lim, bool explicit_max) {
   const int64_t samples = int64_t(job.prompts.size()) * std::max<int64_t>(job.params.n, 1);
   if (samples > lim.max_samples)
-    bad(std::to_string(job.prompts.size()) + " prompts x " + (job.api == Api::Generate ? "sampling_params.n" : "n") +
-        " " + std::to_string(job.params.n) + " = " + std::to_string(samples) + " samples; at most " +
-        std::to_string(lim.max_samples) + " per request (--max-samples): split the batch");
+    bad(std::to_string(job.prompts.size()) + " prompts x " +
+        (job.api == Api::Generate ? "sampling_params.n" : "n") + " " + std::to_string(job.params.n) + " = " +
+        std::to_string(samples) + " samples; at most " + std::to_string(lim.max_samples) +
+        " per request (--max-samples): split the batch");
   size_t longest = 0;
   for (size_t i = 0; i < job.prompts.size(); ++i) {
     const auto& p = job.prompts[i];
@@ -190,7 +191,8 @@ void validate_params(const GenJob& job) {
       const std::pair<std::string, std::string> renames[] = {
           {"sampling_params.", ""}, {"max_new_tokens", "max_tokens"}, {"min_new_tokens", "min_tokens"}};
       for (const auto& [from, to] : renames)
-        for (size_t at = 0; (at = m.find(from, at)) != std::string::npos; at += to.size()) m.replace(at, from.size(), to);
+        for (size_t at = 0; (at = m.find(from, at)) != std::string::npos; at += to.size())
+          m.replace(at, from.size(), to);
     }
     bad(m);
   }

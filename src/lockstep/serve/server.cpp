@@ -74,8 +74,8 @@ json parse_body(const httplib::Request& req) {
   // deeper bodies up front keeps every later walk over the value (copies,
   // dumps, comparisons, several of them recursive in nlohmann) shallow.
   if (const size_t depth = json_nesting_depth(req.body); depth > kMaxJsonDepth)
-    throw HttpError(400, "invalid JSON: arrays and objects nest " + std::to_string(depth) + " levels deep (at most " +
-                             std::to_string(kMaxJsonDepth) + ")");
+    throw HttpError(400, "invalid JSON: arrays and objects nest " + std::to_string(depth) +
+                             " levels deep (at most " + std::to_string(kMaxJsonDepth) + ")");
   try {
     return json::parse(req.body);
   } catch (const json::exception& e) {
@@ -211,9 +211,8 @@ void ApiServer::Impl::install_routes() {
                           : res.status == 413
                               ? "request body too large (limit " + std::to_string(opt.max_body_bytes) +
                                     " bytes; see --max-body-bytes)"
-                          : res.status == 408
-                              ? http.timeout_message()
-                              : "bad request";
+                          : res.status == 408 ? http.timeout_message()
+                                              : "bad request";
         set_error(res, res.status, msg);
         return httplib::Server::HandlerResponse::Handled;
       }));
