@@ -3,11 +3,11 @@
 
 Serves a tiny model made with `lockstep init` and sends it thousands of
 requests from many threads at once: valid ones on every generation endpoint
-(streamed and not), malformed JSON, huge and deeply nested bodies, wrong types
-for every field, unknown fields, broken HTTP, streams dropped mid-way, clients
-that trickle their request byte by byte or never read their answer, a flood
-of idle connections, and `/update_weights_from_disk` alternating between two
-checkpoints all the while. It checks that the server stays up, that every
+(streamed and not), malformed JSON, huge and deeply nested bodies, too many
+samples, wrong types for every field, unknown fields, broken HTTP, streams
+dropped mid-way, clients that trickle their request byte by byte or never
+read their answer, a flood of idle connections, and
+`/update_weights_from_disk` alternating between two checkpoints all the while. It checks that the server stays up, that every
 valid request gets a well-formed answer (greedy answers equal for equal
 weights), that every invalid one gets a 4xx JSON error naming its field, and
 that resident memory, file descriptors and threads return to their idle
@@ -26,6 +26,7 @@ import itertools
 import json
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -930,9 +931,10 @@ def main():
         sent, elapsed, peak = run_storm(server.port, server, args, fields, ckpts, tally)
         after, rss_bound, problems = after_checks(server.port, server, idle, args, tally)
         report(args, tally, idle, peak, after, rss_bound, sent, elapsed)
-    except (Check, OSError, http.client.HTTPException) as e:
+    except (Check, OSError, http.client.HTTPException, ValueError, KeyError) as e:
         problems.append("%s: %s" % (type(e).__name__, e))
-    code = server.stop()
+    finally:
+        code = server.stop()  # also on an unexpected exception: no server left behind
     if code != 0:
         problems.append("server exit status %r after SIGTERM (want 0)" % code)
     if tally.failure_count:
@@ -942,7 +944,7 @@ def main():
         for p in problems:
             print("FAIL: " + p)
         return 1
-    subprocess.run(["rm", "-rf", work])
+    shutil.rmtree(work, ignore_errors=True)  # kept on failure, for its serve.err
     print("PASS")
     return 0
 
