@@ -6,8 +6,8 @@ requests from many threads at once: valid ones on every generation endpoint
 (streamed and not), malformed JSON, huge and deeply nested bodies, too many
 samples, wrong types for every field, unknown fields, broken HTTP, streams
 dropped mid-way, clients that trickle their request byte by byte or never
-read their answer, a flood of idle connections, and
-`/update_weights_from_disk` alternating between two checkpoints all the while. It checks that the server stays up, that every
+read their answer, a flood of idle connections, bursts of 200 connections
+at once, and `/update_weights_from_disk` alternating between two checkpoints all the while. It checks that the server stays up, that every
 valid request gets a well-formed answer (greedy answers equal for equal
 weights), that every invalid one gets a 4xx JSON error naming its field, and
 that resident memory, file descriptors and threads return to their idle
@@ -704,6 +704,38 @@ def idle_flood(port, tally, stop, count):
             s.close()
 
 
+def connection_burst(port, tally, stop, count):
+    """`count` connections at once, each with one small valid request sent
+    before any answer is read: more than --http-threads, so most wait in the
+    queue; every one must be answered."""
+    body = json.dumps({"input_ids": [9, 8, 7], "sampling_params": {"max_new_tokens": 2}}).encode()
+    req = (b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+    while not stop.is_set():
+        socks = []
+        for _ in range(count):
+            s = socket.create_connection(("127.0.0.1", port), timeout=60)
+            s.sendall(req)
+            socks.append(s)
+        for s in socks:
+            data = b""
+            try:
+                while True:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+            except OSError as e:
+                data = b"%r" % e
+            finally:
+                s.close()
+            ok = data.startswith(b"HTTP/1.1 200") and b"output_ids" in data
+            tally.count("connection burst", 200 if ok else 0)
+            if not ok:
+                tally.fail("connection burst", "answer %r" % data[:300])
+        stop.wait(2.0)
+
+
 def updater(port, tally, stop, ckpts, first_version):
     """/update_weights_from_disk during traffic, alternating two checkpoints:
     checkpoint version % 2 (the greedy check keys on it)."""
@@ -850,6 +882,7 @@ def run_storm(port, server, args, fields, ckpts, tally):
             threading.Thread(target=slow_client, args=(port, tally, stop, READ_TIMEOUT)),
             threading.Thread(target=never_reader, args=(port, tally, stop)),
             threading.Thread(target=idle_flood, args=(port, tally, stop, 16)),
+            threading.Thread(target=connection_burst, args=(port, tally, stop, 200)),
             threading.Thread(target=updater, args=(port, tally, stop, ckpts, 1002))]
     mon = Monitor(server)
     mon.start()
