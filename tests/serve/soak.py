@@ -628,9 +628,9 @@ def admin(port, rng, tally, kind):
 # Abusive clients beside the storm.
 
 def slow_client(port, tally, stop, deadline_s):
-    """Trickles a valid request byte by byte. One that arrives within the
-    server's read timeout must be answered; one slower than it may be cut off
-    (408 or a closed connection), but never answered wrongly."""
+    """Trickles a valid request byte by byte. One that arrives well within
+    the server's --request-timeout must be answered; one slower than it may be
+    cut off (408 or a closed connection), but never answered wrongly."""
     gaps = [0.04, 0.002, 0.01]  # seconds per byte: ~7 s in all (cut off), 0.35 s, 1.7 s
     for round_ in itertools.count():
         if stop.is_set():
@@ -639,15 +639,17 @@ def slow_client(port, tally, stop, deadline_s):
         req = (b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
         gap = gaps[round_ % len(gaps)]
-        took = gap * len(req)
         s = socket.create_connection(("127.0.0.1", port), timeout=30)
         data = b""
+        first = time.time()
+        last = first
         try:
             for i in range(len(req)):
                 try:
                     s.sendall(req[i:i + 1])
                 except OSError:
-                    break
+                    break  # cut off while sending
+                last = time.time()
                 time.sleep(gap)
             try:
                 while True:
@@ -659,6 +661,9 @@ def slow_client(port, tally, stop, deadline_s):
                 pass
         finally:
             s.close()
+        # Measured, not nominal: on a loaded machine the sleeps run long. A
+        # request fully sent well inside the deadline must have been answered.
+        sent_in = last - first
         if data.startswith(b"HTTP/1.1 200"):
             tally.count("slow client (answered)", 200)
             try:
@@ -666,11 +671,11 @@ def slow_client(port, tally, stop, deadline_s):
                 need(isinstance(out.get("output_ids"), list) and len(out["output_ids"]) >= 1, "answer")
             except (Check, ValueError, IndexError):
                 tally.fail("slow client", "bad answer %r" % data[:300])
-        elif took > deadline_s and (not data or data.startswith(b"HTTP/1.1 408")):
+        elif sent_in > deadline_s - 0.5 and (not data or data.startswith(b"HTTP/1.1 408")):
             tally.count("slow client (cut off)", 408 if data else 0)
         else:
             tally.count("slow client (wrong)", 0)
-            tally.fail("slow client", "gap %.3f s (%.1f s in all): %r" % (gap, took, data[:300]))
+            tally.fail("slow client", "gap %.3f s, sent in %.1f s: %r" % (gap, sent_in, data[:300]))
 
 
 def never_reader(port, tally, stop):
