@@ -68,10 +68,12 @@ class Server:
         args = [binary, "serve", "--model", model, "--port", "0", "--threads", "1"] + extra
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.err)
         line = self.proc.stdout.readline().decode()
-        if "listening on http://" not in line:
+        try:  # "lockstep serve: listening on http://127.0.0.1:PORT (...)"
+            self.port = int(line.split("http://", 1)[1].split()[0].rsplit(":", 1)[1])
+        except (IndexError, ValueError):
             self.proc.kill()
+            self.proc.wait()
             raise SystemExit("FAIL: server did not start: %r\n%s" % (line, self.stderr_tail()))
-        self.port = int(line.split("http://", 1)[1].split()[0].rsplit(":", 1)[1])
         # Keep draining stdout so the server never blocks on a full pipe.
         threading.Thread(target=self.proc.stdout.read, daemon=True).start()
 
