@@ -67,6 +67,43 @@ TEST(ServeProtocol, ErrorsNameTheField) {
   EXPECT_EQ(parse_error(json{{"input_ids", {1}}, {"bogus", 1}}).status(), 400);
 }
 
+// Messages the soak test (tests/serve/soak.py) found naming another field
+// than the one the client sent.
+TEST(ServeProtocol, RangeErrorsNameTheKeyTheClientSent) {
+  auto message = [](const json& body, auto parse) { return std::string(parse_error(body, parse).what()); };
+  const std::string seed =
+      message(json{{"input_ids", {1}}, {"sampling_params", {{"sampling_seed", -7}}}}, parse_generate);
+  EXPECT_NE(seed.find("sampling_params.sampling_seed"), std::string::npos) << seed;
+  const std::string max_tokens = message(json{{"prompt", {1, 2}}, {"max_tokens", -7}}, parse_completions);
+  EXPECT_NE(max_tokens.find("max_tokens must be >= 1"), std::string::npos) << max_tokens;
+  EXPECT_EQ(max_tokens.find("max_new_tokens"), std::string::npos) << max_tokens;
+  const std::string min_tokens = message(json{{"prompt", {1, 2}}, {"min_tokens", -1}}, parse_completions);
+  EXPECT_NE(min_tokens.find("min_tokens"), std::string::npos) << min_tokens;
+  EXPECT_EQ(min_tokens.find("min_new_tokens"), std::string::npos) << min_tokens;
+}
+
+// 4096 prompts x n = 1024 was accepted: four million samples in one
+// request, gigabytes of engine state and answer (found by the soak test).
+TEST(ServeProtocol, SamplesPerRequestAreCapped) {
+  ModelLimits lim = kLimits;
+  lim.max_samples = 8;
+  const json ok = {{"input_ids", {{1}, {2}}}, {"sampling_params", {{"n", 4}, {"max_new_tokens", 1}}}};
+  EXPECT_EQ(parse_generate(ok, nullptr, lim).params.n, 4);
+  try {
+    parse_generate(json{{"input_ids", {{1}, {2}, {3}}}, {"sampling_params", {{"n", 3}}}}, nullptr, lim);
+    ADD_FAILURE() << "9 samples passed a cap of 8";
+  } catch (const HttpError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_NE(std::string(e.what()).find("sampling_params.n"), std::string::npos) << e.what();
+  }
+  try {
+    parse_completions(json{{"prompt", {{1}, {2}, {3}}}, {"n", 3}}, nullptr, lim);
+    ADD_FAILURE() << "9 samples passed a cap of 8";
+  } catch (const HttpError& e) {
+    EXPECT_NE(std::string(e.what()).find("x n 3 = 9 samples"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ServeProtocol, ExplicitMaxTokensThatDoNotFitAreRejected) {
   const json body = {{"prompt", {1, 2, 3}}, {"max_tokens", 40}, {"model", "tiny"}};
   const HttpError e = parse_error(body, parse_completions);

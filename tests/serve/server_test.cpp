@@ -2,12 +2,15 @@
 // MoE model made by `lockstep init`, and real HTTP requests over loopback
 // check the SGLang and OpenAI APIs, errors, auth, weight updates, concurrency,
 // memory after a burst, and graceful shutdown.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -658,6 +661,70 @@ TEST_F(ServeTest, BadRequestsGet400WithAJsonError) {
   EXPECT_EQ(nf->status, 404);
   // Still serving.
   EXPECT_EQ(ids(post("/generate", greedy_body(4))).size(), 4u);
+}
+
+// Bodies the soak test (tests/serve/soak.py) found answered wrongly: a
+// number past double's range was a 500, text after a NUL byte was ignored
+// (the request generated), an empty text batch did not name text.
+TEST_F(ServeTest, OddJsonGets400NamingTheProblem) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"text": "a", "sampling_params": {"temperature": 1e999}})", "number overflow"},
+      {std::string("{\"text\": \"a\"}\0garbage", 21), "NUL"},
+      {std::string(100000, '[') + std::string(100000, ']'), "nest 100000 levels"},
+      {"{\"text\": " + std::string(64, '[') + std::string(64, ']') + "}", "nest 65 levels"},
+      {R"({"text": []})", "text"},
+  };
+  for (const auto& [body, expect] : cases) {
+    auto r = client().Post("/generate", body, "application/json");
+    ASSERT_TRUE(r) << body.substr(0, 80);
+    EXPECT_EQ(r->status, 400) << body.substr(0, 80) << " -> " << r->body;
+    json e = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(e.is_object()) << r->body;
+    EXPECT_NE(e["error"]["message"].get<std::string>().find(expect), std::string::npos) << r->body;
+  }
+  // 64 levels are allowed (the body is then refused for what it holds).
+  auto ok_depth = client().Post("/generate", std::string(64, '[') + std::string(64, ']'), "application/json");
+  ASSERT_TRUE(ok_depth);
+  EXPECT_EQ(json::parse(ok_depth->body)["error"]["message"], "the request body must be a JSON object");
+}
+
+// A client trickling its request (each byte well within the 5 s read
+// timeout) held an HTTP worker for as long as it liked: with as many such
+// clients as workers, nobody else was served. --request-timeout cuts each
+// one off (408) so the others get through.
+TEST_F(ServeTest, SlowClientsAreCutOffAtTheRequestTimeout) {
+  ServerProcess s({"--model", (dir_ / "m1").string(), "--http-threads", "2", "--request-timeout", "1"});
+  std::atomic<int> cut_off{0};
+  auto trickle = [&] {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(uint16_t(s.port()));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    const std::string req = "POST /generate HTTP/1.1\r\nHost: x\r\nX-Slow: " + std::string(200, 'a');
+    // One byte per 100 ms for up to 20 s, or until the server closes.
+    for (char c : req) {
+      if (send(fd, &c, 1, MSG_NOSIGNAL) != 1) break;
+      pollfd p{fd, POLLIN, 0};
+      if (poll(&p, 1, 100) > 0) break;  // the server answered (or closed)
+    }
+    char buf[512];
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n > 0 && std::string(buf, size_t(n)).find("HTTP/1.1 408") == 0) ++cut_off;
+    else ADD_FAILURE() << "slow client got " << (n > 0 ? std::string(buf, size_t(n)) : std::to_string(n));
+    close(fd);
+  };
+  std::thread a(trickle), b(trickle);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // both hold a worker now
+  httplib::Client c("127.0.0.1", s.port());
+  c.set_read_timeout(10, 0);
+  auto r = c.Post("/generate", greedy_body(2).dump(), "application/json");
+  a.join();
+  b.join();
+  ASSERT_TRUE(r) << "a normal request got no answer while two slow clients held both workers";
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(cut_off.load(), 2);
 }
 
 TEST_F(ServeTest, MetricsAndModelInfo) {

@@ -36,6 +36,8 @@ int run_serve(const Args& args) {
                     "served-model-name",
                     "chat-template",
                     "max-body-bytes",
+                    "request-timeout",
+                    "max-samples",
                     "shutdown-timeout",
                     "update-policy",
                     "precision",
@@ -52,6 +54,12 @@ int run_serve(const Args& args) {
   const int64_t body = args.get_int("max-body-bytes", int64_t(o.max_body_bytes));
   if (body < 1024) LS_THROW << "--max-body-bytes must be >= 1024, got " << body;
   o.max_body_bytes = size_t(body);
+  o.request_timeout_s = args.get_double("request-timeout", o.request_timeout_s);
+  o.max_samples_per_request = args.get_int("max-samples", o.max_samples_per_request);
+  if (o.max_samples_per_request < 1)
+    LS_THROW << "--max-samples must be >= 1, got " << o.max_samples_per_request;
+  if (!(o.request_timeout_s > 0 && o.request_timeout_s <= 86400))
+    LS_THROW << "--request-timeout must be in (0, 86400] seconds, got " << o.request_timeout_s;
   const int64_t http_threads = args.get_int("http-threads", o.http_threads);
   if (http_threads < 1 || http_threads > 4096)
     LS_THROW << "--http-threads must be in [1, 4096], got " << http_threads;
@@ -128,7 +136,8 @@ LS_REGISTER_COMMAND(Command{
     "                      [--max-batch-tokens 2048] [--max-running 256] [--max-prefill-chunk 512]\n"
     "                      [--no-prefix-cache] [--seed 0] [--served-model-name NAME]\n"
     "                      [--chat-template auto|chatml|llama3|deepseek|raw] [--max-body-bytes 16777216]\n"
-    "                      [--shutdown-timeout 30] [--update-policy finish|abort]\n"
+    "                      [--request-timeout 30] [--max-samples 65536] [--shutdown-timeout 30]\n"
+    "                      [--update-policy finish|abort]\n"
     "                      [--precision f32|bf16|fp8] [--fp8-block 128]\n\n"
     "Serves the Hugging Face model directory DIR (config.json, safetensors, tokenizer.json):\n"
     "  POST /generate                  SGLang native generation (text or input_ids, batches, n, stream)\n"
@@ -139,11 +148,14 @@ LS_REGISTER_COMMAND(Command{
     "  POST /flush_cache               drop the prefix cache\n"
     "Binds 127.0.0.1 unless --host says otherwise; --port 0 picks a free port (printed).\n"
     "With --api-key, every endpoint except /health, /health_generate and /metrics needs\n"
-    "'Authorization: Bearer KEY'. --precision f32 (default), bf16 or fp8 packs the weights in\n"
-    "that precision: logprobs equal a trainer's in the same precision bit for bit (`lockstep\n"
-    "score --precision`, `lockstep rl` with [model] precision). SIGINT/SIGTERM: stop accepting,\n"
-    "finish requests in flight\n"
-    "(abort them after --shutdown-timeout seconds, or on a second signal). See docs/server.md.\n",
+    "'Authorization: Bearer KEY'. Bodies past --max-body-bytes get 413; a request not whole\n"
+    "--request-timeout seconds after its first byte gets 408 and its connection is closed;\n"
+    "more than --max-samples samples (prompts x n) in one request get 400.\n"
+    "--precision f32 (default), bf16 or fp8 packs the weights in that precision: logprobs\n"
+    "equal a trainer's in the same precision bit for bit (`lockstep score --precision`,\n"
+    "`lockstep rl` with [model] precision). SIGINT/SIGTERM: stop accepting, finish requests\n"
+    "in flight (abort them after --shutdown-timeout seconds, or on a second signal).\n"
+    "See docs/server.md.\n",
     {"no-prefix-cache"},
     run_serve});
 

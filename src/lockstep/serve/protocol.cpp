@@ -152,6 +152,12 @@ std::vector<int32_t> parse_stop_ids(const json* v, const std::string& what, cons
 // max_new_tokens: an explicit value that does not fit is an error (as in
 // SGLang and vLLM); a default is shortened to what fits.
 void check_lengths(GenJob& job, const ModelLimits& lim, bool explicit_max) {
+  const int64_t samples = int64_t(job.prompts.size()) * std::max<int64_t>(job.params.n, 1);
+  if (samples > lim.max_samples)
+    bad(std::to_string(job.prompts.size()) + " prompts x " +
+        (job.api == Api::Generate ? "sampling_params.n" : "n") + " " + std::to_string(job.params.n) + " = " +
+        std::to_string(samples) + " samples; at most " + std::to_string(lim.max_samples) +
+        " per request (--max-samples): split the batch");
   size_t longest = 0;
   for (size_t i = 0; i < job.prompts.size(); ++i) {
     const auto& p = job.prompts[i];
@@ -179,9 +185,15 @@ void validate_params(const GenJob& job) {
     job.params.validate();
   } catch (const Error& e) {
     std::string m = e.what();
-    const std::string prefix = "sampling_params.";
-    if (job.api != Api::Generate)
-      for (size_t at; (at = m.find(prefix)) != std::string::npos;) m.erase(at, prefix.size());
+    if (job.api != Api::Generate) {
+      // OpenAI's names: top level, and max_tokens / min_tokens for SGLang's
+      // max_new_tokens / min_new_tokens.
+      const std::pair<std::string, std::string> renames[] = {
+          {"sampling_params.", ""}, {"max_new_tokens", "max_tokens"}, {"min_new_tokens", "min_tokens"}};
+      for (const auto& [from, to] : renames)
+        for (size_t at = 0; (at = m.find(from, at)) != std::string::npos; at += to.size())
+          m.replace(at, from.size(), to);
+    }
     bad(m);
   }
 }
@@ -296,7 +308,7 @@ GenJob parse_generate(const json& body, const tokenizer::Tokenizer* tok, const M
       job.prompts.push_back(parse_ids(*ids, "input_ids", lim));
     }
   }
-  if (job.prompts.empty()) bad("the batch of prompts is empty");
+  if (job.prompts.empty()) bad(std::string(text ? "text" : "input_ids") + " is an empty list (no prompt)");
   if (job.prompts.size() > 4096) bad("at most 4096 prompts per request");
 
   bool explicit_max = false;
@@ -315,8 +327,9 @@ GenJob parse_generate(const json& body, const tokenizer::Tokenizer* tok, const M
     p.min_p = float(s.get_number("min_p", 0.0));
     p.n = s.get_int("n", 1);
     if (s.has("seed") && s.has("sampling_seed")) bad("give sampling_params.seed or sampling_seed, not both");
+    const std::string seed_key = s.has("sampling_seed") ? "sampling_seed" : "seed";
     p.seed = s.get_int("seed", s.get_int("sampling_seed", -1));
-    if (p.seed < -1) bad("sampling_params.seed must be >= 0");
+    if (p.seed < -1) bad(s.name(seed_key) + " must be >= 0");
     p.stop = parse_stop(s.get("stop"), "sampling_params.stop");
     p.stop_token_ids = parse_stop_ids(s.get("stop_token_ids"), "sampling_params.stop_token_ids", lim);
     p.ignore_eos = s.get_bool("ignore_eos", false);

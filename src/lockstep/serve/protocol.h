@@ -59,6 +59,9 @@ struct ModelLimits {
   int64_t vocab_size = 0;
   int64_t context = 0;  // max_position_embeddings
   std::string served_name;
+  // Samples (prompts x n) one request may ask for: each holds engine state
+  // and a share of the answer until the whole request is done.
+  int64_t max_samples = 65536;
 };
 
 // Each throws HttpError(400) naming the offending field. `tok` may be null

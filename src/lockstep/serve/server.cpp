@@ -2,7 +2,6 @@
 // endpoints (health, model info, weight updates, cache flush, metrics) and
 // graceful shutdown. The generation endpoints live in generate.cpp.
 #include <malloc.h>
-#include <sys/socket.h>
 
 #include <algorithm>
 #include <chrono>
@@ -37,11 +36,51 @@ void set_error(httplib::Response& res, int status, const std::string& message, c
   set_json(res, status, error_body(status, message, type));
 }
 
+namespace {
+
+// Deepest nesting of arrays and objects in `text` read as JSON (brackets in
+// strings do not count); HttpError(400) on a NUL byte. Linear and
+// allocation-free: it runs before the parser.
+size_t json_nesting_depth(const std::string& text) {
+  size_t depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    // nlohmann's parser takes a NUL byte for the end of the input and
+    // would ignore whatever follows it; JSON has no place for one.
+    if (c == '\0') throw HttpError(400, "invalid JSON: the body holds a NUL byte");
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+}  // namespace
+
 json parse_body(const httplib::Request& req) {
   if (req.body.empty()) throw HttpError(400, "the request body is empty (expected a JSON object)");
+  // The deepest real request (chat content parts) nests 4 levels. Refusing
+  // deeper bodies up front keeps every later walk over the value (copies,
+  // dumps, comparisons, several of them recursive in nlohmann) shallow.
+  if (const size_t depth = json_nesting_depth(req.body); depth > kMaxJsonDepth)
+    throw HttpError(400, "invalid JSON: arrays and objects nest " + std::to_string(depth) +
+                             " levels deep (at most " + std::to_string(kMaxJsonDepth) + ")");
   try {
     return json::parse(req.body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // parse_error for bad syntax, out_of_range for a number past double's
+    // range (1e999): both are the client's JSON.
     throw HttpError(400, std::string("invalid JSON: ") + e.what());
   }
 }
@@ -97,6 +136,13 @@ bool is_open_path(const std::string& path) {
 }  // namespace
 
 ApiServer::Impl::Impl(const Context& c, ServerOptions o) : ctx(c), opt(std::move(o)) {
+  // A fixed mmap threshold. glibc's default one rises to the size of the
+  // largest block freed (up to 32 MiB), and the trim threshold with it to
+  // twice that; after a few multi-MB request bodies every thread arena then
+  // keeps up to 64 MiB of freed memory at its top, which malloc_trim does not
+  // hand back. Fixed, blocks past 1 MiB (bodies, their parsed strings,
+  // tokenizer scratch) are mapped and unmapped on their own.
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
   if (opt.served_model_name.empty()) opt.served_model_name = opt.model_dir;
   LoadedModel m = load_model_dir(opt.model_dir, ctx, opt.chat_template);
   config = m.config;
@@ -115,7 +161,8 @@ ApiServer::Impl::Impl(const Context& c, ServerOptions o) : ctx(c), opt(std::move
 }
 
 ModelLimits ApiServer::Impl::limits() const {
-  return ModelLimits{config.vocab_size, config.max_position_embeddings, opt.served_model_name};
+  return ModelLimits{config.vocab_size, config.max_position_embeddings, opt.served_model_name,
+                     opt.max_samples_per_request};
 }
 
 std::string ApiServer::Impl::next_id(const char* prefix) {
@@ -152,19 +199,27 @@ void ApiServer::Impl::install_routes() {
   // httplib closes a keep-alive connection after 5 requests by default; RL
   // clients send thousands over a few connections.
   http.set_keep_alive_max_count(1000);
-  // Errors httplib produces itself (404, 413, 400 on a malformed request)
+  http.set_request_timeout(opt.request_timeout_s);
+  // Errors httplib produces itself (404, 413, 400 on a malformed request,
+  // 408 when that was a request past its deadline)
   // get the same JSON body as ours.
   http.set_error_handler(
       httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        if (res.status == 400 && HttpServer::request_timed_out()) res.status = 408;
         std::string msg = res.status == 404 ? "no such endpoint: " + req.method + " " + req.path
                           : res.status == 413
                               ? "request body too large (limit " + std::to_string(opt.max_body_bytes) +
                                     " bytes; see --max-body-bytes)"
-                              : "bad request";
+                          : res.status == 408 ? http.timeout_message()
+                                              : "bad request";
         set_error(res, res.status, msg);
         return httplib::Server::HandlerResponse::Handled;
       }));
+  // Every answered request, whatever its status: the housekeeper trims the
+  // heap after any burst, also one of rejected requests (a 16 MB body that
+  // fails to parse leaves as much freed heap as one that generates).
+  http.set_logger([this](const httplib::Request&, const httplib::Response&) { ++http_answered; });
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (opt.api_key.empty() || is_open_path(req.path)) return httplib::Server::HandlerResponse::Unhandled;
     if (req.get_header_value("Authorization") == "Bearer " + opt.api_key)
@@ -420,6 +475,7 @@ void ApiServer::Impl::abort_all_inflight() {
 
 void ApiServer::Impl::housekeeping_loop() {
   bool was_busy = false;
+  uint64_t answered_seen = 0;
   std::unique_lock<std::mutex> l(state_mu);
   while (!finished) {
     const bool draining_late = stopping && Clock::now() >= abort_deadline;
@@ -443,16 +499,13 @@ void ApiServer::Impl::housekeeping_loop() {
       std::lock_guard<std::mutex> il(inflight_mu);
       n_inflight = inflight.size();
     }
-    const bool busy = n_inflight > 0 || s.running > 0 || s.waiting > 0;
+    const uint64_t answered = http_answered.load();
+    const bool busy = n_inflight > 0 || s.running > 0 || s.waiting > 0 || answered != answered_seen;
+    answered_seen = answered;
     if (was_busy && !busy) malloc_trim(0);
     was_busy = busy;
     l.lock();
   }
-}
-
-bool HttpServer::widen_backlog() {
-  const socket_t fd = svr_sock_;
-  return fd != INVALID_SOCKET && ::listen(fd, SOMAXCONN) == 0;
 }
 
 ApiServer::ApiServer(const Context& ctx, ServerOptions options)

@@ -22,6 +22,11 @@ struct ServerOptions {
   std::string served_model_name;   // OpenAI `model`; empty: model_dir
   std::string chat_template = "auto";
   size_t max_body_bytes = size_t(16) << 20;  // larger bodies get 413
+  // A request (line, headers, body) must arrive within this many seconds of
+  // its first byte, else 408 and the connection is closed: a client trickling
+  // bytes cannot hold an HTTP worker for longer.
+  double request_timeout_s = 30;
+  int64_t max_samples_per_request = 65536;  // prompts x n; more is a 400
   // HTTP worker threads. A generation request holds one until it finishes,
   // so this bounds the requests in flight (more wait in the accept queue).
   int http_threads = 64;

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "lockstep/serve/http_server.h"
 #include "lockstep/serve/protocol.h"
 #include "lockstep/serve/server.h"
 #include "lockstep/model/params.h"
@@ -23,14 +24,6 @@
 #include "lockstep/tokenizer/tokenizer.h"
 
 namespace lockstep::serve {
-
-// httplib's server with a deeper accept queue: httplib 0.11 listens with a
-// backlog of 5, so a burst of new connections overflows it and clients wait
-// for a SYN retransmit (1 s). listen() again on the bound socket raises it.
-class HttpServer : public httplib::Server {
- public:
-  bool widen_backlog();
-};
 
 // One set of weights the engine may read: the flat f32 buffer, its layout and
 // the packed ModelWeights (which point into both, so a WeightSet never moves).
@@ -126,6 +119,7 @@ struct ApiServer::Impl {
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
 
   std::atomic<uint64_t> id_counter{0};
+  std::atomic<uint64_t> http_answered{0};  // responses written, any status
   std::atomic<int64_t> requests_total{0}, requests_failed{0}, requests_aborted{0};
 };
 
@@ -135,7 +129,10 @@ std::string dump(const nlohmann::json& j);
 void set_json(httplib::Response& res, int status, const nlohmann::json& j);
 void set_error(httplib::Response& res, int status, const std::string& message,
                const std::string& type = "invalid_request_error");
-// The request body as JSON; HttpError(400) when it does not parse.
+// Deepest nesting of arrays and objects a request body may have.
+constexpr size_t kMaxJsonDepth = 64;
+// The request body as JSON; HttpError(400) when it does not parse or nests
+// deeper than kMaxJsonDepth.
 nlohmann::json parse_body(const httplib::Request& req);
 
 }  // namespace lockstep::serve

@@ -9,6 +9,7 @@
 #include <shared_mutex>
 
 #include "lockstep/tokenizer/byte_level.h"
+#include "lockstep/tokenizer/scratch.h"
 #include "lockstep/tokenizer/unicode.h"
 
 namespace lockstep::tokenizer {
@@ -310,6 +311,8 @@ void BpeModel::merge(std::vector<int32_t>& ids) const {
   }
   ids.clear();
   for (int32_t k = 0; k >= 0; k = syms[static_cast<size_t>(k)].next) ids.push_back(syms[static_cast<size_t>(k)].id);
+  release_if_large(syms);
+  release_if_large(heap);
 }
 
 void BpeModel::encode(std::string_view piece, std::vector<int32_t>& out) const {
@@ -343,6 +346,7 @@ void BpeModel::encode(std::string_view piece, std::vector<int32_t>& out) const {
       cache_->map.set_hashed(piece, h, e);
     }
   }
+  release_if_large(ids);
 }
 
 void BpeModel::encode_raw(std::string_view bytes, std::vector<int32_t>& out) const {
@@ -377,6 +381,7 @@ void BpeModel::encode_raw(std::string_view bytes, std::vector<int32_t>& out) con
       raw_cache_->map.set_hashed(bytes, h, e);
     }
   }
+  release_if_large(ids);
 }
 
 void BpeModel::encode_reference(std::string_view piece, std::vector<int32_t>& out) const {

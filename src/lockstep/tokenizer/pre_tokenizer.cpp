@@ -4,6 +4,7 @@
 
 #include "lockstep/tokenizer/byte_level.h"
 #include "lockstep/tokenizer/normalizer.h"
+#include "lockstep/tokenizer/scratch.h"
 
 namespace lockstep::tokenizer {
 
@@ -33,6 +34,7 @@ class SplitPreTokenizer : public PreTokenizer {
     out.clear();
     for (const Span& sp : spans) split_span(text, sp, re_, invert_, behavior_, out);
     spans.swap(out);
+    release_if_large(out);
   }
   bool supports_spans() const override { return true; }
   bool ends_with_byte_level() const override { return false; }
@@ -79,6 +81,7 @@ class ByteLevelPreTokenizer : public PreTokenizer {
     out.clear();
     for (const Span& sp : spans) split_span(text, sp, re_, false, SplitBehavior::Isolated, out);
     spans.swap(out);
+    release_if_large(out);
   }
   // A prefix space changes the text, so that case takes the string path.
   bool supports_spans() const override { return !add_prefix_space_; }
@@ -132,6 +135,8 @@ void split_span(std::string_view text, Span span, const Regex& re, bool invert, 
   std::string_view piece = text.substr(span.begin, span.end - span.begin);
   thread_local std::vector<Span> matches;
   thread_local std::vector<Segment> segs;
+  const ReleaseIfLarge<Span> release_matches{matches};
+  const ReleaseIfLarge<Segment> release_segs{segs};
   matches.clear();
   segs.clear();
   re.find_all(piece, matches);
@@ -193,6 +198,7 @@ void split_by_pattern(std::string_view piece, const Regex& re, bool invert, Spli
   parts.clear();
   split_span(piece, Span{0, static_cast<uint32_t>(piece.size())}, re, invert, behavior, parts);
   for (const Span& p : parts) out.emplace_back(piece.substr(p.begin, p.end - p.begin));
+  release_if_large(parts);
 }
 
 std::unique_ptr<PreTokenizer> make_pre_tokenizer(const Json& j, const std::string& where) {

@@ -10,6 +10,7 @@
 
 #include "lockstep/base/log.h"
 #include "lockstep/tokenizer/byte_level.h"
+#include "lockstep/tokenizer/scratch.h"
 #include "lockstep/tokenizer/tokenizer_impl.h"
 #include "lockstep/tokenizer/unicode.h"
 
@@ -256,6 +257,7 @@ void Tokenizer::Impl::encode_text(std::string_view text, std::vector<int32_t>& i
     spans.push_back(Span{0, static_cast<uint32_t>(text.size())});
     pre_tokenizer->apply_spans(text, spans);
     for (const Span& sp : spans) model.encode_raw(text.substr(sp.begin, sp.end - sp.begin), ids);
+    release_if_large(spans);
     return;
   }
   thread_local std::vector<std::string> pieces;
@@ -264,6 +266,7 @@ void Tokenizer::Impl::encode_text(std::string_view text, std::vector<int32_t>& i
   pieces.emplace_back(text);
   if (pre_tokenizer) pre_tokenizer->apply(pieces);
   for (const auto& p : pieces) model.encode(p, ids);
+  release_if_large(pieces);
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {

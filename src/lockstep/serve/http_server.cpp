@@ -1,0 +1,206 @@
+// HttpServer's connection loop: a socket Stream whose reads stop at the
+// request's deadline, and the keep-alive loop that httplib's
+// process_server_socket would run, with that deadline added.
+#include "lockstep/serve/http_server.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+
+#include "lockstep/serve/protocol.h"
+
+namespace lockstep::serve {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int to_ms(double seconds) {
+  return int(std::clamp(seconds * 1000.0, 0.0, 1e9));
+}
+
+// poll() one socket for `events`, retrying on EINTR: > 0 ready, 0 timed out, < 0 error.
+int wait_for(socket_t sock, short events, int timeout_ms) {
+  pollfd p{sock, events, 0};
+  for (;;) {
+    const int r = ::poll(&p, 1, timeout_ms);
+    if (r < 0 && errno == EINTR) continue;
+    if (r > 0 && (p.revents & (POLLERR | POLLNVAL))) return -1;
+    return r;
+  }
+}
+
+void address_of(socket_t sock, bool peer, std::string& ip, int& port) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  const int r = peer ? getpeername(sock, reinterpret_cast<sockaddr*>(&addr), &len)
+                     : getsockname(sock, reinterpret_cast<sockaddr*>(&addr), &len);
+  if (r != 0) return;
+  char host[NI_MAXHOST], serv[NI_MAXSERV];
+  if (getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof host, serv, sizeof serv,
+                  NI_NUMERICHOST | NI_NUMERICSERV) == 0) {
+    ip = host;
+    port = std::atoi(serv);
+  }
+}
+
+double seconds(time_t sec, time_t usec) {
+  return double(sec) + double(usec) * 1e-6;
+}
+
+// A connected socket as httplib's Stream. Reads are buffered (httplib reads
+// the request line and headers a byte at a time) and fail once the current
+// request's deadline has passed; each single read or write waits read_s or
+// write_s at most.
+class DeadlineStream : public httplib::Stream {
+ public:
+  DeadlineStream(socket_t sock, double read_s, double write_s, double request_s)
+      : sock_(sock), read_s_(read_s), write_s_(write_s), request_s_(request_s) {}
+
+  // The next request begins now: it has request_s to arrive.
+  void start_request() {
+    timed_out_ = false;
+    deadline_ = Clock::now() + std::chrono::milliseconds(to_ms(request_s_));
+  }
+  bool timed_out() const { return timed_out_; }
+  bool has_buffered() const { return off_ < len_; }
+
+  bool is_readable() const override { return has_buffered() || wait_readable() > 0; }
+  bool is_writable() const override {
+    if (wait_for(sock_, POLLOUT, to_ms(write_s_)) <= 0) return false;
+    // A peer that has closed its end reads as end of file: nobody to write to.
+    if (wait_for(sock_, POLLIN, 0) > 0) {
+      char c;
+      if (::recv(sock_, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0) return false;
+    }
+    return true;
+  }
+
+  ssize_t read(char* ptr, size_t size) override {
+    if (!has_buffered()) {
+      if (wait_readable() <= 0) return -1;
+      ssize_t n;
+      do {
+        n = ::recv(sock_, buf_, sizeof buf_, 0);
+      } while (n < 0 && errno == EINTR);
+      if (n <= 0) return n;
+      off_ = 0;
+      len_ = size_t(n);
+    }
+    const size_t k = std::min(size, len_ - off_);
+    std::memcpy(ptr, buf_ + off_, k);
+    off_ += k;
+    return ssize_t(k);
+  }
+
+  ssize_t write(const char* ptr, size_t size) override {
+    if (wait_for(sock_, POLLOUT, to_ms(write_s_)) <= 0) return -1;
+    ssize_t n;
+    do {
+      n = ::send(sock_, ptr, size, MSG_NOSIGNAL);
+    } while (n < 0 && errno == EINTR);
+    return n;
+  }
+
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    address_of(sock_, true, ip, port);
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    address_of(sock_, false, ip, port);
+  }
+  socket_t socket() const override { return sock_; }
+
+ private:
+  // Waits for data until the sooner of read_s and the request's deadline.
+  int wait_readable() const {
+    const double left = std::chrono::duration<double>(deadline_ - Clock::now()).count();
+    if (left <= 0) {
+      timed_out_ = true;
+      return 0;
+    }
+    // A wait cut short by the deadline (not by read_s) has timed out the
+    // request, however many microseconds the rounding to poll's ms left.
+    const bool deadline_first = left <= read_s_;
+    const int r = wait_for(sock_, POLLIN, to_ms(deadline_first ? left : read_s_));
+    if (r == 0 && deadline_first) timed_out_ = true;
+    return r;
+  }
+
+  socket_t sock_;
+  double read_s_, write_s_, request_s_;
+  Clock::time_point deadline_ = Clock::now();
+  mutable bool timed_out_ = false;
+  char buf_[4096];
+  size_t off_ = 0, len_ = 0;
+};
+
+// The stream of the connection this HTTP worker serves (error handlers ask it).
+thread_local const DeadlineStream* tl_stream = nullptr;
+
+}  // namespace
+
+bool HttpServer::widen_backlog() {
+  const socket_t fd = svr_sock_;
+  return fd != INVALID_SOCKET && ::listen(fd, SOMAXCONN) == 0;
+}
+
+bool HttpServer::wait_next_request(socket_t sock) const {
+  // In steps, so that a stopping server (its socket closed) does not wait out
+  // the idle time of every keep-alive connection.
+  const auto until = Clock::now() + std::chrono::seconds(keep_alive_timeout_sec_);
+  while (svr_sock_ != INVALID_SOCKET) {
+    const int r = wait_for(sock, POLLIN, 50);
+    if (r != 0) return r > 0;
+    if (Clock::now() >= until) return false;
+  }
+  return false;
+}
+
+bool HttpServer::request_timed_out() {
+  return tl_stream != nullptr && tl_stream->timed_out();
+}
+
+std::string HttpServer::timeout_message() const {
+  std::ostringstream os;
+  os << "the request did not arrive whole within " << request_timeout_s_
+     << " s of its first byte (see --request-timeout)";
+  return os.str();
+}
+
+bool HttpServer::process_and_close_socket(socket_t sock) {
+  DeadlineStream strm(sock, seconds(read_timeout_sec_, read_timeout_usec_),
+                      seconds(write_timeout_sec_, write_timeout_usec_), request_timeout_s_);
+  tl_stream = &strm;
+  bool ok = false;
+  for (size_t left = std::max<size_t>(1, keep_alive_max_count_); left > 0; --left) {
+    if (!strm.has_buffered() && !wait_next_request(sock)) break;
+    strm.start_request();
+    bool closed = false;
+    ok = process_request(strm, /*close_connection=*/left == 1, closed, nullptr);
+    if (!ok && strm.timed_out()) {
+      // Cut off inside the request line: httplib has no request to answer,
+      // so the 408 is written here (past the line, the error handler does).
+      const std::string body = error_body(408, timeout_message(), "invalid_request_error").dump();
+      std::ostringstream os;
+      os << "HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nContent-Length: "
+         << body.size() << "\r\nConnection: close\r\n\r\n"
+         << body;
+      const std::string answer = os.str();
+      strm.write(answer.data(), answer.size());
+    }
+    if (!ok || closed || strm.timed_out()) break;
+  }
+  tl_stream = nullptr;
+  ::shutdown(sock, SHUT_RDWR);
+  ::close(sock);
+  return ok;
+}
+
+}  // namespace lockstep::serve
