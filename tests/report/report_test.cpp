@@ -369,6 +369,24 @@ TEST(Report, RolloutAheadAddsAStalenessChart) {
   EXPECT_NE(svg.find("data-points=\"3\""), std::string::npos);
 }
 
+TEST(Report, MultiTurnRunsAddATurnsChart) {
+  TempDir tmp;
+  const fs::path run = tmp.path() / "run";
+  make_full_run(run);
+  EXPECT_TRUE(chart_svg(read(write_report(run.string(), "").path), "turns").empty())
+      << "a single-turn run has no turns chart";
+  write(run / "metrics.jsonl",
+        "{\"step\": 0, \"eval/test/turns_mean\": 1.5}\n"
+        "{\"step\": 1, \"rollout/turns_mean\": 1.2, \"rollout/env_failures\": 0, \"rollout/env_time_s\": 0.1}\n"
+        "{\"step\": 2, \"rollout/turns_mean\": 1.9, \"rollout/env_failures\": 1, \"rollout/env_time_s\": 0.2, "
+        "\"eval/test/turns_mean\": 1.9}\n");
+  const std::string svg = chart_svg(read(write_report(run.string(), "").path), "turns");
+  ASSERT_FALSE(svg.empty());
+  EXPECT_FALSE(is_nodata(svg));
+  EXPECT_NE(svg.find("data-points=\"2\""), std::string::npos);
+  EXPECT_NE(svg.find("eval test turns"), std::string::npos);
+}
+
 TEST(Report, AtomicWriteToOutPath) {
   TempDir tmp;
   const fs::path run = tmp.path() / "run";

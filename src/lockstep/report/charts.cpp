@@ -131,6 +131,19 @@ void add_rollout_charts(const MetricTable& m, std::vector<Chart>& charts) {
       c.lines.push_back(line(m, name, "eval " + set + " mean"));
     charts.push_back(std::move(c));
   }
+
+  // Only in multi-turn runs ([rollout] env): model turns per episode, in
+  // training and held-out episodes, and the environment's failures and time.
+  if (m.has("rollout/turns_mean")) {
+    Chart c = chart("turns", "Multi-turn episodes", "turns / episodes / seconds",
+                    {"rollout/turns_mean", "eval/<set>/turns_mean", "rollout/env_failures", "rollout/env_time_s"});
+    c.lines.push_back(line(m, "rollout/turns_mean", "turns per episode"));
+    for (const auto& [set, name] : eval_sets_with(m, "turns_mean"))
+      c.lines.push_back(line(m, name, "eval " + set + " turns"));
+    c.lines.push_back(line(m, "rollout/env_failures", "env failures", true));
+    c.lines.push_back(line(m, "rollout/env_time_s", "env time (s)", true));
+    charts.push_back(std::move(c));
+  }
 }
 
 // The trainer's view: the train/rollout gap, KL, clipping, entropy, gradient
