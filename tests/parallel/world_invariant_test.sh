@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # [dist] world_invariant = true (docs/distributed.md): `lockstep sft` or
-# `lockstep rl` (colocated trainers) on 1, 2, 3 and 4 data-parallel trainer
-# ranks ends with byte-identical checkpoint files (weights, optimizer state,
+# `lockstep rl` (colocated trainers, and 2 trainers + 1 rollout rank) on 1, 2,
+# 3 and 4 data-parallel trainer ranks ends with byte-identical checkpoint files (weights, optimizer state,
 # trainer state) and identical metrics.jsonl rows, timing fields (perf/*,
 # eval/*/time_s, eval/*/tokens_per_s) excepted; a 2-rank run stopped after step 2 and resumed on 1 and on 4 ranks
 # ends byte-identical to the uninterrupted 2-rank run. The same runs with
@@ -71,12 +71,17 @@ run r1 1
 run r2 2
 run r3 3
 run r4 4
+EXTRA=()
+if [ "$KIND" = rl ]; then  # 2 trainers fed by a rollout rank: the same samples, the same result
+  run d21 3 --set dist.rollout_ranks=1
+  EXTRA=(d21)
+fi
 run cut 2 --set train.steps=2
 cp -r "$T/cut" "$T/cut1"
 cp -r "$T/cut" "$T/cut4"
 run cut1 1 --resume
 run cut4 4 --resume
-for r in r2 r3 r4 cut1 cut4; do same_checkpoint r1 $r; done
+for r in r2 r3 r4 cut1 cut4 "${EXTRA[@]}"; do same_checkpoint r1 $r; done
 [ "$(cat "$T/cut/checkpoints/latest")" = step_2 ] || fail "cut: the 2-step run did not end at step_2"
 for r in cut1 cut4; do
   if grep -q "no checkpoint" "$T/$r.log"; then cat "$T/$r.log"; fail "$r: did not resume"; fi
@@ -91,7 +96,7 @@ if cmp -s "$T/plain1/checkpoints/step_$STEPS/model.safetensors" "$T/plain3/check
   fail "without world_invariant 1 and 3 ranks gave the same weights: the test shows nothing"
 fi
 
-python3 - "$T" "$STEPS" <<'PY'
+python3 - "$T" "$STEPS" "${EXTRA[@]}" <<'PY'
 import sys
 import run_files
 t, steps = sys.argv[1], int(sys.argv[2])
@@ -107,7 +112,7 @@ def rows(run):
 ref = rows("r1")
 assert ref[-1]["step"] == steps, ref[-1]
 assert any(k.startswith("train/") for k in ref[-1]), ref[-1]
-for run in ("r2", "r3", "r4", "cut1", "cut4"):
+for run in ["r2", "r3", "r4", "cut1", "cut4"] + sys.argv[3:]:
     got = rows(run)
     assert len(got) == len(ref), (run, len(got), len(ref))
     for a, b in zip(ref, got):

@@ -85,7 +85,10 @@ int train_sft(const Args& args, const toml::table& root, const std::string& cfg_
                 << (r.ep_size > 1 ? " as " + std::to_string(r.dp_size) + " expert-parallel groups of " +
                                         std::to_string(r.ep_size)
                                   : "")
-                << "; each step's batch is split over them by tokens" << std::endl;
+                << (trainer.trainer_config().world_invariant
+                        ? "; each step's micro-batches are shared out over them (world_invariant)"
+                        : "; each step's batch is split over them by tokens")
+                << std::endl;
   }
   train::run_sft(trainer, seqs, ts.out_dir, ts.sft, args.flag("resume"), m.dir, {}, ranks);
   if (writer) std::cout << "sft: done; final checkpoint in " << ts.out_dir << "/checkpoints/" << std::endl;
