@@ -77,8 +77,31 @@ TEST(ExactSum, ConversionToFloatRoundsOnceToNearestEven) {
   EXPECT_EQ(fixed_to_float(v), std::ldexp(1.0f + std::ldexp(1.0f, -23), 53 - f));
   EXPECT_NE(float(fixed_to_double(v)), fixed_to_float(v)) << "the double-rounding case is not one";
   EXPECT_EQ(fixed_to_float(-v), -fixed_to_float(v));
+  // Wider than 63 bits: the bits below the 63 the conversion keeps still
+  // decide a tie (2^100 + 2^76 is one; + 1 is above it), in both signs.
+  const Fixed b100 = Fixed(1) << 100, b76 = Fixed(1) << 76;
+  EXPECT_EQ(fixed_to_float(b100 + b76), std::ldexp(1.0f, 100 - f));
+  EXPECT_EQ(fixed_to_float(b100 + b76 + 1), std::ldexp(1.0f + std::ldexp(1.0f, -23), 100 - f));
+  EXPECT_EQ(fixed_to_float(-(b100 + b76 + 1)), -std::ldexp(1.0f + std::ldexp(1.0f, -23), 100 - f));
+  EXPECT_EQ(fixed_to_float(b100 + 3 * b76), std::ldexp(1.0f + std::ldexp(1.0f, -22), 100 - f));
+  EXPECT_EQ(fixed_to_float((Fixed(1) << 126) + 12345), std::ldexp(1.0f, 126 - f));
   EXPECT_EQ(fixed_to_double(Fixed(3)), std::ldexp(3.0, -f));
   EXPECT_EQ(fixed_to_float(0), 0.0f);
+}
+
+TEST(ExactSum, ConversionToFloatIsTheNearestFloat) {
+  // A Fixed of at most 53 significant bits is exact in double, and the
+  // hardware's double -> float conversion rounds once to nearest even.
+  std::mt19937_64 g(5);
+  for (int i = 0; i < 200000; ++i) {
+    const int bits = 1 + int(g() % 53), shift = int(g() % (126 - bits));
+    const uint64_t m = (g() >> (64 - bits)) | (uint64_t(1) << (bits - 1));
+    Fixed v = Fixed(m) << shift;
+    if (g() & 1) v = -v;
+    const double d = fixed_to_double(v);
+    ASSERT_EQ(std::ldexp(d, kFixedFractionBits), double(v)) << "not exact in double: the check would be wrong";
+    ASSERT_TRUE(same_bits(fixed_to_float(v), float(d))) << "bits " << bits << " shift " << shift;
+  }
 }
 
 TEST(ExactSum, MatchesAnExactDoubleReference) {

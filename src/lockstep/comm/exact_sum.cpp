@@ -70,13 +70,48 @@ bool to_fixed(float x, Fixed* out) {
   return true;
 }
 
-float fixed_to_float(Fixed v) { return fixed_to<float>(v, 24); }
+// The hardware's int64 -> f32 conversion (round to nearest even) on the top
+// 63 bits of |v|, with a sticky bit standing for the bits below them, then
+// an exact scaling by a power of two. A step converts every parameter's sum:
+// rounding bit by bit in software cost more than the rest of the optimizer.
+float fixed_to_float(Fixed v) {
+  const bool negative = v < 0;
+  const U128 mag = negative ? U128(0) - U128(v) : U128(v);
+  const uint64_t hi = uint64_t(mag >> 64), lo = uint64_t(mag);
+  // drop: bits shifted out below the 63 kept (0..64); hi | 1 keeps clz defined.
+  const int drop = hi != 0 ? 65 - std::countl_zero(hi) : int(lo >> 63);
+  uint64_t top, rest;
+  if (drop == 0) {
+    top = lo;
+    rest = 0;
+  } else if (drop == 64) {
+    top = hi;
+    rest = lo;
+  } else {
+    top = (hi << (64 - drop)) | (lo >> drop);
+    rest = lo << (64 - drop);
+  }
+  top |= rest != 0 ? 1 : 0;  // sticky: below the rounding point, decides ties
+  // top < 2^63: exact as int64; one rounding to f32. The scale 2^(drop - 80)
+  // is a normal f32, and so is the product (|v| >= 2^-80).
+  const float r = float(int64_t(top)) * std::bit_cast<float>(uint32_t(drop - kFixedFractionBits + 127) << 23);
+  return negative ? -r : r;
+}
+
 double fixed_to_double(Fixed v) { return fixed_to<double>(v, 53); }
+
+void unfold_into(Fixed* acc, float* out, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = fixed_to_float(acc[i]);
+    acc[i] = 0;
+  }
+}
 
 int64_t fold_into(float* g, Fixed* acc, size_t n) {
   int64_t refused = 0;
   for (size_t i = 0; i < n; ++i) {
     Fixed t;
+    if ((std::bit_cast<uint32_t>(g[i]) & 0x7fffffffu) == 0) continue;  // +-0 adds nothing (and stays 0)
     if (to_fixed(g[i], &t))
       acc[i] = fixed_add(acc[i], t);
     else

@@ -506,17 +506,10 @@ void Trainer::finish_exact_sum() {
     LS_THROW << "[dist] world_invariant: " << folds << " micro-batches in one optimizer step; the exact gradient sum "
              << "holds at most " << comm::kFixedMaxTerms << " (raise [train] micro_batch_tokens)";
   float* g = grads_.as<float>();
-  const float fill = std::numeric_limits<float>::quiet_NaN();
   ctx_.parallel_for(
-      n,
-      [&](int64_t b0, int64_t b1) {
-        for (int64_t i = b0; i < b1; ++i) {
-          g[i] = refused > 0 ? fill : comm::fixed_to_float(acc[i]);
-          acc[i] = 0;
-        }
-      },
-      int64_t{1} << 16);
+      n, [&](int64_t b0, int64_t b1) { comm::unfold_into(acc + b0, g + b0, size_t(b1 - b0)); }, int64_t{1} << 16);
   acc[n] = acc[n + 1] = 0;
+  if (refused > 0) std::fill(g, g + n, std::numeric_limits<float>::quiet_NaN());
 }
 
 void Trainer::zero_grad() {
