@@ -174,6 +174,14 @@ TEST(ExactSum, NonFiniteAndTooLargeTermsAreRefused) {
   EXPECT_EQ(acc[1], Fixed(0));
   EXPECT_EQ(acc[2], fixed_of(2.0f));
   EXPECT_EQ(acc[3], Fixed(0));
+  // first: the sums start over, whatever the buffer held.
+  g = {1.0f, 0.0f, -2.0f, std::numeric_limits<float>::infinity()};
+  std::vector<Fixed> stale = {Fixed(7), Fixed(-9), Fixed(11), Fixed(13)};
+  EXPECT_EQ(fold_into(g.data(), stale.data(), g.size(), /*first=*/true), 1);
+  EXPECT_EQ(stale[0], fixed_of(1.0f));
+  EXPECT_EQ(stale[1], Fixed(0));
+  EXPECT_EQ(stale[2], fixed_of(-2.0f));
+  EXPECT_EQ(stale[3], Fixed(0));
 }
 
 TEST(ExactSum, TheLargestSumsStayExactThroughWrappingIntermediates) {

@@ -215,6 +215,15 @@ TEST(WorldInvariant, ANonFiniteGradientSkipsTheStepAndDropsTheSums) {
   train::sft_step(*t, batch);
   train::sft_step(*fresh, batch);
   EXPECT_EQ(std::memcmp(t->params(), fresh->params(), n * 4), 0);
+  // A step with nothing folded since the last one (a rank without
+  // micro-batches) sees a zero gradient, not stale sums; so does one after
+  // zero_grad() dropped what was folded.
+  EXPECT_EQ(t->step().grad_norm, 0.0);
+  int64_t targets = 0;
+  for (const auto& s : batch) targets += s.num_targets();
+  t->accumulate(batch, sft_loss(targets), {});
+  t->zero_grad();
+  EXPECT_EQ(t->step().grad_norm, 0.0);
 }
 
 }  // namespace

@@ -100,22 +100,17 @@ float fixed_to_float(Fixed v) {
 
 double fixed_to_double(Fixed v) { return fixed_to<double>(v, 53); }
 
-void unfold_into(Fixed* acc, float* out, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    out[i] = fixed_to_float(acc[i]);
-    acc[i] = 0;
-  }
+void unfold_into(const Fixed* acc, float* out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = fixed_to_float(acc[i]);
 }
 
-int64_t fold_into(float* g, Fixed* acc, size_t n) {
+int64_t fold_into(float* g, Fixed* acc, size_t n, bool first) {
   int64_t refused = 0;
   for (size_t i = 0; i < n; ++i) {
-    Fixed t;
-    if ((std::bit_cast<uint32_t>(g[i]) & 0x7fffffffu) == 0) continue;  // +-0 adds nothing (and stays 0)
-    if (to_fixed(g[i], &t))
-      acc[i] = fixed_add(acc[i], t);
-    else
-      ++refused;
+    Fixed t = 0;
+    // +-0 adds nothing (and stays 0); a refused term adds nothing either.
+    if ((std::bit_cast<uint32_t>(g[i]) & 0x7fffffffu) != 0 && !to_fixed(g[i], &t)) ++refused;
+    acc[i] = first ? t : fixed_add(acc[i], t);
     g[i] = 0.0f;
   }
   return refused;

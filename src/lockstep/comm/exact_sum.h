@@ -39,10 +39,11 @@ inline Fixed fixed_add(Fixed a, Fixed b) {
   return Fixed(static_cast<unsigned __int128>(a) + static_cast<unsigned __int128>(b));
 }
 
-// acc[i] += to_fixed(g[i]) for i in [0, n), then g[i] = 0. Returns the number
-// of terms to_fixed refused (non-finite or too large); they add nothing.
-int64_t fold_into(float* g, Fixed* acc, size_t n);
-// out[i] = fixed_to_float(acc[i]) for i in [0, n), then acc[i] = 0.
-void unfold_into(Fixed* acc, float* out, size_t n);
+// acc[i] += to_fixed(g[i]) for i in [0, n) (first: acc[i] = to_fixed(g[i]),
+// whatever acc held, which saves a pass zeroing it), then g[i] = 0. Returns
+// the number of terms to_fixed refused (non-finite or too large); they add nothing.
+int64_t fold_into(float* g, Fixed* acc, size_t n, bool first = false);
+// out[i] = fixed_to_float(acc[i]) for i in [0, n).
+void unfold_into(const Fixed* acc, float* out, size_t n);
 
 }  // namespace lockstep::comm

@@ -485,21 +485,26 @@ void Trainer::fold_gradients() {
   // Frozen slots may hold integer bits (an Index table): never read as floats.
   for (const ParamInfo& p : layout_.params())
     if (p.frozen) std::fill(g + p.offset, g + p.offset + p.numel, 0.0f);
+  const bool first = exact_empty_;
   ctx_.parallel_for(
       n,
       [&](int64_t b0, int64_t b1) {
-        const int64_t bad = comm::fold_into(g + b0, acc + b0, size_t(b1 - b0));
+        const int64_t bad = comm::fold_into(g + b0, acc + b0, size_t(b1 - b0), first);
         if (bad) refused += bad;
       },
       int64_t{1} << 16);
-  acc[n] = comm::fixed_add(acc[n], 1);
-  acc[n + 1] = comm::fixed_add(acc[n + 1], comm::Fixed(refused.load()));
+  acc[n] = first ? 1 : comm::fixed_add(acc[n], 1);
+  acc[n + 1] = first ? comm::Fixed(refused.load()) : comm::fixed_add(acc[n + 1], comm::Fixed(refused.load()));
+  exact_empty_ = false;
 }
 
 void Trainer::finish_exact_sum() {
   const int64_t n = layout_.numel();
   if (exact_.size() == 0) exact_ = Buffer(size_t(n + 2) * sizeof(comm::Fixed));
   comm::Fixed* acc = exact_.as<comm::Fixed>();
+  // A rank that folded nothing this step (fewer micro-batches than ranks) adds zeros.
+  if (exact_empty_) std::memset(exact_.data(), 0, exact_.size());
+  exact_empty_ = true;  // the next fold starts the next step's sums
   if (cfg_.exact_reduce) cfg_.exact_reduce(acc, size_t(n + 2));
   const int64_t folds = int64_t(acc[n]), refused = int64_t(acc[n + 1]);
   if (folds > comm::kFixedMaxTerms)
@@ -508,13 +513,12 @@ void Trainer::finish_exact_sum() {
   float* g = grads_.as<float>();
   ctx_.parallel_for(
       n, [&](int64_t b0, int64_t b1) { comm::unfold_into(acc + b0, g + b0, size_t(b1 - b0)); }, int64_t{1} << 16);
-  acc[n] = acc[n + 1] = 0;
   if (refused > 0) std::fill(g, g + n, std::numeric_limits<float>::quiet_NaN());
 }
 
 void Trainer::zero_grad() {
   std::memset(grads_.data(), 0, layout_.nbytes());
-  if (exact_.size() != 0) std::memset(exact_.data(), 0, exact_.size());
+  exact_empty_ = true;
 }
 
 Scorer::Scorer(const Context& ctx, const ModelConfig& config, Buffer params, int64_t micro_batch_tokens,

@@ -221,8 +221,11 @@ class Trainer {
   // fresh pages.
   std::shared_ptr<RunBuffers> buffers_;
   // world_invariant: (numel + 2) fixed-point sums: the gradient, then the
-  // number of micro-batches folded and of terms refused (allocated on first use).
+  // number of micro-batches folded and of terms refused (allocated on first
+  // use). exact_empty_: nothing folded since the last step, so exact_ holds
+  // stale values that the next fold overwrites instead of adding to.
   Buffer exact_;
+  bool exact_empty_ = true;
 };
 
 // Weights that only score: the f32 parameters (held, not copied) and their
