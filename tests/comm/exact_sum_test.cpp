@@ -2,6 +2,8 @@
 // even), refused terms, the range the sums are exact in, and the point of it
 // all: any order or grouping of the additions gives the same bits, where plain
 // f32 sums in two orders do not.
+#include "lockstep/comm/exact_sum.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,7 +14,6 @@
 #include <random>
 #include <vector>
 
-#include "lockstep/comm/exact_sum.h"
 #include "lockstep/comm/reduce_order.h"
 
 namespace lockstep::comm {
@@ -46,14 +47,16 @@ std::vector<size_t> iota_order(size_t n) {
   return o;
 }
 
-bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+bool same_bits(float a, float b) {
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
 
 TEST(ExactSum, GridValuesRoundTripAndTiesGoToEven) {
   const float unit = std::ldexp(1.0f, -kFixedFractionBits);
   EXPECT_EQ(fixed_of(unit), Fixed(1));
   EXPECT_EQ(fixed_of(-unit), Fixed(-1));
   EXPECT_EQ(fixed_of(1.0f), Fixed(1) << kFixedFractionBits);
-  EXPECT_EQ(fixed_of(0.75f * unit), Fixed(1));   // nearest
+  EXPECT_EQ(fixed_of(0.75f * unit), Fixed(1));  // nearest
   EXPECT_EQ(fixed_of(0.25f * unit), Fixed(0));
   EXPECT_EQ(fixed_of(0.5f * unit), Fixed(0));    // tie: to even (0)
   EXPECT_EQ(fixed_of(1.5f * unit), Fixed(2));    // tie: to even (2)
@@ -99,7 +102,8 @@ TEST(ExactSum, ConversionToFloatIsTheNearestFloat) {
     Fixed v = Fixed(m) << shift;
     if (g() & 1) v = -v;
     const double d = fixed_to_double(v);
-    ASSERT_EQ(std::ldexp(d, kFixedFractionBits), double(v)) << "not exact in double: the check would be wrong";
+    ASSERT_EQ(std::ldexp(d, kFixedFractionBits), double(v))
+        << "not exact in double: the check would be wrong";
     ASSERT_TRUE(same_bits(fixed_to_float(v), float(d))) << "bits " << bits << " shift " << shift;
   }
 }
@@ -146,7 +150,8 @@ TEST(ExactSum, AnyOrderAndGroupingGivesTheSameBits) {
   // And close to a long double reference (the grid's rounding: 2^-81 per term).
   long double ld = 0;
   for (float x : v) ld += (long double)x;
-  EXPECT_NEAR(double(fixed_to_double(ref)), double(ld), 1e-12 * std::fabs(double(ld)) + 4096 * std::ldexp(1.0, -81));
+  EXPECT_NEAR(double(fixed_to_double(ref)), double(ld),
+              1e-12 * std::fabs(double(ld)) + 4096 * std::ldexp(1.0, -81));
 }
 
 TEST(ExactSum, NegativeControlPlainF32SumsDependOnTheOrder) {

@@ -38,7 +38,7 @@ template <typename T>
 T round_magnitude(U128 mag, int bits) {
   if (mag == 0) return T(0);
   const int width = 128 - (uint64_t(mag >> 64) != 0 ? std::countl_zero(uint64_t(mag >> 64))
-                                                      : 64 + std::countl_zero(uint64_t(mag)));
+                                                    : 64 + std::countl_zero(uint64_t(mag)));
   int exp = -kFixedFractionBits;
   if (width > bits) {
     const int drop = width - bits;
@@ -98,7 +98,9 @@ float fixed_to_float(Fixed v) {
   return negative ? -r : r;
 }
 
-double fixed_to_double(Fixed v) { return fixed_to<double>(v, 53); }
+double fixed_to_double(Fixed v) {
+  return fixed_to<double>(v, 53);
+}
 
 void unfold_into(const Fixed* acc, float* out, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = fixed_to_float(acc[i]);

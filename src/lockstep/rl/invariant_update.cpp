@@ -9,7 +9,8 @@
 
 namespace lockstep::rl {
 
-std::pair<size_t, size_t> invariant_shard(const TrainerGroup& group, const std::vector<train::TrainSequence>& seqs,
+std::pair<size_t, size_t> invariant_shard(const TrainerGroup& group,
+                                          const std::vector<train::TrainSequence>& seqs,
                                           int64_t micro_batch_tokens) {
   const parallel::Range r =
       parallel::split_micro_batches(seqs, micro_batch_tokens, group.ranks())[size_t(group.rank())];
@@ -17,7 +18,8 @@ std::pair<size_t, size_t> invariant_shard(const TrainerGroup& group, const std::
 }
 
 void SeqStatsTable::set(size_t i, double loss, const SeqLossStats& st) {
-  LS_CHECK((i + 1) * kFields <= v_.size()) << "SeqStatsTable: sequence " << i << " of " << v_.size() / kFields;
+  LS_CHECK((i + 1) * kFields <= v_.size())
+      << "SeqStatsTable: sequence " << i << " of " << v_.size() / kFields;
   double* e = v_.data() + i * kFields;
   e[0] = loss;
   e[1] = st.pg_loss;
@@ -44,7 +46,8 @@ double SeqStatsTable::add_in_order(TrainerGroup& group, int64_t n_mb, SeqLossSta
   return loss;
 }
 
-std::vector<std::vector<float>> gather_logprobs(TrainerGroup& group, const std::vector<std::vector<float>>& mine,
+std::vector<std::vector<float>> gather_logprobs(TrainerGroup& group,
+                                                const std::vector<std::vector<float>>& mine,
                                                 const std::vector<size_t>& lengths) {
   std::string bytes;
   for (const auto& v : mine) bytes.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));

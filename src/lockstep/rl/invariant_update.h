@@ -19,7 +19,8 @@ namespace lockstep::rl {
 
 // This rank's [begin, end) of the mini-batch `seqs`: whole micro-batches of
 // the cut by micro_batch_tokens (parallel::split_micro_batches).
-std::pair<size_t, size_t> invariant_shard(const TrainerGroup& group, const std::vector<train::TrainSequence>& seqs,
+std::pair<size_t, size_t> invariant_shard(const TrainerGroup& group,
+                                          const std::vector<train::TrainSequence>& seqs,
                                           int64_t micro_batch_tokens);
 
 // Each sequence's loss and SeqLossStats of one mini-batch, written by the
@@ -42,7 +43,8 @@ class SeqStatsTable {
 // Collective: every rank's `mine` (the logprobs of its shard, in order)
 // concatenated in rank order, cut into `lengths` (every sequence's count, in
 // mini-batch order).
-std::vector<std::vector<float>> gather_logprobs(TrainerGroup& group, const std::vector<std::vector<float>>& mine,
+std::vector<std::vector<float>> gather_logprobs(TrainerGroup& group,
+                                                const std::vector<std::vector<float>>& mine,
                                                 const std::vector<size_t>& lengths);
 
 }  // namespace lockstep::rl
