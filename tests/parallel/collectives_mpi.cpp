@@ -94,6 +94,29 @@ TEST(Collectives, AllReduceMatchesDoubleReferenceAndIsReproducible) {
   ASSERT_EQ(std::memcmp(small.data(), big.data(), n * sizeof(float)), 0);
 }
 
+// The fixed-point all-reduce (comm/exact_sum.h) is the exact integer sum:
+// the same value as one process adding every rank's terms in any order.
+TEST(Collectives, AllReduceFixedIsTheExactSum) {
+  comm::Communicator world = comm::Communicator::world(60);
+  const int P = world.size();
+  for (size_t bucket_bytes : {size_t(16), size_t(16 * 7), comm::kDefaultBucketBytes}) {
+    world.set_bucket_bytes(bucket_bytes);
+    const size_t n = 1001;
+    std::vector<comm::Fixed> a(n, 0), expect(n, 0);
+    for (int q = P - 1; q >= 0; --q) {  // the reference adds the ranks backwards
+      const std::vector<float> c = contribution(n, q, 17);
+      for (size_t i = 0; i < n; ++i) {
+        comm::Fixed t = 0;
+        ASSERT_TRUE(comm::to_fixed(c[i], &t));
+        expect[i] = comm::fixed_add(expect[i], t);
+        if (q == world.rank()) a[i] = t;
+      }
+    }
+    world.all_reduce_sum(a.data(), n);
+    for (size_t i = 0; i < n; ++i) ASSERT_TRUE(a[i] == expect[i]) << "element " << i << " bucket " << bucket_bytes;
+  }
+}
+
 TEST(Collectives, AllReduceDoubleAndScalars) {
   comm::Communicator world = comm::Communicator::world(60);
   const int P = world.size();

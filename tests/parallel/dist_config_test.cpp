@@ -36,6 +36,8 @@ TEST(DistConfig, DefaultsAndKeys) {
   EXPECT_EQ(d.bucket_bytes(), size_t(16) << 20);
   EXPECT_EQ(d.max_weight_staleness, 0);
   EXPECT_EQ(d.timeout_s, 1800.0);
+  EXPECT_FALSE(d.world_invariant);
+  EXPECT_TRUE(parse("[dist]\nworld_invariant = true\n").world_invariant);
   const DistConfig c = parse(
       "[dist]\ntrainer_ranks = 6\nrollout_ranks = 2\nexpert_parallel = 3\nbucket_mb = 64\n"
       "max_weight_staleness = 0\ntimeout_s = 90.5\n");
@@ -56,6 +58,8 @@ TEST(DistConfig, BadValuesNameTheKey) {
   EXPECT_NE(e.find("rollout_ranks"), std::string::npos) << e;
   e = error_of([] { parse("[dist]\ntimeout_s = \"soon\"\n"); });
   EXPECT_NE(e.find("timeout_s"), std::string::npos) << e;
+  e = error_of([] { parse("[dist]\nworld_invariant = 1\n"); });
+  EXPECT_NE(e.find("world_invariant"), std::string::npos) << e;
   e = error_of([] { parse("[dist]\ndata_parallel = 2\n"); });
   EXPECT_NE(e.find("data_parallel"), std::string::npos) << e;
 }
@@ -119,6 +123,11 @@ TEST(Roles, LayoutErrorsAreClear) {
   c.expert_parallel = 2;
   e = error_of([&] { compute_roles(c, 4, 0); });
   EXPECT_NE(e.find("expert_parallel = 2 does not divide the 3 trainer ranks"), std::string::npos) << e;
+  c.rollout_ranks = 0;
+  c.world_invariant = true;  // EP is not covered by world_invariant
+  e = error_of([&] { compute_roles(c, 4, 0); });
+  EXPECT_NE(e.find("world_invariant = true does not cover expert parallelism (expert_parallel = 2)"), std::string::npos)
+      << e;
 }
 
 }  // namespace

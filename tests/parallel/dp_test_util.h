@@ -40,7 +40,7 @@ inline std::vector<train::TrainSequence> dp_batch(int n, uint32_t seed) {
   return out;
 }
 
-inline std::unique_ptr<train::Trainer> dp_trainer(const Context& ctx) {
+inline std::unique_ptr<train::Trainer> dp_trainer(const Context& ctx, bool world_invariant = false) {
   const ModelConfig c = dp_tiny_moe();
   ParamLayout layout(c);
   Buffer params = alloc_params(layout);
@@ -50,6 +50,7 @@ inline std::unique_ptr<train::Trainer> dp_trainer(const Context& ctx) {
   tc.optim.weight_decay = 0.01;
   tc.optim.grad_clip = 1.0;
   tc.micro_batch_tokens = 24;  // several micro-batches per shard
+  tc.world_invariant = world_invariant;
   return std::make_unique<train::Trainer>(ctx, c, std::move(params), tc);
 }
 

@@ -3,6 +3,10 @@
 // splits, and the emulation of a P-rank data-parallel step.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <limits>
+#include <utility>
+
 #include <cstring>
 #include <string>
 #include <vector>
@@ -121,6 +125,105 @@ TEST(Emulation, GradientIsTheRankOrderSumOfShardGradients) {
     const float expect = float((double(partial[0][i]) + double(partial[1][i])) + double(partial[2][i]));
     ASSERT_EQ(emu->grads()[i], expect) << i;
   }
+}
+
+TEST(Sharding, WorldInvariantShardsAreRunsOfTheGlobalMicroBatches) {
+  const auto batch = test::dp_batch(23, 9);
+  const int64_t budget = 24;
+  const auto global = train::micro_batches(batch, budget);
+  ASSERT_GE(global.size(), 6u) << "too few micro-batches to share out";
+  for (int P = 1; P <= 8; ++P) {
+    const std::vector<Range> shards = split_micro_batches(batch, budget, P);
+    ASSERT_EQ(shards.size(), size_t(P));
+    // The shards' own cuts, concatenated, are the global cut.
+    std::vector<std::pair<size_t, size_t>> joined;
+    size_t next = 0;
+    for (const Range& r : shards) {
+      ASSERT_EQ(r.begin, next) << "P = " << P;
+      next = r.end;
+      const std::vector<train::TrainSequence> shard(batch.begin() + ptrdiff_t(r.begin), batch.begin() + ptrdiff_t(r.end));
+      for (auto [b0, b1] : train::micro_batches(shard, budget)) joined.emplace_back(r.begin + b0, r.begin + b1);
+    }
+    ASSERT_EQ(next, batch.size());
+    ASSERT_EQ(joined, global) << "P = " << P;
+  }
+  // More ranks than micro-batches: some shards are empty, none is cut.
+  const auto many = split_micro_batches(batch, budget, int(global.size()) + 3);
+  size_t empty = 0;
+  for (const Range& r : many) empty += r.size() == 0 ? 1 : 0;
+  EXPECT_GE(empty, 3u);
+}
+
+// The world-invariant trainer: any sharing out of the micro-batches over
+// accumulate() calls, in any order, gives the same step bit for bit; the
+// plain trainer does not (the negative control).
+TEST(WorldInvariant, TheStepDoesNotDependOnHowMicroBatchesAreShared) {
+  const Context ctx;
+  const auto batch = test::dp_batch(13, 21);
+  int64_t targets = 0;
+  for (const auto& s : batch) targets += s.num_targets();
+  const train::LossFn loss = sft_loss(targets);
+  auto train_in_shards = [&](bool invariant, int P, bool reverse) {
+    auto t = test::dp_trainer(ctx, invariant);
+    std::vector<Range> shards = split_micro_batches(batch, t->trainer_config().micro_batch_tokens, P);
+    if (reverse) std::reverse(shards.begin(), shards.end());
+    for (const Range& r : shards) {
+      if (r.size() == 0) continue;
+      const std::vector<train::TrainSequence> shard(batch.begin() + ptrdiff_t(r.begin), batch.begin() + ptrdiff_t(r.end));
+      const train::LossFn shifted = [&, off = r.begin](size_t i, const float* lp, const float* en, int64_t m,
+                                                       float* dl, float* de) { return loss(i + off, lp, en, m, dl, de); };
+      t->accumulate(shard, shifted, {});
+    }
+    const train::OptimizerStats os = t->step();
+    EXPECT_FALSE(os.skipped);
+    const size_t n = size_t(t->layout().numel());
+    // The gradient norm (a double sum of squares) shows a one-ulp change of
+    // any gradient element; AdamW's first step may hide it in the weights.
+    return std::make_pair(os.grad_norm, std::vector<float>(t->params(), t->params() + n));
+  };
+  const auto [norm1, one] = train_in_shards(true, 1, false);
+  for (int P : {2, 3, 4})
+    for (bool reverse : {false, true}) {
+      const auto [norm, params] = train_in_shards(true, P, reverse);
+      ASSERT_EQ(norm, norm1) << "P = " << P << (reverse ? ", shards backwards" : "");
+      ASSERT_EQ(std::memcmp(params.data(), one.data(), one.size() * 4), 0)
+          << "P = " << P << (reverse ? ", shards backwards" : "");
+    }
+  EXPECT_NE(train_in_shards(false, 3, true).first, train_in_shards(false, 1, false).first)
+      << "plain f32 accumulation did not depend on the order: the test shows nothing";
+  // train::sft_step on one trainer takes the same step.
+  auto whole = test::dp_trainer(ctx, true);
+  EXPECT_EQ(train::sft_step(*whole, batch).grad_norm, norm1);
+  EXPECT_EQ(std::memcmp(whole->params(), one.data(), one.size() * 4), 0);
+}
+
+TEST(WorldInvariant, ANonFiniteGradientSkipsTheStepAndDropsTheSums) {
+  const Context ctx;
+  auto t = test::dp_trainer(ctx, true);
+  const size_t n = size_t(t->layout().numel());
+  const std::vector<float> before(t->params(), t->params() + n);
+  const auto batch = test::dp_batch(3, 2);
+  const train::LossFn nan_loss = [](size_t, const float*, const float*, int64_t m, float* dl, float*) {
+    for (int64_t i = 0; i < m; ++i) dl[i] = std::numeric_limits<float>::quiet_NaN();
+    return 0.0;
+  };
+  t->accumulate(batch, nan_loss, {});
+  EXPECT_TRUE(t->step().skipped);
+  EXPECT_EQ(std::memcmp(t->params(), before.data(), n * 4), 0);
+  // Nothing of the refused step is left in the sums: the next one equals a fresh trainer's.
+  auto fresh = test::dp_trainer(ctx, true);
+  train::sft_step(*t, batch);
+  train::sft_step(*fresh, batch);
+  EXPECT_EQ(std::memcmp(t->params(), fresh->params(), n * 4), 0);
+  // A step with nothing folded since the last one (a rank without
+  // micro-batches) sees a zero gradient, not stale sums; so does one after
+  // zero_grad() dropped what was folded.
+  EXPECT_EQ(t->step().grad_norm, 0.0);
+  int64_t targets = 0;
+  for (const auto& s : batch) targets += s.num_targets();
+  t->accumulate(batch, sft_loss(targets), {});
+  t->zero_grad();
+  EXPECT_EQ(t->step().grad_norm, 0.0);
 }
 
 }  // namespace

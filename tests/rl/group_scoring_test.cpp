@@ -34,6 +34,7 @@ class CountingReward final : public reward::Reward {
 class SecondOfTwo final : public TrainerGroup {
  public:
   int ranks() const override { return 2; }
+  int rank() const override { return 1; }
   bool writer() const override { return false; }
   std::pair<size_t, size_t> shard(size_t n) const override { return {n / 2, n}; }
   void sum(double*, size_t) override {}

@@ -54,6 +54,7 @@ TEST(RlTrainerGroup, OneRankIsTheWholeBatchAndKeepsTheSumsBits) {
 class TwoRanks final : public TrainerGroup {
  public:
   int ranks() const override { return 2; }
+  int rank() const override { return 0; }
   bool writer() const override { return true; }
   std::pair<size_t, size_t> shard(size_t n) const override { return {0, n / 2}; }
   void sum(double* v, size_t n) override {

@@ -25,6 +25,7 @@ struct TrainBenchOptions {
   int64_t seqs_per_step = 32;  // sequences per optimizer step
   int64_t micro_batch_tokens = 4096;
   bool recompute = false;  // TrainerConfig::recompute_activations
+  bool world_invariant = false;  // TrainerConfig::world_invariant (the exact gradient sum)
   DType precision = DType::F32;  // TrainerConfig::precision (the forward's weights)
   int64_t steps = 2;       // measured steps, after one warm-up step
   const kernels::GpuBackend* gpu = nullptr;  // --device; null: the CPU kernels

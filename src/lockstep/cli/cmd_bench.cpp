@@ -79,13 +79,15 @@ const kernels::GpuBackend* device_flag(const Args& args) {
 
 int run_train(const Args& args) {
   args.check_known(
-      {"config", "threads", "seq-len", "seqs", "micro-batch-tokens", "steps", "recompute", "precision", "device"});
+      {"config", "threads", "seq-len", "seqs", "micro-batch-tokens", "steps", "recompute", "world-invariant",
+       "precision", "device"});
   perf::TrainBenchOptions o;
   o.threads = int(positive(args, "threads", 2));
   o.seq_len = positive(args, "seq-len", o.seq_len);
   o.seqs_per_step = positive(args, "seqs", o.seqs_per_step);
   o.micro_batch_tokens = positive(args, "micro-batch-tokens", o.micro_batch_tokens);
   o.recompute = args.flag("recompute");
+  o.world_invariant = args.flag("world-invariant");
   o.steps = positive(args, "steps", o.steps);
   if (auto p = args.maybe("precision")) o.precision = precision_flag(*p);
   o.gpu = device_flag(args);
@@ -141,7 +143,8 @@ LS_REGISTER_COMMAND(Command{
     "bench", "training and rollout throughput benchmarks",
     "usage: lockstep bench train   [--config FILE[,FILE]] [--threads N] [--seq-len N] [--seqs N]\n"
     "                              [--micro-batch-tokens N] [--steps N] [--recompute]\n"
-    "                              [--precision f32|bf16|fp8] [--device cpu|interpret]\n"
+    "                              [--world-invariant] [--precision f32|bf16|fp8]\n"
+    "                              [--device cpu|interpret]\n"
     "       lockstep bench rollout [--config FILE[,FILE]] [--threads N] [--batches 1,16,64,256]\n"
     "                              [--new-tokens N] [--prompt-len N] [--prefill-prompts N]\n"
     "                              [--prefill-len N] [--grpo-prompts N] [--grpo-samples N]\n"
@@ -155,6 +158,7 @@ LS_REGISTER_COMMAND(Command{
     "  --micro-batch-tokens 4096), the model FLOPs per\n"
     "  token and the fraction of the machine's fp32 FMA peak, measured in the same run.\n"
     "  --recompute: activation recompute (keep only layer inputs; backward recomputes).\n"
+    "  --world-invariant: [dist] world_invariant's exact gradient sum (a fold per micro-batch).\n"
     "  --precision: the forward's weights in bf16 or fp8 (master weights and AdamW stay f32).\n"
     "rollout: decode tokens/s at each --batches size (prompts of --prompt-len tokens,\n"
     "  --new-tokens generated each) next to the GEMM roofline (the same step's matrix products\n"
@@ -165,7 +169,7 @@ LS_REGISTER_COMMAND(Command{
     "--device interpret runs the model's kernels through the GPU kernel sources on the CPU\n"
     "(the emulator of docs/gpu.md): its speed, not a GPU's.\n"
     "See docs/benchmarks.md for what each number means.\n",
-    {"recompute"}, run_bench});
+    {"recompute", "world-invariant"}, run_bench});
 
 }  // namespace
 }  // namespace lockstep::cli

@@ -152,6 +152,7 @@ int run_rl_cmd(const Args& args) {
   bool has_dist = false;
   const parallel::DistConfig dcfg = read_dist(root, cfg_path, &has_dist);
   cfg.max_weight_staleness = dcfg.max_weight_staleness;
+  cfg.trainer.world_invariant = dcfg.world_invariant;
   TomlSection data_s(root["data"].as_table(), cfg_path, "data");
   data::DataConfig dc = data::data_config_from_toml(data_s);
   data_s.finish();
@@ -194,6 +195,8 @@ LS_REGISTER_COMMAND(Command{
     "trainers and rollout ranks that receive the weights after every step (docs/distributed.md);\n"
     "[dist] max_weight_staleness = 1 lets the rollout ranks generate one step ahead of training;\n"
     "[dist] expert_parallel = N splits each MoE layer's experts over groups of N trainers.\n"
+    "[dist] world_invariant = true makes the result the same bits for any number of\n"
+    "data-parallel trainer ranks (canonical micro-batches, an exact gradient sum).\n"
     "[model] precision = f32|bf16|fp8 runs both engines in that precision (aligned: a gap of\n"
     "exactly 0; [rl] on_gap = \"abort\" stops a step whose logprobs differ at all);\n"
     "[model] trainer_precision = \"f32\" with a bf16/fp8 precision is fast mode.\n"

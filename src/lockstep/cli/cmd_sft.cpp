@@ -36,7 +36,7 @@ parallel::DistConfig read_dist(const toml::table& root, const std::string& path,
 
 // The training part; rc is null in a single-process run.
 int train_sft(const Args& args, const toml::table& root, const std::string& cfg_path, train::TrainSection ts,
-              const data::DataConfig& dc, parallel::RoleComms* rc) {
+              const data::DataConfig& dc, bool world_invariant, parallel::RoleComms* rc) {
   const bool writer = !rc || rc->roles.is_trainer_root();
   auto pool = make_pool(ts.threads);
   Context ctx{pool.get(), 0};
@@ -70,6 +70,7 @@ int train_sft(const Args& args, const toml::table& root, const std::string& cfg_
   const PrecisionConfig precision = precision_from_toml(root, cfg_path);  // sft trains in trainer_precision
   tc.precision = rollout::precision_dtype(precision.trainer_precision);
   tc.fp8_block = precision.fp8_block;
+  tc.world_invariant = world_invariant;
   train::Trainer trainer(ctx, m.config, std::move(m.params), tc);
   train::SftRanks ranks;
   std::unique_ptr<model::ExpertComm> experts;
@@ -86,7 +87,10 @@ int train_sft(const Args& args, const toml::table& root, const std::string& cfg_
                 << (r.ep_size > 1 ? " as " + std::to_string(r.dp_size) + " expert-parallel groups of " +
                                         std::to_string(r.ep_size)
                                   : "")
-                << "; each step's batch is split over them by tokens" << std::endl;
+                << (trainer.trainer_config().world_invariant
+                        ? "; each step's micro-batches are shared out over them (world_invariant)"
+                        : "; each step's batch is split over them by tokens")
+                << std::endl;
   }
   train::run_sft(trainer, seqs, ts.out_dir, ts.sft, args.flag("resume"), m.dir, {}, ranks);
   if (writer) std::cout << "sft: done; final checkpoint in " << ts.out_dir << "/checkpoints/" << std::endl;
@@ -116,7 +120,9 @@ int run_sft_cmd(const Args& args) {
   if (dc.train_file.empty()) LS_THROW << cfg_path << ": [data] train_file is required";
   if (args.has("out")) ts.out_dir = args.get("out", ts.out_dir);
 
-  return run_as_job("sft", dcfg, has_dist, [&](parallel::RoleComms* rc) { return train_sft(args, root, cfg_path, ts, dc, rc); });
+  return run_as_job("sft", dcfg, has_dist, [&](parallel::RoleComms* rc) {
+    return train_sft(args, root, cfg_path, ts, dc, dcfg.world_invariant, rc);
+  });
 }
 
 LS_REGISTER_COMMAND(Command{
@@ -131,7 +137,8 @@ LS_REGISTER_COMMAND(Command{
     "[dist]; see docs/configuration.md.\n\n"
     "Under mpirun (or with a [dist] section) every rank trains: each step's batch is split\n"
     "over the ranks by tokens and the gradients are summed; [dist] expert_parallel splits the\n"
-    "experts (docs/distributed.md).\n",
+    "experts; [dist] world_invariant = true makes the result the same bits on any number of\n"
+    "ranks (docs/distributed.md).\n",
     {"resume"}, run_sft_cmd});
 
 }  // namespace

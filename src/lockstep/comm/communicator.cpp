@@ -125,6 +125,20 @@ void Communicator::all_reduce_impl(T* data, size_t n, MPI_Datatype type) {
 void Communicator::all_reduce_sum(float* data, size_t n) { all_reduce_impl(data, n, MPI_FLOAT); }
 void Communicator::all_reduce_sum(double* data, size_t n) { all_reduce_impl(data, n, MPI_DOUBLE); }
 
+void Communicator::all_reduce_sum(Fixed* data, size_t n) {
+  static_assert(sizeof(Fixed) == 2 * sizeof(uint64_t));
+  MPI_Datatype type;  // MPI has no 128-bit integer: two 64-bit words, moved, never reduced by MPI
+  check_mpi(MPI_Type_contiguous(2, MPI_UINT64_T, &type), "MPI_Type_contiguous");
+  check_mpi(MPI_Type_commit(&type), "MPI_Type_commit");
+  try {
+    all_reduce_impl(data, n, type);
+  } catch (...) {
+    MPI_Type_free(&type);
+    throw;
+  }
+  MPI_Type_free(&type);
+}
+
 double Communicator::sum(double x) {
   std::vector<double> all = all_gather(x);
   std::vector<const double*> parts(all.size());

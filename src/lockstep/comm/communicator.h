@@ -21,6 +21,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "lockstep/comm/exact_sum.h"
 #include "lockstep/comm/watchdog.h"
 
 namespace lockstep::comm {
@@ -59,6 +60,9 @@ class Communicator {
   // In-place sum over ranks; every rank gets the same bits (sum_in_rank_order).
   void all_reduce_sum(float* data, size_t n);
   void all_reduce_sum(double* data, size_t n);
+  // The exact integer sum of fixed-point values (comm/exact_sum.h): the same
+  // result for any number of ranks and any grouping of the terms.
+  void all_reduce_sum(Fixed* data, size_t n);
   // Scalar sum, same order.
   double sum(double x);
   int64_t max(int64_t x);

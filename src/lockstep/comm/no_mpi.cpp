@@ -97,6 +97,7 @@ void Communicator::set_bucket_bytes(size_t bytes) {
 // The sum of one part is the part: T(double(x)) == x.
 void Communicator::all_reduce_sum(float*, size_t) { LS_CHECK(valid()) << "all_reduce_sum on a null communicator"; }
 void Communicator::all_reduce_sum(double*, size_t) { LS_CHECK(valid()) << "all_reduce_sum on a null communicator"; }
+void Communicator::all_reduce_sum(Fixed*, size_t) { LS_CHECK(valid()) << "all_reduce_sum on a null communicator"; }
 
 double Communicator::sum(double x) {
   std::vector<double> all = all_gather(x);

@@ -7,11 +7,15 @@
 
 #include <cstddef>
 
+#include "lockstep/comm/exact_sum.h"
+
 namespace lockstep::comm {
 
 // out[i] = T(((double(parts[0][i]) + parts[1][i]) + ...) + parts[P-1][i]).
 // out may alias any part.
 void sum_in_rank_order(const float* const* parts, int P, size_t n, float* out);
 void sum_in_rank_order(const double* const* parts, int P, size_t n, double* out);
+// The exact integer sum (comm/exact_sum.h): the order does not change it.
+void sum_in_rank_order(const Fixed* const* parts, int P, size_t n, Fixed* out);
 
 }  // namespace lockstep::comm

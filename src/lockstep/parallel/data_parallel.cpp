@@ -17,10 +17,13 @@ std::vector<Range> split_even(size_t n, int P) {
   return out;
 }
 
-std::vector<Range> split_by_tokens(const std::vector<train::TrainSequence>& seqs, int P) {
+namespace {
+// Contiguous shards of items with these token counts: shard r ends at the
+// first item where the cumulative count reaches total*(r+1)/P.
+std::vector<Range> split_weights(const std::vector<uint64_t>& tokens, int P) {
   LS_CHECK(P >= 1) << "P=" << P;
   uint64_t total = 0;
-  for (const auto& s : seqs) total += s.tokens.size();
+  for (uint64_t t : tokens) total += t;
   std::vector<Range> out(static_cast<size_t>(P));
   size_t i = 0;
   uint64_t cum = 0;
@@ -28,16 +31,57 @@ std::vector<Range> split_by_tokens(const std::vector<train::TrainSequence>& seqs
     out[r].begin = i;
     // Integer arithmetic: the split must not depend on floating-point rounding.
     const uint64_t target = total * (r + 1) / uint64_t(P);
-    while (i < seqs.size() && (cum < target || r + 1 == size_t(P))) cum += seqs[i++].tokens.size();
+    while (i < tokens.size() && (cum < target || r + 1 == size_t(P))) cum += tokens[i++];
     out[r].end = i;
   }
   return out;
+}
+}  // namespace
+
+std::vector<Range> split_by_tokens(const std::vector<train::TrainSequence>& seqs, int P) {
+  std::vector<uint64_t> tokens;
+  for (const auto& s : seqs) tokens.push_back(s.tokens.size());
+  return split_weights(tokens, P);
+}
+
+std::vector<Range> split_micro_batches(const std::vector<train::TrainSequence>& seqs, int64_t micro_batch_tokens,
+                                       int P) {
+  const auto mbs = train::micro_batches(seqs, micro_batch_tokens);
+  std::vector<uint64_t> tokens;
+  for (auto [b0, b1] : mbs) {
+    uint64_t t = 0;
+    for (size_t i = b0; i < b1; ++i) t += seqs[i].tokens.size();
+    tokens.push_back(t);
+  }
+  std::vector<Range> out = split_weights(tokens, P);
+  // Micro-batch indices to sequence indices; an empty run sits where the previous one ended.
+  size_t at = 0;
+  for (Range& r : out) {
+    r = r.size() == 0 ? Range{at, at} : Range{mbs[r.begin].first, mbs[r.end - 1].second};
+    at = r.end;
+  }
+  return out;
+}
+
+std::vector<Range> step_shards(const train::Trainer& trainer, const std::vector<train::TrainSequence>& seqs, int P) {
+  const train::TrainerConfig& c = trainer.trainer_config();
+  return c.world_invariant ? split_micro_batches(seqs, c.micro_batch_tokens, P) : split_by_tokens(seqs, P);
+}
+
+double ordered_sum(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return s;
 }
 
 void make_data_parallel(train::Trainer& trainer, comm::Communicator& dp, comm::Communicator* expert_replicas) {
   LS_CHECK(dp.valid()) << "make_data_parallel: this rank is not in the data-parallel group";
   comm::Communicator* c = &dp;
   const ParamLayout& g = trainer.layout();
+  if (trainer.trainer_config().world_invariant) {  // expert parallelism is refused by set_expert_comm
+    trainer.trainer_config().exact_reduce = [c](comm::Fixed* sums, size_t n) { c->all_reduce_sum(sums, n); };
+    return;
+  }
   if (g.all_experts()) {
     trainer.trainer_config().grad_reduce = [c](float* grads, size_t n) { c->all_reduce_sum(grads, n); };
     return;
@@ -151,7 +195,7 @@ train::SftStepStats sft_step_with(train::Trainer& trainer, const std::vector<tra
   st.loss = accumulate(sft_loss(n_targets));
   if (!std::isfinite(st.loss)) {
     // The global loss is the same on every rank: all skip, none waits in step().
-    std::memset(trainer.grads(), 0, trainer.layout().nbytes());
+    trainer.zero_grad();
     st.skipped = true;
   } else {
     train::OptimizerStats os = trainer.step();
@@ -166,7 +210,20 @@ train::SftStepStats sft_step_with(train::Trainer& trainer, const std::vector<tra
 
 train::SftStepStats dp_sft_step(train::Trainer& trainer, comm::Communicator& dp,
                                 const std::vector<train::TrainSequence>& global_batch) {
-  const std::vector<Range> shards = split_by_tokens(global_batch, dp.size());
+  const std::vector<Range> shards = step_shards(trainer, global_batch, dp.size());
+  if (trainer.trainer_config().world_invariant) {
+    LS_CHECK(dp.valid()) << "dp_sft_step: this rank is not in the data-parallel group";
+    return sft_step_with(trainer, global_batch, [&](const train::LossFn& loss) {
+      // Each sequence's loss is written by the one rank that trains it; the
+      // others hold 0, so the rank-order sum is a gather (x + 0 == x).
+      std::vector<double> per_seq(global_batch.size(), 0.0);
+      const train::LossFn record = [&](size_t i, const float* logp, const float* ent, int64_t n, float* dlogp,
+                                       float* dent) { return per_seq[i] = loss(i, logp, ent, n, dlogp, dent); };
+      accumulate_shard(trainer, global_batch, shards[size_t(dp.rank())], record, train::ScoreOptions{});
+      dp.all_reduce_sum(per_seq.data(), per_seq.size());
+      return ordered_sum(per_seq);
+    });
+  }
   return sft_step_with(trainer, global_batch, [&](const train::LossFn& loss) {
     return dp_accumulate(trainer, dp, global_batch, shards, loss, train::ScoreOptions{});
   });

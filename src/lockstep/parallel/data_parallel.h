@@ -8,7 +8,11 @@
 //   bit for bit (same per-shard gradients, same comm::sum_in_rank_order);
 // - P ranks vs the plain single-rank accumulate: equal up to floating-point
 //   reassociation of the gradient sum (per-shard partials are added instead
-//   of one running sum), a relative gradient difference of ~1e-7.
+//   of one running sum), a relative gradient difference of ~1e-7;
+// - with TrainerConfig::world_invariant, P ranks == 1 rank bit for bit: the
+//   batch is cut into micro-batches without looking at P, ranks take runs of
+//   whole micro-batches (split_micro_batches), and the gradients are summed
+//   exactly (comm/exact_sum.h).
 #pragma once
 
 #include <cstddef>
@@ -31,8 +35,24 @@ std::vector<Range> split_even(size_t n, int P);
 // sequence where the cumulative token count reaches total*(r+1)/P. Pure
 // function of the lengths, so every rank computes the same split.
 std::vector<Range> split_by_tokens(const std::vector<train::TrainSequence>& seqs, int P);
+// The world-invariant shards: the batch cut into micro-batches by the
+// trainer's token budget (train::micro_batches, which never looks at P), and
+// those micro-batches shared out as P contiguous runs of about equal token
+// counts (split_by_tokens' rule over the micro-batches). Shard r covers whole
+// micro-batches, so the trainer's own cut of it repeats the global cut: every
+// micro-batch holds the same sequences for any P. Shards may be empty.
+std::vector<Range> split_micro_batches(const std::vector<train::TrainSequence>& seqs, int64_t micro_batch_tokens,
+                                       int P);
+// The shards a data-parallel step uses on `trainer`: split_micro_batches with
+// world_invariant, split_by_tokens otherwise.
+std::vector<Range> step_shards(const train::Trainer& trainer, const std::vector<train::TrainSequence>& seqs, int P);
 
-// Sets trainer's grad_reduce to dp.all_reduce_sum. `dp` must outlive every
+// Sum of v in index order, in double: the one order world-invariant losses
+// and statistics are added in, on any number of ranks.
+double ordered_sum(const std::vector<double>& v);
+
+// Sets trainer's grad_reduce to dp.all_reduce_sum (world_invariant: its
+// exact_reduce to the exact fixed-point all_reduce_sum). `dp` must outlive every
 // later trainer.step(). A dp of size 1 leaves step() as it was.
 // Expert parallelism (call after Trainer::set_expert_comm): the gradients of
 // the trainer's own routed experts are summed over `expert_replicas` instead
@@ -60,8 +80,10 @@ double emulate_dp_accumulate(train::Trainer& trainer, const std::vector<train::T
 train::LossFn sft_loss(int64_t n_targets);
 
 // train::sft_step for a data-parallel group: every rank passes the same
-// global batch, trains on its shard (split_by_tokens) and the loss is the
+// global batch, trains on its shard (step_shards) and the loss is the
 // global mean. A non-finite global loss skips the step on every rank.
+// world_invariant: the loss is the per-sequence losses gathered and added
+// in batch order (ordered_sum), as train::sft_step adds them on one rank.
 train::SftStepStats dp_sft_step(train::Trainer& trainer, comm::Communicator& dp,
                                 const std::vector<train::TrainSequence>& global_batch);
 // dp_sft_step of a P-rank group, emulated in one process (bit-identical).

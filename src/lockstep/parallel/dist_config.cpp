@@ -15,6 +15,7 @@ DistConfig dist_config_from_toml(TomlSection& s) {
   c.bucket_mb = s.get_int("bucket_mb", c.bucket_mb, 1, 1024);
   c.max_weight_staleness = s.get_int("max_weight_staleness", c.max_weight_staleness, 0, 1 << 20);
   c.timeout_s = s.get_double("timeout_s", c.timeout_s, 0.0, 7 * 24 * 3600.0);
+  c.world_invariant = s.get_bool("world_invariant", c.world_invariant);
   return c;
 }
 
@@ -36,6 +37,9 @@ Roles compute_roles(const DistConfig& cfg, int world_size, int world_rank) {
     LS_THROW << "[dist] expert_parallel = " << cfg.expert_parallel << " does not divide the " << T
              << " trainer ranks (trainers form a data-parallel x expert-parallel grid)";
   if (cfg.max_weight_staleness < 0) LS_THROW << "[dist] max_weight_staleness must be >= 0";
+  if (cfg.world_invariant && cfg.expert_parallel > 1)
+    LS_THROW << "[dist] world_invariant = true does not cover expert parallelism (expert_parallel = "
+             << cfg.expert_parallel << "): set world_invariant = false or expert_parallel = 1";
   Roles r;
   r.world_size = world_size;
   r.world_rank = world_rank;

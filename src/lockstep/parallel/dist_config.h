@@ -21,6 +21,9 @@ struct DistConfig {
   int64_t bucket_mb = 16;            // all-reduce / broadcast bucket (MiB)
   int64_t max_weight_staleness = 0;  // > 0: rollout ranks generate one step ahead (steps; needs rollout_ranks)
   double timeout_s = 1800;           // a collective slower than this ends the job; 0: never
+  // The same result for any number of data-parallel trainer ranks: canonical
+  // micro-batches and an exact gradient sum (docs/distributed.md).
+  bool world_invariant = false;
 
   size_t bucket_bytes() const { return size_t(bucket_mb) << 20; }
 };

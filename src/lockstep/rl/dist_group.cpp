@@ -16,6 +16,7 @@ class CommGroup final : public TrainerGroup {
  public:
   CommGroup(comm::Communicator& trainers, bool writer) : comm_(trainers), writer_(writer) {}
   int ranks() const override { return comm_.size(); }
+  int rank() const override { return comm_.rank(); }
   bool writer() const override { return writer_; }
   std::pair<size_t, size_t> shard(size_t n) const override {
     const parallel::Range s = parallel::split_even(n, comm_.size())[size_t(comm_.rank())];

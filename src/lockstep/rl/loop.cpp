@@ -33,6 +33,7 @@
 #include "lockstep/rl/episode_eval.h"
 #include "lockstep/rl/gap_check.h"
 #include "lockstep/rl/group_scoring.h"
+#include "lockstep/rl/invariant_update.h"
 #include "lockstep/rl/multi_turn.h"
 
 namespace lockstep::rl {
@@ -263,6 +264,10 @@ class Runner {
   UpdateTotals train_minibatches(const std::vector<Group>& groups, UpdateBatch& b);
   double accumulate_minibatch(const std::vector<Group>& groups, const UpdateBatch& b, int64_t mb, ProgressBar& bar,
                               UpdateTotals& tot);
+  double train_part(const std::vector<train::TrainSequence>& part, const train::LossFn& loss, bool keep_scores,
+                    ProgressBar& bar, std::vector<train::TokenScores>& scores);
+  void first_minibatch_mismatch(const UpdateBatch& b, size_t sb, size_t se, std::vector<train::TokenScores>& scores,
+                                UpdateTotals& tot);
   void optimizer_step(double loss, UpdateTotals& tot);
   nlohmann::json update_metrics(const std::vector<Group>& groups, const UpdateBatch& b,
                                 const UpdateTotals& tot) const;
@@ -678,7 +683,8 @@ UpdateTotals Runner::train_minibatches(const std::vector<Group>& groups, UpdateB
   trained_seqs_ = trained_tokens_ = 0;
   for (int64_t mb = 0; mb < tot.n_mb; ++mb) optimizer_step(accumulate_minibatch(groups, b, mb, bar, tot), tot);
   bar.finish();
-  tot.sums.reduce(group_);
+  // world_invariant: every rank already holds the whole group's statistics.
+  if (!trainer_.trainer_config().world_invariant) tot.sums.reduce(group_);
   perf_.train += t.seconds();
   if (b.shortcut) b.mismatch = tot.sums.mismatch;
   return tot;
@@ -688,19 +694,27 @@ UpdateTotals Runner::train_minibatches(const std::vector<Group>& groups, UpdateB
 // micro-batch (the trainer's own cut, so the gradients are the same bits as
 // one accumulate call; the steps drive the progress bar). Returns the loss
 // summed over the trainer ranks, so that every rank agrees on skipping.
+// world_invariant: the shard is a run of whole micro-batches of the
+// mini-batch's own cut, and the loss and statistics are gathered per
+// sequence and added in sequence order (rl/invariant_update.h).
 double Runner::accumulate_minibatch(const std::vector<Group>& groups, const UpdateBatch& b, int64_t mb,
                                     ProgressBar& bar, UpdateTotals& tot) {
   const AlgoConfig& a = cfg_.algo;
+  const bool invariant = trainer_.trainer_config().world_invariant;
   const int64_t n_mb = tot.n_mb, n = int64_t(b.seqs.size());
   const size_t lo = size_t(n * mb / n_mb), hi = size_t(n * (mb + 1) / n_mb);
   int64_t part_tokens = 0;
   for (size_t k = lo; k < hi; ++k) part_tokens += b.seqs[k].num_loss_targets();
   const int64_t part_seqs = int64_t(hi - lo);
-  const auto [shard_lo, shard_hi] = group_.shard(hi - lo);
+  const auto [shard_lo, shard_hi] =
+      invariant ? invariant_shard(group_, std::vector<train::TrainSequence>(b.seqs.begin() + long(lo), b.seqs.begin() + long(hi)),
+                                  trainer_.trainer_config().micro_batch_tokens)
+                : group_.shard(hi - lo);
   const size_t sb = lo + shard_lo, se = lo + shard_hi;  // this rank's [sb, se) of [lo, hi)
   std::vector<train::TrainSequence> part(b.seqs.begin() + long(sb), b.seqs.begin() + long(se));
   const int64_t norm_len = a.loss_agg_norm_len > 0 ? a.loss_agg_norm_len : cfg_.rollout.sampling.max_new_tokens;
   SeqLossStats& ls = tot.sums.loss;
+  SeqStatsTable table(invariant ? hi - lo : 0);
   train::LossFn loss = [&](size_t i, const float* logp, const float* ent, int64_t nt, float* dlogp, float* dent) {
     const size_t k = sb + i;
     SeqLossInput li;
@@ -716,6 +730,10 @@ double Runner::accumulate_minibatch(const std::vector<Group>& groups, const Upda
     li.token_weight = token_weight(a.loss_agg, b.seqs[k].num_loss_targets(), part_tokens, part_seqs, norm_len);
     SeqLossStats st;
     const double l = sequence_loss(a, li, dlogp, dent, &st);
+    if (invariant) {
+      table.set(k - lo, l, st);
+      return l;
+    }
     ls.pg_loss += st.pg_loss / double(n_mb);
     ls.kl += st.kl / double(n_mb);
     ls.entropy += st.entropy / double(n_mb);
@@ -724,9 +742,23 @@ double Runner::accumulate_minibatch(const std::vector<Group>& groups, const Upda
     ls.approx_kl += st.approx_kl;
     return l;
   };
+  std::vector<train::TokenScores> scores;
+  double l = train_part(part, loss, mb == 0, bar, scores);
+  if (invariant)
+    l = table.add_in_order(group_, n_mb, ls);
+  else
+    group_.sum(&l, 1);
+  if (mb == 0 && b.shortcut) first_minibatch_mismatch(b, invariant ? lo : sb, invariant ? hi : se, scores, tot);
+  tot.tokens += part_tokens;
+  return l;
+}
+
+// accumulate() over part's micro-batches; the scores of the forward in
+// *scores when keep_scores. Returns the loss summed over part.
+double Runner::train_part(const std::vector<train::TrainSequence>& part, const train::LossFn& loss, bool keep_scores,
+                          ProgressBar& bar, std::vector<train::TokenScores>& scores) {
   train::ScoreOptions to = score_options();
   to.entropy = true;  // reported every step (cheap next to the logits)
-  std::vector<train::TokenScores> scores;
   double l = 0;
   auto mbs = trainer_.micro_batches(part);
   // Expert parallelism: every training call is collective over the EP
@@ -739,29 +771,38 @@ double Runner::accumulate_minibatch(const std::vector<Group>& groups, const Upda
       return loss(off + i, lp, en, nt, dl, de);
     };
     std::vector<train::TokenScores> sub_scores;
-    l += trainer_.accumulate(sub, sub_loss, to, mb == 0 ? &sub_scores : nullptr);
+    l += trainer_.accumulate(sub, sub_loss, to, keep_scores ? &sub_scores : nullptr);
     for (auto& sc : sub_scores) scores.push_back(std::move(sc));
     trained_seqs_ += int64_t(m1 - m0);
     for (size_t k = m0; k < m1; ++k) trained_tokens_ += int64_t(part[k].tokens.size());
     bar.update(trained_seqs_, trained_tokens_);
   }
-  group_.sum(&l, 1);
-  if (mb == 0 && b.shortcut) {  // the mismatch of this rank's shard; StepSums::reduce adds the others'
-    std::vector<std::vector<float>> first_lp, rl(b.rollout_lp.begin() + long(sb), b.rollout_lp.begin() + long(se));
-    for (auto& sc : scores) first_lp.push_back(std::move(sc.logp));
-    tot.sums.mismatch = train::compute_mismatch(model_tokens(rl, b, sb), model_tokens(first_lp, b, sb));
-    tot.sums.has_mismatch = true;
-    check_gap(rl, first_lp, b, sb);
-  }
-  tot.tokens += part_tokens;
   return l;
+}
+
+// The on-policy shortcut's mismatch and gap check on the first mini-batch's
+// forward, over samples [sb, se): this rank's shard (StepSums::reduce adds
+// the others'), or with world_invariant the whole mini-batch, its logprobs
+// gathered from every rank.
+void Runner::first_minibatch_mismatch(const UpdateBatch& b, size_t sb, size_t se,
+                                      std::vector<train::TokenScores>& scores, UpdateTotals& tot) {
+  std::vector<std::vector<float>> first_lp, rl(b.rollout_lp.begin() + long(sb), b.rollout_lp.begin() + long(se));
+  for (auto& sc : scores) first_lp.push_back(std::move(sc.logp));
+  if (trainer_.trainer_config().world_invariant) {
+    std::vector<size_t> lengths;
+    for (size_t k = sb; k < se; ++k) lengths.push_back(size_t(b.seqs[k].num_targets()));
+    first_lp = gather_logprobs(group_, first_lp, lengths);
+  }
+  tot.sums.mismatch = train::compute_mismatch(model_tokens(rl, b, sb), model_tokens(first_lp, b, sb));
+  tot.sums.has_mismatch = true;
+  check_gap(rl, first_lp, b, sb);
 }
 
 // One optimizer step on the accumulated gradients, or none (gradients
 // dropped) when the loss is not finite.
 void Runner::optimizer_step(double loss, UpdateTotals& tot) {
   if (!std::isfinite(loss)) {
-    std::fill(trainer_.grads(), trainer_.grads() + trainer_.layout().numel(), 0.0f);
+    trainer_.zero_grad();
     ++tot.skipped;
     return;
   }

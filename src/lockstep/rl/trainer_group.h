@@ -18,6 +18,7 @@ class TrainerGroup {
  public:
   virtual ~TrainerGroup() = default;
   virtual int ranks() const = 0;
+  virtual int rank() const = 0;  // this rank's index in [0, ranks())
   // Only the writer writes metrics, samples, eval files, checkpoints, reports.
   virtual bool writer() const = 0;
   // This rank's share [begin, end) of a mini-batch of n sequences.
@@ -35,6 +36,7 @@ class OneRank final : public TrainerGroup {
  public:
   explicit OneRank(bool writer = true) : writer_(writer) {}
   int ranks() const override { return 1; }
+  int rank() const override { return 0; }
   bool writer() const override { return writer_; }
   std::pair<size_t, size_t> shard(size_t n) const override { return {0, n}; }
   void sum(double*, size_t) override {}

@@ -44,17 +44,25 @@ SftStepStats sft_step(Trainer& trainer, const std::vector<TrainSequence>& batch)
   }
   LS_CHECK(n_targets > 0) << "SFT batch has no response tokens";
   const double inv = 1.0 / double(n_targets);
-  LossFn loss = [&](size_t, const float* logp, const float*, int64_t n, float* dlogp, float*) {
+  std::vector<double> per_seq(batch.size(), 0.0);
+  LossFn loss = [&](size_t s, const float* logp, const float*, int64_t n, float* dlogp, float*) {
     double l = 0;
     for (int64_t i = 0; i < n; ++i) {
       l -= double(logp[i]) * inv;
       dlogp[i] = float(-inv);
     }
+    per_seq[s] = l;
     return l;
   };
   st.loss = trainer.accumulate(batch, loss, ScoreOptions{});
+  // world_invariant: the per-sequence losses in batch order, as a
+  // data-parallel group adds them (parallel::dp_sft_step).
+  if (trainer.trainer_config().world_invariant) {
+    st.loss = 0;
+    for (double l : per_seq) st.loss += l;
+  }
   if (!std::isfinite(st.loss)) {
-    std::memset(trainer.grads(), 0, trainer.layout().nbytes());
+    trainer.zero_grad();
     st.skipped = true;
   } else {
     OptimizerStats os = trainer.step();

@@ -2,7 +2,9 @@
 #include "lockstep/train/trainer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <filesystem>
 #include <numeric>
@@ -46,6 +48,9 @@ Trainer::Trainer(const Context& ctx, const ModelConfig& config, Buffer params, T
   LS_CHECK(cfg_.micro_batch_tokens >= 1) << "micro_batch_tokens must be >= 1";
   LS_CHECK(cfg_.mtp_loss_coef == 0 || config.num_nextn_predict_layers > 0)
       << "[train] mtp_loss_coef = " << cfg_.mtp_loss_coef << " needs a model with MTP blocks (num_nextn_predict_layers > 0)";
+  if (cfg_.world_invariant && cfg_.mtp_loss_coef != 0)
+    LS_THROW << "[dist] world_invariant = true does not cover the MTP loss ([train] mtp_loss_coef = "
+             << cfg_.mtp_loss_coef << "): set one of them off";
   weights_ = std::make_unique<model::ModelWeights>(ctx_, layout_, params_.as<float>(), cfg_.precision, cfg_.fp8_block,
                                                    model::ExpertShard{}, /*effective=*/true);
 }
@@ -72,6 +77,9 @@ std::vector<kernels::FloatSegment> segments(const std::vector<std::pair<int64_t,
 void Trainer::set_expert_comm(model::ExpertComm* comm) {
   const ModelConfig& c = config();
   LS_CHECK(optimizer_.steps_done() == 0) << "set_expert_comm after optimizer steps would lose the optimizer state";
+  if (cfg_.world_invariant && comm != nullptr)
+    LS_THROW << "[dist] world_invariant = true does not cover expert parallelism ([dist] expert_parallel > 1): "
+             << "set world_invariant = false or expert_parallel = 1";
   LS_CHECK(layout_.all_experts() || comm == experts_)
       << "set_expert_comm: this trainer already holds only some experts; build it again from the whole model";
   model::ExpertShard shard;
@@ -239,6 +247,8 @@ struct RunSpec {
   model::ExpertComm* experts = nullptr;
   const ModelParams* grads = nullptr;  // null: forward only (the loss must be null too)
   double mtp_loss_coef = 0.0;          // TrainerConfig::mtp_loss_coef
+  // Called after each micro-batch's backward (world_invariant: the fold).
+  const std::function<void()>* after_backward = nullptr;
 };
 
 // Whether the token at position `pos` (>= prompt_len) trains: loss_mask
@@ -443,6 +453,7 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
     std::vector<Tensor> dmtp;
     if (mtp) total += mtp_loss(r, rb.fr, seqs, b0, b1, first_row, mtp_norm, dmtp);
     model::backward(r.ctx, r.weights, rb.kv, rb.ws, batch, rb.acts, dlogits, *r.grads, dmtp);
+    if (r.after_backward) (*r.after_backward)();
   }
   return total;
 }
@@ -468,7 +479,54 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
   r.experts = experts_;
   r.grads = &grad_views_;
   r.mtp_loss_coef = cfg_.mtp_loss_coef;
+  const std::function<void()> fold = [this] { fold_gradients(); };
+  if (cfg_.world_invariant && loss) r.after_backward = &fold;
   return run_pass(r, *buffers_, seqs, loss, opt, scores);
+}
+
+void Trainer::fold_gradients() {
+  const int64_t n = layout_.numel();
+  if (exact_.size() == 0) exact_ = Buffer(size_t(n + 2) * sizeof(comm::Fixed));
+  comm::Fixed* acc = exact_.as<comm::Fixed>();
+  float* g = grads_.as<float>();
+  std::atomic<int64_t> refused{0};
+  // Frozen slots may hold integer bits (an Index table): never read as floats.
+  for (const ParamInfo& p : layout_.params())
+    if (p.frozen) std::fill(g + p.offset, g + p.offset + p.numel, 0.0f);
+  const bool first = exact_empty_;
+  ctx_.parallel_for(
+      n,
+      [&](int64_t b0, int64_t b1) {
+        const int64_t bad = comm::fold_into(g + b0, acc + b0, size_t(b1 - b0), first);
+        if (bad) refused += bad;
+      },
+      int64_t{1} << 16);
+  acc[n] = first ? 1 : comm::fixed_add(acc[n], 1);
+  acc[n + 1] = first ? comm::Fixed(refused.load()) : comm::fixed_add(acc[n + 1], comm::Fixed(refused.load()));
+  exact_empty_ = false;
+}
+
+void Trainer::finish_exact_sum() {
+  const int64_t n = layout_.numel();
+  if (exact_.size() == 0) exact_ = Buffer(size_t(n + 2) * sizeof(comm::Fixed));
+  comm::Fixed* acc = exact_.as<comm::Fixed>();
+  // A rank that folded nothing this step (fewer micro-batches than ranks) adds zeros.
+  if (exact_empty_) std::memset(exact_.data(), 0, exact_.size());
+  exact_empty_ = true;  // the next fold starts the next step's sums
+  if (cfg_.exact_reduce) cfg_.exact_reduce(acc, size_t(n + 2));
+  const int64_t folds = int64_t(acc[n]), refused = int64_t(acc[n + 1]);
+  if (folds > comm::kFixedMaxTerms)
+    LS_THROW << "[dist] world_invariant: " << folds << " micro-batches in one optimizer step; the exact gradient sum "
+             << "holds at most " << comm::kFixedMaxTerms << " (raise [train] micro_batch_tokens)";
+  float* g = grads_.as<float>();
+  ctx_.parallel_for(
+      n, [&](int64_t b0, int64_t b1) { comm::unfold_into(acc + b0, g + b0, size_t(b1 - b0)); }, int64_t{1} << 16);
+  if (refused > 0) std::fill(g, g + n, std::numeric_limits<float>::quiet_NaN());
+}
+
+void Trainer::zero_grad() {
+  std::memset(grads_.data(), 0, layout_.nbytes());
+  exact_empty_ = true;
 }
 
 Scorer::Scorer(const Context& ctx, const ModelConfig& config, Buffer params, int64_t micro_batch_tokens,
@@ -492,7 +550,10 @@ std::vector<TokenScores> Scorer::score(const std::vector<TrainSequence>& seqs, c
 }
 
 OptimizerStats Trainer::step() {
-  if (cfg_.grad_reduce) cfg_.grad_reduce(grads_.as<float>(), size_t(layout_.numel()));
+  if (cfg_.world_invariant)
+    finish_exact_sum();
+  else if (cfg_.grad_reduce)
+    cfg_.grad_reduce(grads_.as<float>(), size_t(layout_.numel()));
   GradNormFn norm;
   if (experts_) norm = [this](const Context& ctx, const float* g) { return expert_grad_norm(ctx, g); };
   OptimizerStats s = optimizer_.step(ctx_, params_.as<float>(), grads_.as<float>(), norm);

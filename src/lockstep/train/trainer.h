@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "lockstep/base/thread_pool.h"
+#include "lockstep/comm/exact_sum.h"
 #include "lockstep/model/forward.h"
 #include "lockstep/model/params.h"
 #include "lockstep/model/weights.h"
@@ -81,6 +82,14 @@ struct TrainerConfig {
   // the accumulated gradients grads[0, n) by their sum over all ranks. The
   // LossFn must then normalise by global counts (tokens of the global batch).
   std::function<void(float* grads, size_t n)> grad_reduce;
+  // [dist] world_invariant (docs/distributed.md): each micro-batch's gradient
+  // is computed from zero and folded into an exact fixed-point sum
+  // (comm/exact_sum.h), so the step's gradient does not depend on how the
+  // micro-batches were shared out over ranks. grad_reduce is then unused;
+  // exact_reduce (when set) sums the fixed-point buffer over the ranks.
+  // Not with expert parallelism or the MTP loss.
+  bool world_invariant = false;
+  std::function<void(comm::Fixed* sums, size_t n)> exact_reduce;
 };
 
 struct ScoreOptions {
@@ -113,7 +122,11 @@ class Trainer {
   double accumulate(const std::vector<TrainSequence>& seqs, const LossFn& loss, const ScoreOptions& opt,
                     std::vector<TokenScores>* scores = nullptr);
   // grad_reduce (if set), clip, AdamW, zero the gradients, repack the weights, version += 1.
+  // world_invariant: exact_reduce (if set), the exact sums rounded to f32
+  // (NaN everywhere when a term was refused, so the step is skipped), then the same.
   OptimizerStats step();
+  // Drops the accumulated gradients (and the exact sums) without a step.
+  void zero_grad();
 
   const Context& context() const { return ctx_; }
   const ModelConfig& config() const { return model_layout_.config(); }
@@ -128,6 +141,7 @@ class Trainer {
   uint64_t version() const { return weights_->version(); }
   AdamW& optimizer() { return optimizer_; }
   TrainerConfig& trainer_config() { return cfg_; }
+  const TrainerConfig& trainer_config() const { return cfg_; }
   // Expert parallelism (model/expert_parallel.h, docs/distributed.md): from
   // now on this trainer holds, packs and runs only its shard of every MoE
   // layer's experts (shard comm->rank() of comm->size()): its parameters,
@@ -177,6 +191,10 @@ class Trainer {
              std::vector<TokenScores>* scores);
 
   double expert_grad_norm(const Context& ctx, const float* grads) const;
+  // world_invariant: grads() (one micro-batch's gradient) into exact_, grads() zeroed.
+  void fold_gradients();
+  // world_invariant: exact_ summed over the ranks and rounded into grads(); exact_ zeroed.
+  void finish_exact_sum();
   // Walks the model layout in order and hands `emit` the whole model's
   // values of a buffer laid out as layout() (params, a moment): shared
   // tensors from `local`, each MoE layer's expert blocks gathered from the
@@ -202,6 +220,12 @@ class Trainer {
   // kept from call to call: re-allocating them made every step fault in
   // fresh pages.
   std::shared_ptr<RunBuffers> buffers_;
+  // world_invariant: (numel + 2) fixed-point sums: the gradient, then the
+  // number of micro-batches folded and of terms refused (allocated on first
+  // use). exact_empty_: nothing folded since the last step, so exact_ holds
+  // stale values that the next fold overwrites instead of adding to.
+  Buffer exact_;
+  bool exact_empty_ = true;
 };
 
 // Weights that only score: the f32 parameters (held, not copied) and their
