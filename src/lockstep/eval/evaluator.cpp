@@ -79,6 +79,17 @@ EvalSummary Evaluator::run(const GenerateFn& generate, const tokenizer::Tokenize
   return score(tok, problems, results, timer.seconds(), per_problem);
 }
 
+EvalProblemResult problem_result(const data::PromptExample& ex, int64_t index, int64_t n) {
+  EvalProblemResult pr;
+  pr.index = index;
+  pr.line = ex.line;
+  pr.prompt = ex.prompt_text;
+  pr.label = ex.label;
+  pr.metadata = ex.metadata;
+  pr.n = n;
+  return pr;
+}
+
 EvalSummary aggregate(const EvalConfig& config, std::vector<EvalProblemResult>& probs,
                       const std::vector<reward::RewardResult>& verdicts) {
   size_t samples = 0;
@@ -144,12 +155,7 @@ EvalSummary Evaluator::score(const tokenizer::Tokenizer& tok,
     LS_CHECK(int64_t(samples.size()) == config_.n)
         << "problem " << p << ": " << samples.size() << " samples, expected " << config_.n;
     EvalProblemResult& pr = probs[p];
-    pr.index = int64_t(p);
-    pr.line = ex.line;
-    pr.prompt = ex.prompt_text;
-    pr.label = ex.label;
-    pr.metadata = ex.metadata;
-    pr.n = config_.n;
+    pr = problem_result(ex, int64_t(p), config_.n);
     for (const auto& s : samples) {
       EvalSample es;
       es.response = tok.decode(s.output_ids, /*skip_special_tokens=*/true);

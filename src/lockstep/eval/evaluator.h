@@ -135,6 +135,9 @@ class Evaluator {
   ScoreBatchFn score_batch_;
 };
 
+// A problem's result before its samples: index, line, prompt, label, metadata, n.
+EvalProblemResult problem_result(const data::PromptExample& ex, int64_t index, int64_t n);
+
 // The verdicts (sample order: problem-major) into the samples of `probs`
 // (whose response, length and finish_reason are set), and the summary over
 // them; timing fields are left 0. A finish reason "length" or "budget"

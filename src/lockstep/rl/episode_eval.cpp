@@ -62,12 +62,7 @@ eval::EvalSummary evaluate_episodes(MultiTurnRollout& episodes, const eval::Eval
   for (size_t p = 0; p < problems.size(); ++p) {
     const data::PromptExample& ex = problems[p];
     eval::EvalProblemResult& pr = probs[p];
-    pr.index = int64_t(p);
-    pr.line = ex.line;
-    pr.prompt = ex.prompt_text;
-    pr.label = ex.label;
-    pr.metadata = ex.metadata;
-    pr.n = config.n;
+    pr = eval::problem_result(ex, int64_t(p), config.n);
     for (size_t s = 0; s < n; ++s) {
       const Episode& e = eps[p * n + s];
       eval::EvalSample es;
