@@ -262,6 +262,10 @@ class PlantedGapRollout : public RolloutBackend {
   }
   void sync(train::Trainer& trainer) override { inner_.sync(trainer); }
   bool aligned() const override { return true; }
+  std::optional<std::string> localise(train::Trainer& trainer, const train::TrainSequence& seq,
+                                      const rollout::SamplingParams& params) override {
+    return inner_.localise(trainer, seq, params);
+  }
 
  private:
   LocalRollout inner_;
@@ -278,7 +282,8 @@ TEST(RlLoop, APlantedGapAbortsTheStepBeforeTheOptimizerRuns) {
   in.rollout = std::make_shared<PlantedGapRollout>(*t, c);
   test::expect_error([&] { run_rl(*t, in, c, false); },
                      {"aligned mode", "sample 0 of the step's batch, response token 1", "before the optimizer ran",
-                      "on_gap"});
+                      "on_gap", "replayed through the rollout engine's decode", "no intermediate differs",
+                      "rows compared", "arises after it"});
   EXPECT_EQ(t->version(), 0u) << "the optimizer ran";
 
   // warn: the same difference is reported and training goes on.

@@ -8,6 +8,7 @@
 
 #include "lockstep/model/params.h"
 #include "lockstep/rollout/engine.h"
+#include "lockstep/rollout/localise.h"
 #include "lockstep/train/trainer.h"
 
 namespace lockstep::rollout {
@@ -312,6 +313,57 @@ TEST(Engine, RoutedExpertsCoverEveryTokenAndReplayReproducesTrainerLogprobs) {
   so.replay = true;
   auto scores = t.score(seqs, so);
   for (size_t i = 0; i < seqs.size(); ++i) EXPECT_EQ(scores[i].logp, out.samples[i].logprobs);
+}
+
+// Teacher forcing decodes the given tokens one step at a time: replaying a
+// sampled run's tokens (another engine, another seed, in a batch) gives its
+// logprobs bit for bit, and any other tokens are taken as given.
+TEST(Engine, ForcedOutputReplaysASampledRunBitForBit) {
+  Model m(tiny_moe());
+  Engine e(Context{}, m.weights.get(), small_config());
+  const RequestResult ran = e.generate({req(prompt(11, 4), 1.0f, 1, 10, 7)})[0];
+  const std::vector<int32_t>& out = ran.samples[0].output_ids;
+  ASSERT_EQ(out.size(), 10u);
+
+  Request forced = req(prompt(11, 4), 1.0f, 1, 40, 99);
+  forced.forced_output = out;
+  std::vector<int32_t> other(out.rbegin(), out.rend());
+  Request forced_other = req(prompt(11, 4), 1.0f, 1, 40, 99);
+  forced_other.forced_output = other;
+  ThreadPool pool(2);
+  Engine replay(Context{&pool, 0}, m.weights.get(), small_config());
+  const auto res = replay.generate({req(prompt(5, 5), 0.7f, 2, 9), forced, forced_other});
+  EXPECT_EQ(res[1].samples[0].output_ids, out);
+  EXPECT_EQ(res[1].samples[0].logprobs, ran.samples[0].logprobs);
+  EXPECT_EQ(res[1].samples[0].finish_reason, "length");
+  EXPECT_EQ(res[2].samples[0].output_ids, other);
+  EXPECT_NE(res[2].samples[0].logprobs, ran.samples[0].logprobs);
+
+  Request bad = req(prompt(3, 6), 1.0f, 1, 4);
+  bad.forced_output = {1, 64};
+  EXPECT_THROW(replay.submit(bad), Error);
+}
+
+// localise_sample names where a rollout whose weights differ from the
+// trainer's in one element of layer 1's output projection first parts from
+// the trainer's forward, and finds nothing when both read the same weights.
+TEST(Engine, LocaliseSampleNamesTheFirstDifferingIntermediate) {
+  const ModelConfig c = tiny_moe();
+  Model m(c), bent(c);
+  ModelParams p = bind(bent.layout, bent.params.as<float>());
+  p.layers[1].wo.f32()[5] += 0.25f;
+  bent.weights->refresh(Context{}, 1);
+  Engine e(Context{}, m.weights.get(), small_config());
+  const RequestResult ran = e.generate({req(prompt(9, 8), 1.0f, 1, 8, 3)})[0];
+  std::vector<int32_t> tokens = ran.prompt_ids;
+  tokens.insert(tokens.end(), ran.samples[0].output_ids.begin(), ran.samples[0].output_ids.end());
+  const SamplingParams sp = req({}, 1.0f, 1, 8).params;
+
+  const std::string same = localise_sample(Context{}, *m.weights, *m.weights, small_config(), tokens, 9, sp);
+  EXPECT_EQ(same.rfind("no intermediate differs", 0), 0u) << same;
+  const std::string bent_where = localise_sample(Context{}, *bent.weights, *m.weights, small_config(), tokens, 9, sp);
+  EXPECT_NE(bent_where.find("first divergence: layer 1 'attn_out'"), std::string::npos) << bent_where;
+  EXPECT_NE(bent_where.find("position 0"), std::string::npos) << bent_where;
 }
 
 }  // namespace lockstep::rollout

@@ -259,6 +259,7 @@ class Runner {
   void old_logprobs(UpdateBatch& b, bool same_version);
   void ref_logprobs(UpdateBatch& b);
   void weigh_samples(UpdateBatch& b);
+  std::string localise_gap(const train::TrainSequence* seq);
   void check_gap(const std::vector<std::vector<float>>& rollout, const std::vector<std::vector<float>>& trainer,
                  const UpdateBatch& b, size_t first_sample);
   UpdateTotals train_minibatches(const std::vector<Group>& groups, UpdateBatch& b);
@@ -666,11 +667,31 @@ void Runner::check_gap(const std::vector<std::vector<float>>& rollout, const std
       (g ? describe_gap(*g, b.seqs[g->sample].prompt_len) : std::string("on another trainer rank (see its message)"));
   if (cfg_.on_gap == RlConfig::OnGap::Abort)
     LS_THROW << what << ". The step stopped before the optimizer ran ([rl] on_gap = \"abort\"); "
-             << "`lockstep check-alignment --model <checkpoint> --data <prompts> --precision "
-             << cfg_.rollout.precision << " --localise` names the first intermediate that differs";
+             << localise_gap(g ? &b.seqs[g->sample] : nullptr);
   if (g) {
     LS_LOG(Warn) << what << " ([rl] on_gap = \"warn\": training goes on)";
   }
+}
+
+// Where the gap starts: the rank that found it replays the sample through
+// the rollout engine's decode against the trainer's forward; elsewhere (or
+// where the backend cannot) check-alignment --localise is the way.
+std::string Runner::localise_gap(const train::TrainSequence* seq) {
+  const std::string command = "`lockstep check-alignment --model <checkpoint> --data <prompts> --precision " +
+                              cfg_.rollout.precision + " --localise` names the first intermediate that differs";
+  if (seq == nullptr) return command;
+  std::optional<std::string> where;
+  try {
+    where = rollout_->localise(trainer_, *seq, cfg_.rollout.sampling);
+  } catch (const Error& e) {
+    return "replaying the sample to localise the gap failed (" + std::string(e.what()) + "); " + command;
+  }
+  if (!where) return command;
+  std::string out = "the sample replayed through the rollout engine's decode against the trainer's forward: " + *where;
+  if (where->rfind("no intermediate differs", 0) == 0)
+    out += " (the forward agrees when the sample runs alone: the difference arises after it, in the logprob, "
+           "or depends on the batch the sample ran in)";
+  return out;
 }
 
 // Mini-batches: contiguous slices of the samples, one optimizer step each.

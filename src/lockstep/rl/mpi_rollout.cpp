@@ -1,7 +1,9 @@
 // The trainer and rollout sides of rollout over MPI, and its colocated
 // data-parallel variant. Protocol on the weight_sync communicator (trainer
 // root = rank 0): the root broadcasts a Command; then
-//   kSync:     broadcast_weights from the root;
+//   kSync:     broadcast_weights from the root, then (aligned mode) the
+//              checksum of the root's packed projections, which every
+//              rollout rank compares with its own packing;
 //   kGenerate: the root sends rank q its requests (tag kTagRequests) and
 //              receives its results (tag kTagResults), in rank order;
 //   kStop:     the rollout ranks leave serve_rollout.
@@ -11,11 +13,15 @@
 // before it sends another command.
 #include "lockstep/rl/mpi_rollout.h"
 
+#include <cstdio>
+#include <string>
+
 #include "lockstep/base/error.h"
 #include "lockstep/base/rng.h"
 #include "lockstep/base/timer.h"
 #include "lockstep/parallel/data_parallel.h"
 #include "lockstep/comm/messages.h"
+#include "lockstep/model/packed_checksum.h"
 #include "lockstep/rl/rollout_wire.h"
 
 namespace lockstep::rl {
@@ -27,6 +33,29 @@ struct Command {
   int64_t kind = 0;
 };
 constexpr int kTagRequests = 7101, kTagResults = 7102;
+
+// After a sync, in aligned mode: the checksum of the trainer root's packed
+// projections (model::packed_checksum over its experts), which every rollout
+// rank compares with its own packing of the broadcast master.
+struct PackedSum {
+  int64_t check = 0;  // 1: aligned, compare; 0: fast mode (the packings differ by design)
+  uint64_t sum = 0;
+  int64_t first_expert = 0, expert_count = -1;
+};
+
+// Collective over sync: every rank learns which rollout ranks' packed bits
+// differ from the root's, and all throw together if any do.
+void agree_on_packed_bits(comm::Communicator& sync, int64_t differs, const std::string& detail) {
+  const std::vector<int64_t> all = sync.all_gather(differs);
+  std::string ranks;
+  for (size_t q = 0; q < all.size(); ++q)
+    if (all[q]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
+  if (ranks.empty()) return;
+  LS_THROW << "weight sync: the packed weights of rollout rank(s) " << ranks
+           << " differ from the trainer's after packing the same f32 master "
+           << (detail.empty() ? std::string("(see those ranks' messages)") : detail)
+           << "; aligned mode cannot hold (is every rank running the same lockstep build?)";
+}
 
 
 // Appends b to a, moving.
@@ -137,6 +166,11 @@ void MpiRollout::sync(train::Trainer& trainer) {
   parallel::WeightBroadcaster out(*sync_, size_t(trainer.model_layout().numel()), trainer.version(), 0);
   trainer.stream_model(true, [&](const float* d, int64_t n) { out.push(d, size_t(n)); });
   last_sync_ = out.finish();
+  const model::ExpertShard shard = trainer.weights().experts();
+  PackedSum ps{aligned_ ? 1 : 0, aligned_ ? model::packed_checksum(trainer.weights(), shard) : 0, shard.first,
+               shard.count};
+  sync_->broadcast_value(ps, 0);
+  if (ps.check) agree_on_packed_bits(*sync_, 0, "");
 }
 
 void MpiRollout::shutdown() {
@@ -188,6 +222,26 @@ std::vector<rollout::RequestResult> SpreadRollout::generate(std::vector<rollout:
 
 // ---------------------------------------------------------------- rollout rank
 
+namespace {
+
+// The rollout rank's side of the packed-bits check after a sync.
+void check_packed_bits(comm::Communicator& sync, const model::ModelWeights& weights) {
+  PackedSum ps;
+  sync.broadcast_value(ps, 0);
+  if (!ps.check) return;
+  const uint64_t mine = model::packed_checksum(weights, {ps.first_expert, ps.expert_count});
+  std::string detail;
+  if (mine != ps.sum) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "(packed checksum %016llx here, %016llx on the trainer root)",
+                  (unsigned long long)mine, (unsigned long long)ps.sum);
+    detail = buf;
+  }
+  agree_on_packed_bits(sync, mine != ps.sum ? 1 : 0, detail);
+}
+
+}  // namespace
+
 ServeStats serve_rollout(comm::Communicator& sync, const Context& ctx, const ModelConfig& config, float* params,
                          const rollout::RolloutSection& cfg, uint64_t seed) {
   LS_CHECK(sync.valid() && sync.rank() != 0) << "serve_rollout runs on rollout ranks (rank >= 1 of weight_sync)";
@@ -206,6 +260,7 @@ ServeStats serve_rollout(comm::Communicator& sync, const Context& ctx, const Mod
     if (c.kind == kSync) {
       const parallel::WeightSyncStats ws = parallel::broadcast_weights(sync, params, size_t(layout.numel()), 0, 0);
       weights.refresh(ctx, ws.version);  // repack the projections from the new f32 buffer
+      check_packed_bits(sync, weights);
       engine.update_weights(&weights);   // drops KV state built on the old weights
       st.version = ws.version;
       ++st.syncs;

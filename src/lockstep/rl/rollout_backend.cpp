@@ -4,6 +4,8 @@
 #include <map>
 
 #include "lockstep/base/error.h"
+#include "lockstep/model/packed_checksum.h"
+#include "lockstep/rollout/localise.h"
 
 namespace lockstep::rl {
 
@@ -25,6 +27,11 @@ std::future<rollout::RequestResult> RolloutBackend::stream(rollout::Request) {
 }
 
 void RolloutBackend::end_stream() {}
+
+std::optional<std::string> RolloutBackend::localise(train::Trainer&, const train::TrainSequence&,
+                                                    const rollout::SamplingParams&) {
+  return std::nullopt;
+}
 
 LocalRollout::LocalRollout(train::Trainer& trainer, const rollout::RolloutSection& cfg, uint64_t seed)
     : ctx_(trainer.context()) {
@@ -76,6 +83,13 @@ std::vector<rollout::RequestResult> LocalRollout::generate(std::vector<rollout::
   return out;
 }
 
+std::optional<std::string> LocalRollout::localise(train::Trainer& trainer, const train::TrainSequence& seq,
+                                                  const rollout::SamplingParams& params) {
+  if (trainer.expert_comm() != nullptr) return std::nullopt;  // the trainer's forward is collective
+  return rollout::localise_sample(ctx_, *weights(trainer), trainer.weights(), engine_->config(), seq.tokens,
+                                  seq.prompt_len, params);
+}
+
 void LocalRollout::begin_stream() { engine_->start_background(); }
 
 std::future<rollout::RequestResult> LocalRollout::stream(rollout::Request request) {
@@ -84,9 +98,25 @@ std::future<rollout::RequestResult> LocalRollout::stream(rollout::Request reques
 
 void LocalRollout::end_stream() { engine_->stop_background(); }
 
+// Aligned with an expert-parallel trainer: the engine packed the gathered
+// model itself, so its packed bits are compared with the trainer's over the
+// trainer's shard of the experts (collective over the trainer's EP group,
+// which stops together).
+void LocalRollout::check_packed_bits(train::Trainer& trainer) const {
+  const model::ExpertShard shard = trainer.weights().experts();
+  const uint64_t mine = model::packed_checksum(*fast_weights_, shard);
+  const uint64_t want = model::packed_checksum(trainer.weights(), shard);
+  const int64_t differs = mine != want ? 1 : 0;
+  if (trainer.expert_comm()->max(differs) == 0) return;
+  LS_THROW << "weight sync: the colocated rollout engine's packed weights differ from the trainer's"
+           << (differs ? " on this rank" : " on another rank of the expert-parallel group")
+           << " after packing the same f32 master; aligned mode cannot hold";
+}
+
 void LocalRollout::sync(train::Trainer& trainer) {
   if (model_.size()) trainer.gather_model(model_.as<float>(), true);  // collective over the trainer's EP group
   if (own_weights_) fast_weights_->refresh(ctx_, trainer.version());
+  if (aligned_ && own_weights_) check_packed_bits(trainer);
   // Aligned: the trainer repacked its weights in place; the engine reads
   // them as they are (no copy) and only drops KV state built on the old ones.
   engine_->update_weights(weights(trainer));

@@ -11,6 +11,8 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "lockstep/rollout/engine.h"
@@ -58,6 +60,12 @@ class RolloutBackend {
   // batching whatever else is running. Results are those generate() would
   // give (seeded, batch-invariant). No generate(), sync() or submit() in between.
   virtual bool can_stream() const { return false; }
+  // Names the first intermediate at which this backend's decode of one
+  // recorded sample differs from the trainer's forward over it
+  // (rollout::localise_sample); nullopt where it cannot (the rollout on other
+  // ranks, an expert-parallel trainer).
+  virtual std::optional<std::string> localise(train::Trainer& trainer, const train::TrainSequence& seq,
+                                              const rollout::SamplingParams& params);
   virtual void begin_stream();
   virtual std::future<rollout::RequestResult> stream(rollout::Request request);
   virtual void end_stream();
@@ -75,6 +83,8 @@ class LocalRollout : public RolloutBackend {
   void sync(train::Trainer& trainer) override;
   bool aligned() const override { return aligned_; }
   bool can_stream() const override { return true; }
+  std::optional<std::string> localise(train::Trainer& trainer, const train::TrainSequence& seq,
+                                      const rollout::SamplingParams& params) override;
   void begin_stream() override;
   std::future<rollout::RequestResult> stream(rollout::Request request) override;
   void end_stream() override;
@@ -82,6 +92,7 @@ class LocalRollout : public RolloutBackend {
 
  private:
   const model::ModelWeights* weights(train::Trainer& trainer) const;
+  void check_packed_bits(train::Trainer& trainer) const;
   Context ctx_;
   bool aligned_ = true;
   bool own_weights_ = false;  // fast mode, or an expert-parallel trainer

@@ -158,6 +158,8 @@ uint64_t Engine::submit_impl(Request req, TokenCallback on_token, std::promise<R
     if (t >= c.vocab_size) LS_THROW << "logit_bias: token id " << t << " is outside [0, " << c.vocab_size << ")";
   if (req.prompt_logprob_start < -1 || req.prompt_logprob_start >= len)
     LS_THROW << "the prompt logprob start " << req.prompt_logprob_start << " is outside [-1, " << len << ")";
+  for (int32_t t : req.forced_output)
+    if (t < 0 || t >= c.vocab_size) LS_THROW << "forced token id " << t << " is outside [0, " << c.vocab_size << ")";
   auto g = std::make_unique<Group>();
   g->req = std::move(req);
   g->on_token = std::move(on_token);
@@ -651,7 +653,12 @@ std::vector<Engine::Draw> Engine::sample(const std::vector<Chunk>& chunks, const
     kernels::sample_rows(ctx_, Tensor(chosen.data(), DType::I32, {int64_t(toks.size())}), logits, specs);
     memory.copy_out(toks.data(), chosen.data(), chosen.size());
   }
-  for (size_t i = 0; i < draws.size(); ++i) draws[i].tok = toks[i];
+  for (size_t i = 0; i < draws.size(); ++i) {
+    const Sequence& s = *draws[i].s;
+    const std::vector<int32_t>& forced = s.group->req.forced_output;
+    const size_t out_pos = s.tokens.size() - size_t(s.group->prompt_len);
+    draws[i].tok = out_pos < forced.size() ? forced[out_pos] : toks[i];
+  }
   score_draws(draws);
   return draws;
 }
@@ -776,7 +783,8 @@ void Engine::apply(const std::vector<Draw>& draws) {
     const int64_t out_len = int64_t(s.tokens.size()) - g.prompt_len;
     if (stops(s, d.tok)) {
       finish_sample(s, "stop");
-    } else if (out_len >= p.max_new_tokens || int64_t(s.tokens.size()) >= c.max_position_embeddings) {
+    } else if (out_len >= p.max_new_tokens || int64_t(s.tokens.size()) >= c.max_position_embeddings ||
+               (!g.req.forced_output.empty() && out_len >= int64_t(g.req.forced_output.size()))) {
       finish_sample(s, "length");
     }
   }

@@ -62,6 +62,13 @@ struct Request {
   // alternatives) of every prompt token from this position on, position 0
   // having none. The prompt is then fed in full (no prefix-cache hits). -1: off.
   int64_t prompt_logprob_start = -1;
+  // Teacher forcing: when non-empty, output position i takes forced_output[i]
+  // in place of the draw (its logprob is still that of the forward's row, as
+  // for a sampled token), and every sample ends after forced_output.size()
+  // tokens ("length"; EOS still stops one earlier unless ignore_eos). The
+  // tokens are decoded one step at a time, as sampled ones are: a localiser
+  // replays a recorded sample through the decode path with it.
+  std::vector<int32_t> forced_output;
   // Stop strings need text: called with a sample's output ids, returns the
   // offset in output tokens at which a stop string completes (or -1).
   std::function<int64_t(const std::vector<int32_t>&)> stop_checker;

@@ -159,4 +159,30 @@ std::vector<SampleTokens> samples_of(const std::vector<RequestResult>& results) 
   return out;
 }
 
+std::string localise_sample(const Context& ctx, const model::ModelWeights& rollout_weights,
+                            const model::ModelWeights& trainer_weights, EngineConfig config,
+                            const std::vector<int32_t>& tokens, int32_t prompt_len, SamplingParams params) {
+  LS_CHECK(prompt_len >= 1 && size_t(prompt_len) < tokens.size()) << "localise: the sample has no response tokens";
+  Request req;
+  req.prompt_ids.assign(tokens.begin(), tokens.begin() + prompt_len);
+  req.forced_output.assign(tokens.begin() + prompt_len, tokens.end());
+  params.n = 1;
+  params.max_new_tokens = int64_t(req.forced_output.size());
+  params.min_new_tokens = 0;
+  params.ignore_eos = true;
+  params.stop.clear();
+  params.stop_token_ids.clear();
+  req.params = params;
+  const SampleTokens sample{tokens, prompt_len, capture_key(1, 0)};  // a fresh engine's first request
+  const CaptureReference ref = trainer_reference(ctx, trainer_weights, {sample}, config.block_size);
+  CaptureComparer cmp(ref);
+  config.capture = [&](const model::Captured& c) { cmp(c); };
+  config.prefix_cache = false;
+  Engine engine(ctx, &rollout_weights, config);
+  engine.generate({req});
+  std::ostringstream os;
+  os << cmp.first().str() << " [" << cmp.compared_rows() << " rows compared]";
+  return os.str();
+}
+
 }  // namespace lockstep::rollout

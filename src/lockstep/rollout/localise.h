@@ -90,6 +90,16 @@ class CaptureComparer {
   int64_t compared_rows_ = 0, missing_rows_ = 0, unmatched_points_ = 0;
 };
 
+// Replays one recorded sample (prompt + response tokens) through the rollout
+// engine's decode path, teacher-forced (Request::forced_output) in a fresh
+// engine built with `config` and `params` (the sample's sampling options; the
+// stop rules are turned off so that every recorded token is decoded), and
+// compares every intermediate with the trainer's forward over the same tokens:
+// "first divergence: ..." or "no intermediate differs", with the rows compared.
+std::string localise_sample(const Context& ctx, const model::ModelWeights& rollout_weights,
+                            const model::ModelWeights& trainer_weights, EngineConfig config,
+                            const std::vector<int32_t>& tokens, int32_t prompt_len, SamplingParams params);
+
 // The trainer's view of an engine run's results (request ids are assigned 1,
 // 2, ... in submission order by a fresh engine; results are in that order).
 std::vector<SampleTokens> samples_of(const std::vector<RequestResult>& results);
