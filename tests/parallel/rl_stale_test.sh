@@ -12,7 +12,9 @@
 #  3. SIGKILL of the trainer root mid-run, then --resume under mpirun: every
 #     step appears once, the first resumed step regenerates on the
 #     checkpoint's weights (staleness 0);
-#  4. max_weight_staleness with rollout_ranks = 0 is refused, naming the key.
+#  4. one process with max_weight_staleness = 1 (the engine on a thread of
+#     its own) ends with the weights, optimizer state and metrics of run 1;
+#     two colocated trainers with it are refused, naming the key.
 # usage: rl_stale_test.sh MPIEXEC LOCKSTEP_BINARY
 source "$(dirname "$0")/mpi_test_lib.sh"
 
@@ -89,11 +91,42 @@ assert stale == [0] + [1] * (step - 1) + [0, 1], stale
 print(f"killed after the checkpoint of step {step}, resumed: steps 0..{step + 2} once each")
 PY
 
-# Refused: nothing to overlap with when the trainers generate themselves.
-if "$BIN" rl --config "$T/rl.toml" --out "$T/bad" --set dist.max_weight_staleness=1 > "$T/bad.log" 2>&1; then
-  fail "max_weight_staleness = 1 without rollout ranks was accepted"
+# One process, max_weight_staleness = 1 (no rollout ranks): the engine
+# generates ahead on a thread of its own, with the semantics of a rollout
+# rank, so the run ends with s1's weights and metrics bit for bit.
+"$BIN" rl --config "$T/rl.toml" --out "$T/one" --set dist.max_weight_staleness=1 --set dist.rollout_threads=1 \
+  --set train.steps=4 --set train.save_interval=2 > "$T/one.log" 2>&1 || { cat "$T/one.log"; fail "one: failed"; }
+grep -q "rollout one step ahead of training on 1 thread of its own" "$T/one.log" \
+  || { cat "$T/one.log"; fail "one: no rollout-ahead line"; }
+cmp -s "$T/s1/checkpoints/step_4/model.safetensors" "$T/one/checkpoints/step_4/model.safetensors" \
+  || fail "one process ahead and one rollout rank ahead end with different weights"
+cmp -s "$T/s1/checkpoints/step_4/optimizer.bin" "$T/one/checkpoints/step_4/optimizer.bin" \
+  || fail "one process ahead and one rollout rank ahead end with different optimizer states"
+python3 - "$T" <<'PY'
+import json, sys
+t = sys.argv[1]
+a = [json.loads(line) for line in open(f"{t}/s1/metrics.jsonl")]
+b = [json.loads(line) for line in open(f"{t}/one/metrics.jsonl")]
+assert len(a) == len(b) == 5, (len(a), len(b))
+compared = 0
+for x, y in zip(a, b):
+    keys = [k for k in x if k in y and not k.startswith("perf/") and not k.endswith("_s") and k != "time"]
+    for k in keys:
+        assert x[k] == y[k], (x["step"], k, x[k], y[k])
+    compared += len(keys)
+for k in ("rollout/reward_mean", "train/pg_loss", "train/grad_norm", "rollout/weight_staleness",
+          "train/train_rollout_logprob_abs_diff"):
+    assert all(k in m for m in b[1:]), k
+assert all(m["perf/rollout_wait_time_s"] >= 0 for m in b[1:])
+print(f"one process ahead == one rollout rank ahead: {compared} metric values equal")
+PY
+
+# Refused: several colocated trainers generate shares themselves.
+if "${MPI[@]}" -np 2 "$BIN" rl --config "$T/rl.toml" --out "$T/bad" --set dist.max_weight_staleness=1 \
+  --set dist.trainer_ranks=2 > "$T/bad.log" 2>&1; then
+  fail "max_weight_staleness = 1 with two colocated trainers was accepted"
 fi
-grep -q "max_weight_staleness = 1 needs rollout ranks (\[dist\] rollout_ranks > 0)" "$T/bad.log" \
+grep -q "max_weight_staleness = 1 with several colocated trainers" "$T/bad.log" \
   || { cat "$T/bad.log"; fail "bad: wrong error"; }
 [ ! -e "$T/bad/metrics.jsonl" ] || fail "bad: the refused run wrote metrics"
 echo PASS

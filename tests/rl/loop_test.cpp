@@ -670,8 +670,41 @@ TEST(RlLoop, StalenessNeedsARolloutThatCanOverlap) {
   RlConfig c = f.config(f.dir.str("colocated"));
   c.max_weight_staleness = 1;
   auto t = f.trainer(c);
-  test::expect_error([&] { run_rl(*t, f.inputs(), c, false); },
+  RlInputs in = f.inputs();
+  in.rollout = std::make_shared<LocalRollout>(*t, c.rollout, c.seed);  // what each colocated trainer rank runs
+  test::expect_error([&] { run_rl(*t, in, c, false); },
                      {"max_weight_staleness = 1", "rollout_ranks > 0", "colocated"});
+}
+
+// One process with max_weight_staleness = 1 and no backend given: the
+// default OverlapRollout generates each next batch on a thread of its own
+// while the trainer trains. The run is one step stale after step 1, and two
+// runs (2 and 1 engine threads) end with the same weights and metrics.
+TEST(RlLoop, OneProcessRolloutAheadRunsOnItsOwnThreadAndIsDeterministic) {
+  Fixture f;
+  auto run = [&](const std::string& name, int64_t threads) {
+    RlConfig c = f.config(f.dir.str(name));
+    c.steps = 4;
+    c.max_weight_staleness = 1;
+    c.rollout_threads = threads;
+    auto t = f.trainer(c);
+    run_rl(*t, f.inputs(), c, false);
+    std::vector<float> w(t->params(), t->params() + t->layout().numel());
+    return std::make_pair(metrics_of(c.out_dir), w);
+  };
+  const auto [ma, wa] = run("ahead-a", 2);
+  const auto [mb, wb] = run("ahead-b", 1);
+  EXPECT_EQ(std::memcmp(wa.data(), wb.data(), wa.size() * sizeof(float)), 0);
+  ASSERT_EQ(ma.size(), mb.size());
+  std::vector<double> stale;
+  for (size_t i = 0; i < ma.size(); ++i) {
+    if (ma[i].contains("rollout/weight_staleness")) stale.push_back(ma[i]["rollout/weight_staleness"].get<double>());
+    for (const auto& [k, v] : ma[i].items()) {
+      if (k.rfind("perf/", 0) == 0 || k == "time" || (k.size() > 2 && k.compare(k.size() - 2, 2, "_s") == 0)) continue;
+      EXPECT_EQ(v, mb[i][k]) << "line " << i << " " << k;
+    }
+  }
+  EXPECT_EQ(stale, (std::vector<double>{0, 1, 1, 1}));
 }
 
 TEST(RlConfig, APythonRewardPathIsRelativeToTheConfigFile) {

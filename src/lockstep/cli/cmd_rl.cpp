@@ -30,11 +30,10 @@ namespace {
 parallel::DistConfig read_dist(const toml::table& root, const std::string& path, bool* present) {
   const parallel::DistConfig d = read_dist_section(root, path, present);
   // Checked here, before any rank starts: the layout alone decides it.
-  if (d.max_weight_staleness > 0 && d.rollout_ranks == 0)
+  if (d.max_weight_staleness > 0 && d.rollout_ranks == 0 && d.trainer_ranks > 1)
     LS_THROW << path << ": [dist] max_weight_staleness = " << d.max_weight_staleness
-             << " needs rollout ranks ([dist] rollout_ranks > 0): with rollout_ranks = 0 the trainers generate "
-                "themselves (colocated, or a single process), so there is nothing for rollout to overlap training "
-                "with; set max_weight_staleness = 0";
+             << " with several colocated trainers (rollout_ranks = 0, trainer_ranks = " << d.trainer_ranks
+             << "): generating ahead needs rollout ranks ([dist] rollout_ranks > 0) or a single process";
   return d;
 }
 
@@ -87,6 +86,12 @@ int run_trainer(const Args& args, const toml::table& root, const std::string& cf
               << rl::to_string(cfg.algo.advantage) << ", " << rl::to_string(cfg.algo.policy_loss) << ", "
               << precision_summary(cfg.rollout) << "), " << ctx.threads() << " threads -> " << cfg.out_dir
               << std::endl;
+    if (!rc && cfg.max_weight_staleness > 0) {
+      const int64_t t = cfg.rollout_threads > 0 ? cfg.rollout_threads : ctx.threads();
+      std::cout << "rl: rollout one step ahead of training on " << t << " thread" << (t == 1 ? "" : "s")
+                << " of its own (max_weight_staleness = " << cfg.max_weight_staleness
+                << (cfg.max_weight_staleness > 1 ? ", runs as 1)" : ")") << std::endl;
+    }
   }
   train::Trainer trainer(ctx, m.config, std::move(m.params), cfg.trainer);
   std::shared_ptr<rl::MpiRollout> remote;
@@ -152,6 +157,7 @@ int run_rl_cmd(const Args& args) {
   bool has_dist = false;
   const parallel::DistConfig dcfg = read_dist(root, cfg_path, &has_dist);
   cfg.max_weight_staleness = dcfg.max_weight_staleness;
+  cfg.rollout_threads = dcfg.rollout_threads;
   cfg.trainer.world_invariant = dcfg.world_invariant;
   TomlSection data_s(root["data"].as_table(), cfg_path, "data");
   data::DataConfig dc = data::data_config_from_toml(data_s);
@@ -193,7 +199,8 @@ LS_REGISTER_COMMAND(Command{
     "after a kill -9 (docs/rl.md, \"Crash safety\"; it first removes what a killed run left behind).\n"
     "Under mpirun/srun, [dist] trainer_ranks / rollout_ranks split the ranks into data-parallel\n"
     "trainers and rollout ranks that receive the weights after every step (docs/distributed.md);\n"
-    "[dist] max_weight_staleness = 1 lets the rollout ranks generate one step ahead of training;\n"
+    "[dist] max_weight_staleness = 1 lets the rollout generate one step ahead of training (on the\n"
+    "rollout ranks, or in one process on its own threads, [dist] rollout_threads);\n"
     "[dist] expert_parallel = N splits each MoE layer's experts over groups of N trainers.\n"
     "[dist] world_invariant = true makes the result the same bits for any number of\n"
     "data-parallel trainer ranks (canonical micro-batches, an exact gradient sum).\n"

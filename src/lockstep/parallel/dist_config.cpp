@@ -14,6 +14,7 @@ DistConfig dist_config_from_toml(TomlSection& s) {
   c.expert_parallel = s.get_int("expert_parallel", c.expert_parallel, 1, 1 << 16);
   c.bucket_mb = s.get_int("bucket_mb", c.bucket_mb, 1, 1024);
   c.max_weight_staleness = s.get_int("max_weight_staleness", c.max_weight_staleness, 0, 1 << 20);
+  c.rollout_threads = s.get_int("rollout_threads", c.rollout_threads, 0, 4096);
   c.timeout_s = s.get_double("timeout_s", c.timeout_s, 0.0, 7 * 24 * 3600.0);
   c.world_invariant = s.get_bool("world_invariant", c.world_invariant);
   return c;

@@ -19,7 +19,10 @@ struct DistConfig {
   int64_t rollout_ranks = 0;         // 0: colocated, trainer ranks also generate
   int64_t expert_parallel = 1;       // EP: trainer ranks that share out each MoE layer's experts
   int64_t bucket_mb = 16;            // all-reduce / broadcast bucket (MiB)
-  int64_t max_weight_staleness = 0;  // > 0: rollout ranks generate one step ahead (steps; needs rollout_ranks)
+  // > 0: the rollout generates one step ahead of training (on rollout ranks,
+  // or in a single process on a thread of its own).
+  int64_t max_weight_staleness = 0;
+  int64_t rollout_threads = 0;  // one process, max_weight_staleness > 0: the engine's threads (0: the trainer's count)
   double timeout_s = 1800;           // a collective slower than this ends the job; 0: never
   // The same result for any number of data-parallel trainer ranks: canonical
   // micro-batches and an exact gradient sum (docs/distributed.md).

@@ -31,6 +31,7 @@
 #include "lockstep/train/data_order.h"
 #include "lockstep/train/mismatch.h"
 #include "lockstep/rl/episode_eval.h"
+#include "lockstep/rl/overlap_rollout.h"
 #include "lockstep/rl/gap_check.h"
 #include "lockstep/rl/group_scoring.h"
 #include "lockstep/rl/invariant_update.h"
@@ -180,13 +181,22 @@ struct UpdateTotals {
   double grad_norm_sum = 0, lr = 0;
 };
 
+// A single process's rollout: the engine beside the trainer, or with
+// max_weight_staleness > 0 (single-turn) one on its own thread that
+// generates ahead of training.
+std::shared_ptr<RolloutBackend> default_rollout(train::Trainer& trainer, const RlConfig& cfg) {
+  if (cfg.max_weight_staleness > 0 && !cfg.env.enabled())
+    return std::make_shared<OverlapRollout>(trainer, cfg.rollout, cfg.seed, cfg.rollout_threads);
+  return std::make_shared<LocalRollout>(trainer, cfg.rollout, cfg.seed);
+}
+
 class Runner {
  public:
   Runner(train::Trainer& trainer, const RlInputs& in, const RlConfig& cfg)
       : trainer_(trainer), in_(in), cfg_(cfg), group_(*in.group), stream_(in.train.size(), cfg.seed, cfg.shuffle) {
     LS_CHECK(in.tok) << "rl: no tokenizer";
     LS_CHECK(!in.train.empty()) << "rl: no training prompts";
-    rollout_ = in.rollout ? in.rollout : std::make_shared<LocalRollout>(trainer, cfg.rollout, cfg.seed);
+    rollout_ = in.rollout ? in.rollout : default_rollout(trainer, cfg);
     writer_ = group_.writer();
     reward_ = in.reward ? in.reward : std::shared_ptr<const reward::Reward>(reward::make_reward(cfg.reward));
     scorer_ = std::make_unique<reward::BatchScorer>(reward_, reward::batch_options_for(cfg.reward));
@@ -206,9 +216,9 @@ class Runner {
     end_of_turn_ = data::end_of_turn_id(*in.tok);
     overlap_ = cfg.max_weight_staleness > 0;
     if (overlap_ && !rollout_->can_overlap())
-      LS_THROW << "[dist] max_weight_staleness = " << cfg.max_weight_staleness << ": the rollout runs in the "
-               << "trainer's own process (colocated), so it cannot generate while the trainer trains; rollout "
-               << "ahead of training needs rollout ranks ([dist] rollout_ranks > 0)";
+      LS_THROW << "[dist] max_weight_staleness = " << cfg.max_weight_staleness << ": each colocated trainer "
+               << "rank generates a share of the batch itself, so it cannot generate while it trains; rollout "
+               << "ahead of training needs rollout ranks ([dist] rollout_ranks > 0) or a single process";
     synced_version_ = trainer.version();  // every backend starts on the trainer's weights
     if (cfg.env.enabled()) {
       if (overlap_)

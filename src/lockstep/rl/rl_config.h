@@ -44,8 +44,12 @@ struct RlConfig {
   // [dist] max_weight_staleness (the command that reads [dist] sets it). > 0:
   // the rollout generates the next step's first round while the trainer
   // trains on this one (one batch ahead, so values above 1 run as 1); needs a
-  // backend that can_overlap() (rollout ranks).
+  // backend that can_overlap(): rollout ranks, or in one process the
+  // default OverlapRollout (rl/overlap_rollout.h).
   int64_t max_weight_staleness = 0;
+  // [dist] rollout_threads: with max_weight_staleness > 0 in one process, the
+  // thread count of the rollout engine's own pool (0: as many as the trainer's).
+  int64_t rollout_threads = 0;
   // [rl] on_gap: what a token whose rollout and trainer logprobs differ at all
   // does when both engines run the same precision (aligned mode): abort stops
   // the step before the optimizer runs, naming the sample and the position;
