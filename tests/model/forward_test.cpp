@@ -318,6 +318,49 @@ TEST(ModelForward, Fp8WeightsQuantizeTheProjectionInputs) {
   EXPECT_GT(differ, 0) << "quantizing attn should change o_proj's output";
 }
 
+// Backward through an fp8 forward: a projection's weight gradient is taken
+// against its input quantized as the forward quantized it (the product the
+// forward computed), here the vocabulary projection: d lm_head = dlogitsᵀ ·
+// quantize(final_norm rows), bit for bit, and not dlogitsᵀ · final_norm.
+TEST(ModelBackward, Fp8WeightGradientsUseTheQuantizedInputs) {
+  ModelConfig c = tiny_moe(false);
+  c.hidden_size = 160;  // more than one 128-channel group per row
+  c.num_heads = 4;
+  c.head_dim = 40;
+  Fixture f(c);
+  ModelWeights fp8(f.ctx, f.layout, f.buf.as<float>(), DType::FP8E4M3, 32, {}, true);
+  auto b = full_batch({random_tokens(6, int(c.vocab_size), 4), random_tokens(3, int(c.vocab_size), 5)}, 4, 8);
+  const int64_t R = int64_t(b.logit_rows.size()), D = c.hidden_size, V = c.vocab_size;
+  std::vector<float> rows;
+  CaptureFn grab = [&](const Captured& x) {
+    if (std::string(x.name) == "final_norm") rows.assign(x.data.f32(), x.data.f32() + x.rows() * x.cols());
+  };
+  ForwardOptions o;
+  o.capture = &grab;
+  o.save_activations = true;
+  ForwardResult r;
+  Activations acts;
+  KvCache kv(c, 64, 4);
+  Workspace ws;
+  forward(f.ctx, fp8, kv, ws, b, o, &r, &acts);
+  ASSERT_EQ(int64_t(rows.size()), R * D);
+  auto probe = test::randn(R * V, 7);
+  Buffer gbuf = alloc_params(f.layout);
+  ModelParams grads = bind(f.layout, gbuf.as<float>());
+  backward(f.ctx, fp8, kv, ws, b, acts, Tensor(probe.data(), DType::F32, {R, V}), grads);
+
+  std::vector<float> q = rows, want(size_t(V * D), 0.0f), plain(size_t(V * D), 0.0f);
+  kernels::fp8_quantize_rows(f.ctx, Tensor(q.data(), DType::F32, {R, D}), 128);
+  const Tensor dlogits(probe.data(), DType::F32, {R, V});
+  kernels::gemm_dytx(f.ctx, Tensor(want.data(), DType::F32, {V, D}), dlogits, Tensor(q.data(), DType::F32, {R, D}));
+  kernels::gemm_dytx(f.ctx, Tensor(plain.data(), DType::F32, {V, D}), dlogits,
+                     Tensor(rows.data(), DType::F32, {R, D}));
+  test::expect_bits_equal(grads.lm_head.f32(), want.data(), V * D, "d lm_head = dlogitsᵀ · quantize(rows)");
+  int64_t differ = 0;
+  for (int64_t i = 0; i < V * D; ++i) differ += plain[size_t(i)] != want[size_t(i)];
+  EXPECT_GT(differ, 0) << "quantizing the rows should change the weight gradient";
+}
+
 TEST(ModelForward, AddSequenceBuildsTheRaggedBatch) {
   RaggedBatch b(3);
   const std::vector<int32_t> t1 = {5, 6, 7}, t2 = {8}, k1 = {4, 2}, k2 = {1, 0, 3};

@@ -26,16 +26,17 @@ namespace {
 // Backward of y = down(silu(gate(x)) * up(x)) for rows x (N, D).
 // dx (N, D) is written (or accumulated when accumulate), parameter grads +=.
 // dact (N, F) and dgu (N, 2F) are scratch.
+// pw: the packed weights the forward ran (project_dw takes fp8's quantized inputs).
 void mlp_backward(const Context& ctx, Tensor dx, const Tensor& dy, const Tensor& x, const Tensor& gu,
-                  const Tensor& act, const MlpParams& w, const MlpParams& g, bool accumulate, Tensor dact,
-                  Tensor dgu) {
+                  const Tensor& act, const MlpParams& w, const MlpParams& g, const PackedMlp& pw, bool accumulate,
+                  Tensor dact, Tensor dgu) {
   const int64_t F = act.dim(1);
   k::gemm_dyw(ctx, dact, dy, w.w_down);         // dact = dy · Wd   (N,F) = (N,D)(D,F)
-  k::gemm_dytx(ctx, g.w_down, dy, act);         // dWd += dyᵀ act   (D,F)
+  project_dw(ctx, g.w_down, dy, act, pw.down);  // dWd += dyᵀ act   (D,F)
   k::swiglu_backward(ctx, dgu.slice_cols(0, F), dgu.slice_cols(F, 2 * F), dact, gu.slice_cols(0, F),
                      gu.slice_cols(F, 2 * F));
   k::gemm_dyw(ctx, dx, dgu, w.w_gate_up, accumulate);  // dx = dgu · Wgu  (N,D)
-  k::gemm_dytx(ctx, g.w_gate_up, dgu, x);              // dWgu += dguᵀ x  (2F,D)
+  project_dw(ctx, g.w_gate_up, dgu, x, pw.gate_up);    // dWgu += dguᵀ x  (2F,D)
 }
 
 void zero(const Context& ctx, Tensor t) {
@@ -72,7 +73,7 @@ void backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv
   if (R > 0) {
     Tensor dnormed_rows = ws.get(kSlotRowsNormed, f32, {R, D}), drows = ws.get(kSlotRows, f32, {R, D});
     k::gemm_dyw(ctx, dnormed_rows, dlogits, p.lm_head);
-    k::gemm_dytx(ctx, grads.lm_head, dlogits, saved.normed_rows.view());
+    project_dw(ctx, grads.lm_head, dlogits, saved.normed_rows.view(), weights.lm_head());
     k::rmsnorm_backward(ctx, drows, grads.final_norm, dnormed_rows, saved.x_final.view(), p.final_norm,
                         saved.rstd_f.view());
     scatter_rows(ctx, dx, drows, batch.logit_rows);
@@ -101,12 +102,13 @@ void backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv
     if (w.is_moe) --moe_index;
     if (saved.recompute) recompute_layer(ctx, weights, kv, ws, batch, bt, ro, &rr, l, moe_index, saved);
     const LayerActivations& a = saved.layers[size_t(l)];
+    const PackedLayer& q = weights.layer(l);
     // x_out = h + ffn(normed2): both branches receive dx.
 
     // FFN backward into dnormed (= d normed2).
     if (!w.is_moe) {
       const int64_t F = c.intermediate_size;
-      mlp_backward(ctx, dnormed, dx, a.normed2.view(), a.gu.view(), a.act.view(), w.mlp, g.mlp, false,
+      mlp_backward(ctx, dnormed, dx, a.normed2.view(), a.gu.view(), a.act.view(), w.mlp, g.mlp, q.mlp, false,
                    ws.get(kSlotDact, f32, {T, F}), ws.get(kSlotDgu, f32, {T, 2 * F}));
     } else {
       const int64_t E = c.num_experts, K = c.num_experts_per_tok, Fe = c.moe_intermediate_size;
@@ -133,7 +135,8 @@ void backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv
         const int64_t r0 = rows.offsets[size_t(e)], r1 = rows.offsets[size_t(e) + 1];
         mlp_backward(ectx, dxr.slice_rows(r0, r1), dyr.slice_rows(r0, r1), a.xe.view().slice_rows(r0, r1),
                      a.gu_e.view().slice_rows(r0, r1), a.act_e.view().slice_rows(r0, r1), w.experts[size_t(e)],
-                     g.experts[size_t(e)], false, dact.slice_rows(r0, r1), dgu.slice_rows(r0, r1));
+                     g.experts[size_t(e)], q.experts[size_t(e)], false, dact.slice_rows(r0, r1),
+                     dgu.slice_rows(r0, r1));
       });
       if (ep) expert_return(ctx, *saved.experts, a.route, dxr, dxe, stage);
       k::moe_gather_backward(ctx, dnormed, dxe, a.plan);
@@ -165,8 +168,8 @@ void backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv
           k::gemm_dyw(ctx, dnormed, dglogit, w.shared_gate, true);
           k::gemm_dytx(ctx, g.shared_gate, dglogit, a.normed2.view());
         }
-        mlp_backward(ctx, dnormed, dys, a.normed2.view(), a.gu_s.view(), a.act_s.view(), w.shared, g.shared, true,
-                     ws.get(kSlotDact, f32, {T, Fs}), ws.get(kSlotDgu, f32, {T, 2 * Fs}));
+        mlp_backward(ctx, dnormed, dys, a.normed2.view(), a.gu_s.view(), a.act_s.view(), w.shared, g.shared,
+                     q.shared, true, ws.get(kSlotDact, f32, {T, Fs}), ws.get(kSlotDgu, f32, {T, 2 * Fs}));
       }
     }
     // normed2 = rmsnorm(h): dh = dx + rmsnorm_backward(dnormed).
@@ -175,7 +178,7 @@ void backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv
 
     // h = x_in + attn · Woᵀ.
     k::gemm_dyw(ctx, dattn, dh, w.wo);
-    k::gemm_dytx(ctx, g.wo, dh, a.attn.view());
+    project_dw(ctx, g.wo, dh, a.attn.view(), q.wo);
     k::attention_backward(ctx, dq, dk, dv, dattn.reshape({T, H, Dh}), a.attn.view().reshape({T, H, Dh}),
                           a.lse.view(), a.q.view(), kv.k(l), kv.v(l), ab, scale);
     k::rope_backward(ctx, dq, bt.positions_t.view(), weights.rope());
@@ -192,7 +195,7 @@ void backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv
     }
     if (c.qkv_bias) add_column_sums(ctx, g.bqkv, dqkv);
     k::gemm_dyw(ctx, dnormed, dqkv, w.wqkv);
-    k::gemm_dytx(ctx, g.wqkv, dqkv, a.normed1.view());
+    project_dw(ctx, g.wqkv, dqkv, a.normed1.view(), q.wqkv);
     // normed1 = rmsnorm(x_in): dx = dh + rmsnorm_backward(dnormed).
     k::rmsnorm_backward(ctx, dtmp, g.attn_norm, dnormed, a.x_in.view(), w.attn_norm, a.rstd1.view());
     add_into(ctx, dx, dh, dtmp);

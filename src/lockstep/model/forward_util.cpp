@@ -269,17 +269,32 @@ void add_shared_expert(const Context& ctx, Tensor ffn, const Tensor& ys, const T
 // Group width of the fp8 activation scales (DeepSeek's 1 x 128 tiles).
 constexpr int64_t kFp8ActivationGroup = 128;
 
-void project(const Context& ctx, Tensor y, const Tensor& x, const kernels::PackedWeight& w, bool accumulate) {
-  if (w.storage != DType::FP8E4M3 || x.dim(0) == 0) {
-    kernels::gemm_xwt(ctx, y, x, w, accumulate);
-    return;
-  }
+namespace {
+// x (M, K) quantized as an FP8 forward quantizes a projection's input, on a copy.
+OwnedTensor fp8_quantized_input(const Context& ctx, const Tensor& x) {
   const int64_t M = x.dim(0), K = x.dim(1);
   OwnedTensor xq(DType::F32, {M, K});  // (M, K)
   for (int64_t m = 0; m < M; ++m)
     std::memcpy(xq.f32() + m * K, static_cast<const float*>(x.data) + m * x.stride[0], size_t(K) * sizeof(float));
   kernels::fp8_quantize_rows(ctx, xq.view(), kFp8ActivationGroup);
-  kernels::gemm_xwt(ctx, y, xq.view(), w, accumulate);
+  return xq;
+}
+}  // namespace
+
+void project(const Context& ctx, Tensor y, const Tensor& x, const kernels::PackedWeight& w, bool accumulate) {
+  if (w.storage != DType::FP8E4M3 || x.dim(0) == 0) {
+    kernels::gemm_xwt(ctx, y, x, w, accumulate);
+    return;
+  }
+  kernels::gemm_xwt(ctx, y, fp8_quantized_input(ctx, x).view(), w, accumulate);
+}
+
+void project_dw(const Context& ctx, Tensor dw, const Tensor& dy, const Tensor& x, const kernels::PackedWeight& w) {
+  if (w.storage != DType::FP8E4M3 || x.dim(0) == 0) {
+    kernels::gemm_dytx(ctx, dw, dy, x);
+    return;
+  }
+  kernels::gemm_dytx(ctx, dw, dy, fp8_quantized_input(ctx, x).view());
 }
 
 CapturePoints::CapturePoints(const ForwardOptions& o, const RaggedBatch& b, const std::vector<int32_t>& positions)

@@ -112,6 +112,12 @@ kernels::RouterConfig router_config(const ModelConfig& c);
 // the caller's x (saved for backward, read by the router) stays f32. Both
 // engines call this, so they multiply the same quantized activations.
 void project(const Context& ctx, Tensor y, const Tensor& x, const kernels::PackedWeight& w, bool accumulate = false);
+// dw (N, K) += dy (M, N)ᵀ · x (M, K) for a projection the forward ran through
+// project(w): with fp8 weights x is quantized first exactly as project()
+// quantized it, so dw is the weight gradient of the product the forward
+// computed (the weight quantizer itself is straight-through: dw lands on the
+// f32 master). Otherwise kernels::gemm_dytx.
+void project_dw(const Context& ctx, Tensor dw, const Tensor& dy, const Tensor& x, const kernels::PackedWeight& w);
 
 // The capture hook of one forward call (ForwardOptions::capture). Without a
 // hook it holds nothing and each capture point is one pointer test.

@@ -46,15 +46,16 @@ void moe_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations& a, 
   const LayerParams& p = block_params(env.p, l);
   const LayerParams& g = block_params(env.g, l);
   const k::MoeDispatch& plan = a.plan;
+  const PackedLayer& q = env.weights.layer(l);
   // The shared expert.
   OwnedTensor dact_s(f32, {T, Fe}), dgu_s(f32, {T, 2 * Fe});
   k::gemm_dyw(ctx, dact_s.view(), df, p.shared.w_down);
-  k::gemm_dytx(ctx, g.shared.w_down, df, a.act_s.view());
+  project_dw(ctx, g.shared.w_down, df, a.act_s.view(), q.shared.down);
   const Tensor gu_s = a.gu_s.view();
   swiglu_v4_backward(ctx, dgu_s.view().slice_cols(0, Fe), dgu_s.view().slice_cols(Fe, 2 * Fe), dact_s.view(),
                      gu_s.slice_cols(0, Fe), gu_s.slice_cols(Fe, 2 * Fe), c.swiglu_limit);
   k::gemm_dyw(ctx, dz, dgu_s.view(), p.shared.w_gate_up);
-  k::gemm_dytx(ctx, g.shared.w_gate_up, dgu_s.view(), a.z.view());
+  project_dw(ctx, g.shared.w_gate_up, dgu_s.view(), a.z.view(), q.shared.gate_up);
   // The routed experts: down projection, routing weight, SwiGLU, up projection.
   OwnedTensor dye(f32, {T * K, D}), dacts(f32, {T * K, Fe}), dact(f32, {T * K, Fe}), dgu(f32, {T * K, 2 * Fe}),
       dxe(f32, {T * K, D}), dw(f32, {T, K});
@@ -66,7 +67,8 @@ void moe_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations& a, 
     const MlpParams& pe = p.experts[size_t(e)];
     const MlpParams& ge = g.experts[size_t(e)];
     k::gemm_dyw(ctx, dacts.view().slice_rows(r0, r1), dye.view().slice_rows(r0, r1), pe.w_down);
-    k::gemm_dytx(ctx, ge.w_down, dye.view().slice_rows(r0, r1), a.acts_e.view().slice_rows(r0, r1));
+    project_dw(ctx, ge.w_down, dye.view().slice_rows(r0, r1), a.acts_e.view().slice_rows(r0, r1),
+               q.experts[size_t(e)].down);
   }
   k::moe_scale_rows_backward(ctx, dact.view(), dw.view(), dacts.view(), a.act_e.view(), a.topk_w.view(), plan);
   swiglu_v4_backward(ctx, dgu.view().slice_cols(0, Fe), dgu.view().slice_cols(Fe, 2 * Fe), dact.view(),
@@ -75,7 +77,8 @@ void moe_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations& a, 
     const int64_t r0 = plan.offsets[size_t(e)], r1 = plan.offsets[size_t(e) + 1];
     if (r1 == r0) continue;
     k::gemm_dyw(ctx, dxe.view().slice_rows(r0, r1), dgu.view().slice_rows(r0, r1), p.experts[size_t(e)].w_gate_up);
-    k::gemm_dytx(ctx, g.experts[size_t(e)].w_gate_up, dgu.view().slice_rows(r0, r1), a.xe.view().slice_rows(r0, r1));
+    project_dw(ctx, g.experts[size_t(e)].w_gate_up, dgu.view().slice_rows(r0, r1), a.xe.view().slice_rows(r0, r1),
+               q.experts[size_t(e)].gate_up);
   }
   k::moe_gather_backward(ctx, dz, dxe.view(), plan);
   // The router (its selection is constant; the weights carry the gradient).
@@ -124,17 +127,18 @@ void attention_backward(const V4BackEnv& env, int64_t l, const V4LayerActivation
   const LayerParams& g = block_params(env.g, l);
   const kernels::RopeTable& rope = env.weights.rope_of_layer(l);
   const Tensor positions = env.vb.positions.view();
+  const PackedLayer& q = env.weights.layer(l);
   // Output projections, then the inverse RoPE's transpose (the forward rotation).
   OwnedTensor dyo(f32, {T, G * Ro}), dattn(f32, {T, H, Dh});
   k::gemm_dyw(ctx, dyo.view(), df, p.wo_b);
-  k::gemm_dytx(ctx, g.wo_b, df, a.yo.view());
+  project_dw(ctx, g.wo_b, df, a.yo.view(), q.wo_b);
   Tensor do_ = dattn.view().reshape({T, H * Dh});
   for (int64_t gi = 0; gi < G; ++gi) {
     const Tensor dy_g = dyo.view().slice_cols(gi * Ro, (gi + 1) * Ro);
     k::gemm_dyw(ctx, do_.slice_cols(gi * per_group, (gi + 1) * per_group), dy_g,
                 p.wo_a.slice_rows(gi * Ro, (gi + 1) * Ro));
-    k::gemm_dytx(ctx, g.wo_a.slice_rows(gi * Ro, (gi + 1) * Ro), dy_g,
-                 a.o.view().slice_cols(gi * per_group, (gi + 1) * per_group));
+    project_dw(ctx, g.wo_a.slice_rows(gi * Ro, (gi + 1) * Ro), dy_g,
+               a.o.view().slice_cols(gi * per_group, (gi + 1) * per_group), q.wo_a[size_t(gi)]);
   }
   k::rope_interleaved_forward(ctx, rope_tail(dattn.view(), Dr), positions, rope);
   // The attention core: dq, and the gradient of every store row it read.
@@ -151,10 +155,10 @@ void attention_backward(const V4BackEnv& env, int64_t l, const V4LayerActivation
                       a.q_pre.view().reshape({T * H, Dh}), env.weights.ones(), a.rstd_q.view());
   const Tensor dq_rows = dq_pre.view().reshape({T, H * Dh});
   k::gemm_dyw(ctx, dqr.view(), dq_rows, p.wq_b);
-  k::gemm_dytx(ctx, g.wq_b, dq_rows, a.qr.view());
+  project_dw(ctx, g.wq_b, dq_rows, a.qr.view(), q.wq_b);
   k::rmsnorm_backward(ctx, dqa.view(), g.q_a_norm, dqr.view(), a.qa.view(), p.q_a_norm, a.rstd_qa.view());
   k::gemm_dyw(ctx, da, dqa.view(), p.wq_a);
-  k::gemm_dytx(ctx, g.wq_a, dqa.view(), a.a.view());
+  project_dw(ctx, g.wq_a, dqa.view(), a.a.view(), q.wq_a);
   // The window key = value of each token.
   OwnedTensor dkv(f32, {T, 1, Dh}), dkv_pre(f32, {T, Dh});
   load_rows(dkv.view().reshape({T, Dh}), dstore.view(), env.vb.slots, 2, 0);
@@ -162,7 +166,7 @@ void attention_backward(const V4BackEnv& env, int64_t l, const V4LayerActivation
   k::rmsnorm_backward(ctx, dkv_pre.view(), g.kv_norm, dkv.view().reshape({T, Dh}), a.kv_pre.view(), p.kv_norm,
                       a.rstd_kv.view());
   k::gemm_dyw(ctx, da, dkv_pre.view(), p.wkv, true);
-  k::gemm_dytx(ctx, g.wkv, dkv_pre.view(), a.a.view());
+  project_dw(ctx, g.wkv, dkv_pre.view(), a.a.view(), q.wkv);
   if (c.compress_ratio(l) > 0) compressor_backward(env, l, a, dstore.view(), da);
 }
 
@@ -221,7 +225,7 @@ void head_backward(const V4BackEnv& env, const RaggedBatch& batch, const V4HeadA
   if (R == 0) return;
   OwnedTensor dnormed(f32, {R, D}), dh(f32, {R, D}), drows(f32, {R, n * D});
   k::gemm_dyw(ctx, dnormed.view(), dlogits, env.p.lm_head);
-  k::gemm_dytx(ctx, env.g.lm_head, dlogits, s.normed_rows.view());
+  project_dw(ctx, env.g.lm_head, dlogits, s.normed_rows.view(), env.weights.lm_head());
   k::rmsnorm_backward(ctx, dh.view(), w.dnorm, dnormed.view(), s.h_rows.view(), w.norm, s.rstd_f.view());
   zero(drows.view());
   k::mhc_head_backward(ctx, drows.view(), w.dfn, w.dbase, w.dscale, dh.view(), s.x_rows.view(), s.head_w.view(),
@@ -256,9 +260,9 @@ void mtp_backward(const V4BackEnv& env, const RaggedBatch& batch, const V4Activa
     sum_streams(ctx, dpe.view(), dx0.view(), n);
     const Tensor dph = dx0.view().reshape({T * n, D});
     k::gemm_dyw(ctx, den.view(), dpe.view(), p.e_proj);
-    k::gemm_dytx(ctx, g.e_proj, dpe.view(), m.en.view());
+    project_dw(ctx, g.e_proj, dpe.view(), m.en.view(), env.weights.mtp(int64_t(jj)).e_proj);
     k::gemm_dyw(ctx, dhn.view(), dph, p.h_proj);
-    k::gemm_dytx(ctx, g.h_proj, dph, m.hn.view());
+    project_dw(ctx, g.h_proj, dph, m.hn.view(), env.weights.mtp(int64_t(jj)).h_proj);
     k::rmsnorm_backward(ctx, de.view(), g.enorm, den.view(), m.e.view(), p.enorm, m.rstd_e.view());
     k::embedding_backward(ctx, env.g.embed, de.view(), m.next_t.view());
     k::rmsnorm_backward(ctx, dh_next.view().reshape({T * n, D}), g.hnorm, dhn.view(),
