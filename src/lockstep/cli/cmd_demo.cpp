@@ -17,6 +17,7 @@
 #include "lockstep/data/jsonl.h"
 #include "lockstep/base/file_util.h"
 #include "lockstep/model/pretrained.h"
+#include "lockstep/parallel/dist_config.h"
 #include "lockstep/rl/loop.h"
 #include "lockstep/rollout/rollout_config.h"
 #include "lockstep/rl/report_hook.h"
@@ -278,9 +279,12 @@ toml::table demo_rl_config(const Args& args, const DemoOptions& o) {
   sets.push_back("data.train_file=\"" + o.out + "/data/train.jsonl\"");
   sets.push_back("data.eval_file=\"" + o.out + "/data/test.jsonl\"");
   toml::table root = parse_toml_with_overrides(kDemoRlConfig, "demo config", sets);
-  if (const auto* d = root["dist"].as_table(); d && !d->empty())
-    LS_THROW << "demo config: [dist] is not used by the demo (one process); run `lockstep rl` under mpirun "
-                "for a distributed run (docs/distributed.md)";
+  if (const auto* d = root["dist"].as_table())
+    for (const auto& [key, value] : *d)
+      if (key.str() != "max_weight_staleness" && key.str() != "rollout_threads")
+        LS_THROW << "demo config: [dist] " << key.str() << " is not used by the demo (one process; only "
+                 << "max_weight_staleness and rollout_threads are); run `lockstep rl` under mpirun for a "
+                    "distributed run (docs/distributed.md)";
   return root;
 }
 
@@ -377,7 +381,12 @@ int run_demo(const Args& args) {
   const auto sft_data = write_demo_task(o, tokenizer::Tokenizer::load(model_dir));
   const double sft_s = run_demo_sft(o, ctx, c, std::move(params), sft_data, model_dir);
   const toml::table root = demo_rl_config(args, o);
-  const rl::RlConfig cfg = rl::rl_config_from_toml(root, "demo config");
+  rl::RlConfig cfg = rl::rl_config_from_toml(root, "demo config");
+  TomlSection dist_s(root["dist"].as_table(), "demo config", "dist");
+  const parallel::DistConfig dist = parallel::dist_config_from_toml(dist_s);
+  dist_s.finish();
+  cfg.max_weight_staleness = dist.max_weight_staleness;  // the rollout one step ahead, on threads of its own
+  cfg.rollout_threads = dist.rollout_threads;
   const rl::RlResult r = run_demo_rl(ctx, root, cfg, o.out);
   report_demo(o, cfg, r, sft_s, total.seconds());
   rl::finish_report(cfg);
@@ -411,7 +420,8 @@ LS_REGISTER_COMMAND(Command{
     "exactly 0). --trainer-precision P trains the RL stage in P instead: fast mode, with\n"
     "TIS (token-level truncated importance weights) correcting the measured gap.\n"
     "--set overrides keys of the RL config (print it with --print-config; the same text is\n"
-    "configs/demo/rl.toml). Writes DIR/model, DIR/data, DIR/sft (SFT metrics, checkpoint),\n"
+    "configs/demo/rl.toml); --set dist.max_weight_staleness=1 generates each RL step's batch\n"
+    "while the previous step trains, on threads of its own (dist.rollout_threads). Writes DIR/model, DIR/data, DIR/sft (SFT metrics, checkpoint),\n"
     "DIR/metrics.jsonl, DIR/samples, DIR/eval, DIR/checkpoints, DIR/summary.json and\n"
     "DIR/report.html. Exits 1 if aligned mode shows any train/rollout logprob difference.\n"
     "--device interpret runs every model kernel of SFT, rollout and RL through the GPU kernel\n"
