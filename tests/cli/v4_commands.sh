@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # DeepSeek-V4 through every user command, one by one, on a micro V4 model
 # (mHC streams, a hash-routed layer, a CSA layer with its indexer, an MTP
-# block) made with `lockstep init`:
+# block; tests/common/v4_micro_model.toml) made with `lockstep init`:
 #  1. `lockstep sft` with the MTP loss: the loss falls, checkpoints load;
 #  2. `lockstep rl` (GRPO) from the SFT checkpoint: a gap of exactly 0 at every
 #     step, the on-policy shortcut on;
@@ -14,47 +14,14 @@
 #     the uninterrupted run.
 set -euo pipefail
 BIN=$1
+SRC=$2
 T=$(mktemp -d)
 SERVER=""
 trap '[ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; rm -rf "$T"' EXIT
 export LOCKSTEP_THREADS=2
 fail() { echo "FAIL: $*"; exit 1; }
 
-cat > "$T/model.toml" <<'TOML'
-[model]
-architecture = "DeepseekV4ForCausalLM"
-vocab_size = 272
-hidden_size = 64
-num_layers = 2
-num_heads = 4
-head_dim = 32
-qk_rope_head_dim = 8
-q_lora_rank = 32
-o_groups = 2
-o_lora_rank = 32
-sliding_window = 16
-compress_ratios = [0, 4, 0]
-rope_theta = 10000.0
-compress_rope_theta = 160000.0
-max_position_embeddings = 256
-index_n_heads = 2
-index_head_dim = 16
-index_topk = 4
-num_experts = 4
-num_experts_per_tok = 2
-moe_intermediate_size = 32
-routed_scaling_factor = 1.5
-norm_topk_prob = true
-num_hash_layers = 1
-swiglu_limit = 10.0
-hc_mult = 2
-hc_sinkhorn_iters = 20
-num_nextn_predict_layers = 1
-rms_norm_eps = 1e-6
-tie_word_embeddings = false
-init_seed = 3
-init_std = 0.5
-TOML
+cp "$SRC/tests/common/v4_micro_model.toml" "$T/model.toml"
 "$BIN" init --config "$T/model.toml" --out "$T/model" > "$T/init.log" 2>&1 || { cat "$T/init.log"; fail init; }
 
 python3 - "$T" <<'PY'

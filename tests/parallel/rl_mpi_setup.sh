@@ -1,7 +1,11 @@
 # Sourced by the `lockstep rl` MPI tests (rl_mpi_test.sh, rl_stale_test.sh):
-# a tiny MoE model made with `lockstep init` in $T/model, prompts in
+# a tiny MoE model (MODEL_ARCH=v4: the micro DeepSeek-V4 of
+# tests/common/v4_micro_model.toml) made with `lockstep init` in $T/model, prompts in
 # $T/train.jsonl and $T/test.jsonl, and $T/rl.toml (3 steps of 4 prompts x 8
 # samples, GRPO with 2 updates per batch, eval every 2 steps). Needs T and BIN.
+if [ "${MODEL_ARCH:-moe}" = v4 ]; then
+  cp "$(dirname "${BASH_SOURCE[0]}")/../common/v4_micro_model.toml" "$T/model.toml"
+else
 cat > "$T/model.toml" <<'TOML'
 [model]
 precision = "f32"
@@ -21,6 +25,7 @@ max_position_embeddings = 256
 init_seed = 5
 init_std = 0.5
 TOML
+fi
 "$BIN" init --config "$T/model.toml" --out "$T/model" --threads 1 > "$T/init.log" 2>&1 || { cat "$T/init.log"; exit 1; }
 # Any single digit is a correct answer: a random model finds one now and then,
 # so the groups' rewards differ and the policy gradient is not zero.

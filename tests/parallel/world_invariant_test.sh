@@ -7,10 +7,13 @@
 # ends byte-identical to the uninterrupted 2-rank run. The same runs with
 # world_invariant = false differ (the negative control), and expert
 # parallelism is refused with a clear error.
-# usage: world_invariant_test.sh MPIEXEC LOCKSTEP_BINARY sft|rl
+# sft-v4 and rl-v4 run the same on the micro DeepSeek-V4 model.
+# usage: world_invariant_test.sh MPIEXEC LOCKSTEP_BINARY sft|rl|sft-v4|rl-v4
 source "$(dirname "$0")/mpi_test_lib.sh"
-source "$(dirname "$0")/rl_mpi_setup.sh"
 KIND=$3
+export MODEL_ARCH=moe
+case "$KIND" in *-v4) MODEL_ARCH=v4; KIND=${KIND%-v4} ;; esac
+source "$(dirname "$0")/rl_mpi_setup.sh"
 
 if [ "$KIND" = sft ]; then
   python3 - "$T" <<'PY'
