@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
+#include <string>
 #include <thread>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -238,6 +240,24 @@ std::string fmt(const char* f, ...) {
   std::vsnprintf(buf, sizeof buf, f, args);
   va_end(args);
   return buf;
+}
+
+namespace {
+size_t status_kb(const char* field) {
+  std::ifstream in("/proc/self/status");
+  const std::string key = std::string(field) + ":";
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(key, 0) == 0) return size_t(std::strtoull(line.c_str() + key.size(), nullptr, 10)) * 1024;
+  return 0;
+}
+}  // namespace
+
+size_t rss_bytes() { return status_kb("VmRSS"); }
+size_t peak_rss_bytes() { return status_kb("VmHWM"); }
+
+void reset_peak_rss() {
+  std::ofstream out("/proc/self/clear_refs");
+  if (out) out << "5";
 }
 
 }  // namespace lockstep::perf

@@ -69,6 +69,13 @@ std::string bench_config_path(const std::string& name);
 // cost, only the routing, and a fixed seed keeps the routing the same run to run.
 Buffer bench_params(const ParamLayout& layout, const Context& ctx, uint64_t seed = 1);
 
+// Resident memory from /proc/self/status: the current (VmRSS) and the peak
+// since the last reset_peak_rss (VmHWM), in bytes; 0 where unreadable.
+size_t rss_bytes();
+size_t peak_rss_bytes();
+// Starts a new peak (Linux: "5" into /proc/self/clear_refs); a no-op where refused.
+void reset_peak_rss();
+
 // A fixed-width text table: columns right-aligned to their widest cell.
 class Table {
  public:

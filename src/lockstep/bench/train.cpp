@@ -8,9 +8,29 @@
 
 #include "lockstep/base/thread_pool.h"
 #include "lockstep/base/timer.h"
+#include "lockstep/comm/exact_sum.h"
+#include "lockstep/model/packed_checksum.h"
 #include "lockstep/train/trainer.h"
 
 namespace lockstep::perf {
+
+namespace {
+// What the trainer holds by design, from its configuration and layout.
+void record_memory(TrainBenchResult& r, train::Trainer& trainer, const ParamLayout& layout) {
+  const size_t n = size_t(layout.numel()), f32 = n * sizeof(float);
+  r.params = int64_t(n);
+  r.master = r.grads = f32;
+  r.moments = 2 * f32;  // AdamW's m and v
+  r.packed = model::packed_bytes(trainer.weights());
+  r.effective = trainer.trainer_config().precision != DType::F32 ? f32 : 0;
+  r.exact_sum = trainer.trainer_config().world_invariant ? (n + 2) * sizeof(comm::Fixed) : 0;
+}
+}  // namespace
+
+size_t TrainBenchResult::rest() const {
+  const size_t known = master + packed + effective + grads + moments + exact_sum;
+  return peak_rss > known ? peak_rss - known : 0;
+}
 
 TrainBenchResult run_train_bench(const TrainBenchOptions& opt, Peak peak) {
   TrainBenchResult r;
@@ -23,6 +43,8 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& opt, Peak peak) {
   r.peak = peak.wall_gflops > 0 ? peak : measure_fma_peak(opt.threads);
 
   ParamLayout layout(c);
+  reset_peak_rss();
+  const size_t baseline = rss_bytes();
   train::TrainerConfig tc;
   tc.micro_batch_tokens = opt.micro_batch_tokens;
   tc.recompute_activations = opt.recompute;
@@ -66,6 +88,9 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& opt, Peak peak) {
     r.optim_s += t_all - t_acc;
     r.loss = l;
   }
+  const size_t high = peak_rss_bytes();
+  r.peak_rss = high > baseline ? high - baseline : 0;
+  record_memory(r, trainer, layout);
   const double steps = double(std::max<int64_t>(opt.steps, 1));
   r.fwd_bwd_s /= steps;
   r.optim_s /= steps;
@@ -81,6 +106,19 @@ Table train_table() {
   return Table({"model", "threads", "seq", "tokens/step", "tokens/s", "MFLOP/token", "GFLOP/s",
                 "peak GFLOP/s", "% of peak", "% of peak per CPU-s", "CPU use", "fwd+bwd s/step",
                 "optim s/step", "loss"});
+}
+
+Table train_memory_table() {
+  return Table({"model", "params (M)", "peak MB", "B/param", "master", "packed", "effective", "grads",
+                "moments", "exact sum", "activations+rest"});
+}
+
+void add_memory_row(Table& t, const TrainBenchResult& r) {
+  const double n = double(std::max<int64_t>(r.params, 1));
+  auto per = [&](size_t b) { return fmt("%.2f", double(b) / n); };
+  t.add({r.model, fmt("%.2f", double(r.params) * 1e-6), fmt("%.0f", double(r.peak_rss) / 1048576.0), per(r.peak_rss),
+         per(r.master), per(r.packed), per(r.effective), per(r.grads), per(r.moments), per(r.exact_sum),
+         per(r.rest())});
 }
 
 void add_row(Table& t, const TrainBenchResult& r) {

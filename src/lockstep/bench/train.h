@@ -42,6 +42,17 @@ struct TrainBenchResult {
   double fwd_bwd_s = 0;        // per step: Trainer::accumulate
   double optim_s = 0;          // per step: Trainer::step (clip, AdamW, repack)
   double loss = 0;             // of the last step (a sanity check: ~log V at init)
+  // Memory (bytes): the peak resident set of the run above the process's
+  // resident set before the trainer existed, and what the trainer holds by
+  // design; activations and workspace are the rest of the peak.
+  int64_t params = 0;
+  size_t peak_rss = 0;     // above the baseline
+  size_t master = 0;       // the f32 parameters
+  size_t packed = 0;       // the packed projections the forward reads (model::packed_bytes)
+  size_t effective = 0;    // bf16/fp8: the widened quantized weights backward multiplies by
+  size_t grads = 0, moments = 0;
+  size_t exact_sum = 0;    // world_invariant: the fixed-point gradient sums
+  size_t rest() const;     // peak_rss minus the above (activations, workspace, allocator slack)
 };
 
 // Runs the benchmark; a `peak` with wall_gflops <= 0 is measured here.
@@ -56,5 +67,9 @@ Table train_table();
 
 // One row of train_table() for `r`.
 void add_row(Table& t, const TrainBenchResult& r);
+
+// Peak memory per model: MB and bytes per parameter, by component.
+Table train_memory_table();
+void add_memory_row(Table& t, const TrainBenchResult& r);
 
 }  // namespace lockstep::perf

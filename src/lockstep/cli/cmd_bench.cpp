@@ -93,14 +93,20 @@ int run_train(const Args& args) {
   o.gpu = device_flag(args);
   const perf::Peak peak = perf::measure_fma_peak(o.threads);
   print_machine(peak);
-  perf::Table t = perf::train_table();
+  perf::Table t = perf::train_table(), mem = perf::train_memory_table();
   for (const auto& path : configs(args)) {
     o.config_path = path;
-    add_row(t, perf::run_train_bench(o, peak));
+    const perf::TrainBenchResult r = perf::run_train_bench(o, peak);
+    add_row(t, r);
+    add_memory_row(mem, r);
   }
   std::cout << t.str()
             << "\nFLOP/token = 6 x active matmul params (attention projections, router, K experts, lm_head)\n"
-               "           + 3 x 4*T*Dh*H*L attention (T = sequence length); see docs/benchmarks.md.\n";
+               "           + 3 x 4*T*Dh*H*L attention (T = sequence length); see docs/benchmarks.md.\n\n"
+            << mem.str()
+            << "\nPeak resident memory of the run above the process before the trainer existed, in bytes per\n"
+               "parameter: master f32 weights, their packed copy, bf16/fp8's widened weights (backward), gradients,\n"
+               "AdamW moments, world_invariant's exact sums; the rest is activations and workspace.\n";
   return 0;
 }
 

@@ -11,12 +11,15 @@
 
 namespace lockstep::model {
 
-// comm::checksum64 chained over every packed projection of `w` in layer
-// order (attention, dense MLP, router, routed experts, shared expert, the
-// DeepSeek-V4 projections, MTP blocks, lm_head): each one's storage, shape,
-// fp8 blocking, data and scales. Routed experts count only where `experts`
+// comm::checksum64 chained over every packed projection of `w` in one fixed
+// order (every layer's, then the MTP blocks', then lm_head): each one's
+// storage, shape, fp8 blocking, data and scales. Routed experts count only where `experts`
 // contains them and `w` packs them, so a trainer that holds one shard of
 // the experts and an engine that holds them all can compare over that shard.
 uint64_t packed_checksum(const ModelWeights& w, const ExpertShard& experts = {});
+
+// The bytes of those packed projections (data and fp8 scales): the memory
+// the packed copy of the weights takes beside the f32 master.
+size_t packed_bytes(const ModelWeights& w);
 
 }  // namespace lockstep::model
