@@ -7,7 +7,8 @@
 
 namespace lockstep::model {
 
-KvCache::KvCache(const ModelConfig& c, int64_t num_blocks, int block_size, DType dtype, const Allocator& memory)
+KvCache::KvCache(const ModelConfig& c, int64_t num_blocks, int block_size, DType dtype, const Allocator& memory,
+                 bool with_mtp)
     : block_size_(block_size), num_blocks_(num_blocks), dtype_(dtype), memory_(&memory) {
   LS_CHECK(num_blocks >= 1 && block_size >= 1) << "num_blocks=" << num_blocks << " block_size=" << block_size;
   LS_CHECK(dtype == DType::F32 || dtype == DType::BF16)
@@ -16,7 +17,8 @@ KvCache::KvCache(const ModelConfig& c, int64_t num_blocks, int block_size, DType
     LS_CHECK(dtype == DType::F32) << "DeepSeek-V4's cache is f32 (a bf16 cache is not implemented for it)";
     k_.resize(size_t(c.num_layers));
     v_.resize(size_t(c.num_layers));
-    for (int64_t l = 0; l < c.num_layers + c.num_nextn_predict_layers; ++l) add_v4_layer(c, l);  // MTP blocks too
+    const int64_t layers = c.num_layers + (with_mtp ? c.num_nextn_predict_layers : 0);
+    for (int64_t l = 0; l < layers; ++l) add_v4_layer(c, l);
     return;
   }
   for (int64_t l = 0; l < c.num_layers; ++l) {

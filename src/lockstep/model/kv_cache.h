@@ -21,8 +21,10 @@ class KvCache {
   // on read, so the cache is half the memory and half the bytes per decode).
   // The blocks come from `memory` (kernels::device_memory of the engine's
   // context); their contents are undefined until written.
+  // with_mtp: DeepSeek-V4's MTP blocks get their cache layers (the trainer's
+  // forward runs them; the rollout engine never does and leaves them out).
   KvCache(const ModelConfig& config, int64_t num_blocks, int block_size, DType dtype = DType::F32,
-          const Allocator& memory = host_allocator());
+          const Allocator& memory = host_allocator(), bool with_mtp = true);
 
   // (num_blocks, block_size, Hkv, Dh) views of layer `layer`, in dtype().
   // Empty for DeepSeek-V4, whose layers use the stores below.

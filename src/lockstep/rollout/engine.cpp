@@ -118,7 +118,7 @@ Engine::Engine(const Context& ctx, const model::ModelWeights* weights, EngineCon
       config_(config),
       weights_(weights),
       kv_(weights->config(), config.num_blocks, config.block_size, choose_kv_dtype(*weights, config),
-          kernels::device_memory(ctx)),
+          kernels::device_memory(ctx), /*with_mtp=*/false),
       ws_(kernels::device_memory(ctx)),
       blocks_(config.num_blocks, config.block_size) {
   LS_CHECK(config.max_batch_tokens >= 1 && config.max_running >= 1 && config.max_prefill_chunk >= 1)
