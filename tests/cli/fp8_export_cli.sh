@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# A run trained at fp8 exported in the Hugging Face FP8 layout: `sft` with
+# model.precision = "fp8" on a Qwen3-MoE whose shapes are not multiples of
+# 128 (Hkv*Dh = 48, intermediate 96), `export --dtype fp8`, then `score
+# --precision fp8` on the checkpoint and on the export gives bitwise-equal
+# logprobs; the export scored at bf16 or f32 differs (the control). An
+# independent reader (json + struct only) checks the export's dtypes, shapes
+# and quantization_config; a second export into the same directory is refused.
+set -euo pipefail
+BIN=$1
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+cat > "$T/model.toml" <<'TOML'
+[model]
+architecture = "Qwen3MoeForCausalLM"
+vocab_size = 300
+hidden_size = 160
+num_layers = 2
+num_heads = 6
+num_kv_heads = 2
+head_dim = 24
+qk_norm = true
+intermediate_size = 96
+mlp_only_layers = [1]
+num_experts = 4
+num_experts_per_tok = 2
+moe_intermediate_size = 96
+norm_topk_prob = true
+max_position_embeddings = 256
+init_std = 0.05
+TOML
+"$BIN" init --config "$T/model.toml" --out "$T/m" --seed 5 >/dev/null
+python3 - "$T" <<'PY'
+import json, sys
+t = sys.argv[1]
+with open(f"{t}/sft.jsonl", "w") as f:
+    for a in range(16):
+        f.write(json.dumps({"prompt": f"{a}+{a}=", "response": str(2 * a)}) + "\n")
+with open(f"{t}/s_in.jsonl", "w") as f:
+    for ids in ([5, 6, 7, 8, 9, 10, 11], [40, 41, 42, 43], [100, 7, 7, 200, 13, 14, 15, 16, 17]):
+        f.write(json.dumps({"prompt_ids": ids[:2], "response_ids": ids[2:]}) + "\n")
+PY
+cat > "$T/sft.toml" <<TOML
+[model]
+path = "$T/m"
+precision = "fp8"
+[data]
+train_file = "$T/sft.jsonl"
+[train]
+steps = 2
+batch_size = 4
+lr = 1e-3
+save_interval = 2
+TOML
+"$BIN" sft --config "$T/sft.toml" --out "$T/run" > "$T/sft.log" 2>&1 || { cat "$T/sft.log"; exit 1; }
+CK="$T/run/checkpoints/$(cat "$T/run/checkpoints/latest")"
+"$BIN" export --from "$CK" --out "$T/fp8" --dtype fp8 >/dev/null
+
+python3 - "$T/fp8" <<'PY'
+import json, math, struct, sys
+d = sys.argv[1]
+cfg = json.load(open(f"{d}/config.json"))
+assert cfg["quantization_config"] == {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                      "weight_block_size": [128, 128]}, cfg.get("quantization_config")
+raw = open(f"{d}/model.safetensors", "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n])
+h.pop("__metadata__", None)
+size = {"F8_E4M3": 1, "F32": 4}
+proj = [k for k in h if k.endswith("_proj.weight")]
+assert len(proj) == 2 * 4 + 4 * 3 + 3, sorted(proj)  # q k v o per layer, 4 experts x 3, one dense MLP
+for name, e in h.items():
+    assert e["data_offsets"][1] - e["data_offsets"][0] == size[e["dtype"]] * math.prod(e["shape"]), name
+    if name.endswith("_proj.weight"):
+        assert e["dtype"] == "F8_E4M3", (name, e["dtype"])
+        s = h[name + "_scale_inv"]
+        out, inp = e["shape"]
+        assert s["dtype"] == "F32" and s["shape"] == [(out + 127) // 128, (inp + 127) // 128], (name, s)
+    elif not name.endswith("_scale_inv"):
+        assert e["dtype"] == "F32", (name, e["dtype"])  # norms, embedding, router, lm_head
+assert h["model.layers.0.self_attn.k_proj.weight"]["shape"] == [48, 160]
+for f in ("tokenizer.json", "tokenizer_config.json"):
+    open(f"{d}/{f}").close()
+print(f"independent reader: {len(proj)} fp8 projections with f32 weight_scale_inv")
+PY
+
+score() {  # model precision out
+  "$BIN" score --model "$1" --input "$T/s_in.jsonl" --output "$3" --precision "$2" --threads 2 2>/dev/null
+}
+score "$CK" fp8 "$T/ck.jsonl"
+score "$T/fp8" fp8 "$T/ex.jsonl"
+score "$T/fp8" bf16 "$T/ex_bf16.jsonl"
+score "$T/fp8" f32 "$T/ex_f32.jsonl"
+python3 - "$T" <<'PY'
+import json, struct, sys
+t = sys.argv[1]
+def bits(path):
+    return [struct.pack("<f", x) for l in open(path) for x in json.loads(l)["logprobs"]]
+ck, ex = bits(f"{t}/ck.jsonl"), bits(f"{t}/ex.jsonl")
+assert len(ck) == 14 and ck == ex, "checkpoint and export differ at fp8"
+for other in ("bf16", "f32"):
+    assert bits(f"{t}/ex_{other}.jsonl") != ck, f"the export at {other} matches fp8: the check cannot fail"
+print(f"checkpoint and fp8 export: {len(ck)} logprobs bitwise equal at fp8; bf16 and f32 differ")
+PY
+
+set +e
+out=$("$BIN" export --from "$CK" --out "$T/fp8" --dtype bf16 2>&1)
+rc=$?
+set -e
+[ $rc -eq 2 ] && echo "$out" | grep -q "exists and is not an empty directory" || { echo "overwrite: rc $rc: $out"; exit 1; }
+"$BIN" export --from "$CK" --out "$T/bf16" --dtype bf16 >/dev/null
+python3 -c "
+import json, struct
+raw = open('$T/bf16/model.safetensors', 'rb').read()
+h = json.loads(raw[8:8 + struct.unpack('<Q', raw[:8])[0]]); h.pop('__metadata__', None)
+assert {e['dtype'] for e in h.values()} == {'BF16'}, h
+assert 'quantization_config' not in json.load(open('$T/bf16/config.json'))"
+echo "fp8 export CLI checks passed"
