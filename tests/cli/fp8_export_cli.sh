@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A run trained at fp8 exported in the Hugging Face FP8 layout: `sft` with
 # model.precision = "fp8" on a Qwen3-MoE whose shapes are not multiples of
-# 128 (Hkv*Dh = 48, intermediate 96), `export --dtype fp8`, then `score
+# 128 (Hkv*Dh = 48, intermediate 96; k and up rescaled, so that blocks over
+# the fused rows would differ), `export --dtype fp8`, then `score
 # --precision fp8` on the checkpoint and on the export gives bitwise-equal
 # logprobs; the export scored at bf16 or f32 differs (the control). An
 # independent reader (json + struct only) checks the export's dtypes, shapes
@@ -31,8 +32,25 @@ init_std = 0.05
 TOML
 "$BIN" init --config "$T/model.toml" --out "$T/m" --seed 5 >/dev/null
 python3 - "$T" <<'PY'
-import json, sys
+import json, struct, sys
 t = sys.argv[1]
+# k_proj 2^10 times larger (harmless: q/k RMSNorm follows) and up_proj 2^10
+# times smaller: a 128-row block over the fused q | k | v or gate | up rows
+# would take a scale so much larger than q's, v's or up's own that their
+# small values fall into e4m3's subnormal range and round differently.
+# (Where both scales keep the values normal, a power-of-two rescale rounds
+# alike, so milder magnitudes would not tell the two packings apart.)
+path = f"{t}/m/model.safetensors"
+raw = bytearray(open(path, "rb").read())
+n = struct.unpack("<Q", raw[:8])[0]
+for name, e in json.loads(raw[8:8 + n]).items():
+    if name.endswith(("k_proj.weight", "up_proj.weight")):
+        assert e["dtype"] == "F32", (name, e["dtype"])
+        a, b = (8 + n + o for o in e["data_offsets"])
+        vals = struct.unpack(f"<{(b - a) // 4}f", raw[a:b])
+        f = 1024.0 if name.endswith("k_proj.weight") else 1.0 / 1024.0
+        raw[a:b] = struct.pack(f"<{len(vals)}f", *(f * v for v in vals))
+open(path, "wb").write(raw)
 with open(f"{t}/sft.jsonl", "w") as f:
     for a in range(16):
         f.write(json.dumps({"prompt": f"{a}+{a}=", "response": str(2 * a)}) + "\n")
