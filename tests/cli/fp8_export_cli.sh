@@ -6,7 +6,8 @@
 # --precision fp8` on the checkpoint and on the export gives bitwise-equal
 # logprobs; the export scored at bf16 or f32 differs (the control). An
 # independent reader (json + struct only) checks the export's dtypes, shapes
-# and quantization_config; a second export into the same directory is refused.
+# and quantization_config, and each weight and scale against the checkpoint's
+# f32 master; a second export into the same directory is refused.
 set -euo pipefail
 BIN=$1
 T=$(mktemp -d)
@@ -74,9 +75,9 @@ TOML
 CK="$T/run/checkpoints/$(cat "$T/run/checkpoints/latest")"
 "$BIN" export --from "$CK" --out "$T/fp8" --dtype fp8 >/dev/null
 
-python3 - "$T/fp8" <<'PY'
+python3 - "$T/fp8" "$CK" <<'PY'
 import json, math, struct, sys
-d = sys.argv[1]
+d, ck = sys.argv[1:]
 cfg = json.load(open(f"{d}/config.json"))
 assert cfg["quantization_config"] == {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                                       "weight_block_size": [128, 128]}, cfg.get("quantization_config")
@@ -97,9 +98,41 @@ for name, e in h.items():
     elif not name.endswith("_scale_inv"):
         assert e["dtype"] == "F32", (name, e["dtype"])  # norms, embedding, router, lm_head
 assert h["model.layers.0.self_attn.k_proj.weight"]["shape"] == [48, 160]
+
+# Each weight against the checkpoint's f32 master, block by block of its own
+# rows: the scale is s0, the smallest power of two with amax / s0 <= 448, or
+# s0 / 2 (the canonical form), and weight * scale is w rounded to e4m3.
+def e4m3(b):
+    e, m = (b >> 3) & 15, b & 7
+    v = m / 8 * 2.0 ** -6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)
+    return -v if b & 128 else v
+def tensors(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    hdr = json.loads(raw[8:8 + n])
+    hdr.pop("__metadata__", None)
+    return {k: (e, raw[8 + n + e["data_offsets"][0]:8 + n + e["data_offsets"][1]]) for k, e in hdr.items()}
+ex, master = tensors(f"{d}/model.safetensors"), tensors(f"{ck}/model.safetensors")
+for name in proj:
+    (e, q), (me, mw) = ex[name], master[name]
+    assert me["dtype"] == "F32", (name, me["dtype"])
+    out, inp = e["shape"]
+    w = struct.unpack(f"<{out * inp}f", mw)
+    sc = struct.unpack(f"<{len(ex[name + '_scale_inv'][1]) // 4}f", ex[name + "_scale_inv"][1])
+    kb = (inp + 127) // 128
+    for bi in range(0, out, 128):
+        for bj in range(0, inp, 128):
+            idx = [i * inp + j for i in range(bi, min(out, bi + 128)) for j in range(bj, min(inp, bj + 128))]
+            amax = max(abs(w[k]) for k in idx)
+            s0 = 2.0 ** math.ceil(math.log2(amax / 448)) if amax > 0 else 1.0
+            s = sc[(bi // 128) * kb + bj // 128]
+            assert s in (s0, s0 / 2), (name, bi, bj, s, s0)
+            for k in idx:
+                err = abs(e4m3(q[k]) * s - w[k])
+                assert err <= max(abs(w[k]) / 16, s0 * 2.0 ** -10), (name, k, w[k], e4m3(q[k]) * s)
 for f in ("tokenizer.json", "tokenizer_config.json"):
     open(f"{d}/{f}").close()
-print(f"independent reader: {len(proj)} fp8 projections with f32 weight_scale_inv")
+print(f"independent reader: {len(proj)} fp8 projections with f32 weight_scale_inv, blocks per tensor")
 PY
 
 score() {  # model precision out
