@@ -159,7 +159,7 @@ out=$("$BIN" export --from "$CK" --out "$T/fp8" --dtype bf16 2>&1)
 rc=$?
 set -e
 [ $rc -eq 2 ] && echo "$out" | grep -q "exists and is not an empty directory" || { echo "overwrite: rc $rc: $out"; exit 1; }
-"$BIN" export --from "$CK" --out "$T/bf16" --dtype bf16 >/dev/null
+"$BIN" export --from "$T/run/checkpoints/latest" --out "$T/bf16" --dtype bf16 >/dev/null
 python3 -c "
 import json, struct
 raw = open('$T/bf16/model.safetensors', 'rb').read()

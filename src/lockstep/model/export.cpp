@@ -8,6 +8,7 @@
 
 #include "lockstep/base/error.h"
 #include "lockstep/base/file_util.h"
+#include "lockstep/model/model_source.h"
 
 namespace lockstep {
 
@@ -35,10 +36,11 @@ fs::path target_path(const std::string& out) {
 
 }  // namespace
 
-void export_pretrained(const std::string& from, const std::string& out, SaveFormat format,
+void export_pretrained(const std::string& from_path, const std::string& out, SaveFormat format,
                        const Context* ctx) {
   const fs::path target = target_path(out);
   check_target(target);
+  const std::string from = resolve_model_dir(from_path);
   PretrainedModel m = load_pretrained(from, ctx);
   fs::path parent = target.parent_path();
   if (parent.empty()) parent = ".";

@@ -10,7 +10,8 @@
 
 namespace lockstep {
 
-// Loads the checkpoint directory `from` and writes it to `out` in `format`,
+// Loads the checkpoint directory `from` (or the one a checkpoints/latest file
+// names, resolve_model_dir) and writes it to `out` in `format`,
 // with the tokenizer and generation files of `from` (tokenizer.json,
 // tokenizer_config.json, special_tokens_map.json, added_tokens.json,
 // chat_template.jinja, generation_config.json; those present).
