@@ -154,6 +154,14 @@ for other in ("bf16", "f32"):
 print(f"checkpoint and fp8 export: {len(ck)} logprobs bitwise equal at fp8; bf16 and f32 differ")
 PY
 
+# `init --dtype fp8` writes the same layout: scored at fp8 it is the f32 init.
+"$BIN" init --config "$T/model.toml" --out "$T/i32" --seed 5 >/dev/null
+"$BIN" init --config "$T/model.toml" --out "$T/i8" --seed 5 --dtype fp8 >/dev/null
+score "$T/i32" fp8 "$T/i32.jsonl"
+score "$T/i8" fp8 "$T/i8.jsonl"
+cmp -s "$T/i32.jsonl" "$T/i8.jsonl" || { echo "init --dtype fp8 differs from the f32 init at fp8"; exit 1; }
+grep -q weight_scale_inv "$T/i8/model.safetensors" || { echo "init --dtype fp8 wrote no weight_scale_inv"; exit 1; }
+
 set +e
 out=$("$BIN" export --from "$CK" --out "$T/fp8" --dtype bf16 2>&1)
 rc=$?
