@@ -178,13 +178,63 @@ TEST(GemmPack, UnpackGivesTheStoredValues) {
               scale = std::ldexp(1.0f, -126);
               while (amax / scale > 448.0f) scale *= 2.0f;
             }
-            EXPECT_EQ(pw.fp8_scale(n, k), scale);
             want[n * K + k] = fp8_to_f32(f32_to_fp8(wd[n * K + k] / scale, true)) * scale;
+            // The stored scale is halved (codes doubled, same values) when the
+            // block's largest code would be 224, so it is in [240, 448].
+            if (amax > 0 && fp8_to_f32(f32_to_fp8(amax / scale, true)) <= 224.0f) scale *= 0.5f;
+            EXPECT_EQ(pw.fp8_scale(n, k), scale);
           }
       }
       expect_bits_equal(got.data(), want.data(), N * K, "unpacked weight");
     }
   }
+}
+
+// A fused (q | k | v) matrix with row segments {0, 200, 248}, 128 x 128
+// blocks and sizes that are not multiples of 128: every element's scale is
+// that of its own tensor's block (rows counted from the tensor's first row),
+// computed here from scratch, and the values are e4m3(w / s0) * s0 of that
+// block. k is 8 times larger, so a block straddling q and k (what packing
+// without segments does) gets another scale: the negative control.
+TEST(GemmPack, RowSegmentsRestartTheScaleBlocks) {
+  const Context ctx;
+  const int64_t K = 130, B = 128;
+  const std::vector<int64_t> seg = {0, 200, 248}, ends = {200, 248, 296};
+  const int64_t N = ends.back();
+  Mat w(N, K);
+  w.fill_randn(21);
+  for (int64_t n = 200; n < 248; ++n)
+    for (int64_t k = 0; k < K; ++k) w.at(n, k) *= 8.0f;
+  const PackedWeight pw = pack_weight(ctx, w.t(), DType::FP8E4M3, B, seg);
+  EXPECT_EQ(pw.scale_blocks_n(), 2 + 1 + 1);
+  const std::vector<float> got = unpack(pw);
+  int64_t straddling_differs = 0;
+  const PackedWeight plain = pack_weight(ctx, w.t(), DType::FP8E4M3, B);
+  for (size_t t = 0; t < seg.size(); ++t)
+    for (int64_t n = seg[t]; n < ends[t]; ++n)
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t r0 = seg[t] + (n - seg[t]) / B * B, r1 = std::min(ends[t], r0 + B);
+        const int64_t c0 = k / B * B, c1 = std::min(K, c0 + B);
+        float amax = 0;
+        for (int64_t i = r0; i < r1; ++i)
+          for (int64_t j = c0; j < c1; ++j) amax = std::max(amax, std::fabs(w.at(i, j)));
+        float s0 = std::ldexp(1.0f, -126);
+        while (amax / s0 > 448.0f) s0 *= 2.0f;
+        const float stored = fp8_to_f32(f32_to_fp8(amax / s0, true)) <= 224.0f ? s0 * 0.5f : s0;
+        ASSERT_EQ(pw.fp8_scale(n, k), stored) << "(" << n << ", " << k << ")";
+        const float want = fp8_to_f32(f32_to_fp8(w.at(n, k) / s0, true)) * s0;
+        ASSERT_EQ(f32_bits(got[static_cast<size_t>(n * K + k)]), f32_bits(want)) << "(" << n << ", " << k << ")";
+        straddling_differs += plain.fp8_scale(n, k) != stored;
+      }
+  EXPECT_GT(straddling_differs, 0) << "the control: blocks over the fused rows must differ somewhere";
+  // A repack keeps the segments; bad segments are refused.
+  PackedWeight again = pack_weight(ctx, w.t(), DType::FP8E4M3, B, seg);
+  repack_weight(ctx, again, w.t());
+  ASSERT_EQ(std::memcmp(again.data.data(), pw.data.data(), pw.data.size()), 0);
+  ASSERT_EQ(std::memcmp(again.block_scales.data(), pw.block_scales.data(), pw.block_scales.size()), 0);
+  EXPECT_THROW(pack_weight(ctx, w.t(), DType::FP8E4M3, B, {1, 200}), Error);
+  EXPECT_THROW(pack_weight(ctx, w.t(), DType::FP8E4M3, B, {0, 200, 200}), Error);
+  EXPECT_THROW(pack_weight(ctx, w.t(), DType::FP8E4M3, B, {0, N}), Error);
 }
 
 TEST(GemmPack, Bf16InputIsKeptExactly) {

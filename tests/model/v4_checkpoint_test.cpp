@@ -290,13 +290,23 @@ TEST(V4Checkpoint, ExpertParallelLayoutSkipsOtherExpertsAndTheirScales) {
   EXPECT_EQ(std::memcmp(back.as<float>() + p.offset, want.data(), want.size() * 4), 0);
 }
 
-TEST(V4Checkpoint, Fp8SaveOfAnotherArchitectureIsAnError) {
+// Another architecture's fp8 save is DeepSeek-V3's layout: F32 weight_scale_inv,
+// no ue8m0 ".scale" (tests/train/fp8_export_test.cpp checks it in full).
+TEST(V4Checkpoint, Fp8SaveOfAnotherArchitectureIsTheV3Layout) {
   TempDir dir("v4ck-other");
   const ModelConfig c = test::tiny_moe_config();
   const ParamLayout layout(c);
   Buffer p = alloc_params(layout);
-  expect_error([&] { save_params(dir.str(), layout, p.as<float>(), SaveFormat::FP8); },
-               {"fp8", architecture_name(c.architecture)});
+  init_params(layout, p.as<float>(), 3);
+  save_params(dir.str(), layout, p.as<float>(), SaveFormat::FP8);
+  SafetensorsFile f(dir.str("model.safetensors"));
+  const std::string q = "model.layers.0.self_attn.q_proj.weight";
+  ASSERT_NE(f.find(q), nullptr);
+  EXPECT_EQ(f.find(q)->dtype, "F8_E4M3");
+  ASSERT_NE(f.find(q + "_scale_inv"), nullptr);
+  EXPECT_EQ(f.find(q + "_scale_inv")->dtype, "F32");
+  EXPECT_EQ(f.find("model.layers.0.self_attn.q_proj.scale"), nullptr);
+  EXPECT_EQ(f.find("model.norm.weight")->dtype, "F32");
 }
 
 // ---- files edited by hand ----

@@ -28,9 +28,6 @@ int run_init(const Args& args) {
                                                   : SaveFormat::F32;
   if (dtype_name != "bf16" && dtype_name != "f32" && dtype_name != "fp8")
     LS_THROW << "--dtype must be f32, bf16 or fp8, got " << dtype_name;
-  if (format == SaveFormat::FP8 && !m.config.is_v4())
-    LS_THROW << "--dtype fp8 writes DeepSeek-V4's official FP8 layout; this model is "
-             << architecture_name(m.config.architecture);
   const bool tokenizer = !args.flag("no-tokenizer");
   if (tokenizer) {
     // Byte-level tokenizer: ids 0..255 bytes, then <|endoftext|>, <|im_start|>, <|im_end|>.
@@ -42,22 +39,24 @@ int run_init(const Args& args) {
   ParamLayout layout(m.config);
   save_pretrained(out, m.config, layout, m.params.as<float>(), format);
   if (tokenizer) tokenizer::write_byte_level_tokenizer(out);
-  std::cout << "wrote " << out << ": " << architecture_name(m.config.architecture) << ", "
-            << layout.numel() << " parameters" << (tokenizer ? ", byte-level tokenizer" : "") << "\n";
+  std::cout << "wrote " << out << ": " << architecture_name(m.config.architecture) << ", " << layout.numel()
+            << " parameters" << (tokenizer ? ", byte-level tokenizer" : "") << "\n";
   return 0;
 }
 
 LS_REGISTER_COMMAND(Command{
-    "init", "write a randomly initialised model in Hugging Face layout",
+    "init",
+    "write a randomly initialised model in Hugging Face layout",
     "usage: lockstep init --config MODEL.toml --out DIR [--seed N] [--dtype f32|bf16|fp8] [--no-tokenizer]\n"
     "                     [--threads N] [--set model.key=value ...]\n\n"
     "Builds the model described by the [model] section (keys: docs/model.md; init_seed and\n"
     "init_std set the random initialisation) and writes DIR/config.json, DIR/model.safetensors\n"
     "and a byte-level tokenizer (tokenizer.json, tokenizer_config.json with a ChatML template).\n"
-    "--dtype fp8 (DeepSeek-V4 only) writes the official release's storage: FP8 e4m3 weights with\n"
+    "--dtype fp8 writes DeepSeek-V4 in the official release's storage: FP8 e4m3 weights with\n"
     "power-of-two 128 x 128 block scales, MXFP4 routed experts when expert_dtype = \"fp4\"\n"
-    "(docs/deepseek-v4.md).\n",
-    {"no-tokenizer"}, run_init});
+    "(docs/deepseek-v4.md); any other architecture in the FP8 layout of `lockstep export`.\n",
+    {"no-tokenizer"},
+    run_init});
 
 }  // namespace
 }  // namespace lockstep::cli

@@ -111,7 +111,8 @@ void fp8_block_dequantize(const fp8_t* q, const float* scale, int64_t out, int64
 
 namespace {
 
-// One block [i0, i1) x [j0, j1) of fp8_block_quantize; returns its scale.
+// One block [i0, i1) x [j0, j1) of fp8_block_quantize; returns its scale
+// (the rule of kernels::fp8_block_scale, which pack_weight applies too).
 float fp8_quantize_block(const float* w, int64_t in, int64_t i0, int64_t i1, int64_t j0, int64_t j1, fp8_t* q,
                          std::string_view what) {
   float amax = 0.0f;
@@ -121,20 +122,10 @@ float fp8_quantize_block(const float* w, int64_t in, int64_t i0, int64_t i1, int
       if (!std::isfinite(v)) throw_non_finite(what, i, j, v);
       amax = std::max(amax, std::fabs(v));
     }
-  const float s = std::max(kernels::fp8_pow2_scale(amax), kMinScale);
-  float qmax = 0.0f;
+  const kernels::Fp8BlockScale b = kernels::fp8_block_scale(amax);
   for (int64_t i = i0; i < i1; ++i)
-    for (int64_t j = j0; j < j1; ++j) {
-      // w / s is exact (s is a power of two) unless it falls below f32's
-      // normal range, far under e4m3's smallest step, where it rounds to 0.
-      q[i * in + j] = f32_to_fp8(w[i * in + j] / s, /*saturate=*/true);
-      qmax = std::max(qmax, std::fabs(fp8_to_f32(q[i * in + j])));
-    }
-  if (qmax == 0.0f || qmax > 224.0f || s == kMinScale) return s;
-  // Canonical form: the same values at half the scale (doubling is exact in e4m3 up to 448).
-  for (int64_t i = i0; i < i1; ++i)
-    for (int64_t j = j0; j < j1; ++j) q[i * in + j] = f32_to_fp8(fp8_to_f32(q[i * in + j]) * 2.0f);
-  return s * 0.5f;
+    for (int64_t j = j0; j < j1; ++j) q[i * in + j] = kernels::fp8_block_code(w[i * in + j], b);
+  return b.scale;
 }
 
 }  // namespace

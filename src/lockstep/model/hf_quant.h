@@ -62,7 +62,8 @@ void fp8_block_dequantize(const fp8_t* q, const float* scale, int64_t out, int64
 // s > 2^-127, s is halved and every code doubled, which is exact: the values
 // stay those of the rule above, but the block's largest |q| is then in
 // [240, 448] whenever s > 2^-127, so quantizing the dequantized block again
-// gives back the same bytes (a checkpoint re-saves bit for bit).
+// gives back the same bytes (a checkpoint re-saves bit for bit). This is
+// kernels::fp8_block_scale, the rule pack_weight stores its fp8 blocks by.
 // A non-finite w is an Error naming the element.
 void fp8_block_quantize(const float* w, int64_t out, int64_t in, fp8_t* q, uint8_t* scale,
                         std::string_view what = "tensor");

@@ -4,14 +4,14 @@
 #include <filesystem>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/file_util.h"
 #include "lockstep/base/toml_section.h"
 #include "lockstep/model/config_toml.h"
-#include "lockstep/base/file_util.h"
 #include "lockstep/model/pretrained.h"
 
 namespace lockstep {
 
-LoadedModel load_model_dir(const std::string& path, const Context& ctx, const std::string& chat_template) {
+std::string resolve_model_dir(const std::string& path) {
   std::string dir = path;
   // checkpoints/latest is a file naming the newest step_N directory.
   if (std::filesystem::is_regular_file(dir) && std::filesystem::path(dir).filename() == "latest") {
@@ -20,6 +20,11 @@ LoadedModel load_model_dir(const std::string& path, const Context& ctx, const st
     dir = (std::filesystem::path(dir).parent_path() / name).string();
   }
   if (!std::filesystem::is_directory(dir)) LS_THROW << path << ": not a model directory";
+  return dir;
+}
+
+LoadedModel load_model_dir(const std::string& path, const Context& ctx, const std::string& chat_template) {
+  const std::string dir = resolve_model_dir(path);
   LoadedModel m;
   PretrainedModel p = load_pretrained(dir, &ctx);
   m.config = p.config;
@@ -39,7 +44,8 @@ LoadedModel load_model_from_config(const toml::table& root, const std::string& s
   TomlSection s(model, source, "model");
   const std::string path = s.get_string("path", "");
   const std::string chat = s.get_string("chat_template", "auto");
-  s.accept({"precision", "trainer_precision", "fp8_block", "device"});  // precision_from_toml, device_from_toml
+  s.accept(
+      {"precision", "trainer_precision", "fp8_block", "device"});  // precision_from_toml, device_from_toml
   if (!path.empty()) {
     s.finish();
     return load_model_dir(path, ctx, chat);

@@ -3,10 +3,10 @@
 // randomly (init_seed, init_std). Also loads the tokenizer next to it.
 #pragma once
 
+#include <toml++/toml.h>
+
 #include <optional>
 #include <string>
-
-#include <toml++/toml.h>
 
 #include "lockstep/base/thread_pool.h"
 #include "lockstep/model/config.h"
@@ -17,14 +17,15 @@ namespace lockstep {
 
 struct LoadedModel {
   ModelConfig config;
-  Buffer params;         // f32, ParamLayout(config)
-  std::string dir;       // source directory ("" for an inline model)
+  Buffer params;    // f32, ParamLayout(config)
+  std::string dir;  // source directory ("" for an inline model)
   std::optional<tokenizer::Tokenizer> tokenizer;
 };
 
 // [model] keys besides the architecture fields.
-inline const std::vector<std::string> kModelSourceKeys = {"path",      "init_seed",         "init_std", "chat_template",
-                                                          "precision", "trainer_precision", "fp8_block", "device"};
+inline const std::vector<std::string> kModelSourceKeys = {"path",          "init_seed", "init_std",
+                                                          "chat_template", "precision", "trainer_precision",
+                                                          "fp8_block",     "device"};
 
 // The policy's precision (docs/alignment.md): [model] precision = "f32" |
 // "bf16" | "fp8" is used by both engines (aligned: a gap of exactly 0);
@@ -45,8 +46,12 @@ PrecisionConfig precision_from_toml(const toml::table& root, const std::string& 
 // runs the model's kernels (kernels/gpu/device.h; --device overrides it).
 std::string device_from_toml(const toml::table& root, const std::string& source);
 
+// `path` itself, or the step_N directory a checkpoints/latest file names;
+// Error unless that is a directory.
+std::string resolve_model_dir(const std::string& path);
 // `dir` may also be a checkpoints/latest file (the step_N directory it names).
-LoadedModel load_model_dir(const std::string& dir, const Context& ctx, const std::string& chat_template = "auto");
+LoadedModel load_model_dir(const std::string& dir, const Context& ctx,
+                           const std::string& chat_template = "auto");
 // From a config's [model] section.
 LoadedModel load_model_from_config(const toml::table& root, const std::string& source, const Context& ctx);
 

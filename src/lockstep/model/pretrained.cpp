@@ -64,23 +64,38 @@ std::string block_key(const std::string& name, bool* mtp) {
   return "";
 }
 
-// The scale tensor of a quantized "X.weight": "X.scale".
+// The scale tensor of a quantized "X.weight": "X.scale" (DeepSeek-V4), or
+// "X.weight_scale_inv" (DeepSeek-V3 and the FP8 checkpoints vLLM reads).
 std::string scale_name(const std::string& weight) {
   return (ends_with(weight, ".weight") ? weight.substr(0, weight.size() - 7) : weight) + ".scale";
 }
+std::string scale_inv_name(const std::string& weight) {
+  return weight + "_scale_inv";
+}
+
+// The dtype of a save's plain float tensors: an FP8 save of another
+// architecture than DeepSeek-V4 keeps them F32, so nothing but the fp8
+// projections is rounded (the export loads back bit for bit).
+DType float_dtype_of(SaveFormat format, const ModelConfig& c) {
+  if (format == SaveFormat::F32 || (format == SaveFormat::FP8 && !c.is_v4())) return DType::F32;
+  return DType::BF16;
+}
 
 // config.json for a save in `format`: an FP8 save records its storage as the
-// official release does (activations are quantized on the fly: "dynamic");
+// official release does (activations are quantized on the fly: "dynamic";
+// DeepSeek-V4 stores ue8m0 scales, the others f32 "weight_scale_inv");
 // another save has no quantization_config, whatever the config says.
 void write_config_json(const std::string& path, const ModelConfig& c, SaveFormat format) {
-  nlohmann::json j = model_config_to_hf_json(c, format == SaveFormat::F32 ? DType::F32 : DType::BF16);
+  nlohmann::json j = model_config_to_hf_json(c, float_dtype_of(format, c));
   j.erase("quantization_config");
-  if (format == SaveFormat::FP8)
-    j["quantization_config"] = {{"quant_method", "fp8"},
-                                {"fmt", "e4m3"},
-                                {"scale_fmt", "ue8m0"},
-                                {"weight_block_size", {kFp8WeightBlock, kFp8WeightBlock}},
-                                {"activation_scheme", "dynamic"}};
+  if (format == SaveFormat::FP8) {
+    nlohmann::json q = {{"quant_method", "fp8"},
+                        {"fmt", "e4m3"},
+                        {"weight_block_size", {kFp8WeightBlock, kFp8WeightBlock}},
+                        {"activation_scheme", "dynamic"}};
+    if (c.is_v4()) q["scale_fmt"] = "ue8m0";
+    j["quantization_config"] = q;
+  }
   write_file_atomic(path, j.dump(2) + "\n");
 }
 
@@ -121,17 +136,30 @@ namespace {
 
 // How one layout tensor is stored in a checkpoint.
 enum class Storage {
-  Float,  // the writer's F32 or BF16, or any float dtype on load
-  F32,    // keep_f32: F32 whatever the format
-  Index,  // I64 on save; I64 or I32 on load
-  Fp8,    // F8_E4M3 + ue8m0 128 x 128 block scales
-  Mxfp4,  // I8 (two e2m1 per byte) + ue8m0 1 x 32 scales
+  Float,      // the writer's F32 or BF16, or any float dtype on load
+  F32,        // keep_f32: F32 whatever the format
+  Index,      // I64 on save; I64 or I32 on load
+  Fp8,        // F8_E4M3 + ue8m0 128 x 128 block scales
+  Mxfp4,      // I8 (two e2m1 per byte) + ue8m0 1 x 32 scales
+  Fp8Inv,     // F8_E4M3 + F32 128 x 128 block scales "X.weight_scale_inv"
+  Fp8Values,  // F32: the values of Fp8Inv (an lm_head that serving engines keep unquantized)
 };
+
+// Outside DeepSeek-V4: a projection ModelWeights packs in the storage
+// precision (attention, MLP, expert and shared-expert *_proj weights; not
+// the router, the shared-expert gate or the LM head).
+bool fp8_projection(const ParamInfo& p) {
+  return p.layer >= 0 && p.shape.size() == 2 && ends_with(p.name, "_proj.weight");
+}
 
 Storage save_storage(const ParamInfo& p, const ModelConfig& c, SaveFormat format) {
   if (p.kind == ParamKind::Index) return Storage::Index;
   if (p.keep_f32) return Storage::F32;
   if (format != SaveFormat::FP8) return Storage::Float;
+  if (!c.is_v4()) {
+    if (fp8_projection(p)) return Storage::Fp8Inv;
+    return p.name == "lm_head.weight" ? Storage::Fp8Values : Storage::Float;
+  }
   if (p.routed_expert()) return c.expert_dtype == "fp4" ? Storage::Mxfp4 : Storage::Fp8;
   return fp8_checkpoint_tensor(p.name) ? Storage::Fp8 : Storage::Float;
 }
@@ -139,9 +167,29 @@ Storage save_storage(const ParamInfo& p, const ModelConfig& c, SaveFormat format
 // The bytes save_params writes for one tensor that is not plain f32 values.
 struct Encoded {
   Storage storage = Storage::Float;
-  std::vector<uint8_t> data, scale;  // Fp8 / Mxfp4: codes and ue8m0 scales
+  std::vector<uint8_t> data, scale;  // Fp8 / Mxfp4 / Fp8Inv: codes and ue8m0 scales
+  std::vector<float> values;         // Fp8Inv: the f32 scales; Fp8Values: the values
   std::vector<int64_t> ids;          // Index
 };
+
+// Fp8Inv and Fp8Values: fp8 blocks (the rule of pack_weight), then the
+// scales as f32, or the dequantized values.
+void encode_fp8_f32(const ParamInfo& p, const float* src, Encoded& e) {
+  const int64_t out = p.shape[0], in = p.shape[1];
+  const auto ss = fp8_scale_shape(out, in);
+  e.data.resize(static_cast<size_t>(out * in));
+  e.scale.resize(static_cast<size_t>(ss[0] * ss[1]));
+  fp8_block_quantize(src, out, in, e.data.data(), e.scale.data(), p.name);
+  std::vector<float> scale(e.scale.size());
+  for (size_t i = 0; i < scale.size(); ++i) scale[i] = e8m0_to_f32(e.scale[i]);
+  if (e.storage == Storage::Fp8Inv) {
+    e.values = std::move(scale);
+    return;
+  }
+  e.values.resize(e.data.size());
+  fp8_block_dequantize(e.data.data(), scale.data(), out, in, e.values.data());
+  e.data.clear();
+}
 
 Encoded encode_param(const ParamInfo& p, const float* src, const ModelConfig& c, SaveFormat format) {
   Encoded e;
@@ -153,6 +201,9 @@ Encoded encode_param(const ParamInfo& p, const float* src, const ModelConfig& c,
       std::memcpy(&v, src + k, 4);  // int32 bit patterns, never a float value
       e.ids[k] = v;
     }
+  } else if (e.storage == Storage::Fp8Inv || e.storage == Storage::Fp8Values) {
+    if (p.shape.size() != 2) LS_THROW << "tensor '" << p.name << "': only 2-D weights are quantized";
+    encode_fp8_f32(p, src, e);
   } else if (e.storage == Storage::Fp8 || e.storage == Storage::Mxfp4) {
     if (p.shape.size() != 2) LS_THROW << "tensor '" << p.name << "': only 2-D weights are quantized";
     const int64_t out = p.shape[0], in = p.shape[1];
@@ -173,9 +224,6 @@ Encoded encode_param(const ParamInfo& p, const float* src, const ModelConfig& c,
 void save_params(const std::string& dir, const ParamLayout& layout, const float* base, SaveFormat format,
                  uint64_t max_shard_bytes, const Context* ctx) {
   const ModelConfig& c = layout.config();
-  if (format == SaveFormat::FP8 && !c.is_v4())
-    LS_THROW << dir << ": an fp8 save is DeepSeek-V4's checkpoint format; "
-             << architecture_name(c.architecture) << " saves as f32 or bf16";
   const auto& params = layout.params();
   std::vector<Encoded> enc(params.size());
   auto encode = [&](int64_t i0, int64_t i1) {
@@ -199,6 +247,12 @@ void save_params(const std::string& dir, const ParamLayout& layout, const float*
       case Storage::Float: tensors.push_back({p.name, p.shape, base + p.offset}); break;
       case Storage::F32: tensors.push_back({p.name, p.shape, nullptr, base + p.offset, "F32"}); break;
       case Storage::Index: tensors.push_back({p.name, p.shape, nullptr, e.ids.data(), "I64"}); break;
+      case Storage::Fp8Values: tensors.push_back({p.name, p.shape, nullptr, e.values.data(), "F32"}); break;
+      case Storage::Fp8Inv:
+        tensors.push_back({p.name, p.shape, nullptr, e.data.data(), "F8_E4M3"});
+        tensors.push_back({scale_inv_name(p.name), fp8_scale_shape(p.shape[0], p.shape[1]), nullptr,
+                           e.values.data(), "F32"});
+        break;
       case Storage::Fp8:
       case Storage::Mxfp4: {
         const int64_t out = p.shape[0], in = p.shape[1];
@@ -211,8 +265,7 @@ void save_params(const std::string& dir, const ParamLayout& layout, const float*
       }
     }
   }
-  const DType float_dtype = format == SaveFormat::F32 ? DType::F32 : DType::BF16;
-  write_safetensors_sharded(dir, tensors, float_dtype, max_shard_bytes);
+  write_safetensors_sharded(dir, tensors, float_dtype_of(format, c), max_shard_bytes);
 }
 
 void save_params(const std::string& dir, const ParamLayout& layout, const float* base, DType dtype,
@@ -244,10 +297,11 @@ struct LoadPlan {
 SafetensorsCheckpoint::Located locate_scale(const SafetensorsCheckpoint& ckpt, const ParamInfo& p,
                                             const SafetensorsCheckpoint::Located& w,
                                             const std::vector<int64_t>& want) {
-  const std::string sn = scale_name(p.name);
+  std::string sn = scale_name(p.name);
+  if (!ckpt.contains(sn) && ckpt.contains(scale_inv_name(p.name))) sn = scale_inv_name(p.name);
   if (!ckpt.contains(sn))
     LS_THROW << w.file->path() << ": tensor '" << p.name << "' is " << w.entry->dtype << " but its scale '"
-             << sn << "' is missing";
+             << sn << "' (or '" << scale_inv_name(p.name) << "') is missing";
   auto s = ckpt.locate(sn);
   if (s.entry->dtype != "F8_E8M0" && !is_float_dtype(s.entry->dtype))
     LS_THROW << s.file->path() << ": scale '" << sn << "' has dtype " << s.entry->dtype
@@ -336,11 +390,12 @@ std::vector<std::string> unexpected_tensors(const SafetensorsCheckpoint& ckpt, c
   for (const std::string& name : ckpt.names()) {
     if (layout.find(name) || tolerated_extra(name, layout.config()) || other_rank_expert(name, layout))
       continue;
-    if (ends_with(name, ".scale")) {
-      // The scale of a quantized weight (anything else named so is an extra).
-      const std::string w = name.substr(0, name.size() - 6) + ".weight";
-      if (layout.find(w) && ckpt.contains(w) && !is_float_dtype(ckpt.locate(w).entry->dtype)) continue;
-    }
+    // The scale of a quantized weight (anything else named so is an extra).
+    std::string w;
+    if (ends_with(name, ".scale")) w = name.substr(0, name.size() - 6) + ".weight";
+    if (ends_with(name, ".weight_scale_inv")) w = name.substr(0, name.size() - 10);
+    if (!w.empty() && layout.find(w) && ckpt.contains(w) && !is_float_dtype(ckpt.locate(w).entry->dtype))
+      continue;
     extras.push_back(name);
   }
   return extras;
@@ -352,6 +407,8 @@ void load_planned(const LoadPlan& plan, const ParamInfo& p, float* dst) {
     case Storage::Float:
     case Storage::F32: f.read_f32(*plan.data.entry, dst); return;
     case Storage::Index: std::memcpy(dst, plan.ids.data(), plan.ids.size() * 4); return;
+    case Storage::Fp8Inv:
+    case Storage::Fp8Values: LS_CHECK(false) << "save-only storage for '" << p.name << "'"; return;
     case Storage::Fp8:
     case Storage::Mxfp4: {
       std::vector<float> scale(static_cast<size_t>(plan.scale.entry->numel));

@@ -23,12 +23,21 @@ constexpr uint64_t kDefaultMaxShardBytes = 5'000'000'000ull;
 enum class SaveFormat {
   F32,
   BF16,  // round to nearest even
-  // DeepSeek-V4 only, the official checkpoint's storage: every tensor the
+  // DeepSeek-V4: the official checkpoint's storage: every tensor the
   // release stores as FP8 (fp8_checkpoint_tensor) as F8_E4M3 "X.weight" plus
   // an F8_E8M0 "X.scale" with one power-of-two scale per 128 x 128 block;
   // routed experts as MXFP4 (I8 "X.weight" (out, in/2) + F8_E8M0 "X.scale"
   // (out, in/32)) when config.expert_dtype is "fp4", else as FP8 blocks; the
   // other tensors as in BF16 (hf_quant.h gives the exact rules).
+  // Every other architecture: DeepSeek-V3's layout, which vLLM and SGLang
+  // read: every projection that lockstep packs in fp8 (the attention, MLP,
+  // expert and shared-expert *_proj weights) as F8_E4M3 "X.weight" plus F32
+  // "X.weight_scale_inv" (ceil(out/128), ceil(in/128)), the very bytes and
+  // scales of ModelWeights' fp8 packing at block 128; an untied lm_head as
+  // F32 holding its fp8 values (serving engines keep it unquantized; lockstep
+  // packs it in fp8, and packing these values again gives the same bits); all
+  // other tensors F32. Loading it and packing at fp8 reproduces every packed
+  // byte, so the logprobs are bitwise those of the source at fp8.
   FP8,
 };
 const char* save_format_name(SaveFormat f);  // "f32" | "bf16" | "fp8"
@@ -41,9 +50,8 @@ bool fp8_checkpoint_tensor(const std::string& name);
 
 // Writes every tensor of `layout` from `base` into `dir` (see
 // write_safetensors_sharded). dtype F32 or BF16 is SaveFormat F32 or BF16.
-// FP8 for a layout that is not DeepSeek-V4, or a tensor that cannot be
-// quantized (non-finite values; MXFP4 needs in % 32 == 0), is an Error
-// naming it. Quantized bytes are held in memory until written (about one
+// FP8 of a tensor that cannot be quantized (non-finite values; MXFP4 needs
+// in % 32 == 0) is an Error naming it. Quantized bytes are held in memory until written (about one
 // byte per parameter); ctx (may be null) spreads the quantization over threads.
 void save_params(const std::string& dir, const ParamLayout& layout, const float* base, SaveFormat format,
                  uint64_t max_shard_bytes = kDefaultMaxShardBytes, const Context* ctx = nullptr);
@@ -53,9 +61,10 @@ void save_params(const std::string& dir, const ParamLayout& layout, const float*
 // Fills base[0, layout.numel()) from a checkpoint directory (or one
 // .safetensors file). A float tensor may be stored as
 //   - F32, BF16 or F16;
-//   - a 2-D "X.weight" as F8_E4M3 with a scale tensor "X.scale" (F8_E8M0, or
-//     F32 / BF16) of shape (ceil(out/128), ceil(in/128)), dequantized per
-//     128 x 128 block (fp8_block_dequantize);
+//   - a 2-D "X.weight" as F8_E4M3 with a scale tensor "X.scale" or
+//     "X.weight_scale_inv" (F8_E8M0, or F32 / BF16) of shape (ceil(out/128),
+//     ceil(in/128)), dequantized per 128 x 128 block (fp8_block_dequantize;
+//     exact for power-of-two scales);
 //   - a routed expert's weight (out, in) as MXFP4: I8 "X.weight" (out, in/2)
 //     with "X.scale" (out, in/32) (mxfp4_dequantize).
 // An Index tensor must be I64 or I32 of the layout's shape (V, K), each value
@@ -82,8 +91,9 @@ void load_params(const std::string& path, const ParamLayout& layout, float* base
 // `layout` must be ParamLayout(config). config.json's torch_dtype is the
 // float dtype (bfloat16 for FP8); an FP8 save adds the official
 // "quantization_config" {"quant_method": "fp8", "fmt": "e4m3",
-// "scale_fmt": "ue8m0", "weight_block_size": [128, 128],
-// "activation_scheme": "dynamic"}; other saves write none.
+// "weight_block_size": [128, 128], "activation_scheme": "dynamic"}, with
+// "scale_fmt": "ue8m0" for DeepSeek-V4; other saves write none. torch_dtype
+// is float32 for an FP8 save of another architecture (its plain tensors are F32).
 void save_pretrained(const std::string& dir, const ModelConfig& config, const ParamLayout& layout,
                      const float* base, SaveFormat format, uint64_t max_shard_bytes = kDefaultMaxShardBytes);
 void save_pretrained(const std::string& dir, const ModelConfig& config, const ParamLayout& layout,

@@ -9,13 +9,23 @@
 namespace lockstep::model {
 
 namespace {
+// rows: the first rows of w's constituent Hugging Face tensors (fp8 scale
+// blocks restart at each, as that tensor's own checkpoint blocks); {} for one.
 void pack_into(const Context& ctx, kernels::PackedWeight& pw, const Tensor& w, DType storage, int64_t block,
-               bool fresh) {
+               bool fresh, std::vector<int64_t> rows = {}) {
   if (fresh || pw.storage != storage) {
-    pw = kernels::pack_weight(ctx, w, storage, block);
+    pw = kernels::pack_weight(ctx, w, storage, block, std::move(rows));
   } else {
     kernels::repack_weight(ctx, pw, w);
   }
+}
+
+// q | k | v rows of wqkv; gate | up rows of a w_gate_up.
+std::vector<int64_t> qkv_rows(const LayerParams& p) {
+  return {0, p.wq.shape[0], p.wq.shape[0] + p.wk.shape[0]};
+}
+std::vector<int64_t> gate_up_rows(const MlpParams& m) {
+  return {0, m.w_gate.shape[0]};
 }
 
 // Group g of wo_a (G*Ro, H*Dh/G): rows [g*Ro, (g+1)*Ro).
@@ -34,7 +44,8 @@ ModelWeights::ModelWeights(const Context& ctx, const ParamLayout& layout, float*
       experts_(experts) {
   const int64_t E = layout.config().num_experts;
   LS_CHECK(experts.all() || (experts.first >= 0 && experts.count >= 1 && experts.first + experts.count <= E))
-      << "expert shard [" << experts.first << ", " << experts.first + experts.count << ") of " << E << " experts";
+      << "expert shard [" << experts.first << ", " << experts.first + experts.count << ") of " << E
+      << " experts";
   const Allocator& memory = kernels::device_memory(ctx);
   if (!memory.holds(params)) {  // host parameters for a device: the kernels read a copy
     source_ = params;
@@ -60,7 +71,8 @@ ModelWeights::ModelWeights(const Context& ctx, const ParamLayout& layout, float*
   if (c.rope_scaling.type == "yarn")
     yarn = {c.rope_scaling.factor, c.rope_scaling.original_max_position_embeddings, c.rope_scaling.beta_fast,
             c.rope_scaling.beta_slow};
-  rope_compressed_ = kernels::make_rope_table(ctx, Dr, c.compress_rope_theta, c.max_position_embeddings, yarn);
+  rope_compressed_ =
+      kernels::make_rope_table(ctx, Dr, c.compress_rope_theta, c.max_position_embeddings, yarn);
   ones_ = OwnedTensor(DType::F32, {c.head_dim}, memory, Fill::Undefined, "ones");
   const std::vector<float> ones(size_t(c.head_dim), 1.0f);
   memory.copy_in(ones_.f32(), ones.data(), ones.size() * sizeof(float));
@@ -77,7 +89,8 @@ void ModelWeights::pack_v4_attention(const Context& ctx, const LayerParams& p, P
   pack_into(ctx, q.wq_b, p.wq_b, s, b, fresh);
   pack_into(ctx, q.wkv, p.wkv, s, b, fresh);
   q.wo_a.resize(size_t(c.o_groups));
-  for (int64_t g = 0; g < c.o_groups; ++g) pack_into(ctx, q.wo_a[size_t(g)], wo_a_group(c, p.wo_a, g), s, b, fresh);
+  for (int64_t g = 0; g < c.o_groups; ++g)
+    pack_into(ctx, q.wo_a[size_t(g)], wo_a_group(c, p.wo_a, g), s, b, fresh);
   pack_into(ctx, q.wo_b, p.wo_b, s, b, fresh);
   if (p.cmp_wkv.data != nullptr) pack_into(ctx, q.cmp, stacked_rows(p.cmp_wkv, p.cmp_wgate), f32, 0, fresh);
   if (p.idx_wq_b.data != nullptr) {
@@ -92,7 +105,8 @@ void ModelWeights::unpack_v4_attention(const Context& ctx, const PackedLayer& q,
   kernels::unpack_weight(ctx, e.wq_a, q.wq_a);
   kernels::unpack_weight(ctx, e.wq_b, q.wq_b);
   kernels::unpack_weight(ctx, e.wkv, q.wkv);
-  for (int64_t g = 0; g < c.o_groups; ++g) kernels::unpack_weight(ctx, wo_a_group(c, e.wo_a, g), q.wo_a[size_t(g)]);
+  for (int64_t g = 0; g < c.o_groups; ++g)
+    kernels::unpack_weight(ctx, wo_a_group(c, e.wo_a, g), q.wo_a[size_t(g)]);
   kernels::unpack_weight(ctx, e.wo_b, q.wo_b);
 }
 
@@ -108,11 +122,11 @@ void ModelWeights::pack_layer(const Context& ctx, const LayerParams& p, PackedLa
   if (config().is_v4()) {
     pack_v4_attention(ctx, p, q, fresh);
   } else {
-    pack_into(ctx, q.wqkv, p.wqkv, s, b, fresh);
+    pack_into(ctx, q.wqkv, p.wqkv, s, b, fresh, qkv_rows(p));
     pack_into(ctx, q.wo, p.wo, s, b, fresh);
   }
   if (!p.is_moe) {
-    pack_into(ctx, q.mlp.gate_up, p.mlp.w_gate_up, s, b, fresh);
+    pack_into(ctx, q.mlp.gate_up, p.mlp.w_gate_up, s, b, fresh, gate_up_rows(p.mlp));
     pack_into(ctx, q.mlp.down, p.mlp.w_down, s, b, fresh);
     return;
   }
@@ -120,11 +134,11 @@ void ModelWeights::pack_layer(const Context& ctx, const LayerParams& p, PackedLa
   q.experts.resize(p.experts.size());
   for (size_t e = 0; e < p.experts.size(); ++e) {
     if (!experts_.contains(int64_t(e))) continue;
-    pack_into(ctx, q.experts[e].gate_up, p.experts[e].w_gate_up, s, b, fresh);
+    pack_into(ctx, q.experts[e].gate_up, p.experts[e].w_gate_up, s, b, fresh, gate_up_rows(p.experts[e]));
     pack_into(ctx, q.experts[e].down, p.experts[e].w_down, s, b, fresh);
   }
   if (p.shared.w_gate_up.data != nullptr) {
-    pack_into(ctx, q.shared.gate_up, p.shared.w_gate_up, s, b, fresh);
+    pack_into(ctx, q.shared.gate_up, p.shared.w_gate_up, s, b, fresh, gate_up_rows(p.shared));
     pack_into(ctx, q.shared.down, p.shared.w_down, s, b, fresh);
   }
   if (p.shared_gate.data != nullptr) pack_into(ctx, q.shared_gate, p.shared_gate, DType::F32, 0, fresh);

@@ -24,10 +24,10 @@ struct PackedMlp {
 };
 
 struct PackedLayer {
-  kernels::PackedWeight wqkv;  // ((H+2Hkv)*Dh, D)
-  kernels::PackedWeight wo;    // (D, H*Dh)
-  PackedMlp mlp;               // dense layers
-  kernels::PackedWeight router;  // (E, D), always f32
+  kernels::PackedWeight wqkv;      // ((H+2Hkv)*Dh, D)
+  kernels::PackedWeight wo;        // (D, H*Dh)
+  PackedMlp mlp;                   // dense layers
+  kernels::PackedWeight router;    // (E, D), always f32
   std::vector<PackedMlp> experts;  // (E); empty outside ModelWeights::experts()
   PackedMlp shared;
   kernels::PackedWeight shared_gate;  // (1, D)
@@ -35,8 +35,8 @@ struct PackedLayer {
   // DeepSeek-V4 (params.h names). The compressors' [wkv; wgate] are packed as
   // one (2*kappa*Dc, D) matrix (adjacent in the layout).
   kernels::PackedWeight wq_a, wq_b, wkv, wo_b;
-  std::vector<kernels::PackedWeight> wo_a;  // (G) one (Ro, H*Dh/G) block each
-  kernels::PackedWeight cmp;                // (2*kappa*Dh, D), f32 always
+  std::vector<kernels::PackedWeight> wo_a;             // (G) one (Ro, H*Dh/G) block each
+  kernels::PackedWeight cmp;                           // (2*kappa*Dh, D), f32 always
   kernels::PackedWeight idx_wq_b, idx_wproj, idx_cmp;  // CSA layers; f32 always
 };
 
@@ -51,7 +51,10 @@ class ModelWeights {
   // `params` must outlive this object; it is the f32 master copy (flat buffer).
   // When it is not in the device memory of ctx (kernels::device_memory), the
   // weights keep a copy there, updated by refresh(): the kernels read that.
-  // storage: F32 (aligned), BF16 or FP8E4M3 (fast mode; fp8_block as in pack_weight).
+  // storage: F32, BF16 or FP8E4M3 (fp8_block as in pack_weight). The fused
+  // wqkv and gate|up matrices take their fp8 scale blocks per constituent
+  // Hugging Face tensor (q, k, v; gate, up), so the packed bytes and scales are
+  // those of an FP8 checkpoint of the master (hf_quant.h fp8_block_quantize).
   // experts: the routed experts to pack (expert parallelism packs only this
   // rank's shard; the others stay empty and a forward must send their rows
   // to their owners, expert_parallel.h).
@@ -101,7 +104,7 @@ class ModelWeights {
   void unpack_effective(const Context& ctx);
 
   const ParamLayout* layout_;
-  float* flat_;             // the master the kernels read: params, or mirror_
+  float* flat_;                    // the master the kernels read: params, or mirror_
   const float* source_ = nullptr;  // the host master mirror_ copies (null: no mirror)
   Buffer mirror_;
   ModelParams params_;
@@ -119,8 +122,8 @@ class ModelWeights {
   kernels::RopeTable rope_;  // cos/sin for positions [0, max_position_embeddings)
   kernels::RopeTable rope_compressed_;
   OwnedTensor ones_;
-  Buffer effective_flat_;    // (layout numel) f32; empty unless effective and storage != F32
-  ModelParams effective_;    // views into effective_flat_
+  Buffer effective_flat_;  // (layout numel) f32; empty unless effective and storage != F32
+  ModelParams effective_;  // views into effective_flat_
   uint64_t version_ = 0;
 };
 

@@ -22,6 +22,22 @@ float fp8_pow2_scale(float amax) {
   return s;
 }
 
+Fp8BlockScale fp8_block_scale(float amax) {
+  const float s = std::max(fp8_pow2_scale(amax), kFp8MinBlockScale);
+  // Rounding is monotone in |x|, so the block's largest code is amax's.
+  const float qmax = fp8_to_f32(f32_to_fp8(amax / s, /*saturate=*/true));
+  if (qmax == 0.0f || qmax > 224.0f || s == kFp8MinBlockScale) return {s, false};
+  return {s * 0.5f, true};
+}
+
+fp8_t fp8_block_code(float w, Fp8BlockScale b) {
+  // w / s is exact (s is a power of two) unless it falls below f32's normal
+  // range, far under e4m3's smallest step, where it rounds to 0.
+  const fp8_t q = f32_to_fp8(w / (b.doubled ? b.scale * 2.0f : b.scale), /*saturate=*/true);
+  // Doubling is exact in e4m3 up to 448 (subnormal codes included).
+  return b.doubled ? f32_to_fp8(fp8_to_f32(q) * 2.0f) : q;
+}
+
 namespace {
 
 void quantize_group(float* x, int64_t n) {
@@ -37,14 +53,16 @@ void quantize_group(float* x, int64_t n) {
 }  // namespace
 
 void fp8_quantize_rows(const Context& ctx, Tensor x, int64_t group) {
-  LS_CHECK(x.dtype == DType::F32 && x.ndim == 2) << "fp8_quantize_rows: x must be (T, K) f32, got " << x.shape_str();
+  LS_CHECK(x.dtype == DType::F32 && x.ndim == 2)
+      << "fp8_quantize_rows: x must be (T, K) f32, got " << x.shape_str();
   LS_CHECK(group > 0) << "fp8_quantize_rows: group must be positive, got " << group;
   const int64_t T = x.shape[0], K = x.shape[1];
   LS_CHECK(K <= 1 || x.stride[1] == 1) << "fp8_quantize_rows: rows must be contiguous, got " << x.shape_str();
   float* base = static_cast<float*>(x.data);
   ctx.parallel_for(T, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t)
-      for (int64_t k = 0; k < K; k += group) quantize_group(base + t * x.stride[0] + k, std::min(group, K - k));
+      for (int64_t k = 0; k < K; k += group)
+        quantize_group(base + t * x.stride[0] + k, std::min(group, K - k));
   });
 }
 

@@ -16,6 +16,25 @@ namespace lockstep::kernels {
 // 0 or not finite.
 float fp8_pow2_scale(float amax);
 
+// The smallest fp8 weight-block scale, ue8m0's 2^-127 (an f32 subnormal, exact).
+constexpr float kFp8MinBlockScale = 0x1p-127f;
+
+// The scale of one fp8 weight block, the rule pack_weight and DeepSeek's
+// checkpoint writer (hf_quant.h fp8_block_quantize) share:
+//   s = max(fp8_pow2_scale(amax), 2^-127);  q = e4m3(w / s)
+// then, when the block's largest |q| (that of amax) is at most 224 (not 0)
+// and s > 2^-127, the scale is s / 2 and every code is doubled, which is
+// exact: the values stay those of the rule above, but the block's largest |q|
+// is then in [240, 448], so quantizing the dequantized block again gives back
+// the same bytes (an exported checkpoint packs bit for bit as the original).
+struct Fp8BlockScale {
+  float scale = 1.0f;    // the block's stored scale (s or s / 2)
+  bool doubled = false;  // codes are 2 * e4m3(w / (2 * scale))
+};
+Fp8BlockScale fp8_block_scale(float amax);
+// The e4m3 code of w (finite, |w| <= the block's amax) in a block of scale b.
+fp8_t fp8_block_code(float w, Fp8BlockScale b);
+
 // In place, per row t of x (T, K) f32 (rows may be strided), per group of
 // `group` consecutive channels g = [j*group, min(K, (j+1)*group)):
 //   amax = max |x[t, g]|;  s = fp8_pow2_scale(amax)

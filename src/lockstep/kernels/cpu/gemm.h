@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "lockstep/base/thread_pool.h"
 #include "lockstep/tensor/tensor.h"
@@ -22,38 +23,50 @@ constexpr int64_t kGemmPanel = 16;
 //   FP8E4M3 data: (P, K, 16) e4m3fn bytes, [p][k][j] = q(W[16p + j, k])
 // with P = ceil(N/16); rows past N are zero. The effective fp8 weight is
 // fp8_to_f32(q) * scale of its (block_n x block_k) block, one f32 multiply.
+// The row blocks restart at each row segment's first row: a fused matrix
+// (q | k | v, gate | up) gets the scale blocks its constituent tensors would
+// have on their own, as a Hugging Face FP8 checkpoint stores them.
 struct PackedWeight {
   DType storage = DType::F32;
   int64_t n = 0, k = 0;
-  int64_t block_n = 0, block_k = 0;  // fp8 scale blocks; 0 = one scale for the whole tensor
+  int64_t block_n = 0, block_k = 0;  // fp8 scale blocks; 0 = one scale per row segment and all of K
+  // fp8 only: the first row of each row segment, increasing, from 0 (empty: one segment).
+  std::vector<int64_t> row_segments;
   Buffer data;
   // fp8 only: (P, KB, 16) f32, KB = ceil(K / block_k): the scale of column j's
   // k-block times 2^120 (the kernels widen e4m3 bits with a 2^-120 bias, see gemm.cpp).
   Buffer panel_scales;
-  // fp8 only: (NB, KB) f32 scales, NB = ceil(N / block_n) (1 x 1 per-tensor).
+  // fp8 only: (NB, KB) f32 scales; NB = the sum over row segments of
+  // ceil(rows / block_n), the blocks of each segment in order (1 x 1 per-tensor).
   Buffer block_scales;
 
   int64_t panels() const { return (n + kGemmPanel - 1) / kGemmPanel; }
   int64_t scale_blocks_n() const;
   int64_t scale_blocks_k() const;
+  // fp8: the row of block_scales holding row `row`'s scales.
+  int64_t scale_row_block(int64_t row) const;
   // fp8: the scale that multiplies element (row, col) of W.
   float fp8_scale(int64_t row, int64_t col) const;
 };
 
 // Packs w (N,K) f32 or bf16 (row stride allowed) into `storage` (F32, BF16 or
 // FP8E4M3). f32 -> bf16 rounds to nearest even; bf16 -> f32 is exact. For fp8,
-// `fp8_block` = 0 uses one scale for the tensor, b > 0 one per (b x b) block;
-// scale = the smallest power of two with absmax / scale <= 448 (fp8_pow2_scale;
-// 1 for an all-zero block), q = e4m3(w / scale) saturated.
-// Throws Error on NaN/inf weights in fp8 (e4m3 cannot hold them) or an absmax
-// above 2^7 * 448 (the kernels need scale < 256).
-PackedWeight pack_weight(const Context& ctx, const Tensor& w, DType storage, int64_t fp8_block = 0);
+// `fp8_block` = 0 uses one scale per row segment, b > 0 one per (b x b) block
+// of each segment; per block, scale and codes follow fp8_block_scale
+// (fp8_quant.h): the values are e4m3(w / s) * s with s the smallest power of
+// two with absmax / s <= 448 (1 for an all-zero block), the bytes those of
+// DeepSeek's checkpoint writer. `row_segments`: the first rows of the row
+// segments (PackedWeight), fp8 only; empty for one.
+// Throws Error on NaN/inf weights in fp8 (e4m3 cannot hold them), an absmax
+// above 2^7 * 448 (the kernels need scale < 256), or bad row segments.
+PackedWeight pack_weight(const Context& ctx, const Tensor& w, DType storage, int64_t fp8_block = 0,
+                         std::vector<int64_t> row_segments = {});
 
 // Packs an already-quantized checkpoint weight: w (N,K) fp8, scales (NB, KB) f32
 // with NB = ceil(N/block), KB = ceil(K/block), or (1, 1) with block = 0.
 PackedWeight pack_weight_fp8(const Context& ctx, const Tensor& w, const Tensor& scales, int64_t block);
 
-// Refreshes pw from w (same shape; same storage and fp8 blocking) after an update.
+// Refreshes pw from w (same shape; same storage, fp8 blocking and row segments) after an update.
 void repack_weight(const Context& ctx, PackedWeight& pw, const Tensor& w);
 
 // w_out (N,K) f32 = the exact weights the kernels multiply by (widened storage).

@@ -4,10 +4,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
-#include "lockstep/kernels/cpu/gemm.h"
 #include "lockstep/kernels/cpu/fp8_quant.h"
+#include "lockstep/kernels/cpu/gemm.h"
 #include "lockstep/kernels/cpu/gemm_microkernel.h"
 #include "lockstep/kernels/gpu/backend.h"
 
@@ -18,7 +19,8 @@ using gemm_detail::kPanel;
 
 namespace gemm_detail {
 
-void widen_panel(BKind kind, const void* src, const float* scales, int64_t block_k, int64_t t_count, float* dst) {
+void widen_panel(BKind kind, const void* src, const float* scales, int64_t block_k, int64_t t_count,
+                 float* dst) {
   if (kind == BKind::F32) {
     std::memcpy(dst, src, static_cast<size_t>(t_count * kPanel) * sizeof(float));
     return;
@@ -57,7 +59,8 @@ inline void copy_panel_row(const void* src, bool is_bf16, int64_t off, int64_t n
 #if LOCKSTEP_GEMM_AVX2
   if (n == kPanel) {
     if (is_bf16) {
-      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const bf16_t*>(src) + off));
+      const __m256i h =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const bf16_t*>(src) + off));
       const __m256i lo = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(h));
       const __m256i hi = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1));
       _mm256_store_ps(d, _mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)));
@@ -71,13 +74,14 @@ inline void copy_panel_row(const void* src, bool is_bf16, int64_t off, int64_t n
   }
 #endif
   for (int64_t j = 0; j < n; ++j)
-    d[j] = is_bf16 ? bf16_to_f32(static_cast<const bf16_t*>(src)[off + j]) : static_cast<const float*>(src)[off + j];
+    d[j] = is_bf16 ? bf16_to_f32(static_cast<const bf16_t*>(src)[off + j])
+                   : static_cast<const float*>(src)[off + j];
   for (int64_t j = n; j < kPanel; ++j) d[j] = 0.0f;
 }
 }  // namespace
 
-void pack_plain_panels(const void* src, bool is_bf16, int64_t ld, int64_t t_count, int64_t col0, int64_t n_panels,
-                       int64_t cols, float* dst) {
+void pack_plain_panels(const void* src, bool is_bf16, int64_t ld, int64_t t_count, int64_t col0,
+                       int64_t n_panels, int64_t cols, float* dst) {
   // Blocks of 16 source rows: their segments (at most a few KiB each) are read
   // from memory once and stay in L1 while each panel receives 16 consecutive
   // rows, so writes go out in 1 KiB runs instead of one line per panel per row
@@ -88,7 +92,8 @@ void pack_plain_panels(const void* src, bool is_bf16, int64_t ld, int64_t t_coun
     for (int64_t q = 0; q < n_panels; ++q) {
       const int64_t c = col0 + q * kPanel;
       const int64_t n = std::clamp<int64_t>(cols - c, 0, kPanel);
-      for (int64_t t = t0; t < t1; ++t) copy_panel_row(src, is_bf16, t * ld + c, n, dst + (q * t_count + t) * kPanel);
+      for (int64_t t = t0; t < t1; ++t)
+        copy_panel_row(src, is_bf16, t * ld + c, n, dst + (q * t_count + t) * kPanel);
     }
   }
 }
@@ -103,13 +108,16 @@ constexpr float kRebias = gemm_detail::kFp8Rebias;
 constexpr float kMaxFp8Scale = 256.0f;
 
 // Position of column j of a panel inside a bf16 row (see PackedWeight).
-inline int bf16_slot(int j) { return j < 8 ? 2 * j : 2 * (j - 8) + 1; }
+inline int bf16_slot(int j) {
+  return j < 8 ? 2 * j : 2 * (j - 8) + 1;
+}
 
 void check_weight(const Tensor& w, const char* fn) {
   if (w.ndim != 2) LS_THROW << fn << ": w must be 2-D (N, K), got " << w.shape_str();
   if (w.dtype != DType::F32 && w.dtype != DType::BF16)
     LS_THROW << fn << ": w must be f32 or bf16, got " << w.shape_str();
-  if (w.shape[1] > 1 && w.stride[1] != 1) LS_THROW << fn << ": w rows must be contiguous, got " << w.shape_str();
+  if (w.shape[1] > 1 && w.stride[1] != 1)
+    LS_THROW << fn << ": w rows must be contiguous, got " << w.shape_str();
   if (w.shape[0] > 1 && w.stride[0] < w.shape[1])
     LS_THROW << fn << ": w row stride " << w.stride[0] << " is smaller than its width, " << w.shape_str();
 }
@@ -133,66 +141,114 @@ void allocate(const Context& ctx, PackedWeight& pw) {
                    "packed weight");
   if (pw.storage == DType::FP8E4M3) {
     const int64_t NB = pw.scale_blocks_n(), KB = pw.scale_blocks_k();
-    pw.panel_scales = Buffer(static_cast<size_t>(P * KB * kPanel) * sizeof(float), memory, Fill::Zero, "panel scales");
-    pw.block_scales = Buffer(static_cast<size_t>(NB * KB) * sizeof(float), memory, Fill::Zero, "block scales");
+    pw.panel_scales =
+        Buffer(static_cast<size_t>(P * KB * kPanel) * sizeof(float), memory, Fill::Zero, "panel scales");
+    pw.block_scales =
+        Buffer(static_cast<size_t>(NB * KB) * sizeof(float), memory, Fill::Zero, "block scales");
   }
 }
 
-// Effective block sizes (a per-tensor scale is one block covering everything).
-inline int64_t eff_block_n(const PackedWeight& pw) { return pw.block_n > 0 ? pw.block_n : std::max<int64_t>(pw.n, 1); }
-inline int64_t eff_block_k(const PackedWeight& pw) { return pw.block_k > 0 ? pw.block_k : std::max<int64_t>(pw.k, 1); }
+// Effective k-block size (a per-tensor scale is one block covering all of K).
+inline int64_t eff_block_k(const PackedWeight& pw) {
+  return pw.block_k > 0 ? pw.block_k : std::max<int64_t>(pw.k, 1);
+}
+
+// The first row of each row block of the scales (block_scales' rows), then n:
+// blocks of block_n rows (all of a segment for 0), restarting at each segment.
+std::vector<int64_t> row_block_starts(const PackedWeight& pw) {
+  std::vector<int64_t> seg = pw.row_segments.empty() ? std::vector<int64_t>{0} : pw.row_segments;
+  seg.push_back(pw.n);
+  std::vector<int64_t> starts;
+  for (size_t s = 0; s + 1 < seg.size(); ++s) {
+    const int64_t step = pw.block_n > 0 ? pw.block_n : seg[s + 1] - seg[s];
+    for (int64_t r = seg[s]; r < seg[s + 1]; r += step) starts.push_back(r);
+  }
+  if (starts.empty()) starts.push_back(0);  // n = 0: one empty block
+  starts.push_back(pw.n);
+  return starts;
+}
+
+// (N) the scale row block of every row.
+std::vector<int64_t> row_blocks(const PackedWeight& pw) {
+  const std::vector<int64_t> starts = row_block_starts(pw);
+  std::vector<int64_t> of(static_cast<size_t>(pw.n));
+  for (size_t b = 0; b + 1 < starts.size(); ++b)
+    for (int64_t r = starts[b]; r < starts[b + 1]; ++r) of[static_cast<size_t>(r)] = static_cast<int64_t>(b);
+  return of;
+}
+
+void check_row_segments(const std::vector<int64_t>& seg, int64_t n) {
+  if (seg.empty()) return;
+  bool ok = seg[0] == 0;
+  for (size_t i = 1; i < seg.size(); ++i) ok = ok && seg[i] > seg[i - 1] && seg[i] < n;
+  if (!ok) {
+    std::string list;
+    for (int64_t r : seg) list += (list.empty() ? "" : ", ") + std::to_string(r);
+    LS_THROW << "pack_weight: row segments {" << list << "} must start at 0 and increase within the " << n
+             << " rows";
+  }
+}
 
 // Spreads block_scales (NB, KB) into panel_scales (P, KB, 16), times 2^120.
 void fill_panel_scales(const PackedWeight& pw) {
-  const int64_t P = pw.panels(), KB = pw.scale_blocks_k(), bn = eff_block_n(pw);
+  const int64_t P = pw.panels(), KB = pw.scale_blocks_k();
+  const std::vector<int64_t> of = row_blocks(pw);
   const float* bs = pw.block_scales.as<float>();
   float* ps = pw.panel_scales.as<float>();
   for (int64_t p = 0; p < P; ++p)
     for (int64_t kb = 0; kb < KB; ++kb)
       for (int j = 0; j < kPanel; ++j) {
         const int64_t n = p * kPanel + j;
-        ps[(p * KB + kb) * kPanel + j] = n < pw.n ? bs[(n / bn) * KB + kb] * kRebias : 0.0f;
+        ps[(p * KB + kb) * kPanel + j] = n < pw.n ? bs[of[static_cast<size_t>(n)] * KB + kb] * kRebias : 0.0f;
       }
 }
 
-// Computes block_scales from w; throws on non-finite weights or too large a scale.
-void compute_fp8_scales(const Context& ctx, const PackedWeight& pw, const Tensor& w) {
+// Computes block_scales from w and returns every block's rule (NB, KB);
+// throws on non-finite weights or too large a scale.
+std::vector<Fp8BlockScale> compute_fp8_scales(const Context& ctx, const PackedWeight& pw, const Tensor& w) {
   const int64_t NB = pw.scale_blocks_n(), KB = pw.scale_blocks_k();
-  const int64_t bn = eff_block_n(pw), bk = eff_block_k(pw);
+  const int64_t bk = eff_block_k(pw);
+  const std::vector<int64_t> starts = row_block_starts(pw);
+  std::vector<Fp8BlockScale> rule(static_cast<size_t>(NB * KB));
   float* bs = pw.block_scales.as<float>();
   ctx.parallel_for(NB, [&](int64_t b0, int64_t b1) {
     for (int64_t nb = b0; nb < b1; ++nb) {
       for (int64_t kb = 0; kb < KB; ++kb) bs[nb * KB + kb] = 0.0f;
-      for (int64_t n = nb * bn; n < std::min(pw.n, (nb + 1) * bn); ++n)
+      for (int64_t n = starts[size_t(nb)]; n < starts[size_t(nb) + 1]; ++n)
         for (int64_t k = 0; k < pw.k; ++k) {
           const float v = weight_at(w, n, k);
           if (!std::isfinite(v))
-            LS_THROW << "pack_weight: fp8 cannot hold the non-finite weight " << v << " at (" << n << ", " << k
-                     << ") of " << w.shape_str();
+            LS_THROW << "pack_weight: fp8 cannot hold the non-finite weight " << v << " at (" << n << ", "
+                     << k << ") of " << w.shape_str();
           float& m = bs[nb * KB + k / bk];
           m = std::max(m, std::fabs(v));
         }
       for (int64_t kb = 0; kb < KB; ++kb) {
         const float amax = bs[nb * KB + kb];
-        const float scale = fp8_pow2_scale(amax);
-        if (!(scale < kMaxFp8Scale))
-          LS_THROW << "pack_weight: fp8 block (" << nb << ", " << kb << ") of " << w.shape_str() << " has absmax "
-                   << amax << "; the kernels support absmax <= " << kMaxFp8Scale / 2 * kFp8E4M3Max;
-        bs[nb * KB + kb] = scale;
+        const Fp8BlockScale b = fp8_block_scale(amax);
+        if (!(b.scale < kMaxFp8Scale))
+          LS_THROW << "pack_weight: fp8 block (" << nb << ", " << kb << ") of " << w.shape_str()
+                   << " has absmax " << amax
+                   << "; the kernels support absmax <= " << kMaxFp8Scale / 2 * kFp8E4M3Max;
+        bs[nb * KB + kb] = b.scale;
+        rule[static_cast<size_t>(nb * KB + kb)] = b;
       }
     }
   });
+  return rule;
 }
 
 // Writes pw.data (and fp8 scales) from w (N, K) f32|bf16.
 void pack_into(const Context& ctx, PackedWeight& pw, const Tensor& w) {
   const int64_t K = pw.k, N = pw.n;
+  std::vector<Fp8BlockScale> rule;
+  std::vector<int64_t> of;
   if (pw.storage == DType::FP8E4M3) {
-    compute_fp8_scales(ctx, pw, w);
+    rule = compute_fp8_scales(ctx, pw, w);
     fill_panel_scales(pw);
+    of = row_blocks(pw);
   }
-  const int64_t KB = pw.scale_blocks_k(), bn = eff_block_n(pw), bk = eff_block_k(pw);
-  const float* bs = pw.storage == DType::FP8E4M3 ? pw.block_scales.as<float>() : nullptr;
+  const int64_t KB = pw.scale_blocks_k(), bk = eff_block_k(pw);
   ctx.parallel_for(pw.panels(), [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       for (int j = 0; j < kPanel; ++j) {
@@ -221,8 +277,8 @@ void pack_into(const Context& ctx, PackedWeight& pw, const Tensor& w) {
                 d[k * kPanel] = 0;
                 continue;
               }
-              const float scale = bs[(n / bn) * KB + k / bk];
-              d[k * kPanel] = f32_to_fp8(weight_at(w, n, k) / scale, /*saturate=*/true);
+              const Fp8BlockScale& b = rule[static_cast<size_t>(of[static_cast<size_t>(n)] * KB + k / bk)];
+              d[k * kPanel] = fp8_block_code(weight_at(w, n, k), b);
             }
           }
         }
@@ -234,8 +290,11 @@ void pack_into(const Context& ctx, PackedWeight& pw, const Tensor& w) {
 }  // namespace
 
 int64_t PackedWeight::scale_blocks_n() const {
-  const int64_t b = eff_block_n(*this);
-  return std::max<int64_t>(1, (n + b - 1) / b);
+  return static_cast<int64_t>(row_block_starts(*this).size()) - 1;
+}
+int64_t PackedWeight::scale_row_block(int64_t row) const {
+  const std::vector<int64_t> starts = row_block_starts(*this);
+  return static_cast<int64_t>(std::upper_bound(starts.begin(), starts.end() - 1, row) - starts.begin()) - 1;
 }
 int64_t PackedWeight::scale_blocks_k() const {
   const int64_t b = eff_block_k(*this);
@@ -243,11 +302,13 @@ int64_t PackedWeight::scale_blocks_k() const {
 }
 float PackedWeight::fp8_scale(int64_t row, int64_t col) const {
   LS_CHECK(storage == DType::FP8E4M3) << "fp8_scale of a " << dtype_name(storage) << " packed weight";
-  LS_CHECK(row >= 0 && row < n && col >= 0 && col < k) << "(" << row << ", " << col << ") outside (" << n << ", " << k << ")";
-  return block_scales.as<float>()[(row / eff_block_n(*this)) * scale_blocks_k() + col / eff_block_k(*this)];
+  LS_CHECK(row >= 0 && row < n && col >= 0 && col < k)
+      << "(" << row << ", " << col << ") outside (" << n << ", " << k << ")";
+  return block_scales.as<float>()[scale_row_block(row) * scale_blocks_k() + col / eff_block_k(*this)];
 }
 
-PackedWeight pack_weight(const Context& ctx, const Tensor& w, DType storage, int64_t fp8_block) {
+PackedWeight pack_weight(const Context& ctx, const Tensor& w, DType storage, int64_t fp8_block,
+                         std::vector<int64_t> row_segments) {
   check_weight(w, "pack_weight");
   if (storage != DType::F32 && storage != DType::BF16 && storage != DType::FP8E4M3)
     LS_THROW << "pack_weight: storage must be f32, bf16 or fp8_e4m3, got " << dtype_name(storage);
@@ -256,7 +317,11 @@ PackedWeight pack_weight(const Context& ctx, const Tensor& w, DType storage, int
   pw.storage = storage;
   pw.n = w.shape[0];
   pw.k = w.shape[1];
-  if (storage == DType::FP8E4M3) pw.block_n = pw.block_k = fp8_block;
+  if (storage == DType::FP8E4M3) {
+    pw.block_n = pw.block_k = fp8_block;
+    check_row_segments(row_segments, pw.n);
+    pw.row_segments = std::move(row_segments);
+  }
   allocate(ctx, pw);
   pack_into(ctx, pw, w);
   return pw;
@@ -282,7 +347,8 @@ PackedWeight pack_weight_fp8(const Context& ctx, const Tensor& w, const Tensor& 
   for (int64_t i = 0; i < NB * KB; ++i) {
     const float s = scales.f32()[i];
     if (!(s > 0.0f && s < kMaxFp8Scale))
-      LS_THROW << "pack_weight_fp8: scale " << s << " at block " << i << " must be in (0, " << kMaxFp8Scale << ")";
+      LS_THROW << "pack_weight_fp8: scale " << s << " at block " << i << " must be in (0, " << kMaxFp8Scale
+               << ")";
     pw.block_scales.as<float>()[i] = s;
   }
   fill_panel_scales(pw);
@@ -320,7 +386,9 @@ void unpack_weight(const Context& ctx, Tensor w_out, const PackedWeight& pw) {
       (pw.k > 1 && w_out.stride[1] != 1) || (pw.n > 1 && w_out.stride[0] < pw.k))
     LS_THROW << "unpack_weight: w_out must be (" << pw.n << ", " << pw.k << ") f32 with contiguous rows, got "
              << w_out.shape_str();
-  const BKind kind = pw.storage == DType::F32 ? BKind::F32 : pw.storage == DType::BF16 ? BKind::BF16 : BKind::FP8;
+  const BKind kind = pw.storage == DType::F32    ? BKind::F32
+                     : pw.storage == DType::BF16 ? BKind::BF16
+                                                 : BKind::FP8;
   const size_t esize = dtype_size(pw.storage);
   const int64_t K = pw.k, KB = pw.scale_blocks_k();
   ctx.parallel_for(pw.panels(), [&](int64_t p0, int64_t p1) {
