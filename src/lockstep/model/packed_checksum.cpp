@@ -48,6 +48,7 @@ uint64_t packed_checksum(const ModelWeights& w, const ExpertShard& experts) {
   for_each_packed(w, experts, [&](const kernels::PackedWeight& pw) {
     const int64_t header[5] = {int64_t(pw.storage), pw.n, pw.k, pw.block_n, pw.block_k};
     h = comm::checksum64(header, sizeof header, h);
+    h = comm::checksum64(pw.row_segments.data(), pw.row_segments.size() * sizeof(int64_t), h);
     h = chain(chain(chain(h, pw.data), pw.panel_scales), pw.block_scales);
   });
   return h;

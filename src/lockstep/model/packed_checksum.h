@@ -13,7 +13,7 @@ namespace lockstep::model {
 
 // comm::checksum64 chained over every packed projection of `w` in one fixed
 // order (every layer's, then the MTP blocks', then lm_head): each one's
-// storage, shape, fp8 blocking, data and scales. Routed experts count only where `experts`
+// storage, shape, fp8 blocking and row segments, data and scales. Routed experts count only where `experts`
 // contains them and `w` packs them, so a trainer that holds one shard of
 // the experts and an engine that holds them all can compare over that shard.
 uint64_t packed_checksum(const ModelWeights& w, const ExpertShard& experts = {});
