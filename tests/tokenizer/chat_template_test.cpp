@@ -104,6 +104,23 @@ TEST(ChatTemplate, UnknownTemplatesGiveClearErrors) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("chatml, llama3, deepseek, raw"), std::string::npos);
   }
+  // Found by tests/fuzz/targets/chat_template.cpp: the name (a whole Jinja
+  // source, bytes and all) was quoted as it was.
+  try {
+    ChatTemplate::by_name("{{\x06" + std::string(10000, 'x'));
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("unknown chat template '{{\\x06xxx"), std::string::npos) << msg;
+    EXPECT_LT(msg.size(), 200u) << msg;
+  }
+  try {
+    ChatTemplate::by_name("deepseek").render({{"s}ystem\x01", "x"}}, false, "");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("role 's}ystem\\x01' is not supported"), std::string::npos)
+        << e.what();
+  }
   test::TempDir dir;
   test::BpeFixture f;
   dir.write("tokenizer.json", f.json());

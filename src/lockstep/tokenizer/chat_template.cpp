@@ -2,6 +2,7 @@
 #include "lockstep/tokenizer/chat_template.h"
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/excerpt.h"
 #include "lockstep/tokenizer/regex.h"
 #include "lockstep/tokenizer/unicode.h"
 
@@ -73,7 +74,8 @@ ChatTemplate ChatTemplate::by_name(const std::string& name) {
   if (name == "llama3") return ChatTemplate(ChatFormat::Llama3, name);
   if (name == "deepseek") return ChatTemplate(ChatFormat::DeepSeek, name);
   if (name == "raw") return ChatTemplate(ChatFormat::Raw, name);
-  LS_THROW << "unknown chat template '" << name << "' (built-in templates: chatml, llama3, deepseek, raw)";
+  LS_THROW << "unknown chat template '" << excerpt(name)
+           << "' (built-in templates: chatml, llama3, deepseek, raw)";
 }
 
 std::optional<ChatTemplate> ChatTemplate::detect(const std::string& jinja) {
@@ -157,7 +159,7 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
           }
           out += kDsAssistant + content + kDsEos;
         } else {
-          LS_THROW << "chat template deepseek: role '" << m.role
+          LS_THROW << "chat template deepseek: role '" << excerpt(m.role)
                    << "' is not supported (system, user and assistant are)";
         }
       }
