@@ -267,6 +267,16 @@ TEST(HfConfig, WrongTypesAndBadJson) {
   expect_error([&] { load_hf_config(dir.str("absent.json")); }, {"absent.json"});
 }
 
+// Found by tests/fuzz/targets/model_config.cpp: a number past double's range
+// is nlohmann's out_of_range (not parse_error); it escaped as a non-Error.
+TEST(HfConfig, NumberOverflowIsAnError) {
+  TempDir dir("cfg-overflow");
+  test::write_bytes(dir.str("big.json"), R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 1e400})");
+  expect_error([&] { load_hf_config(dir.str("big.json")); }, {"big.json", "invalid JSON", "1e400"});
+  test::write_bytes(dir.str("small.json"), R"({"rope_theta": -1e999})");
+  expect_error([&] { load_hf_config(dir.str("small.json")); }, {"small.json", "invalid JSON"});
+}
+
 TEST(HfConfig, InvalidValues) {
   TempDir dir("cfg");
   json j = qwen3_moe_json();

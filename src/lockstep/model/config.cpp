@@ -8,6 +8,7 @@
 #include <set>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/excerpt.h"
 #include "lockstep/base/file_util.h"
 #include "lockstep/model/config_detail.h"
 
@@ -76,7 +77,7 @@ Architecture parse_architecture(const std::string& name) {
     LS_THROW << "architecture " << name
              << " uses multi-head latent attention (MLA), which lockstep does not support; supported: "
              << supported_architectures();
-  LS_THROW << "unsupported architecture '" << name << "'; supported: " << supported_architectures();
+  LS_THROW << "unsupported architecture '" << excerpt(name) << "'; supported: " << supported_architectures();
 }
 
 const char* router_scoring_name(RouterScoring s) {
@@ -395,8 +396,8 @@ ModelConfig load_hf_config(const std::string& path) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
-    LS_THROW << path << ": invalid JSON: " << e.what();
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e400
+    LS_THROW << path << ": invalid JSON: " << excerpt(e.what(), kJsonErrorBytes);
   }
   return model_config_from_hf_json(j, path);
 }
