@@ -61,5 +61,15 @@ TEST(Excerpt, TomlErrorsQuoteKeysAndValuesPrintably) {
   }
 }
 
+// Found by tests/fuzz/targets/toml.cpp (UBSan): get_int converted a float to
+// int64 before it checked the type, undefined for 5e40.
+TEST(TomlSectionFuzz, FloatForAnIntegerIsAnError) {
+  const toml::table root =
+      parse_toml_with_overrides("[data]\nmax_prompt_len = 5e40\nn = 2.0\n", "x.toml", {});
+  TomlSection s(root["data"].as_table(), "x.toml", "data");
+  EXPECT_THROW(s.get_int("max_prompt_len", 0), Error);
+  EXPECT_THROW(s.get_int("n", 0), Error);
+}
+
 }  // namespace
 }  // namespace lockstep

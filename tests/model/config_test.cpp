@@ -267,6 +267,19 @@ TEST(HfConfig, WrongTypesAndBadJson) {
   expect_error([&] { load_hf_config(dir.str("absent.json")); }, {"absent.json"});
 }
 
+// Found by tests/fuzz/targets/model_config.cpp: 26666666 layers took seconds
+// to validate (a loop over the layers) and would never load; sizes have
+// bounds far above any real model.
+TEST(HfConfig, AbsurdSizesAreRefused) {
+  TempDir dir("cfg-absurd");
+  json j = qwen3_moe_json();
+  j["num_hidden_layers"] = 26666666;
+  expect_error([&] { parse_file(dir, j); }, {"num_layers", "26666666 is above 4096"});
+  j = qwen3_moe_json();
+  j["vocab_size"] = int64_t{1} << 40;
+  expect_error([&] { parse_file(dir, j); }, {"vocab_size", "is above"});
+}
+
 // Found by tests/fuzz/targets/model_config.cpp: a number past double's range
 // is nlohmann's out_of_range (not parse_error); it escaped as a non-Error.
 TEST(HfConfig, NumberOverflowIsAnError) {

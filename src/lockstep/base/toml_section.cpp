@@ -27,8 +27,10 @@ const toml::node* TomlSection::node(const std::string& key) {
 int64_t TomlSection::get_int(const std::string& key, int64_t fallback, int64_t min, int64_t max) {
   const toml::node* n = node(key);
   if (!n) return fallback;
+  // Type first: value<int64_t>() of a float converts it, undefined past int64 (5e40).
+  if (!n->is_integer()) fail(key, "expected an integer");
   auto v = n->value<int64_t>();
-  if (!n->is_integer() || !v) fail(key, "expected an integer");
+  if (!v) fail(key, "expected an integer");
   if (*v < min || *v > max) {
     std::ostringstream os;
     os << "value " << *v << " outside [" << min << ", " << max << "]";
