@@ -46,8 +46,12 @@ std::string unescape_jinja(const std::string& s) {
   return out;
 }
 
-// First capture group of `pattern` in `text`, if it matches.
-std::optional<std::string> capture(const std::string& pattern, const std::string& text) {
+// First capture group of `pattern` in `jinja`, if it matches.
+std::optional<std::string> capture(const std::string& pattern, const std::string& jinja) {
+  // Regex needs valid UTF-8 (PCRE2 matches without checking it, and its JIT
+  // code reads past the subject on a broken sequence); chat_template.jinja is
+  // a file and may hold any bytes.
+  const std::string text = utf8_is_valid(jinja) ? jinja : utf8_sanitize(jinja);
   // Regex only reports whole matches, so find the match and strip the fixed parts.
   Regex re(pattern, "chat template detection");
   std::vector<Span> spans;
