@@ -4,8 +4,9 @@ PRESET ?= release
 BUILD  := build/$(PRESET)
 JOBS   ?= 2
 CTEST_ARGS ?=
+FUZZ_SECONDS ?= 60
 
-.PHONY: all deps configure build test test-fast demo bench clean asan
+.PHONY: all deps configure build test test-fast demo bench clean asan fuzz
 
 all: build
 
@@ -32,6 +33,10 @@ bench: build
 
 asan:
 	$(MAKE) test PRESET=asan
+
+# libFuzzer targets of the input parsers (docs/fuzzing.md), FUZZ_SECONDS each.
+fuzz: deps
+	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_JOBS=$(JOBS) bash scripts/run-fuzz.sh
 
 clean:
 	rm -rf build

@@ -6,6 +6,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git ccache
+  clang-14 libclang-rt-14-dev  # the fuzz targets (tests/fuzz): clang and its libFuzzer/ASan/UBSan runtimes
   libhwy-dev            # Highway: portable SIMD for the CPU kernels
   libboost-context-dev  # fibers for the GPU interpret mode (kernels/gpu/interp)
   # HIP for AMD gfx90a (cmake/gpu.cmake): hipcc (clang-15 and lld-15 come with

@@ -267,6 +267,29 @@ TEST(HfConfig, WrongTypesAndBadJson) {
   expect_error([&] { load_hf_config(dir.str("absent.json")); }, {"absent.json"});
 }
 
+// Found by tests/fuzz/targets/model_config.cpp: 26666666 layers took seconds
+// to validate (a loop over the layers) and would never load; sizes have
+// bounds far above any real model.
+TEST(HfConfig, AbsurdSizesAreRefused) {
+  TempDir dir("cfg-absurd");
+  json j = qwen3_moe_json();
+  j["num_hidden_layers"] = 26666666;
+  expect_error([&] { parse_file(dir, j); }, {"num_layers", "26666666 is above 4096"});
+  j = qwen3_moe_json();
+  j["vocab_size"] = int64_t{1} << 40;
+  expect_error([&] { parse_file(dir, j); }, {"vocab_size", "is above"});
+}
+
+// Found by tests/fuzz/targets/model_config.cpp: a number past double's range
+// is nlohmann's out_of_range (not parse_error); it escaped as a non-Error.
+TEST(HfConfig, NumberOverflowIsAnError) {
+  TempDir dir("cfg-overflow");
+  test::write_bytes(dir.str("big.json"), R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 1e400})");
+  expect_error([&] { load_hf_config(dir.str("big.json")); }, {"big.json", "invalid JSON", "1e400"});
+  test::write_bytes(dir.str("small.json"), R"({"rope_theta": -1e999})");
+  expect_error([&] { load_hf_config(dir.str("small.json")); }, {"small.json", "invalid JSON"});
+}
+
 TEST(HfConfig, InvalidValues) {
   TempDir dir("cfg");
   json j = qwen3_moe_json();

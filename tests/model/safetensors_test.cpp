@@ -536,5 +536,41 @@ TEST(Pretrained, FailedSaveLeavesThePreviousCheckpointIntact) {
   test::expect_bits_equal(m.params.as<float>(), p.params.as<float>(), m.layout.numel(), "previous weights");
 }
 
+// ---- inputs found by the fuzz target (tests/fuzz/targets/safetensors.cpp) ----
+
+// A number past double's range is nlohmann's out_of_range, not parse_error:
+// both must come out as Error naming the file.
+TEST(SafetensorsFuzz, HeaderNumberOverflowIsAnError) {
+  TempDir dir("st-overflow");
+  std::string raw = build_file({{"w", "F32", {1}, std::string(4, '\0')}}, ",\"x\":{\"shape\":[1e400]}");
+  test::write_bytes(dir.str("model.safetensors"), raw);
+  expect_error([&] { SafetensorsFile f(dir.str("model.safetensors")); },
+               {"model.safetensors", "invalid JSON header"});
+}
+
+TEST(SafetensorsFuzz, IndexNumberOverflowIsAnError) {
+  TempDir dir("st-index-overflow");
+  test::write_bytes(dir.str("model.safetensors.index.json"),
+                    R"({"metadata": {"total_size": -1e999}, "weight_map": {}})");
+  expect_error([&] { SafetensorsCheckpoint ck(dir.str()); },
+               {"model.safetensors.index.json", "invalid JSON"});
+}
+
+// An empty tensor reads into an empty vector, whose data() may be null:
+// memcpy(nullptr, p, 0) is undefined behaviour (UBSan: nonnull-attribute).
+TEST(SafetensorsFuzz, EmptyTensorsReadIntoNull) {
+  TempDir dir("st-empty");
+  test::write_bytes(dir.str("model.safetensors"),
+                    build_file({{"f", "F32", {0, 4}, ""}, {"i", "I64", {0}, ""}, {"b", "U8", {3, 0}, ""}}));
+  SafetensorsFile f(dir.str("model.safetensors"));
+  ASSERT_EQ(f.entries().size(), 3u);
+  for (const auto& e : f.entries()) {
+    EXPECT_EQ(e.numel, 0);
+    if (e.dtype == "F32") f.read_f32(e, nullptr);
+    if (e.dtype != "F32") f.read_i64(e, nullptr);
+    f.read_bytes(e, nullptr);
+  }
+}
+
 }  // namespace
 }  // namespace lockstep

@@ -140,6 +140,20 @@ TEST(RolloutWire, BadMessagesAreRefused) {
   const uint64_t big = uint64_t(1) << 62;
   std::memcpy(huge.data() + 8, &big, sizeof big);
   EXPECT_NE(error_of([&] { decode_requests(huge); }).find("runs past the end"), std::string::npos);
+  // A count that fits the bytes left but not the elements' smallest size is
+  // refused up front too: 1000 zero bytes claiming 1000 requests used to
+  // allocate 1000 Requests (hundreds of bytes each) before running out.
+  std::vector<char> many = encode_requests({});
+  const uint64_t thousand = 1000;
+  std::memcpy(many.data() + 8, &thousand, sizeof thousand);
+  many.resize(many.size() + 1000, 0);
+  EXPECT_NE(error_of([&] { decode_requests(many); }).find("a count of 1000 at byte 16 runs past the end"),
+            std::string::npos)
+      << error_of([&] { decode_requests(many); });
+  std::vector<char> results = encode_results({}, 0);
+  std::memcpy(results.data() + 16, &thousand, sizeof thousand);
+  results.resize(results.size() + 1000, 0);
+  EXPECT_NE(error_of([&] { decode_results(results, nullptr); }).find("a count of 1000"), std::string::npos);
   auto rs = sample_requests();
   rs[1].stop_checker = [](const std::vector<int32_t>&) { return int64_t(-1); };
   EXPECT_NE(error_of([&] { encode_requests(rs); }).find("stop_checker"), std::string::npos);

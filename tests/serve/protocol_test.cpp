@@ -28,6 +28,35 @@ HttpError parse_error(const json& body, GenJob (*parse)(const json&, const token
   return HttpError(0, "");
 }
 
+// The body reader (moved from server.cpp so that the fuzz target runs it):
+// every way a body can be bad is a 400.
+TEST(ServeProtocol, BodiesThatAreNotJsonAre400) {
+  for (const std::string& body :
+       {std::string(""), std::string("{\"text\": \"a\""), std::string("{\"n\": 1e400}"),
+        std::string("[-1e999]"), std::string("{\"a\": 1}\0{", 10),
+        std::string(100, '[') + std::string(100, ']')}) {
+    try {
+      parse_json_body(body);
+      ADD_FAILURE() << "no HttpError for " << body;
+    } catch (const HttpError& e) {
+      EXPECT_EQ(e.status(), 400) << body;
+    }
+  }
+  EXPECT_EQ(parse_json_body("{\"text\": \"[[[\"}")["text"], "[[[");  // brackets in strings do not nest
+  // Found by tests/fuzz/targets/serve_protocol.cpp: nlohmann quotes the last
+  // token read, whitespace before it included, 8 bytes per control byte
+  // ("<U+0009>"), so 2000 tabs before a bad literal made a 16 KB message.
+  try {
+    parse_json_body(std::string(2000, '\t') + "u\"t,\":-4");
+    ADD_FAILURE();
+  } catch (const HttpError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_LT(std::string(e.what()).size(), 400u) << e.what();
+    EXPECT_NE(std::string(e.what()).find("invalid JSON: [json.exception.parse_error.101]"),
+              std::string::npos);
+  }
+}
+
 TEST(ServeProtocol, GenerateWithTokenIds) {
   const json body = {{"input_ids", {1, 2, 3}},
                      {"sampling_params", {{"max_new_tokens", 5}, {"temperature", 0.5}, {"n", 3}}},

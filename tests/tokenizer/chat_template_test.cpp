@@ -1,11 +1,13 @@
 // Tests of the built-in chat templates and of recognising them in the Jinja
 // text of real tokenizer_config.json files (excerpts of the Qwen2.5, Qwen3,
 // Llama 3, Llama 3.1 and DeepSeek-V3/R1 templates).
+#include "lockstep/tokenizer/chat_template.h"
+
 #include <gtest/gtest.h>
 
 #include "fixtures.h"
 #include "lockstep/base/error.h"
-#include "lockstep/tokenizer/chat_template.h"
+#include "lockstep/tokenizer/unicode.h"
 
 namespace lockstep::tokenizer {
 namespace {
@@ -97,12 +99,44 @@ TEST(ChatTemplate, RawJoinsContents) {
   EXPECT_EQ(ChatTemplate::by_name("raw").render({{"system", "a"}, {"user", "b"}}, true, "<s>"), "a\nb");
 }
 
+// Found by tests/fuzz/targets/chat_template.cpp (ASan: SEGV in PCRE2's JIT
+// code): detection ran the regex on bytes that are not UTF-8, which PCRE2
+// matches unchecked; chat_template.jinja is a file and may hold any bytes.
+TEST(ChatTemplate, DetectionOfBytesThatAreNotUtf8) {
+  const std::string jinja =
+      "{%- if not date_string is defined %}{%- set date_string = \"" + std::string(20, '\xc7') +
+      "26 Jul 2024\xfe\xff\" %}{%- endif %}{{- \"<|start_header_id|>system<|end_header_id|>\" }}"
+      "{{- \"Cutting Knowledge Date: December 2023\\n\" }}";
+  const auto t = ChatTemplate::detect(jinja);
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->name(), "llama3");
+  EXPECT_TRUE(utf8_is_valid(t->llama_date)) << t->llama_date;
+  EXPECT_NE(t->llama_date.find("26 Jul 2024"), std::string::npos) << t->llama_date;
+}
+
 TEST(ChatTemplate, UnknownTemplatesGiveClearErrors) {
   try {
     ChatTemplate::by_name("vicuna");
     ADD_FAILURE();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("chatml, llama3, deepseek, raw"), std::string::npos);
+  }
+  // Found by tests/fuzz/targets/chat_template.cpp: the name (a whole Jinja
+  // source, bytes and all) was quoted as it was.
+  try {
+    ChatTemplate::by_name("{{\x06" + std::string(10000, 'x'));
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("unknown chat template '{{\\x06xxx"), std::string::npos) << msg;
+    EXPECT_LT(msg.size(), 200u) << msg;
+  }
+  try {
+    ChatTemplate::by_name("deepseek").render({{"s}ystem\x01", "x"}}, false, "");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("role 's}ystem\\x01' is not supported"), std::string::npos)
+        << e.what();
   }
   test::TempDir dir;
   test::BpeFixture f;

@@ -378,5 +378,127 @@ TEST(Tokenizer, ConcurrentEncodesAgree) {
   EXPECT_EQ(bad.load(), 0);
 }
 
+// ---- inputs found by the fuzz target (tests/fuzz/targets/tokenizer.cpp) ----
+
+// The Llama-2-like byte-fallback tokenizer of ByteFallbackModelLikeLlama2
+// (ids 0..255 the byte tokens, 256 "▁", 257 "h", 258 "i", 259 "▁h", 260 "▁hi")
+// plus <s> (261, special).
+Tokenizer byte_fallback_tokenizer() {
+  const std::string sp = "\xE2\x96\x81";
+  Json vocab = Json::object();
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    vocab[name] = b;
+  }
+  int next = 256;
+  for (const std::string& tok :
+       {sp, std::string("h"), std::string("i"), sp + "h", sp + "hi", std::string("<s>")})
+    vocab[tok] = next++;
+  Json j = {{"version", "1.0"},
+            {"added_tokens", Json::array({test::added_token(261, "<s>")})},
+            {"normalizer",
+             {{"type", "Sequence"},
+              {"normalizers",
+               {{{"type", "Prepend"}, {"prepend", sp}},
+                {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", sp}}}}}},
+            {"pre_tokenizer", nullptr},
+            {"post_processor", nullptr},
+            {"decoder",
+             {{"type", "Sequence"},
+              {"decoders",
+               {{{"type", "Replace"}, {"pattern", {{"String", sp}}}, {"content", " "}},
+                {{"type", "ByteFallback"}},
+                {{"type", "Fuse"}},
+                {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
+            {"model",
+             {{"type", "BPE"},
+              {"byte_fallback", true},
+              {"fuse_unk", true},
+              {"unk_token", nullptr},
+              {"vocab", vocab},
+              {"merges", Json::array({sp + " h", sp + "h i"})}}}};
+  return Tokenizer::from_json_text(j.dump());
+}
+
+std::string streamed(const Tokenizer& t, const Ids& ids, bool skip) {
+  DecodeStream s = t.decode_stream(skip);
+  std::string all;
+  for (int32_t id : ids) all += s.step(id);
+  return all + s.flush();
+}
+
+// ByteFallback decodes a run of byte tokens as a whole: "中" (E4 B8 AD) is
+// text until E6 starts the next character, when the run [E4 B8 AD E6] is
+// four U+FFFD. The stream used to take that for a context that decodes
+// differently, drop it, and emit "中" a second time ("中中文").
+TEST(TokenizerFuzz, DecodeStreamHoldsAByteFallbackRunBack) {
+  const Tokenizer t = byte_fallback_tokenizer();
+  for (const Ids& ids :
+       {Ids{0xE4, 0xB8, 0xAD, 0xE6, 0x96, 0x87}, Ids{256, 0xE4, 0xB8, 0xAD, 0xE6, 0x96, 0x87, 257},
+        Ids{0xE4, 0xB8, 0xAD, 0xE6}, Ids{0xC3, 0xBF, 0xC3, 0xBE, 0xEF, 0xBF, 0xBD, 0xEF},
+        Ids{0xE4, 0xB8, 0xAD, 261, 0xE6, 0x96, 0x87, 261, 257}})
+    for (const bool skip : {false, true})
+      EXPECT_EQ(streamed(t, ids, skip), t.decode(ids, skip)) << ids.size();
+  EXPECT_EQ(t.decode(Ids{0xE4, 0xB8, 0xAD, 0xE6, 0x96, 0x87}), "\xE4\xB8\xAD\xE6\x96\x87");
+  // Random mixes of byte tokens (mostly UTF-8 lead and continuation bytes),
+  // pieces and <s>.
+  std::mt19937 rng(5);
+  const Ids pool = {0xE4, 0xB8, 0xAD, 0xE6, 0x96, 0x87, 0xF0, 0x9F, 0x98,
+                    0x80, 0xC3, 0xBF, 0x41, 256,  257,  259,  261};
+  for (const bool skip : {false, true}) {
+    for (int trial = 0; trial < 500; ++trial) {
+      Ids ids;
+      for (int i = 0; i < 12; ++i) ids.push_back(pool[rng() % pool.size()]);
+      ASSERT_EQ(streamed(t, ids, skip), t.decode(ids, skip)) << "trial " << trial;
+    }
+  }
+}
+
+// With skip_special_tokens, <s> decodes to nothing; it used to become the
+// stream's whole context, and the Strip decoder then dropped the space of the
+// next "▁" that decode() keeps.
+TEST(TokenizerFuzz, DecodeStreamKeepsTheSpaceAfterASkippedSpecial) {
+  const Tokenizer t = byte_fallback_tokenizer();
+  const Ids ids = {257, 256, 261, 256, 256, 257};
+  EXPECT_EQ(t.decode(ids, true), "h   h");
+  EXPECT_EQ(streamed(t, ids, true), "h   h");
+  EXPECT_EQ(streamed(t, ids, false), t.decode(ids, false));
+}
+
+// A post-processor's ids are numbers in the file; encode(add_special_tokens)
+// handed out 99999999 for a 263-token vocabulary.
+TEST(TokenizerFuzz, PostProcessorIdsMustBeTokens) {
+  const Json tmpl = {{"type", "TemplateProcessing"},
+                     {"single", Json::array({{{"SpecialToken", {{"id", "X"}, {"type_id", 0}}}},
+                                             {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
+                     {"special_tokens", {{"X", {{"id", "X"}, {"ids", {99999999}}, {"tokens", {"X"}}}}}}};
+  expect_load_error({{"post_processor", tmpl}}, "dir/tokenizer.json: post_processor: adds token id 99999999");
+  expect_load_error(
+      {{"post_processor", {{"type", "RobertaProcessing"}, {"cls", {"<s>", -1}}, {"sep", {"</s>", 2}}}}},
+      "adds token id -1");
+}
+
+// A number past double's range is nlohmann's out_of_range, which escaped as
+// a non-Error from both files.
+TEST(TokenizerFuzz, NumberOverflowIsAnError) {
+  try {
+    Tokenizer::from_json_text(R"({"version": "1.0", "model": {"type": "BPE", "vocab": {"a": 1e400}}})",
+                              "dir/tokenizer.json");
+    ADD_FAILURE() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dir/tokenizer.json: invalid JSON"), std::string::npos) << e.what();
+  }
+  test::TempDir dir;
+  dir.write("tokenizer_config.json", R"({"model_max_length": 1e400})");
+  try {
+    TokenizerConfig::from_file(dir.path() / "tokenizer_config.json");
+    ADD_FAILURE() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer_config.json: invalid JSON"), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace lockstep::tokenizer

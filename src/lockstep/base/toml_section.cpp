@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/excerpt.h"
 
 namespace lockstep {
 
@@ -14,7 +15,7 @@ TomlSection::TomlSection(const toml::table* table, std::string source, std::stri
 bool TomlSection::has(const std::string& key) const { return table_ && table_->contains(key); }
 
 void TomlSection::fail(const std::string& key, const std::string& what) const {
-  LS_THROW << source_ << ": [" << section_ << "] " << key << ": " << what;
+  LS_THROW << source_ << ": [" << section_ << "] " << excerpt(key) << ": " << what;
 }
 
 const toml::node* TomlSection::node(const std::string& key) {
@@ -26,8 +27,10 @@ const toml::node* TomlSection::node(const std::string& key) {
 int64_t TomlSection::get_int(const std::string& key, int64_t fallback, int64_t min, int64_t max) {
   const toml::node* n = node(key);
   if (!n) return fallback;
+  // Type first: value<int64_t>() of a float converts it, undefined past int64 (5e40).
+  if (!n->is_integer()) fail(key, "expected an integer");
   auto v = n->value<int64_t>();
-  if (!n->is_integer() || !v) fail(key, "expected an integer");
+  if (!v) fail(key, "expected an integer");
   if (*v < min || *v > max) {
     std::ostringstream os;
     os << "value " << *v << " outside [" << min << ", " << max << "]";
@@ -70,7 +73,7 @@ std::string TomlSection::get_enum(const std::string& key, const std::string& fal
     if (c == v) return v;
   std::string all;
   for (const auto& c : choices) all += (all.empty() ? "" : ", ") + c;
-  fail(key, "'" + v + "' is not one of: " + all);
+  fail(key, "'" + excerpt(v) + "' is not one of: " + all);
 }
 
 std::vector<std::string> TomlSection::get_string_list(const std::string& key,
@@ -106,7 +109,8 @@ void TomlSection::finish() const {
   if (!table_) return;
   for (const auto& [k, v] : *table_) {
     std::string key(k.str());
-    if (!known_.count(key)) LS_THROW << source_ << ": unknown key '" << key << "' in [" << section_ << "]";
+    if (!known_.count(key))
+      LS_THROW << source_ << ": unknown key '" << excerpt(key) << "' in [" << section_ << "]";
   }
 }
 
@@ -115,10 +119,11 @@ namespace {
 void apply_override(toml::table& root, const std::string& set, const std::string& source) {
   const auto eq = set.find('=');
   if (eq == std::string::npos || eq == 0)
-    LS_THROW << "--set " << set << ": expected section.key=value";
+    LS_THROW << "--set " << excerpt(set) << ": expected section.key=value";
   const std::string path = set.substr(0, eq), value = set.substr(eq + 1);
   const auto dot = path.find('.');
-  if (dot == std::string::npos) LS_THROW << "--set " << set << ": the key needs a section (e.g. train.lr=1e-5)";
+  if (dot == std::string::npos)
+    LS_THROW << "--set " << excerpt(set) << ": the key needs a section (e.g. train.lr=1e-5)";
   const std::string section = path.substr(0, dot), key = path.substr(dot + 1);
   toml::table* sec = root[section].as_table();
   if (!sec) {
@@ -142,7 +147,8 @@ toml::table parse_toml_with_overrides(const std::string& text, const std::string
   try {
     root = toml::parse(text, source);
   } catch (const toml::parse_error& e) {
-    LS_THROW << source << ":" << e.source().begin.line << ":" << e.source().begin.column << ": " << e.description();
+    LS_THROW << source << ":" << e.source().begin.line << ":" << e.source().begin.column << ": "
+             << excerpt(e.description(), 256);
   }
   for (const auto& s : sets) apply_override(root, s, source);
   return root;

@@ -1,15 +1,15 @@
 // `lockstep tokenize`: encode or decode with a Hugging Face tokenizer from the
 // command line, for debugging, and encode a JSONL file's texts in batch.
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/excerpt.h"
 #include "lockstep/base/thread_pool.h"
 #include "lockstep/cli/command.h"
 #include "lockstep/tokenizer/tokenizer.h"
@@ -115,8 +115,8 @@ int encode_file(const Tokenizer& tok, const std::string& input, const std::strin
         OJson rec;
         try {
           rec = OJson::parse(lines[k]);
-        } catch (const OJson::parse_error& err) {
-          LS_THROW << where << ": invalid JSON: " << err.what();
+        } catch (const OJson::exception& err) {  // parse_error, or out_of_range for 1e400
+          LS_THROW << where << ": invalid JSON: " << excerpt(err.what(), kJsonErrorBytes);
         }
         rec["ids"] = encode_record(tok, rec, add_special, where);
         results[k] = rec.dump(-1, ' ', false, OJson::error_handler_t::replace);

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/excerpt.h"
 #include "lockstep/base/file_util.h"
 
 namespace lockstep::data {
@@ -23,8 +24,8 @@ std::vector<JsonlRecord> read_jsonl(const std::string& path) {
     r.line = n;
     try {
       r.value = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      LS_THROW << path << ":" << n << ": not valid JSON (" << e.what() << ")";
+    } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for 1e400
+      LS_THROW << path << ":" << n << ": not valid JSON (" << excerpt(e.what(), kJsonErrorBytes) << ")";
     }
     if (!r.value.is_object()) LS_THROW << path << ":" << n << ": expected a JSON object, got " << r.value.type_name();
     out.push_back(std::move(r));

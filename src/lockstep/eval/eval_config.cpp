@@ -1,12 +1,26 @@
-// Parsing of the [eval] and [reward] config sections.
+// Parsing of the [eval] and [reward] config sections, and EvalConfig::validate.
 #include "lockstep/eval/eval_config.h"
 
 #include <filesystem>
 #include <sstream>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/excerpt.h"
 
 namespace lockstep::eval {
+
+void EvalConfig::validate() const {
+  if (name.empty()) LS_THROW << "eval.name must not be empty";
+  if (name.find_first_of("/ \t\n") != std::string::npos)
+    LS_THROW << "eval.name '" << excerpt(name)
+             << "' must not contain '/' or whitespace (it is part of metric keys)";
+  if (n < 1 || n > 1024) LS_THROW << "eval.n must be in [1, 1024], got " << n;
+  rollout::SamplingParams p = sampling;
+  p.n = n;
+  p.validate();
+  if (!p.stop.empty()) LS_THROW << "eval: stop strings are not supported; use stop token ids";
+  reward.validate();
+}
 
 EvalSection eval_section_from_toml(TomlSection& s) {
   EvalSection e;

@@ -12,18 +12,6 @@
 
 namespace lockstep::eval {
 
-void EvalConfig::validate() const {
-  if (name.empty()) LS_THROW << "eval.name must not be empty";
-  if (name.find_first_of("/ \t\n") != std::string::npos)
-    LS_THROW << "eval.name '" << name << "' must not contain '/' or whitespace (it is part of metric keys)";
-  if (n < 1 || n > 1024) LS_THROW << "eval.n must be in [1, 1024], got " << n;
-  rollout::SamplingParams p = sampling;
-  p.n = n;
-  p.validate();
-  if (!p.stop.empty()) LS_THROW << "eval: stop strings are not supported; use stop token ids";
-  reward.validate();
-}
-
 Evaluator::Evaluator(EvalConfig config) : Evaluator(config, reward::make_reward(config.reward)) {}
 
 Evaluator::Evaluator(EvalConfig config, std::shared_ptr<const reward::Reward> reward)

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/excerpt.h"
 #include "lockstep/base/file_util.h"
 #include "lockstep/model/config_detail.h"
 
@@ -76,7 +77,7 @@ Architecture parse_architecture(const std::string& name) {
     LS_THROW << "architecture " << name
              << " uses multi-head latent attention (MLA), which lockstep does not support; supported: "
              << supported_architectures();
-  LS_THROW << "unsupported architecture '" << name << "'; supported: " << supported_architectures();
+  LS_THROW << "unsupported architecture '" << excerpt(name) << "'; supported: " << supported_architectures();
 }
 
 const char* router_scoring_name(RouterScoring s) {
@@ -109,15 +110,21 @@ void ModelConfig::validate(const std::string& source) const {
   auto fail = [&](const std::string& field, const std::string& why) {
     LS_THROW << source << ": invalid " << field << ": " << why;
   };
-  auto positive = [&](const char* field, int64_t v) {
+  // Bounds far above any real model (DeepSeek-V3: L 61, D 7168, V 129280): they
+  // keep validation's per-layer loops short and any product of two sizes
+  // within int64; a config.json past them is broken, not large.
+  constexpr int64_t kMaxLayers = 4096;
+  constexpr int64_t kMaxSize = int64_t{1} << 24;
+  auto positive = [&](const char* field, int64_t v, int64_t max = INT64_MAX) {
     if (v <= 0) fail(field, "must be positive, got " + std::to_string(v));
+    if (v > max) fail(field, std::to_string(v) + " is above " + std::to_string(max));
   };
-  positive("vocab_size", vocab_size);
-  positive("hidden_size", hidden_size);
-  positive("num_layers", num_layers);
-  positive("num_heads", num_heads);
-  positive("num_kv_heads", num_kv_heads);
-  positive("head_dim", head_dim);
+  positive("vocab_size", vocab_size, kMaxSize);
+  positive("hidden_size", hidden_size, kMaxSize);
+  positive("num_layers", num_layers, kMaxLayers);
+  positive("num_heads", num_heads, kMaxSize);
+  positive("num_kv_heads", num_kv_heads, kMaxSize);
+  positive("head_dim", head_dim, kMaxSize);
   positive("max_position_embeddings", max_position_embeddings);
   if (num_heads % num_kv_heads != 0)
     fail("num_kv_heads", "num_heads (" + std::to_string(num_heads) + ") is not a multiple of num_kv_heads (" +
@@ -395,8 +402,8 @@ ModelConfig load_hf_config(const std::string& path) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
-    LS_THROW << path << ": invalid JSON: " << e.what();
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e400
+    LS_THROW << path << ": invalid JSON: " << excerpt(e.what(), kJsonErrorBytes);
   }
   return model_config_from_hf_json(j, path);
 }

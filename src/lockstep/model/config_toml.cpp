@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/excerpt.h"
 
 namespace lockstep {
 
@@ -107,7 +108,7 @@ std::string where(const std::string& source, const toml::node& n, const std::str
   std::ostringstream os;
   os << source;
   if (n.source().begin.line > 0) os << ":" << n.source().begin.line;
-  os << ": [model]." << key;
+  os << ": [model]." << excerpt(key);
   return os.str();
 }
 
@@ -195,7 +196,7 @@ RopeScaling get_rope_scaling(const toml::node& n, const std::string& at) {
     else if (key == "beta_slow")
       y.beta_slow = get_double(v, sub);
     else
-      LS_THROW << sub << ": unknown key '" << key
+      LS_THROW << sub << ": unknown key '" << excerpt(key)
                << "' (known: type, factor, original_max_position_embeddings, beta_fast, beta_slow)";
   }
   return y;
@@ -255,7 +256,7 @@ ModelConfig model_config_from_toml(const toml::table& model, const std::string& 
     } else if (key == "expert_dtype") {
       c.expert_dtype = get_string(node, at);
     } else {
-      LS_THROW << at << ": unknown key '" << key << "' (known keys: " << all_keys() << ")";
+      LS_THROW << at << ": unknown key '" << excerpt(key) << "' (known keys: " << all_keys() << ")";
     }
   }
 
@@ -292,7 +293,7 @@ ModelConfig model_config_from_toml_string(const std::string& text, const std::st
     doc = toml::parse(text, source);
   } catch (const toml::parse_error& e) {
     LS_THROW << source << ":" << e.source().begin.line << ":" << e.source().begin.column
-             << ": TOML syntax error: " << e.description();
+             << ": TOML syntax error: " << excerpt(e.description(), 256);
   }
   const toml::node* m = doc.get("model");
   if (!m) LS_THROW << source << ": missing [model] section";
@@ -307,7 +308,7 @@ ModelConfig model_config_from_toml_file(const std::string& path, const std::vect
     doc = toml::parse_file(path);
   } catch (const toml::parse_error& e) {
     LS_THROW << path << ":" << e.source().begin.line << ":" << e.source().begin.column
-             << ": TOML error: " << e.description();
+             << ": TOML error: " << excerpt(e.description(), 256);
   }
   const toml::node* m = doc.get("model");
   if (!m) LS_THROW << path << ": missing [model] section";

@@ -54,6 +54,8 @@ void validate_v4_attention(const ModelConfig& c, const Refuse& refuse) {
 // layers' RoPE (YaRN) and the lightning indexer of the ratio-4 layers.
 void validate_v4_compression(const ModelConfig& c, const Refuse& refuse) {
   if (c.num_nextn_predict_layers < 0) refuse("num_nextn_predict_layers", "must not be negative");
+  if (c.num_nextn_predict_layers > 4096)
+    refuse("num_nextn_predict_layers", "is above 4096");  // as num_layers
   const int64_t want = c.num_layers + c.num_nextn_predict_layers;
   if (int64_t(c.compress_ratios.size()) != want)
     refuse("compress_ratios",

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/excerpt.h"
 #include "lockstep/base/file_util.h"
 #include "lockstep/model/hf_quant.h"
 
@@ -122,8 +123,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     json h;
     try {
       h = json::parse(reinterpret_cast<const char*>(base_ + 8), reinterpret_cast<const char*>(base_ + 8 + n));
-    } catch (const json::parse_error& e) {
-      LS_THROW << path << ": invalid JSON header: " << e.what();
+    } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e400
+      LS_THROW << path << ": invalid JSON header: " << excerpt(e.what(), kJsonErrorBytes);
     }
     if (!h.is_object()) LS_THROW << path << ": the header is not a JSON object";
     const uint64_t data_start = 8 + n;
@@ -194,7 +195,7 @@ void SafetensorsFile::read_f32(const SafetensorsEntry& e, float* dst) const {
   const size_t n = static_cast<size_t>(e.numel);
   // Data offsets need not be aligned: copy through memcpy.
   if (e.dtype == "F32") {
-    std::memcpy(dst, src, n * 4);
+    if (n > 0) std::memcpy(dst, src, n * 4);  // dst may be null for an empty tensor
   } else if (e.dtype == "BF16") {
     for (size_t i = 0; i < n; ++i) {
       uint16_t h;
@@ -221,7 +222,7 @@ void SafetensorsFile::read_i64(const SafetensorsEntry& e, int64_t* dst) const {
   const uint8_t* src = data(e);
   const size_t n = static_cast<size_t>(e.numel);
   if (e.dtype == "I64") {
-    std::memcpy(dst, src, n * 8);
+    if (n > 0) std::memcpy(dst, src, n * 8);  // dst may be null for an empty tensor
   } else if (e.dtype == "I32") {
     widen_ints<int32_t>(src, dst, n);
   } else if (e.dtype == "I16") {
@@ -279,8 +280,8 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& path) {
   json idx;
   try {
     idx = json::parse(read_file_text(source_));
-  } catch (const json::parse_error& e) {
-    LS_THROW << source_ << ": invalid JSON: " << e.what();
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e400
+    LS_THROW << source_ << ": invalid JSON: " << excerpt(e.what(), kJsonErrorBytes);
   }
   if (!idx.is_object() || !idx.contains("weight_map") || !idx["weight_map"].is_object())
     LS_THROW << source_ << ": missing required field 'weight_map'";

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/excerpt.h"
 #include "lockstep/base/timer.h"
 
 namespace lockstep::reward {
@@ -38,8 +39,9 @@ JsonlSummary score_jsonl_file(const std::string& in_path, const std::string& out
     OrderedJson row;
     try {
       row = OrderedJson::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      LS_THROW << in_path << ":" << line_no << ": not valid JSON (" << e.what() << ")";
+    } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for 1e400
+      LS_THROW << in_path << ":" << line_no << ": not valid JSON (" << excerpt(e.what(), kJsonErrorBytes)
+               << ")";
     }
     if (!row.is_object()) LS_THROW << in_path << ":" << line_no << ": expected a JSON object, got " << row.type_name();
     auto resp = row.find("response");

@@ -1,15 +1,12 @@
-// RewardOptions parsing and validation, the factory, and Reward::score.
+// RewardOptions parsing and validation, RewardResult and Reward::score (the
+// factory, which needs every reward, is make_reward.cpp).
 #include "lockstep/reward/reward.h"
 
 #include <cmath>
 
 #include "lockstep/base/error.h"
-#include "lockstep/reward/countdown.h"
-#include "lockstep/reward/exact.h"
+#include "lockstep/base/excerpt.h"
 #include "lockstep/reward/math_text.h"
-#include "lockstep/reward/math_verifier.h"
-#include "lockstep/reward/python_reward.h"
-#include "lockstep/reward/remote.h"
 
 namespace lockstep::reward {
 namespace {
@@ -154,7 +151,8 @@ nlohmann::json RewardOptions::to_json() const {
 
 void RewardOptions::validate() const {
   if (type != "math" && type != "countdown" && type != "exact" && type != "remote" && type != "python")
-    LS_THROW << "reward.type: unknown reward type '" << type << "' (math, countdown, exact, remote, python)";
+    LS_THROW << "reward.type: unknown reward type '" << excerpt(type)
+             << "' (math, countdown, exact, remote, python)";
   for (const auto& e : extractors) {
     if (!extractor_from_name(e))
       LS_THROW << "reward.extractors: unknown extractor '" << e
@@ -181,22 +179,13 @@ void RewardOptions::validate() const {
   if (type == "remote") {
     if (url.empty()) LS_THROW << "reward.url: required for type 'remote'";
     if (url.rfind("http://", 0) != 0 && url.rfind("https://", 0) != 0)
-      LS_THROW << "reward.url: expected an http:// or https:// URL, got '" << url << "'";
+      LS_THROW << "reward.url: expected an http:// or https:// URL, got '" << excerpt(url) << "'";
   }
 }
 
 double RewardOptions::effective_format_reward() const {
   if (format_reward) return *format_reward;
   return type == "countdown" ? 0.1 : incorrect_reward;
-}
-
-std::unique_ptr<Reward> make_reward(const RewardOptions& options) {
-  options.validate();
-  if (options.type == "math") return std::make_unique<MathVerifier>(options);
-  if (options.type == "countdown") return std::make_unique<CountdownReward>(options);
-  if (options.type == "exact") return std::make_unique<ExactMatchReward>(options);
-  if (options.type == "python") return std::make_unique<PythonReward>(options);
-  return std::make_unique<RemoteReward>(options);
 }
 
 }  // namespace lockstep::reward

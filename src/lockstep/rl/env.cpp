@@ -1,11 +1,10 @@
-// [rollout]'s environment keys, the protocol's reply parsers and the factory.
+// [rollout]'s environment keys and the protocol's reply parsers (the factory
+// is env_factory.cpp).
 #include "lockstep/rl/env.h"
 
 #include <cmath>
 
 #include "lockstep/base/error.h"
-#include "lockstep/rl/env_http.h"
-#include "lockstep/rl/env_python.h"
 
 namespace lockstep::rl {
 
@@ -80,12 +79,6 @@ EnvStep parse_env_step(const nlohmann::json& j, const std::string& where) {
     s.done = d->get<bool>();
   }
   return s;
-}
-
-std::unique_ptr<Environment> make_environment(const EnvConfig& cfg) {
-  if (cfg.env == "python") return std::make_unique<PythonEnvironment>(cfg);
-  if (cfg.env.rfind("http", 0) == 0) return std::make_unique<HttpEnvironment>(cfg);
-  LS_THROW << "[rollout] env: no environment configured";
 }
 
 }  // namespace lockstep::rl

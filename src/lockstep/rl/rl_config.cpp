@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/excerpt.h"
 #include "lockstep/model/model_source.h"
 #include "lockstep/train/train_config.h"
 
@@ -21,9 +22,10 @@ void check_sections(const toml::table& root, const std::string& source) {
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
     if (std::find(kSections.begin(), kSections.end(), key) == kSections.end())
-      LS_THROW << source << ": unknown section [" << key << "] (rl reads [model] [data] [rollout] [train] [algo] "
+      LS_THROW << source << ": unknown section [" << excerpt(key)
+               << "] (rl reads [model] [data] [rollout] [train] [algo] "
                << "[reward] [eval] [log] [dist] [rl])";
-    if (!v.is_table()) LS_THROW << source << ": '" << key << "' must be a section";
+    if (!v.is_table()) LS_THROW << source << ": '" << excerpt(key) << "' must be a section";
   }
   // [dist] is read by the command that launches the ranks (cli/cmd_rl.cpp).
   if (const auto* t = root["sync"].as_table(); t && !t->empty())

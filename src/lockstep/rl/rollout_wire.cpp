@@ -18,6 +18,15 @@ namespace {
 constexpr uint32_t kRequestsTag = 0x5152534cu, kResultsTag = 0x5352534cu;
 constexpr uint32_t kFormatVersion = 2;
 
+// The fewest bytes one element takes on the wire (all its vectors and strings
+// empty): a count of n elements needs n times that many bytes left, checked
+// before n elements are allocated, so a corrupt count cannot make a small
+// message allocate hundreds of times its size.
+constexpr size_t kMinParamsBytes = 4 + 8 + 4 + 4 + 8 + 8 + 8 + 1 + 8 + 8 + 1;
+constexpr size_t kMinRequestBytes = 8 + kMinParamsBytes + 1;
+constexpr size_t kMinResultBytes = 8 + 8 + 8;
+constexpr size_t kMinSampleBytes = 8 + 8 + 8 + 8 + 8 + 8 + 8 + 8 + 8;
+
 class Writer {
  public:
   template <typename T>
@@ -65,6 +74,7 @@ class Reader {
     const char* p = take(size_t(n));
     return std::string(p, size_t(n));
   }
+  // A count of elements that take at least `elem` bytes each.
   uint64_t count(size_t elem) {
     const uint64_t n = get<uint64_t>();
     if (n > (in_.size() - pos_) / elem)
@@ -151,7 +161,7 @@ std::vector<char> encode_requests(const std::vector<rollout::Request>& requests)
 std::vector<rollout::Request> decode_requests(const std::vector<char>& bytes) {
   Reader r(bytes, "rollout requests");
   r.header(kRequestsTag);
-  const uint64_t n = r.count(1);
+  const uint64_t n = r.count(kMinRequestBytes);
   std::vector<rollout::Request> out(static_cast<size_t>(n));
   for (auto& q : out) {
     q.prompt_ids = r.get_vec<int32_t>();
@@ -192,12 +202,12 @@ std::vector<rollout::RequestResult> decode_results(const std::vector<char>& byte
   r.header(kResultsTag);
   const int64_t tokens = r.get<int64_t>();
   if (generated_tokens) *generated_tokens = tokens;
-  const uint64_t n = r.count(1);
+  const uint64_t n = r.count(kMinResultBytes);
   std::vector<rollout::RequestResult> out(static_cast<size_t>(n));
   for (auto& q : out) {
     q.id = r.get<uint64_t>();
     q.prompt_ids = r.get_vec<int32_t>();
-    const uint64_t ns = r.count(1);
+    const uint64_t ns = r.count(kMinSampleBytes);
     q.samples.resize(static_cast<size_t>(ns));
     for (auto& s : q.samples) {
       s.output_ids = r.get_vec<int32_t>();

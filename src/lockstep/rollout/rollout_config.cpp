@@ -2,6 +2,7 @@
 #include "lockstep/rollout/rollout_config.h"
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/excerpt.h"
 
 namespace lockstep::rollout {
 
@@ -9,7 +10,7 @@ DType precision_dtype(const std::string& p) {
   if (p == "f32" || p == "fp32") return DType::F32;
   if (p == "bf16") return DType::BF16;
   if (p == "fp8") return DType::FP8E4M3;
-  LS_THROW << "rollout precision must be f32, bf16 or fp8, got '" << p << "'";
+  LS_THROW << "rollout precision must be f32, bf16 or fp8, got '" << excerpt(p) << "'";
 }
 
 RolloutSection rollout_section_from_toml(TomlSection& s) {

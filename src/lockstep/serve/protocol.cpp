@@ -8,6 +8,7 @@
 #include <set>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/excerpt.h"
 
 namespace lockstep::serve {
 
@@ -15,6 +16,55 @@ using nlohmann::json;
 
 json error_body(int status, const std::string& message, const std::string& type) {
   return json{{"error", {{"message", message}, {"type", type}, {"code", status}}}};
+}
+
+namespace {
+
+// Deepest nesting of arrays and objects in `text` read as JSON (brackets in
+// strings do not count); HttpError(400) on a NUL byte. Linear and
+// allocation-free: it runs before the parser.
+size_t json_nesting_depth(const std::string& text) {
+  size_t depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    // nlohmann's parser takes a NUL byte for the end of the input and
+    // would ignore whatever follows it; JSON has no place for one.
+    if (c == '\0') throw HttpError(400, "invalid JSON: the body holds a NUL byte");
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+}  // namespace
+
+json parse_json_body(const std::string& body) {
+  if (body.empty()) throw HttpError(400, "the request body is empty (expected a JSON object)");
+  // The deepest real request (chat content parts) nests 4 levels. Refusing
+  // deeper bodies up front keeps every later walk over the value (copies,
+  // dumps, comparisons, several of them recursive in nlohmann) shallow.
+  if (const size_t depth = json_nesting_depth(body); depth > kMaxJsonDepth)
+    throw HttpError(400, "invalid JSON: arrays and objects nest " + std::to_string(depth) +
+                             " levels deep (at most " + std::to_string(kMaxJsonDepth) + ")");
+  try {
+    return json::parse(body);
+  } catch (const json::exception& e) {
+    // parse_error for bad syntax, out_of_range for a number past double's
+    // range (1e999): both are the client's JSON.
+    throw HttpError(400, "invalid JSON: " + excerpt(e.what(), kJsonErrorBytes));
+  }
 }
 
 namespace {

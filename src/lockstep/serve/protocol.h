@@ -32,6 +32,13 @@ class HttpError : public std::runtime_error {
 
 nlohmann::json error_body(int status, const std::string& message, const std::string& type);
 
+// Deepest nesting of arrays and objects a request body may have.
+constexpr size_t kMaxJsonDepth = 64;
+// A request body as JSON; HttpError(400) when it is empty, holds a NUL byte,
+// nests deeper than kMaxJsonDepth or does not parse (bad syntax, or a number
+// past double's range).
+nlohmann::json parse_json_body(const std::string& body);
+
 enum class Api { Generate, Completions, Chat };
 
 // One HTTP generation request, whichever API it came through.

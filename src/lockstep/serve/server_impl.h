@@ -129,10 +129,7 @@ std::string dump(const nlohmann::json& j);
 void set_json(httplib::Response& res, int status, const nlohmann::json& j);
 void set_error(httplib::Response& res, int status, const std::string& message,
                const std::string& type = "invalid_request_error");
-// Deepest nesting of arrays and objects a request body may have.
-constexpr size_t kMaxJsonDepth = 64;
-// The request body as JSON; HttpError(400) when it does not parse or nests
-// deeper than kMaxJsonDepth.
+// The request body as JSON (parse_json_body).
 nlohmann::json parse_body(const httplib::Request& req);
 
 }  // namespace lockstep::serve

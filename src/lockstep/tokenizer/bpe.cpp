@@ -8,6 +8,7 @@
 #include <mutex>
 #include <shared_mutex>
 
+#include "lockstep/base/excerpt.h"
 #include "lockstep/tokenizer/byte_level.h"
 #include "lockstep/tokenizer/scratch.h"
 #include "lockstep/tokenizer/unicode.h"
@@ -120,14 +121,18 @@ void BpeModel::finish_init(const std::vector<std::pair<std::string, std::string>
     const auto& [a, b] = merges[i];
     const int32_t* ia = lookup_.find(a);
     const int32_t* ib = lookup_.find(b);
-    if (ia == nullptr) LS_THROW << index_path(mwhere, i) << ": token '" << a << "' is not in the vocabulary";
-    if (ib == nullptr) LS_THROW << index_path(mwhere, i) << ": token '" << b << "' is not in the vocabulary";
+    if (ia == nullptr)
+      LS_THROW << index_path(mwhere, i) << ": token '" << excerpt(a) << "' is not in the vocabulary";
+    if (ib == nullptr)
+      LS_THROW << index_path(mwhere, i) << ": token '" << excerpt(b) << "' is not in the vocabulary";
     // The merged token drops the right part's continuing-subword prefix ("a" + "##b" -> "ab").
     std::string merged = a + (b.size() >= prefix_len && b.compare(0, prefix_len, continuing_subword_prefix_) == 0
                                   ? b.substr(prefix_len)
                                   : b);
     const int32_t* im = lookup_.find(merged);
-    if (im == nullptr) LS_THROW << index_path(mwhere, i) << ": merged token '" << merged << "' is not in the vocabulary";
+    if (im == nullptr)
+      LS_THROW << index_path(mwhere, i) << ": merged token '" << excerpt(merged)
+               << "' is not in the vocabulary";
     // A repeated merge keeps its last rank, as HF's map construction does.
     merges_.set(pair_key(*ia, *ib), MergeInfo{static_cast<int32_t>(i), *im});
   }
@@ -251,7 +256,8 @@ void BpeModel::initial_symbols(std::string_view piece, std::vector<int32_t>& ids
     if (unk_token_) {
       auto it = vocab_.find(*unk_token_);
       if (it == vocab_.end())
-        LS_THROW << "tokenizer.json: model.unk_token '" << *unk_token_ << "' is not in the vocabulary";
+        LS_THROW << "tokenizer.json: model.unk_token '" << excerpt(*unk_token_)
+                 << "' is not in the vocabulary";
       if (pending_unk >= 0 && !fuse_unk_) ids.push_back(pending_unk);
       pending_unk = it->second;
     }

@@ -2,6 +2,7 @@
 #include "lockstep/tokenizer/chat_template.h"
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/excerpt.h"
 #include "lockstep/tokenizer/regex.h"
 #include "lockstep/tokenizer/unicode.h"
 
@@ -45,8 +46,12 @@ std::string unescape_jinja(const std::string& s) {
   return out;
 }
 
-// First capture group of `pattern` in `text`, if it matches.
-std::optional<std::string> capture(const std::string& pattern, const std::string& text) {
+// First capture group of `pattern` in `jinja`, if it matches.
+std::optional<std::string> capture(const std::string& pattern, const std::string& jinja) {
+  // Regex needs valid UTF-8 (PCRE2 matches without checking it, and its JIT
+  // code reads past the subject on a broken sequence); chat_template.jinja is
+  // a file and may hold any bytes.
+  const std::string text = utf8_is_valid(jinja) ? jinja : utf8_sanitize(jinja);
   // Regex only reports whole matches, so find the match and strip the fixed parts.
   Regex re(pattern, "chat template detection");
   std::vector<Span> spans;
@@ -73,7 +78,8 @@ ChatTemplate ChatTemplate::by_name(const std::string& name) {
   if (name == "llama3") return ChatTemplate(ChatFormat::Llama3, name);
   if (name == "deepseek") return ChatTemplate(ChatFormat::DeepSeek, name);
   if (name == "raw") return ChatTemplate(ChatFormat::Raw, name);
-  LS_THROW << "unknown chat template '" << name << "' (built-in templates: chatml, llama3, deepseek, raw)";
+  LS_THROW << "unknown chat template '" << excerpt(name)
+           << "' (built-in templates: chatml, llama3, deepseek, raw)";
 }
 
 std::optional<ChatTemplate> ChatTemplate::detect(const std::string& jinja) {
@@ -157,7 +163,7 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
           }
           out += kDsAssistant + content + kDsEos;
         } else {
-          LS_THROW << "chat template deepseek: role '" << m.role
+          LS_THROW << "chat template deepseek: role '" << excerpt(m.role)
                    << "' is not supported (system, user and assistant are)";
         }
       }

@@ -47,10 +47,21 @@ std::string DecodeStream::step(int32_t id) {
     return out;
   }
   ids_.push_back(id);
+  if (!m.byte_run_token.empty()) {
+    // ByteFallback decodes a run of byte tokens as a whole: the run's text is
+    // final only once a token that decoding keeps ends it (or at flush), so
+    // hold everything back while the last kept id is a byte token. Ids that
+    // decoding drops (unknown, skipped specials) do not end a run.
+    const bool kept = id >= 0 && id < m.vocab_size && m.known[static_cast<size_t>(id)] &&
+                      !(skip_special_ && m.special[static_cast<size_t>(id)]);
+    if (kept) in_byte_run_ = m.byte_run_token[static_cast<size_t>(id)] != 0;
+    if (in_byte_run_) return std::string();
+  }
   std::string full = impl_->decode_bytes(ids_, skip_special_);
   if (full.compare(0, prefix_bytes_.size(), prefix_bytes_) != 0) {
     // The context decodes differently once followed by more ids (no supported
-    // decoder does this): drop the context and continue from what was emitted.
+    // decoder does this once ByteFallback runs are held back, as above): drop
+    // the context and continue from what was emitted.
     size_t common = 0;
     while (common < full.size() && common < prefix_bytes_.size() && full[common] == prefix_bytes_[common]) ++common;
     prefix_bytes_.resize(common);
@@ -60,8 +71,11 @@ std::string DecodeStream::step(int32_t id) {
   size_t end = emittable_end(delta, emitted_);
   std::string out = utf8_sanitize(delta.substr(emitted_, end - emitted_));
   emitted_ = end;
-  if (end == delta.size()) {
+  if (end == delta.size() && end > 0) {
     // Everything is out: the ids after the context become the new context.
+    // Not when they gave no text (a skipped special token, a leading space a
+    // Strip decoder drops): a context without text would let such a decoder
+    // drop the start of the next token, which decode() keeps.
     ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(prefix_ids_));
     prefix_ids_ = ids_.size();
     prefix_bytes_ = impl_->decode_bytes(ids_, skip_special_);
@@ -81,6 +95,7 @@ std::string DecodeStream::flush() {
   size_t start = std::min(full.size(), prefix_bytes_.size() + emitted_);
   out = utf8_sanitize(std::string_view(full).substr(start));
   ids_.clear();
+  in_byte_run_ = false;
   prefix_ids_ = 0;
   prefix_bytes_.clear();
   emitted_ = 0;

@@ -2,6 +2,7 @@
 // Strip, Replace, Metaspace, Sequence) after Hugging Face `tokenizers`.
 #include "lockstep/tokenizer/decoder.h"
 
+#include "lockstep/base/excerpt.h"
 #include "lockstep/tokenizer/byte_level.h"
 #include "lockstep/tokenizer/normalizer.h"
 #include "lockstep/tokenizer/unicode.h"
@@ -54,6 +55,8 @@ class ByteFallbackDecoder : public Decoder {
     flush();
     tokens.swap(out);
   }
+
+  bool decodes_byte_runs() const override { return true; }
 
   static int parse_byte_token(const std::string& t) {
     if (t.size() != 6 || t.compare(0, 3, "<0x") != 0 || t[5] != '>') return -1;
@@ -158,6 +161,11 @@ class SequenceDecoder : public Decoder {
     for (const auto& p : parts_) p->apply(tokens);
   }
   bool is_byte_level() const override { return parts_.size() == 1 && parts_[0]->is_byte_level(); }
+  bool decodes_byte_runs() const override {
+    for (const auto& p : parts_)
+      if (p->decodes_byte_runs()) return true;
+    return false;
+  }
 
  private:
   std::vector<std::unique_ptr<Decoder>> parts_;
@@ -186,7 +194,7 @@ std::unique_ptr<Decoder> make_decoder(const Json& j, const std::string& where) {
     bool strip_first;
     if (auto scheme = optional_string(j, "prepend_scheme", where)) {
       if (*scheme != "always" && *scheme != "first" && *scheme != "never")
-        LS_THROW << field_path(where, "prepend_scheme") << ": unknown value '" << *scheme << "'";
+        LS_THROW << field_path(where, "prepend_scheme") << ": unknown value '" << excerpt(*scheme) << "'";
       strip_first = *scheme != "never";
     } else {
       strip_first = get_bool(j, "add_prefix_space", where, true);
@@ -202,8 +210,9 @@ std::unique_ptr<Decoder> make_decoder(const Json& j, const std::string& where) {
     }
     return std::make_unique<SequenceDecoder>(std::move(parts));
   }
-  LS_THROW << field_path(where, "type") << ": decoder '" << type
-           << "' is not supported (supported: ByteLevel, ByteFallback, Fuse, Strip, Replace, Metaspace, Sequence)";
+  LS_THROW
+      << field_path(where, "type") << ": decoder '" << excerpt(type)
+      << "' is not supported (supported: ByteLevel, ByteFallback, Fuse, Strip, Replace, Metaspace, Sequence)";
 }
 
 }  // namespace lockstep::tokenizer

@@ -20,6 +20,10 @@ class Decoder {
   // True for a lone ByteLevel decoder: each token then decodes independently,
   // which lets the tokenizer precompute the bytes of every id.
   virtual bool is_byte_level() const { return false; }
+  // True when a run of consecutive <0xNN> byte tokens decodes as a whole
+  // (ByteFallback): one more byte token can turn the text of the whole run,
+  // complete characters included, into U+FFFDs.
+  virtual bool decodes_byte_runs() const { return false; }
 };
 
 // nullptr for JSON null (tokens are then joined with spaces, as in HF).

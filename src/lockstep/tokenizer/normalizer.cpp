@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "lockstep/base/excerpt.h"
 #include "lockstep/tokenizer/byte_level.h"
 #include "lockstep/tokenizer/regex.h"
 #include "lockstep/tokenizer/unicode.h"
@@ -149,7 +150,7 @@ std::unique_ptr<Normalizer> make_normalizer(const Json& j, const std::string& wh
     if (parts.empty()) return nullptr;  // an empty Sequence (DeepSeek-V3) changes nothing
     return std::make_unique<SequenceNormalizer>(std::move(parts));
   }
-  LS_THROW << field_path(where, "type") << ": normalizer '" << type
+  LS_THROW << field_path(where, "type") << ": normalizer '" << excerpt(type)
            << "' is not supported (supported: NFC, NFD, NFKC, NFKD, Lowercase, Strip, Prepend, Replace, "
               "ByteLevel, Sequence)";
 }

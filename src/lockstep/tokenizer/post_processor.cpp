@@ -2,6 +2,8 @@
 // for single sequences; pair templates are not needed by lockstep.
 #include "lockstep/tokenizer/post_processor.h"
 
+#include "lockstep/base/excerpt.h"
+
 namespace lockstep::tokenizer {
 namespace {
 
@@ -80,7 +82,7 @@ std::unique_ptr<PostProcessor> make_template(const Json& j, const std::string& w
     } else if (const Json* sp = optional_field(p, "SpecialToken")) {
       std::string name = require_string(*sp, "id", pw + ".SpecialToken");
       if (specials == nullptr || !specials->contains(name))
-        LS_THROW << field_path(where, "special_tokens") << ": no entry for '" << name << "'";
+        LS_THROW << field_path(where, "special_tokens") << ": no entry for '" << excerpt(name) << "'";
       const Json& entry = (*specials)[name];
       std::string ew = field_path(where, "special_tokens") + "." + name;
       const Json& ids = require_array(entry, "ids", ew);
@@ -122,9 +124,10 @@ std::unique_ptr<PostProcessor> make_post_processor(const Json& j, const std::str
     if (parts.empty()) return nullptr;
     return std::make_unique<SequenceProcessor>(std::move(parts));
   }
-  LS_THROW << field_path(where, "type") << ": post-processor '" << type
-           << "' is not supported (supported: TemplateProcessing, ByteLevel, RobertaProcessing, BertProcessing, "
-              "Sequence)";
+  LS_THROW
+      << field_path(where, "type") << ": post-processor '" << excerpt(type)
+      << "' is not supported (supported: TemplateProcessing, ByteLevel, RobertaProcessing, BertProcessing, "
+         "Sequence)";
 }
 
 }  // namespace lockstep::tokenizer

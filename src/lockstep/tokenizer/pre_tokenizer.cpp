@@ -2,6 +2,7 @@
 // Hugging Face `tokenizers` (pattern.rs / normalizer.rs split behaviours).
 #include "lockstep/tokenizer/pre_tokenizer.h"
 
+#include "lockstep/base/excerpt.h"
 #include "lockstep/tokenizer/byte_level.h"
 #include "lockstep/tokenizer/normalizer.h"
 #include "lockstep/tokenizer/scratch.h"
@@ -253,9 +254,10 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const Json& j, const std::strin
     parts.push_back(std::make_unique<SplitPreTokenizer>(Regex(kPunct, where), false, SplitBehavior::Isolated));
     return std::make_unique<SequencePreTokenizer>(std::move(parts));
   }
-  LS_THROW << field_path(where, "type") << ": pre-tokenizer '" << type
-           << "' is not supported (supported: ByteLevel, Split, Sequence, Digits, Whitespace, WhitespaceSplit, "
-              "CharDelimiterSplit, Punctuation, BertPreTokenizer)";
+  LS_THROW
+      << field_path(where, "type") << ": pre-tokenizer '" << excerpt(type)
+      << "' is not supported (supported: ByteLevel, Split, Sequence, Digits, Whitespace, WhitespaceSplit, "
+         "CharDelimiterSplit, Punctuation, BertPreTokenizer)";
 }
 
 }  // namespace lockstep::tokenizer

@@ -8,6 +8,7 @@
 #include <map>
 #include <sstream>
 
+#include "lockstep/base/excerpt.h"
 #include "lockstep/base/log.h"
 #include "lockstep/tokenizer/byte_level.h"
 #include "lockstep/tokenizer/scratch.h"
@@ -127,13 +128,14 @@ std::shared_ptr<Tokenizer::Impl> build(const std::string& text, const std::strin
   Json j;
   try {
     j = Json::parse(text);
-  } catch (const Json::parse_error& e) {
-    LS_THROW << origin << ": invalid JSON: " << e.what();
+  } catch (const Json::exception& e) {  // parse_error, or out_of_range for 1e400
+    LS_THROW << origin << ": invalid JSON: " << excerpt(e.what(), kJsonErrorBytes);
   }
   std::string where = origin + ":";
   if (!j.is_object()) LS_THROW << origin << ": expected a JSON object";
   if (auto v = optional_string(j, "version", where); v && *v != "1.0")
-    LS_THROW << field_path(where, "version") << ": unknown tokenizer.json version '" << *v << "' (expected 1.0)";
+    LS_THROW << field_path(where, "version") << ": unknown tokenizer.json version '" << excerpt(*v)
+             << "' (expected 1.0)";
   for (const char* ignored : {"truncation", "padding"}) {
     if (optional_field(j, ignored) != nullptr) {
       LS_LOG(Warn) << field_path(where, ignored) << " is ignored (lockstep applies no truncation or padding when encoding)";
@@ -181,6 +183,24 @@ std::shared_ptr<Tokenizer::Impl> build(const std::string& text, const std::strin
     if (auto it = t->added_ids.find(t->token_text[id]); it != t->added_ids.end())
       t->special[id] = t->special[static_cast<size_t>(it->second)];
   }
+  // The ids a post-processor adds are plain numbers in the file: each must be
+  // a token, or encode(add_special_tokens) would hand out ids the model has
+  // no embedding row for.
+  if (t->post_processor) {
+    std::vector<int32_t> added_ids;
+    t->post_processor->apply(added_ids);  // on no ids: exactly the ids it adds
+    for (const int32_t id : added_ids)
+      if (id < 0 || id >= t->vocab_size || !t->known[static_cast<size_t>(id)])
+        LS_THROW << field_path(where, "post_processor") << ": adds token id " << id
+                 << ", which is not in the vocabulary (" << t->vocab_size << " ids)";
+  }
+  if (t->decoder && t->decoder->decodes_byte_runs()) {
+    t->byte_run_token.assign(n, 0);
+    for (size_t id = 0; id < n; ++id) {
+      const std::string& s = t->token_text[id];
+      t->byte_run_token[id] = s.size() == 6 && s.compare(0, 3, "<0x") == 0 && s[5] == '>';
+    }
+  }
   if (t->decoder && t->decoder->is_byte_level()) {
     t->byte_level_bytes.assign(n, std::string());
     for (size_t id = 0; id < n; ++id) {
@@ -197,7 +217,8 @@ std::shared_ptr<Tokenizer::Impl> build(const std::string& text, const std::strin
       auto it = t->added_ids.find(*tok);
       if (it != t->added_ids.end()) return it->second;
       if (auto mid = t->model.token_to_id(*tok)) return *mid;
-      LS_THROW << "tokenizer_config.json: " << what << " '" << *tok << "' is not a token of " << origin;
+      LS_THROW << "tokenizer_config.json: " << what << " '" << excerpt(*tok) << "' is not a token of "
+               << origin;
     };
     if (t->config.add_bos_token.value_or(true))
       if (auto id = id_of(t->config.bos_token, "bos_token")) prefix.push_back(*id);

@@ -80,8 +80,11 @@ class Tokenizer {
 
 // Turns ids into text one id at a time without ever emitting a broken UTF-8
 // sequence: bytes of a character split across tokens are held back until the
-// character is complete. The concatenation of all step() results and flush()
-// equals Tokenizer::decode of all ids.
+// character is complete. With a ByteFallback decoder, a run of <0xNN> byte
+// tokens is held back until a token ends it: one more byte token can turn the
+// whole run, characters already complete included, into U+FFFDs. The
+// concatenation of all step() results and flush() equals Tokenizer::decode of
+// all ids.
 class DecodeStream {
  public:
   // Text that became complete with `id` (often empty while a character is partial).
@@ -100,6 +103,7 @@ class DecodeStream {
   std::string prefix_bytes_;  // decoded bytes of that context
   size_t emitted_ = 0;        // bytes of the text after the context already emitted
   std::string pending_;       // byte-level fast path: decoded bytes not yet emitted
+  bool in_byte_run_ = false;  // the last id decoding keeps is a byte token of a ByteFallback run
 };
 
 }  // namespace lockstep::tokenizer

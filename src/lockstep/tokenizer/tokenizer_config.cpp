@@ -4,6 +4,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "lockstep/base/excerpt.h"
+
 namespace lockstep::tokenizer {
 namespace {
 
@@ -62,8 +64,8 @@ TokenizerConfig TokenizerConfig::from_file(const std::filesystem::path& path) {
   Json j;
   try {
     j = Json::parse(ss.str());
-  } catch (const Json::parse_error& e) {
-    LS_THROW << path.string() << ": invalid JSON: " << e.what();
+  } catch (const Json::exception& e) {  // parse_error, or out_of_range for 1e400
+    LS_THROW << path.string() << ": invalid JSON: " << excerpt(e.what(), kJsonErrorBytes);
   }
   return from_json(j, path.string() + ":");
 }

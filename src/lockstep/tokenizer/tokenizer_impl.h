@@ -38,6 +38,9 @@ struct Tokenizer::Impl {
   std::vector<uint8_t> known;           // id -> 1 when the id exists
   std::vector<uint8_t> special;         // id -> 1 when decoding with skip_special_tokens drops it
   std::vector<std::string> byte_level_bytes;  // id -> decoded bytes, when the decoder is a lone ByteLevel
+  // id -> 1 for a <0xNN> byte token, when the decoder decodes runs of them as
+  // a whole (ByteFallback); empty otherwise. DecodeStream holds a run back.
+  std::vector<uint8_t> byte_run_token;
   TokenizerConfig config;
   std::optional<ChatTemplate> chat;
   std::string chat_error;  // why `chat` is empty
