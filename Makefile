@@ -5,8 +5,12 @@ BUILD  := build/$(PRESET)
 JOBS   ?= 2
 CTEST_ARGS ?=
 FUZZ_SECONDS ?= 60
+FUZZ_SEED ?= 0
+# ccache keys on paths relative to the checkout, so clones in other folders
+# reuse each other's objects.
+export CCACHE_BASEDIR ?= $(CURDIR)
 
-.PHONY: all deps configure build test test-fast demo bench clean asan fuzz
+.PHONY: all deps configure build test test-fast demo bench clean asan asan-fast lint fuzz
 
 all: build
 
@@ -34,9 +38,18 @@ bench: build
 asan:
 	$(MAKE) test PRESET=asan
 
+# The fast label under AddressSanitizer + UBSan (the asan preset; any report fails).
+asan-fast:
+	$(MAKE) test-fast PRESET=asan
+
+# clang-format and clang-tidy: fails on violations the baseline does not allow
+# (scripts/lint.py; needs the release build's compile_commands.json).
+lint: configure
+	python3 scripts/lint.py check --build build/release --jobs $(JOBS)
+
 # libFuzzer targets of the input parsers (docs/fuzzing.md), FUZZ_SECONDS each.
 fuzz: deps
-	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_JOBS=$(JOBS) bash scripts/run-fuzz.sh
+	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_SEED=$(FUZZ_SEED) FUZZ_JOBS=$(JOBS) bash scripts/run-fuzz.sh
 
 clean:
 	rm -rf build

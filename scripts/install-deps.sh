@@ -26,6 +26,7 @@ PACKAGES=(
   python3               # small helper scripts in tests
   python3-numpy         # the float64 DeepSeek-V4 reference model (tests/v4ref)
   chromium fonts-dejavu-core  # headless browser test of the HTML run report (tests/cli/report_chromium.sh)
+  clang-format-14 clang-tidy-14  # make lint (scripts/lint.py)
 )
 
 missing=()

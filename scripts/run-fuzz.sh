@@ -7,11 +7,14 @@
 # the inputs that did are in build/fuzz/findings/<target>/.
 # Usage: scripts/run-fuzz.sh [target ...]   (default: every target)
 # Environment: FUZZ_SECONDS, FUZZ_JOBS (build parallelism, default 2),
-# FUZZ_CXX (default clang++-14), FUZZ_BUILD (default build/fuzz).
+# FUZZ_CXX (default clang++-14), FUZZ_BUILD (default build/fuzz), FUZZ_SEED
+# (libFuzzer's -seed; 0, the default, draws one; CI fixes it so that a run
+# explores the same inputs each time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SECONDS_PER_TARGET="${FUZZ_SECONDS:-60}"
+SEED="${FUZZ_SEED:-0}"
 JOBS="${FUZZ_JOBS:-2}"
 CXX="${FUZZ_CXX:-clang++-14}"
 BUILD="${FUZZ_BUILD:-build/fuzz}"
@@ -49,7 +52,7 @@ for t in "${TARGETS[@]}"; do
   rc=0
   # -timeout: an input taking over a second is a hang; -rss_limit_mb and
   # -malloc_limit_mb: a parser must refuse what would need more memory.
-  "$bin" "$work" "${dict[@]}" -max_total_time="$SECONDS_PER_TARGET" -timeout=1 -rss_limit_mb=2048 \
+  "$bin" "$work" "${dict[@]}" -seed="$SEED" -max_total_time="$SECONDS_PER_TARGET" -timeout=1 -rss_limit_mb=2048 \
     -malloc_limit_mb=1024 -max_len="$(max_len_of "$t")" -artifact_prefix="$findings/" -print_final_stats=1 \
     >"$log" 2>&1 || rc=$?
   secs=$(( $(date +%s) - start ))
