@@ -106,6 +106,72 @@ int64_t ModelConfig::num_moe_layers() const {
   return n;
 }
 
+namespace {
+
+// What the architecture's config.json can express (so a saved model loads in
+// Hugging Face tools and computes the same function).
+void validate_architecture_fields(const ModelConfig& c, const std::string& source) {
+  auto fail = [&](const std::string& field, const std::string& why) {
+    LS_THROW << source << ": invalid " << field << ": " << why;
+  };
+  const std::string arch = architecture_name(c.architecture);
+  auto need = [&](bool ok, const char* field, const std::string& why) {
+    if (!ok) fail(field, arch + " " + why);
+  };
+  need(is_moe_arch(c.architecture) == c.is_moe(), "num_experts",
+       c.is_moe() ? "is a dense architecture (num_experts must be 0)"
+                : "is an MoE architecture (num_experts must be > 0)");
+  switch (c.architecture) {
+    case Architecture::Llama:
+      need(!c.qk_norm, "qk_norm", "has no q/k norm");
+      need(!c.qkv_bias, "qkv_bias", "has no q/k/v bias (its attention_bias also adds an o_proj bias)");
+      break;
+    case Architecture::Qwen2:
+    case Architecture::Qwen2Moe:
+      need(c.qkv_bias, "qkv_bias", "always has q/k/v biases");
+      need(!c.qk_norm, "qk_norm", "has no q/k norm");
+      break;
+    case Architecture::Qwen3:
+    case Architecture::Qwen3Moe:
+    case Architecture::Dots1:
+      need(c.qk_norm, "qk_norm", "always has q/k norm");
+      need(!c.qkv_bias, "qkv_bias", "has no q/k/v-only bias");
+      break;
+    case Architecture::DeepseekV4:
+      need(!c.qk_norm, "qk_norm", "normalises its low-rank query and its kv instead (no per-head q/k norm)");
+      need(!c.qkv_bias, "qkv_bias", "has no q/k/v bias");
+      break;
+  }
+
+  if (c.architecture == Architecture::Qwen2Moe || c.architecture == Architecture::Qwen3Moe) {
+    need(c.router_scoring == RouterScoring::Softmax, "router_scoring", "routes with softmax");
+    need(!c.score_correction_bias, "score_correction_bias", "has no score-correction bias");
+    need(c.routed_scaling_factor == 1.0, "routed_scaling_factor", "has no routed scaling (must be 1)");
+    need(c.n_group == 1 && c.topk_group == 1, "n_group", "has no group-limited routing");
+  }
+  if (c.architecture == Architecture::Qwen3Moe)
+    need(c.n_shared_experts == 0, "n_shared_experts", "has no shared expert");
+  if (c.architecture == Architecture::Qwen2Moe) {
+    need(c.n_shared_experts == 1, "n_shared_experts", "has exactly one shared expert");
+    need(c.shared_expert_gate, "shared_expert_gate", "gates its shared expert (must be true)");
+  }
+  if (c.architecture == Architecture::Dots1) {
+    need(c.router_scoring == RouterScoring::Sigmoid, "router_scoring", "routes with sigmoid");
+    need(c.score_correction_bias, "score_correction_bias", "always has a score-correction bias");
+    need(c.n_shared_experts >= 1, "n_shared_experts", "needs at least one shared expert");
+    need(c.shared_expert_intermediate_size == c.n_shared_experts * c.moe_intermediate_size,
+         "shared_expert_intermediate_size", "needs n_shared_experts * moe_intermediate_size");
+    need(!c.shared_expert_gate, "shared_expert_gate", "has no shared-expert gate");
+    // dots.llm1 knows only "the first k layers are dense".
+    const auto dense = dense_layers(c);
+    for (size_t i = 0; i < dense.size(); ++i)
+      need(dense[i] == static_cast<int64_t>(i), "mlp_only_layers",
+           "can only make a prefix of the layers dense (first_k_dense_replace)");
+  }
+}
+
+}  // namespace
+
 void ModelConfig::validate(const std::string& source) const {
   auto fail = [&](const std::string& field, const std::string& why) {
     LS_THROW << source << ": invalid " << field << ": " << why;
@@ -177,62 +243,7 @@ void ModelConfig::validate(const std::string& source) const {
   for (int64_t e : eos_token_ids)
     if (e < 0 || e >= vocab_size) fail("eos_token_ids", std::to_string(e) + " outside [0, vocab_size)");
 
-  // What the architecture's config.json can express (so a saved model loads
-  // in Hugging Face tools and computes the same function).
-  const std::string arch = architecture_name(architecture);
-  auto need = [&](bool ok, const char* field, const std::string& why) {
-    if (!ok) fail(field, arch + " " + why);
-  };
-  need(is_moe_arch(architecture) == is_moe(), "num_experts",
-       is_moe() ? "is a dense architecture (num_experts must be 0)"
-                : "is an MoE architecture (num_experts must be > 0)");
-  switch (architecture) {
-    case Architecture::Llama:
-      need(!qk_norm, "qk_norm", "has no q/k norm");
-      need(!qkv_bias, "qkv_bias", "has no q/k/v bias (its attention_bias also adds an o_proj bias)");
-      break;
-    case Architecture::Qwen2:
-    case Architecture::Qwen2Moe:
-      need(qkv_bias, "qkv_bias", "always has q/k/v biases");
-      need(!qk_norm, "qk_norm", "has no q/k norm");
-      break;
-    case Architecture::Qwen3:
-    case Architecture::Qwen3Moe:
-    case Architecture::Dots1:
-      need(qk_norm, "qk_norm", "always has q/k norm");
-      need(!qkv_bias, "qkv_bias", "has no q/k/v-only bias");
-      break;
-    case Architecture::DeepseekV4:
-      need(!qk_norm, "qk_norm", "normalises its low-rank query and its kv instead (no per-head q/k norm)");
-      need(!qkv_bias, "qkv_bias", "has no q/k/v bias");
-      break;
-  }
-
-  if (architecture == Architecture::Qwen2Moe || architecture == Architecture::Qwen3Moe) {
-    need(router_scoring == RouterScoring::Softmax, "router_scoring", "routes with softmax");
-    need(!score_correction_bias, "score_correction_bias", "has no score-correction bias");
-    need(routed_scaling_factor == 1.0, "routed_scaling_factor", "has no routed scaling (must be 1)");
-    need(n_group == 1 && topk_group == 1, "n_group", "has no group-limited routing");
-  }
-  if (architecture == Architecture::Qwen3Moe)
-    need(n_shared_experts == 0, "n_shared_experts", "has no shared expert");
-  if (architecture == Architecture::Qwen2Moe) {
-    need(n_shared_experts == 1, "n_shared_experts", "has exactly one shared expert");
-    need(shared_expert_gate, "shared_expert_gate", "gates its shared expert (must be true)");
-  }
-  if (architecture == Architecture::Dots1) {
-    need(router_scoring == RouterScoring::Sigmoid, "router_scoring", "routes with sigmoid");
-    need(score_correction_bias, "score_correction_bias", "always has a score-correction bias");
-    need(n_shared_experts >= 1, "n_shared_experts", "needs at least one shared expert");
-    need(shared_expert_intermediate_size == n_shared_experts * moe_intermediate_size,
-         "shared_expert_intermediate_size", "needs n_shared_experts * moe_intermediate_size");
-    need(!shared_expert_gate, "shared_expert_gate", "has no shared-expert gate");
-    // dots.llm1 knows only "the first k layers are dense".
-    const auto dense = dense_layers(*this);
-    for (size_t i = 0; i < dense.size(); ++i)
-      need(dense[i] == static_cast<int64_t>(i), "mlp_only_layers",
-           "can only make a prefix of the layers dense (first_k_dense_replace)");
-  }
+  validate_architecture_fields(*this, source);
 }
 
 Architecture infer_architecture(const ModelConfig& c) {
