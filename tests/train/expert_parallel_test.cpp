@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "lockstep/base/error.h"
+#include "lockstep/comm/exact_sum.h"
 #include "lockstep/model/expert_parallel.h"
 #include "lockstep/model/params.h"
 #include "lockstep/model/pretrained.h"
@@ -407,6 +408,110 @@ void check_steps(double grad_clip) {
 
 TEST(ExpertParallel, StepsAndCheckpointWithoutClipping) { check_steps(0.0); }
 TEST(ExpertParallel, StepsAndCheckpointWithClipping) { check_steps(0.05); }
+
+// [dist] world_invariant with expert parallelism: P ranks of one EP group,
+// each training a run of whole micro-batches of the batch's own cut (one rank
+// none at all), with exact fixed-point sums (non-expert tensors summed over
+// the group, each expert's folded per source on its owner) end two clipped
+// AdamW steps with the one-rank trainer's bits: the gradient norm, every
+// weight and both moments.
+void all_reduce_fixed(ThreadGroupComm& comm, comm::Fixed* x, size_t n) {
+  const size_t P = size_t(comm.size());
+  std::vector<comm::Fixed> all(n * P);
+  comm.all_gather(x, n * sizeof(comm::Fixed), all.data());
+  for (size_t i = 0; i < n; ++i) {
+    comm::Fixed s = 0;
+    for (size_t q = 0; q < P; ++q) s = comm::fixed_add(s, all[q * n + i]);
+    x[i] = s;
+  }
+}
+
+void check_invariant_steps(int P, int64_t experts, bool shared) {
+  const ModelConfig c = moe_config(experts, shared);
+  constexpr int64_t kBudget = 24;
+  auto make = [&] {
+    auto t = make_trainer(c, kBudget);
+    OptimizerConfig o;
+    o.lr = 1e-2;
+    o.weight_decay = 0.1;
+    o.grad_clip = 0.05;
+    t->optimizer().set_config(o);
+    t->trainer_config().world_invariant = true;
+    return t;
+  };
+  ThreadGroup g(P);
+  std::vector<std::unique_ptr<Trainer>> ranks;
+  std::vector<std::unique_ptr<ThreadGroupComm>> comms;
+  for (int r = 0; r < P; ++r) {
+    ranks.push_back(make());
+    comms.push_back(std::make_unique<ThreadGroupComm>(g, r));
+    ranks.back()->set_expert_comm(comms.back().get());
+    ThreadGroupComm* comm = comms.back().get();
+    const ParamLayout* gl = &ranks.back()->layout();
+    ranks.back()->trainer_config().exact_reduce = [comm, gl](comm::Fixed* sums, size_t n) {
+      for (const ParamInfo& p : gl->params())
+        if (!p.routed_expert()) all_reduce_fixed(*comm, sums + p.offset, size_t(p.numel));
+      all_reduce_fixed(*comm, sums + (n - 2), 2);  // the fold and refusal counts
+    };
+  }
+  auto plain = make();
+  const size_t n = size_t(plain->layout().numel());
+  for (int step = 0; step < 2; ++step) {
+    const auto batch = sequences(c, 9, 20 + step);
+    const auto mbs = micro_batches(batch, kBudget);
+    ASSERT_GE(mbs.size(), size_t(P)) << "too few micro-batches to share out";
+    // Micro-batch cut points: step 0, one each and the rest to the last
+    // rank; step 1, two to rank 0, the rest to rank P-2, none to the last.
+    const size_t M = mbs.size();
+    std::vector<size_t> cut(size_t(P) + 1, M);
+    cut[0] = 0;
+    for (int r = 1; r < P; ++r) cut[size_t(r)] = step == 0 ? size_t(r) : (r == P - 1 ? M : size_t(r) + 1);
+    auto at = [&](size_t m) { return m < M ? mbs[m].first : batch.size(); };
+    auto shard_of = [&](int r) {
+      return std::vector<TrainSequence>(batch.begin() + long(at(cut[size_t(r)])),
+                                        batch.begin() + long(at(cut[size_t(r) + 1])));
+    };
+    // Every sequence trained once.
+    size_t covered = 0;
+    for (int r = 0; r < P; ++r) covered += shard_of(r).size();
+    ASSERT_EQ(covered, batch.size());
+    std::vector<OptimizerStats> stats(static_cast<size_t>(P));
+    std::vector<std::vector<float>> whole_model(static_cast<size_t>(P), std::vector<float>(n));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < P; ++r)
+      threads.emplace_back([&, r] {
+        // kLoss weighs sequence i by its index: the shard's indices are global.
+        const size_t first = at(cut[size_t(r)]);
+        const LossFn loss = [first](size_t i, const float* lp, const float* en, int64_t k, float* dlp, float* den) {
+          return kLoss(first + i, lp, en, k, dlp, den);
+        };
+        ranks[size_t(r)]->accumulate(shard_of(r), loss, score_options());
+        stats[size_t(r)] = ranks[size_t(r)]->step();
+        ranks[size_t(r)]->gather_model(whole_model[size_t(r)].data(), true);
+      });
+    for (auto& t : threads) t.join();
+    plain->accumulate(batch, kLoss, score_options());
+    const OptimizerStats ps = plain->step();
+    EXPECT_GT(ps.grad_norm, 0.05) << "the steps must clip";
+    for (int r = 0; r < P; ++r) {
+      EXPECT_EQ(stats[size_t(r)].grad_norm, ps.grad_norm) << "rank " << r << " step " << step;
+      test::expect_bits_equal(whole_model[size_t(r)].data(), plain->params(), int64_t(n), "weights");
+    }
+  }
+  const std::string path = ::testing::TempDir() + "/ep_invariant_" + std::to_string(P) + ".bin";
+  std::vector<std::thread> threads;
+  for (int r = 0; r < P; ++r)
+    threads.emplace_back([&, r] { ranks[size_t(r)]->prepare_checkpoint(r == 0, path + ".gathered"); });
+  for (auto& t : threads) t.join();
+  ranks[0]->save_optimizer(path);
+  auto whole = make();
+  whole->optimizer().load(path);
+  test::expect_bits_equal(whole->optimizer().m(), plain->optimizer().m(), int64_t(n), "first moment");
+  test::expect_bits_equal(whole->optimizer().v(), plain->optimizer().v(), int64_t(n), "second moment");
+}
+
+TEST(ExpertParallel, WorldInvariantTwoRanksEqualOneBitForBit) { check_invariant_steps(2, 4, true); }
+TEST(ExpertParallel, WorldInvariantFourRanksEqualOneBitForBit) { check_invariant_steps(4, 8, false); }
 
 TEST(ExpertParallel, ShardLayoutLoadsItsExpertsFromAWholeCheckpoint) {
   const ModelConfig c = moe_config(4, false);

@@ -203,7 +203,7 @@ LS_REGISTER_COMMAND(Command{
     "rollout ranks, or in one process on its own threads, [dist] rollout_threads);\n"
     "[dist] expert_parallel = N splits each MoE layer's experts over groups of N trainers.\n"
     "[dist] world_invariant = true makes the result the same bits for any number of\n"
-    "data-parallel trainer ranks (canonical micro-batches, an exact gradient sum).\n"
+    "trainer ranks and any expert_parallel (canonical micro-batches, an exact gradient sum).\n"
     "[model] precision = f32|bf16|fp8 runs both engines in that precision (aligned: a gap of\n"
     "exactly 0; [rl] on_gap = \"abort\" stops a step whose logprobs differ at all);\n"
     "[model] trainer_precision = \"f32\" with a bf16/fp8 precision is fast mode.\n"

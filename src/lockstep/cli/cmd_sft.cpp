@@ -138,7 +138,7 @@ LS_REGISTER_COMMAND(Command{
     "Under mpirun (or with a [dist] section) every rank trains: each step's batch is split\n"
     "over the ranks by tokens and the gradients are summed; [dist] expert_parallel splits the\n"
     "experts; [dist] world_invariant = true makes the result the same bits on any number of\n"
-    "ranks (docs/distributed.md).\n",
+    "ranks and any expert_parallel (docs/distributed.md).\n",
     {"resume"}, run_sft_cmd});
 
 }  // namespace

@@ -131,12 +131,26 @@ void backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv
       }
       Tensor dact = ws.get(kSlotDact, f32, {N, Fe}), dgu = ws.get(kSlotDgu, f32, {N, 2 * Fe});
       // Experts own disjoint rows of every buffer and their own gradients.
-      for_each_expert(ctx, rows, [&](int64_t e, const Context& ectx) {
-        const int64_t r0 = rows.offsets[size_t(e)], r1 = rows.offsets[size_t(e) + 1];
+      const auto expert_rows = [&](int64_t e, int64_t r0, int64_t r1, const Context& ectx) {
         mlp_backward(ectx, dxr.slice_rows(r0, r1), dyr.slice_rows(r0, r1), a.xe.view().slice_rows(r0, r1),
                      a.gu_e.view().slice_rows(r0, r1), a.act_e.view().slice_rows(r0, r1), w.experts[size_t(e)],
                      g.experts[size_t(e)], q.experts[size_t(e)], false, dact.slice_rows(r0, r1),
                      dgu.slice_rows(r0, r1));
+      };
+      const bool per_source = ep && saved.fold_expert_grads;
+      for_each_expert(ctx, rows, [&](int64_t e, const Context& ectx) {
+        const int64_t r0 = rows.offsets[size_t(e)], r1 = rows.offsets[size_t(e) + 1];
+        if (!per_source) return expert_rows(e, r0, r1, ectx);
+        // Each source's rows (one micro-batch of that rank) in turn, from zero.
+        const int64_t P = a.route.ranks();
+        for (int64_t src = 0, s0 = r0; src < P; ++src) {
+          const int64_t s1 = s0 + a.route.by_source[size_t(e * P + src)];
+          if (s1 > s0) {
+            expert_rows(e, s0, s1, ectx);
+            saved.fold_expert_grads(g.experts[size_t(e)], ectx);
+          }
+          s0 = s1;
+        }
       });
       if (ep) expert_return(ctx, *saved.experts, a.route, dxr, dxe, stage);
       k::moe_gather_backward(ctx, dnormed, dxe, a.plan);

@@ -82,12 +82,14 @@ ExpertRoute expert_route(ExpertComm& comm, const kernels::MoeDispatch& plan, con
   r.local.num_tokens = at;
   r.local.offsets.assign(size_t(E) + 1, 0);
   r.order.reserve(size_t(at));
+  r.by_source.assign(size_t(E) * size_t(P), 0);
   for (int64_t e = 0; e < E; ++e) {
     r.local.offsets[size_t(e)] = int64_t(r.order.size());
     if (!shard.contains(e)) continue;
     const int64_t j = e - shard.first;
     for (int q = 0; q < P; ++q) {
       const int64_t first = src_first[size_t(q * per + j)], n = recv_counts[size_t(q * per + j)];
+      r.by_source[size_t(e * P + q)] = n;
       for (int64_t i = 0; i < n; ++i) r.order.push_back(first + i);
     }
   }

@@ -75,8 +75,14 @@ struct ExpertRoute {
   // rank's experts have rows), for for_each_expert. num_tokens = rows, top_k = 1.
   kernels::MoeDispatch local;
   std::vector<int64_t> order;  // expert-major row i is received row order[i]
+  // (E, P): rows of expert e received from rank q, at by_source[e * P + q]
+  // (0 for the other ranks' experts). Within expert e's block of `local`,
+  // rank q's rows follow rank q-1's: an expert's weight gradient can be taken
+  // per source (TrainerConfig::world_invariant).
+  std::vector<int64_t> by_source;
 
   int64_t num_in() const { return static_cast<int64_t>(order.size()); }
+  int64_t ranks() const { return static_cast<int64_t>(recv_rows.size()); }
 };
 
 // Exchanges the plan's per-expert row counts over the group (one small

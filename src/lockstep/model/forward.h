@@ -168,6 +168,14 @@ struct Activations {
   bool recompute = false;
   std::vector<int32_t> replay;     // the forward's replay_experts, for the recompute
   ExpertComm* experts = nullptr;   // the forward's ForwardOptions::experts, for backward
+  // With `experts`: when set, backward takes each routed expert's weight
+  // gradient per source rank of its rows (the rows of one source micro-batch,
+  // from zero gradients) and calls this after each with the expert's
+  // gradient views, which it must fold away and leave zero
+  // (TrainerConfig::world_invariant). It may run on several threads at once,
+  // for different experts; ectx is the expert's context. Unset: one gradient
+  // over the rows of every source.
+  std::function<void(const MlpParams& grads, const Context& ectx)> fold_expert_grads;
   std::vector<int32_t> positions;  // (T)
   OwnedTensor x_final;             // (T, D)
   OwnedTensor rstd_f;              // (T)

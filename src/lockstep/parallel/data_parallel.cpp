@@ -78,12 +78,12 @@ void make_data_parallel(train::Trainer& trainer, comm::Communicator& dp, comm::C
   LS_CHECK(dp.valid()) << "make_data_parallel: this rank is not in the data-parallel group";
   comm::Communicator* c = &dp;
   const ParamLayout& g = trainer.layout();
-  if (trainer.trainer_config().world_invariant) {  // expert parallelism is refused by set_expert_comm
-    trainer.trainer_config().exact_reduce = [c](comm::Fixed* sums, size_t n) { c->all_reduce_sum(sums, n); };
-    return;
-  }
+  const bool invariant = trainer.trainer_config().world_invariant;
   if (g.all_experts()) {
-    trainer.trainer_config().grad_reduce = [c](float* grads, size_t n) { c->all_reduce_sum(grads, n); };
+    if (invariant)
+      trainer.trainer_config().exact_reduce = [c](comm::Fixed* sums, size_t n) { c->all_reduce_sum(sums, n); };
+    else
+      trainer.trainer_config().grad_reduce = [c](float* grads, size_t n) { c->all_reduce_sum(grads, n); };
     return;
   }
   // Runs of adjacent tensors going to the same group: (offset, floats, experts?).
@@ -93,13 +93,28 @@ void make_data_parallel(train::Trainer& trainer, comm::Communicator& dp, comm::C
   };
   std::vector<Run> runs;
   for (const ParamInfo& p : g.params()) {
-    const bool e = p.name.find(".mlp.experts.") != std::string::npos;
+    const bool e = p.routed_expert();
     if (!runs.empty() && runs.back().experts == e)
       runs.back().n += p.numel;
     else
       runs.push_back({p.offset, p.numel, e});
   }
   comm::Communicator* x = expert_replicas != nullptr && expert_replicas->size() > 1 ? expert_replicas : nullptr;
+  if (invariant) {
+    // The exact sums (layout order, then the fold and refusal counts, which
+    // every trainer must agree on) go to the same groups as the gradients.
+    const int64_t numel = g.numel();
+    trainer.trainer_config().exact_reduce = [c, x, runs, numel](comm::Fixed* sums, size_t) {
+      for (const Run& r : runs) {
+        if (!r.experts)
+          c->all_reduce_sum(sums + r.offset, size_t(r.n));
+        else if (x != nullptr)
+          x->all_reduce_sum(sums + r.offset, size_t(r.n));
+      }
+      c->all_reduce_sum(sums + numel, 2);
+    };
+    return;
+  }
   trainer.trainer_config().grad_reduce = [c, x, runs](float* grads, size_t) {
     for (const Run& r : runs) {
       if (!r.experts)

@@ -38,9 +38,6 @@ Roles compute_roles(const DistConfig& cfg, int world_size, int world_rank) {
     LS_THROW << "[dist] expert_parallel = " << cfg.expert_parallel << " does not divide the " << T
              << " trainer ranks (trainers form a data-parallel x expert-parallel grid)";
   if (cfg.max_weight_staleness < 0) LS_THROW << "[dist] max_weight_staleness must be >= 0";
-  if (cfg.world_invariant && cfg.expert_parallel > 1)
-    LS_THROW << "[dist] world_invariant = true does not cover expert parallelism (expert_parallel = "
-             << cfg.expert_parallel << "): set world_invariant = false or expert_parallel = 1";
   Roles r;
   r.world_size = world_size;
   r.world_rank = world_rank;

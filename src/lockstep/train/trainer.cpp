@@ -77,9 +77,6 @@ std::vector<kernels::FloatSegment> segments(const std::vector<std::pair<int64_t,
 void Trainer::set_expert_comm(model::ExpertComm* comm) {
   const ModelConfig& c = config();
   LS_CHECK(optimizer_.steps_done() == 0) << "set_expert_comm after optimizer steps would lose the optimizer state";
-  if (cfg_.world_invariant && comm != nullptr)
-    LS_THROW << "[dist] world_invariant = true does not cover expert parallelism ([dist] expert_parallel > 1): "
-             << "set world_invariant = false or expert_parallel = 1";
   LS_CHECK(layout_.all_experts() || comm == experts_)
       << "set_expert_comm: this trainer already holds only some experts; build it again from the whole model";
   model::ExpertShard shard;
@@ -118,6 +115,48 @@ double Trainer::expert_grad_norm(const Context& ctx, const float* grads) const {
   const double a = kernels::global_grad_norm(ctx, segments(shared_ranges_, grads));
   const double b = kernels::global_grad_norm(ctx, segments(own_expert_ranges_, grads));
   return std::sqrt(a * a + experts_->sum(b * b));
+}
+
+// The norm over the model layout's parameters one by one (kNormChunk
+// chunks of each), the chunk sums added in model-layout order: the same
+// segments and order on any layout, so the same bits. With expert
+// parallelism the chunk sums of the other ranks' experts come from the group
+// (one all-gather of a double per chunk).
+double Trainer::invariant_grad_norm(const Context& ctx, const float* grads) const {
+  std::vector<kernels::FloatSegment> shared, own;
+  for (const ParamInfo& p : layout_.params())
+    (experts_ != nullptr && p.routed_expert() ? own : shared)
+        .push_back({const_cast<float*>(grads) + p.offset, p.numel});
+  const std::vector<double> mine = kernels::norm_chunk_sums(ctx, shared);
+  if (experts_ == nullptr) return kernels::norm_of_chunk_sums(mine);
+  const std::vector<double> own_sums = kernels::norm_chunk_sums(ctx, own);
+  const int P = experts_->size();
+  const size_t per_rank = own_sums.size();
+  std::vector<double> group(per_rank * size_t(P));
+  experts_->all_gather(own_sums.data(), per_rank * sizeof(double), group.data());
+  // Model-layout order: shared tensors from `mine`, expert e's from its
+  // owner's list (each rank's experts are in the same order as in the model).
+  const int64_t per_expert = layout_.expert_count();
+  std::vector<double> sums;
+  sums.reserve(mine.size() + group.size());
+  size_t at_shared = 0;
+  std::vector<size_t> at(size_t(P), 0);
+  for (const ParamInfo& p : model_layout_.params()) {
+    const size_t chunks = size_t((p.numel + kernels::kNormChunk - 1) / kernels::kNormChunk);
+    const double* from = nullptr;
+    if (p.routed_expert()) {
+      const size_t r = size_t(p.expert / per_expert);
+      LS_CHECK(at[r] + chunks <= per_rank) << "expert norm chunks out of step with the group";
+      from = group.data() + r * per_rank + at[r];
+      at[r] += chunks;
+    } else {
+      LS_CHECK(at_shared + chunks <= mine.size()) << "norm chunks out of step with the layout";
+      from = mine.data() + at_shared;
+      at_shared += chunks;
+    }
+    sums.insert(sums.end(), from, from + chunks);
+  }
+  return kernels::norm_of_chunk_sums(sums);
 }
 
 // In model-layout order, a MoE layer's routed experts are two blocks: every
@@ -249,6 +288,8 @@ struct RunSpec {
   double mtp_loss_coef = 0.0;          // TrainerConfig::mtp_loss_coef
   // Called after each micro-batch's backward (world_invariant: the fold).
   const std::function<void()>* after_backward = nullptr;
+  // Expert parallelism with world_invariant: Activations::fold_expert_grads.
+  const std::function<void(const MlpParams&, const Context&)>* fold_expert_grads = nullptr;
 };
 
 // Whether the token at position `pos` (>= prompt_len) trains: loss_mask
@@ -452,6 +493,7 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
                                     tgt.view(), opt.temperature);
     std::vector<Tensor> dmtp;
     if (mtp) total += mtp_loss(r, rb.fr, seqs, b0, b1, first_row, mtp_norm, dmtp);
+    rb.acts.fold_expert_grads = r.fold_expert_grads ? *r.fold_expert_grads : nullptr;
     model::backward(r.ctx, r.weights, rb.kv, rb.ws, batch, rb.acts, dlogits, *r.grads, dmtp);
     if (r.after_backward) (*r.after_backward)();
   }
@@ -480,8 +522,43 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
   r.grads = &grad_views_;
   r.mtp_loss_coef = cfg_.mtp_loss_coef;
   const std::function<void()> fold = [this] { fold_gradients(); };
-  if (cfg_.world_invariant && loss) r.after_backward = &fold;
+  const std::function<void(const MlpParams&, const Context&)> fold_expert =
+      [this](const MlpParams& g, const Context& ectx) { fold_expert_gradients(g, ectx); };
+  if (cfg_.world_invariant && loss) {
+    r.after_backward = &fold;
+    if (experts_ != nullptr) {
+      start_exact_sum();
+      r.fold_expert_grads = &fold_expert;
+    }
+  }
   return run_pass(r, *buffers_, seqs, loss, opt, scores);
+}
+
+void Trainer::start_exact_sum() {
+  const int64_t n = layout_.numel();
+  if (exact_.size() == 0) exact_ = Buffer(size_t(n + 2) * sizeof(comm::Fixed));
+  if (!exact_empty_ || experts_ == nullptr) return;
+  // The experts' sums are added to from the first micro-batch on (several
+  // folds per micro-batch, one per source rank), so they start at zero.
+  comm::Fixed* acc = exact_.as<comm::Fixed>();
+  for (auto [o, k] : own_expert_ranges_) std::fill(acc + o, acc + o + k, comm::Fixed(0));
+}
+
+void Trainer::fold_expert_gradients(const MlpParams& g, const Context& ectx) {
+  float* base = grads_.as<float>();
+  comm::Fixed* acc = exact_.as<comm::Fixed>();
+  for (const Tensor* t : {&g.w_gate_up, &g.w_down}) {
+    float* x = t->f32();
+    const int64_t off = x - base, n = int64_t(t->numel());
+    LS_CHECK(off >= 0 && off + n <= layout_.numel()) << "an expert gradient outside the gradient buffer";
+    ectx.parallel_for(
+        n,
+        [&](int64_t b0, int64_t b1) {
+          const int64_t bad = comm::fold_into(x + b0, acc + off + b0, size_t(b1 - b0), false);
+          if (bad) expert_refused_ += bad;
+        },
+        int64_t{1} << 16);
+  }
 }
 
 void Trainer::fold_gradients() {
@@ -489,18 +566,22 @@ void Trainer::fold_gradients() {
   if (exact_.size() == 0) exact_ = Buffer(size_t(n + 2) * sizeof(comm::Fixed));
   comm::Fixed* acc = exact_.as<comm::Fixed>();
   float* g = grads_.as<float>();
-  std::atomic<int64_t> refused{0};
+  std::atomic<int64_t> refused{expert_refused_.exchange(0)};
   // Frozen slots may hold integer bits (an Index table): never read as floats.
   for (const ParamInfo& p : layout_.params())
     if (p.frozen) std::fill(g + p.offset, g + p.offset + p.numel, 0.0f);
   const bool first = exact_empty_;
-  ctx_.parallel_for(
-      n,
-      [&](int64_t b0, int64_t b1) {
-        const int64_t bad = comm::fold_into(g + b0, acc + b0, size_t(b1 - b0), first);
-        if (bad) refused += bad;
-      },
-      int64_t{1} << 16);
+  // With expert parallelism the experts' gradients were folded per source
+  // during backward (fold_expert_gradients); the rest is folded here.
+  const std::vector<std::pair<int64_t, int64_t>> whole{{0, n}};
+  for (auto [o, k] : experts_ != nullptr ? shared_ranges_ : whole)
+    ctx_.parallel_for(
+        k,
+        [&](int64_t b0, int64_t b1) {
+          const int64_t bad = comm::fold_into(g + o + b0, acc + o + b0, size_t(b1 - b0), first);
+          if (bad) refused += bad;
+        },
+        int64_t{1} << 16);
   acc[n] = first ? 1 : comm::fixed_add(acc[n], 1);
   acc[n + 1] = first ? comm::Fixed(refused.load()) : comm::fixed_add(acc[n + 1], comm::Fixed(refused.load()));
   exact_empty_ = false;
@@ -527,6 +608,7 @@ void Trainer::finish_exact_sum() {
 void Trainer::zero_grad() {
   std::memset(grads_.data(), 0, layout_.nbytes());
   exact_empty_ = true;
+  expert_refused_ = 0;
 }
 
 Scorer::Scorer(const Context& ctx, const ModelConfig& config, Buffer params, int64_t micro_batch_tokens,
@@ -555,7 +637,10 @@ OptimizerStats Trainer::step() {
   else if (cfg_.grad_reduce)
     cfg_.grad_reduce(grads_.as<float>(), size_t(layout_.numel()));
   GradNormFn norm;
-  if (experts_) norm = [this](const Context& ctx, const float* g) { return expert_grad_norm(ctx, g); };
+  if (cfg_.world_invariant)
+    norm = [this](const Context& ctx, const float* g) { return invariant_grad_norm(ctx, g); };
+  else if (experts_)
+    norm = [this](const Context& ctx, const float* g) { return expert_grad_norm(ctx, g); };
   OptimizerStats s = optimizer_.step(ctx_, params_.as<float>(), grads_.as<float>(), norm);
   // Zero the gradients on every thread: a single thread does not saturate
   // memory bandwidth on a buffer of hundreds of MB.

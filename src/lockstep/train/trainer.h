@@ -6,6 +6,7 @@
 // code path as Trainer::score.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -87,7 +88,8 @@ struct TrainerConfig {
   // (comm/exact_sum.h), so the step's gradient does not depend on how the
   // micro-batches were shared out over ranks. grad_reduce is then unused;
   // exact_reduce (when set) sums the fixed-point buffer over the ranks.
-  // Not with expert parallelism or the MTP loss.
+  // With expert parallelism each expert's gradient is folded per source rank
+  // of its rows (Activations::fold_expert_grads). Not with the MTP loss.
   bool world_invariant = false;
   std::function<void(comm::Fixed* sums, size_t n)> exact_reduce;
 };
@@ -191,8 +193,16 @@ class Trainer {
              std::vector<TokenScores>* scores);
 
   double expert_grad_norm(const Context& ctx, const float* grads) const;
-  // world_invariant: grads() (one micro-batch's gradient) into exact_, grads() zeroed.
+  double invariant_grad_norm(const Context& ctx, const float* grads) const;
+  // world_invariant: grads() (one micro-batch's gradient) into exact_, grads()
+  // zeroed (with expert parallelism, all but the experts': those were folded
+  // per source by fold_expert_gradients).
   void fold_gradients();
+  // world_invariant with expert parallelism: exact_ allocated, and its
+  // experts' sums zeroed when a step starts.
+  void start_exact_sum();
+  // One expert's gradient (one source's rows) into exact_, zeroed.
+  void fold_expert_gradients(const MlpParams& g, const Context& ectx);
   // world_invariant: exact_ summed over the ranks and rounded into grads(); exact_ zeroed.
   void finish_exact_sum();
   // Walks the model layout in order and hands `emit` the whole model's
@@ -226,6 +236,8 @@ class Trainer {
   // stale values that the next fold overwrites instead of adding to.
   Buffer exact_;
   bool exact_empty_ = true;
+  // Terms fold_expert_gradients refused since the last fold_gradients.
+  std::atomic<int64_t> expert_refused_{0};
 };
 
 // Weights that only score: the f32 parameters (held, not copied) and their

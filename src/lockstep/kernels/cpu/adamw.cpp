@@ -36,7 +36,7 @@ double chunk_sum_sq(const float* x, int64_t n) {
   return acc[0];
 }
 
-double norm_of(const Context& ctx, const std::vector<FloatSegment>& segs) {
+std::vector<double> chunk_sums(const Context& ctx, const std::vector<FloatSegment>& segs) {
   // Chunk list: (segment, first element); its order is the summation order.
   std::vector<std::pair<size_t, int64_t>> chunks;
   for (size_t s = 0; s < segs.size(); ++s) {
@@ -54,9 +54,11 @@ double norm_of(const Context& ctx, const std::vector<FloatSegment>& segs) {
         }
       },
       4);
-  double total = 0;
-  for (double p : part) total = total + p;
-  return std::sqrt(total);
+  return part;
+}
+
+double norm_of(const Context& ctx, const std::vector<FloatSegment>& segs) {
+  return norm_of_chunk_sums(chunk_sums(ctx, segs));
 }
 
 void scale_all(const Context& ctx, const std::vector<FloatSegment>& segs, float scale) {
@@ -113,6 +115,16 @@ void adamw_step(const Context& ctx, float* param, const float* grad, float* m, f
         }
       },
       kElemGrain);
+}
+
+std::vector<double> norm_chunk_sums(const Context& ctx, const std::vector<FloatSegment>& segments) {
+  return chunk_sums(ctx, segments);
+}
+
+double norm_of_chunk_sums(const std::vector<double>& sums) {
+  double total = 0;
+  for (double p : sums) total = total + p;
+  return std::sqrt(total);
 }
 
 double global_grad_norm(const Context& ctx, const float* grad, int64_t n) {

@@ -61,6 +61,13 @@ constexpr int64_t kNormChunk = 4096;
 // segment). Depends on the segmentation, never on the thread count.
 double global_grad_norm(const Context& ctx, const float* grad, int64_t n);
 double global_grad_norm(const Context& ctx, const std::vector<FloatSegment>& segments);
+// The chunk sums global_grad_norm adds, in its order (segment by segment,
+// kNormChunk elements each), and their sum's square root. A norm split over
+// ranks (expert parallelism) gathers the chunk sums of every rank's segments
+// and adds them in one canonical order, so it has the bits of the one-rank norm
+// over the same segments.
+std::vector<double> norm_chunk_sums(const Context& ctx, const std::vector<FloatSegment>& segments);
+double norm_of_chunk_sums(const std::vector<double>& sums);
 
 // Returns the pre-clip norm (as global_grad_norm). When it is finite and
 // greater than max_norm, every gradient is multiplied by
