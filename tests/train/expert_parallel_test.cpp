@@ -24,6 +24,7 @@
 #include "lockstep/model/pretrained.h"
 #include "lockstep/train/trainer.h"
 #include "../common/test_util.h"
+#include "../common/v4_config.h"
 
 namespace lockstep::train {
 namespace {
@@ -166,8 +167,7 @@ const LossFn kLoss = [](size_t i, const float* logp, const float* ent, int64_t n
 std::vector<bool> expert_mask(const ParamLayout& full) {
   std::vector<bool> m(size_t(full.numel()), false);
   for (const ParamInfo& p : full.params())
-    if (p.name.find(".mlp.experts.") != std::string::npos)
-      std::fill(m.begin() + p.offset, m.begin() + p.offset + p.numel, true);
+    if (p.routed_expert()) std::fill(m.begin() + p.offset, m.begin() + p.offset + p.numel, true);
   return m;
 }
 
@@ -247,10 +247,8 @@ void check_group(int P, const ModelConfig& c, bool recompute, bool empty_last) {
     EXPECT_EQ(g.expert_count(), per);
     for (const ParamInfo& p : full.params()) {
       const ParamInfo* q = g.find(p.name);
-      const size_t at = p.name.find(".mlp.experts.");
-      if (at != std::string::npos) {
-        const int64_t e = std::stoll(p.name.substr(at + 13));
-        EXPECT_EQ(q != nullptr, e / per == r) << "rank " << r << " " << p.name;
+      if (p.routed_expert()) {
+        EXPECT_EQ(q != nullptr, p.expert / per == r) << "rank " << r << " " << p.name;
       }
       if (q == nullptr) continue;
       for (int64_t i = 0; i < p.numel; ++i) ep_sum[size_t(p.offset + i)] += ranks[size_t(r)]->grads()[q->offset + i];
@@ -292,6 +290,10 @@ void check_group(int P, const ModelConfig& c, bool recompute, bool empty_last) {
 TEST(ExpertParallel, TwoRanksKeepLogprobBits) { check_group(2, moe_config(4, false), false, false); }
 TEST(ExpertParallel, FourRanksWithSharedExpertAndAnIdleRank) { check_group(4, moe_config(8, true), false, true); }
 TEST(ExpertParallel, TwoRanksWithRecompute) { check_group(2, moe_config(6, false), true, true); }
+// DeepSeek-V4: hash-routed layer 0, the routing weight before the down
+// projection, the MTP-free toy model of tests/common/v4_config.h.
+TEST(ExpertParallel, DeepSeekV4TwoRanksKeepLogprobBits) { check_group(2, test::tiny_v4(), false, false); }
+TEST(ExpertParallel, DeepSeekV4FourRanksWithAnIdleRank) { check_group(4, test::tiny_v4(), false, true); }
 
 // Two optimizer steps of a 2-rank group (gradient all-reduce of the
 // non-expert tensors, global norm and clipping, AdamW on own experts,
@@ -426,8 +428,7 @@ void all_reduce_fixed(ThreadGroupComm& comm, comm::Fixed* x, size_t n) {
   }
 }
 
-void check_invariant_steps(int P, int64_t experts, bool shared) {
-  const ModelConfig c = moe_config(experts, shared);
+void check_invariant_steps(int P, const ModelConfig& c) {
   constexpr int64_t kBudget = 24;
   auto make = [&] {
     auto t = make_trainer(c, kBudget);
@@ -510,8 +511,10 @@ void check_invariant_steps(int P, int64_t experts, bool shared) {
   test::expect_bits_equal(whole->optimizer().v(), plain->optimizer().v(), int64_t(n), "second moment");
 }
 
-TEST(ExpertParallel, WorldInvariantTwoRanksEqualOneBitForBit) { check_invariant_steps(2, 4, true); }
-TEST(ExpertParallel, WorldInvariantFourRanksEqualOneBitForBit) { check_invariant_steps(4, 8, false); }
+TEST(ExpertParallel, WorldInvariantTwoRanksEqualOneBitForBit) { check_invariant_steps(2, moe_config(4, true)); }
+TEST(ExpertParallel, WorldInvariantFourRanksEqualOneBitForBit) { check_invariant_steps(4, moe_config(8, false)); }
+TEST(ExpertParallel, DeepSeekV4WorldInvariantTwoRanksEqualOneBitForBit) { check_invariant_steps(2, test::tiny_v4()); }
+TEST(ExpertParallel, DeepSeekV4WorldInvariantFourRanksEqualOneBitForBit) { check_invariant_steps(4, test::tiny_v4()); }
 
 TEST(ExpertParallel, ShardLayoutLoadsItsExpertsFromAWholeCheckpoint) {
   const ModelConfig c = moe_config(4, false);

@@ -94,6 +94,19 @@ ExpertRoute expert_route(ExpertComm& comm, const kernels::MoeDispatch& plan, con
     }
   }
   r.local.offsets[size_t(E)] = int64_t(r.order.size());
+  // A plan over the received rows as tokens of one slot each, so that
+  // per-row kernels (moe_scale_rows) take it.
+  r.local.token.resize(size_t(at));
+  r.local.slot.assign(size_t(at), 0);
+  r.local.row_of.resize(size_t(at));
+  r.local.expert.resize(size_t(at));
+  for (int64_t i = 0; i < at; ++i) {
+    r.local.token[size_t(i)] = int32_t(i);
+    r.local.row_of[size_t(i)] = int32_t(i);
+  }
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t i = r.local.offsets[size_t(e)]; i < r.local.offsets[size_t(e) + 1]; ++i)
+      r.local.expert[size_t(i)] = int32_t(e);
   return r;
 }
 

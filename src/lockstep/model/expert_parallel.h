@@ -72,7 +72,8 @@ struct ExpertRoute {
   std::vector<size_t> send_rows;  // (P) rows to rank q
   std::vector<size_t> recv_rows;  // (P) rows from rank q
   // The received rows, expert-major: offsets over all E experts (only this
-  // rank's experts have rows), for for_each_expert. num_tokens = rows, top_k = 1.
+  // rank's experts have rows), for for_each_expert. num_tokens = rows, top_k
+  // = 1, row i is token i (a plan per-row kernels such as moe_scale_rows take).
   kernels::MoeDispatch local;
   std::vector<int64_t> order;  // expert-major row i is received row order[i]
   // (E, P): rows of expert e received from rank q, at by_source[e * P + q]

@@ -33,9 +33,65 @@ struct V4BackEnv {
   const KvCache& kv;
   const V4Batch& vb;
   int64_t T;
+  const Activations& saved;  // experts (expert parallelism) and fold_expert_grads
 };
 
 void zero(Tensor t) { std::memset(t.data, 0, t.nbytes()); }
+
+// Backward of expert_rows_forward (v4_forward.cpp) on the rows of `rows` (a
+// plan, or an expert route's local rows): dy (rows, D) the outputs'
+// gradient, x the rows' inputs, w their routing weights. Writes dx (rows, D)
+// and dw (w's shape); adds the experts' weight gradients. Every step is per
+// row but the weight gradients, which come last: with
+// Activations::fold_expert_grads (expert parallelism, world_invariant) one
+// per source rank's rows, each folded away before the next.
+void expert_rows_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations& a, const k::MoeDispatch& rows,
+                          const Tensor& dy, const Tensor& x, const Tensor& w, Tensor dx, Tensor dw) {
+  const Context& ctx = env.ctx;
+  const ModelConfig& c = env.c;
+  const int64_t R = dy.dim(0), Fe = c.moe_intermediate_size, E = c.num_experts;
+  const LayerParams& p = block_params(env.p, l);
+  const LayerParams& g = block_params(env.g, l);
+  const PackedLayer& q = env.weights.layer(l);
+  OwnedTensor dacts(f32, {R, Fe}), dact(f32, {R, Fe}), dgu(f32, {R, 2 * Fe});
+  const Tensor gu = a.gu_e.view();
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = rows.offsets[size_t(e)], r1 = rows.offsets[size_t(e) + 1];
+    if (r1 > r0) k::gemm_dyw(ctx, dacts.view().slice_rows(r0, r1), dy.slice_rows(r0, r1), p.experts[size_t(e)].w_down);
+  }
+  k::moe_scale_rows_backward(ctx, dact.view(), dw, dacts.view(), a.act_e.view(), w, rows);
+  swiglu_v4_backward(ctx, dgu.view().slice_cols(0, Fe), dgu.view().slice_cols(Fe, 2 * Fe), dact.view(),
+                     gu.slice_cols(0, Fe), gu.slice_cols(Fe, 2 * Fe), c.swiglu_limit);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = rows.offsets[size_t(e)], r1 = rows.offsets[size_t(e) + 1];
+    if (r1 > r0) k::gemm_dyw(ctx, dx.slice_rows(r0, r1), dgu.view().slice_rows(r0, r1), p.experts[size_t(e)].w_gate_up);
+  }
+  // The weight gradients of rows [r0, r1) of expert e.
+  const auto weight_grads = [&](int64_t e, int64_t r0, int64_t r1) {
+    project_dw(ctx, g.experts[size_t(e)].w_down, dy.slice_rows(r0, r1), a.acts_e.view().slice_rows(r0, r1),
+               q.experts[size_t(e)].down);
+    project_dw(ctx, g.experts[size_t(e)].w_gate_up, dgu.view().slice_rows(r0, r1), x.slice_rows(r0, r1),
+               q.experts[size_t(e)].gate_up);
+  };
+  const bool per_source = env.saved.experts != nullptr && env.saved.fold_expert_grads;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = rows.offsets[size_t(e)], r1 = rows.offsets[size_t(e) + 1];
+    if (r1 == r0) continue;
+    if (!per_source) {
+      weight_grads(e, r0, r1);
+      continue;
+    }
+    const int64_t P = a.route.ranks();
+    for (int64_t src = 0, s0 = r0; src < P; ++src) {
+      const int64_t s1 = s0 + a.route.by_source[size_t(e * P + src)];
+      if (s1 > s0) {
+        weight_grads(e, s0, s1);
+        env.saved.fold_expert_grads(g.experts[size_t(e)], ctx);
+      }
+      s0 = s1;
+    }
+  }
+}
 
 // dz (T, D) = gradient of the MoE input given df (T, D) of its output.
 void moe_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations& a, const Tensor& df, Tensor dz) {
@@ -57,28 +113,24 @@ void moe_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations& a, 
   k::gemm_dyw(ctx, dz, dgu_s.view(), p.shared.w_gate_up);
   project_dw(ctx, g.shared.w_gate_up, dgu_s.view(), a.z.view(), q.shared.gate_up);
   // The routed experts: down projection, routing weight, SwiGLU, up projection.
-  OwnedTensor dye(f32, {T * K, D}), dacts(f32, {T * K, Fe}), dact(f32, {T * K, Fe}), dgu(f32, {T * K, 2 * Fe}),
-      dxe(f32, {T * K, D}), dw(f32, {T, K});
+  OwnedTensor dye(f32, {T * K, D}), dxe(f32, {T * K, D}), dw(f32, {T, K});
   k::moe_sum_backward(ctx, dye.view(), df, plan);
-  const Tensor gu = a.gu_e.view();
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = plan.offsets[size_t(e)], r1 = plan.offsets[size_t(e) + 1];
-    if (r1 == r0) continue;
-    const MlpParams& pe = p.experts[size_t(e)];
-    const MlpParams& ge = g.experts[size_t(e)];
-    k::gemm_dyw(ctx, dacts.view().slice_rows(r0, r1), dye.view().slice_rows(r0, r1), pe.w_down);
-    project_dw(ctx, ge.w_down, dye.view().slice_rows(r0, r1), a.acts_e.view().slice_rows(r0, r1),
-               q.experts[size_t(e)].down);
-  }
-  k::moe_scale_rows_backward(ctx, dact.view(), dw.view(), dacts.view(), a.act_e.view(), a.topk_w.view(), plan);
-  swiglu_v4_backward(ctx, dgu.view().slice_cols(0, Fe), dgu.view().slice_cols(Fe, 2 * Fe), dact.view(),
-                     gu.slice_cols(0, Fe), gu.slice_cols(Fe, 2 * Fe), c.swiglu_limit);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = plan.offsets[size_t(e)], r1 = plan.offsets[size_t(e) + 1];
-    if (r1 == r0) continue;
-    k::gemm_dyw(ctx, dxe.view().slice_rows(r0, r1), dgu.view().slice_rows(r0, r1), p.experts[size_t(e)].w_gate_up);
-    project_dw(ctx, g.experts[size_t(e)].w_gate_up, dgu.view().slice_rows(r0, r1), a.xe.view().slice_rows(r0, r1),
-               q.experts[size_t(e)].gate_up);
+  if (env.saved.experts == nullptr) {
+    expert_rows_backward(env, l, a, plan, dye.view(), a.xe.view(), a.topk_w.view(), dxe.view(), dw.view());
+  } else {
+    // The output gradients travel the forward's route, the input and
+    // routing-weight gradients come back.
+    ExpertComm& comm = *env.saved.experts;
+    const ExpertRoute& route = a.route;
+    const int64_t N = route.num_in();
+    OwnedTensor dyr(f32, {N, D}), dxr(f32, {N, D}), dwr(f32, {N, 1}), stage(f32, {N, D}), stage_w(f32, {N, 1}),
+        dws(f32, {T * K, 1});
+    expert_dispatch(ctx, comm, route, dye.view(), dyr.view(), stage.view());
+    expert_rows_backward(env, l, a, route.local, dyr.view(), a.xe.view(), a.w_rows.view(), dxr.view(), dwr.view());
+    expert_return(ctx, comm, route, dxr.view(), dxe.view(), stage.view());
+    expert_return(ctx, comm, route, dwr.view(), dws.view(), stage_w.view());
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t s = 0; s < K; ++s) dw.f32()[t * K + s] = dws.f32()[plan.row_of[size_t(t * K + s)]];
   }
   k::moe_gather_backward(ctx, dz, dxe.view(), plan);
   // The router (its selection is constant; the weights carry the gradient).
@@ -282,7 +334,7 @@ void v4_backward(const Context& ctx, const ModelWeights& weights, const KvCache&
   const int64_t T = batch.num_tokens(), D = c.hidden_size, n = c.hc_mult;
   check_shape(dlogits, {int64_t(batch.logit_rows.size()), c.vocab_size}, "dlogits");
   const V4Batch vb(batch, kv.block_size());
-  const V4BackEnv env{ctx, c, weights, weights.backward_params(), grads, kv, vb, T};
+  const V4BackEnv env{ctx, c, weights, weights.backward_params(), grads, kv, vb, T, saved};
   const V4Activations& s = *saved.v4;
   OwnedTensor dx(f32, {T, n * D}), dprev(f32, {T, n * D});
   const ModelParams &p = env.p, &g = env.g;

@@ -262,6 +262,58 @@ void expert_act(const Context& ctx, const ModelConfig& c, Tensor gu, Tensor act,
   swiglu_v4(ctx, act, gu.slice_cols(0, F), gu.slice_cols(F, 2 * F), c.swiglu_limit);
 }
 
+// The routed experts on rows x (rows, D) of `rows` (a dispatch plan, or an
+// expert route's local rows), w their routing weights (as rows.top_k columns
+// per rows.num_tokens): gu, act and acts (saved) and y (rows, D).
+void expert_rows_forward(const V4Env& env, int64_t l, const k::MoeDispatch& rows, const Tensor& x, const Tensor& w,
+                         V4LayerActivations& a, Tensor y) {
+  const ModelConfig& c = env.c;
+  const Context& ctx = env.ctx;
+  const int64_t R = x.dim(0), Fe = c.moe_intermediate_size;
+  const PackedLayer& pw = env.weights.layer(l);
+  Tensor gu = reuse(env.ctx, a.gu_e, f32, {R, 2 * Fe});
+  Tensor act = reuse(env.ctx, a.act_e, f32, {R, Fe}), acts = reuse(env.ctx, a.acts_e, f32, {R, Fe});
+  for_each_expert(ctx, rows, [&](int64_t e, const Context& ectx) {
+    const int64_t r0 = rows.offsets[size_t(e)], r1 = rows.offsets[size_t(e) + 1];
+    expert_act(ectx, c, gu.slice_rows(r0, r1), act.slice_rows(r0, r1), x.slice_rows(r0, r1), pw.experts[size_t(e)]);
+  });
+  // The routing weight multiplies each row before the down projection.
+  k::moe_scale_rows(ctx, acts, act, w, rows);
+  for_each_expert(ctx, rows, [&](int64_t e, const Context& ectx) {
+    const int64_t r0 = rows.offsets[size_t(e)], r1 = rows.offsets[size_t(e) + 1];
+    project(ectx, y.slice_rows(r0, r1), acts.slice_rows(r0, r1), pw.experts[size_t(e)].down);
+  });
+}
+
+// ye (T*K, D) = each routed row of layer l through its expert. With expert
+// parallelism the rows and their routing weights travel to the experts'
+// owners, the rows of this rank's experts arrive from the whole group, and
+// their outputs travel back (model/expert_parallel.h): each row's output has
+// the bits one process gives it.
+void routed_experts(const V4Env& env, int64_t l, V4LayerActivations& a, Tensor ye) {
+  const Context& ctx = env.ctx;
+  const int64_t T = env.T, D = env.c.hidden_size, K = env.c.num_experts_per_tok;
+  const k::MoeDispatch& plan = a.plan;
+  if (env.opt.experts == nullptr) {
+    Tensor xe = reuse(env.ctx, a.xe, f32, {T * K, D});
+    k::moe_gather(ctx, xe, a.z.view(), plan);
+    expert_rows_forward(env, l, plan, xe, a.topk_w.view(), a, ye);
+    return;
+  }
+  ExpertComm& comm = *env.opt.experts;
+  a.route = expert_route(comm, plan, env.weights.experts());
+  const int64_t N = a.route.num_in();
+  OwnedTensor xs(f32, {T * K, D}), ws(f32, {T * K, 1}), stage(f32, {N, D}), stage_w(f32, {N, 1}), yr(f32, {N, D});
+  k::moe_gather(ctx, xs.view(), a.z.view(), plan);
+  const float* tw = a.topk_w.f32();
+  for (int64_t r = 0; r < T * K; ++r) ws.f32()[r] = tw[plan.token[size_t(r)] * K + plan.slot[size_t(r)]];
+  Tensor xe = reuse(env.ctx, a.xe, f32, {N, D}), wr = reuse(env.ctx, a.w_rows, f32, {N, 1});
+  expert_dispatch(ctx, comm, a.route, xs.view(), xe, stage.view());
+  expert_dispatch(ctx, comm, a.route, ws.view(), wr, stage_w.view());
+  expert_rows_forward(env, l, a.route.local, xe, wr, a, yr.view());
+  expert_return(ctx, comm, a.route, yr.view(), ye, stage.view());
+}
+
 // Layer l's MoE on the pre-mixed input: f_ffn (T, D).
 void moe(const V4Env& env, int64_t l, V4LayerActivations& a) {
   const ModelConfig& c = env.c;
@@ -274,23 +326,10 @@ void moe(const V4Env& env, int64_t l, V4LayerActivations& a) {
   env.capture("ffn_norm", l, a.z.view());
   route(env, l, a);
   a.plan = k::moe_plan(a.topk_idx.view(), int(c.num_experts));
-  const k::MoeDispatch& plan = a.plan;
-  Tensor xe = reuse(env.ctx, a.xe, f32, {T * K, D}), gu = reuse(env.ctx, a.gu_e, f32, {T * K, 2 * Fe});
-  Tensor act = reuse(env.ctx, a.act_e, f32, {T * K, Fe}), acts = reuse(env.ctx, a.acts_e, f32, {T * K, Fe});
   OwnedTensor ye(f32, {T * K, D});
-  k::moe_gather(ctx, xe, a.z.view(), plan);
-  // The routing weight multiplies each row before the down projection.
-  for_each_expert(ctx, plan, [&](int64_t e, const Context& ectx) {
-    const int64_t r0 = plan.offsets[size_t(e)], r1 = plan.offsets[size_t(e) + 1];
-    expert_act(ectx, c, gu.slice_rows(r0, r1), act.slice_rows(r0, r1), xe.slice_rows(r0, r1), w.experts[size_t(e)]);
-  });
-  k::moe_scale_rows(ctx, acts, act, a.topk_w.view(), plan);
-  for_each_expert(ctx, plan, [&](int64_t e, const Context& ectx) {
-    const int64_t r0 = plan.offsets[size_t(e)], r1 = plan.offsets[size_t(e) + 1];
-    project(ectx, ye.view().slice_rows(r0, r1), acts.slice_rows(r0, r1), w.experts[size_t(e)].down);
-  });
+  routed_experts(env, l, a, ye.view());
   Tensor f = reuse(env.ctx, a.f_ffn, f32, {T, D});
-  k::moe_sum(ctx, f, ye.view(), plan);
+  k::moe_sum(ctx, f, ye.view(), a.plan);
   env.capture("moe_out", l, f);
   // The shared expert: the same clamp, no routing weight.
   OwnedTensor ys(f32, {T, D});
@@ -326,7 +365,6 @@ void check_v4_options(const ModelWeights& weights, const RaggedBatch& batch, con
                       const Activations* saved) {
   const ModelConfig& c = weights.config();
   LS_CHECK(!opt.save_activations || saved != nullptr) << "save_activations needs an Activations";
-  LS_CHECK(opt.experts == nullptr) << "DeepSeek-V4: expert parallelism is not implemented for this architecture yet";
   if (opt.mtp) {
     LS_CHECK(c.num_nextn_predict_layers > 0) << "ForwardOptions::mtp: the model has no MTP block";
     for (int32_t n_ctx : batch.n_ctx) LS_CHECK(n_ctx == 0) << "ForwardOptions::mtp needs every token new (n_ctx == 0)";
@@ -419,6 +457,7 @@ void v4_forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, co
     if (!saved->v4) saved->v4 = std::make_shared<V4Activations>();
     keep = saved->v4;
     saved->positions = vb.positions_vec;
+    saved->experts = opt.experts;
   } else {
     keep = std::make_shared<V4Activations>();
   }

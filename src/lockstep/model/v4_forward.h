@@ -62,10 +62,14 @@ struct V4LayerActivations {
   OwnedTensor topk_idx;    // (T, K) i32
   OwnedTensor topk_w;      // (T, K)
   kernels::MoeDispatch plan;
-  OwnedTensor xe;          // (T*K, D) gathered expert inputs
-  OwnedTensor gu_e;        // (T*K, 2Fe)
-  OwnedTensor act_e;       // (T*K, Fe) clamped SwiGLU
-  OwnedTensor acts_e;      // (T*K, Fe) times the routing weight (the down projection's input)
+  // The routed experts' rows: the plan's T*K rows, or with expert parallelism
+  // the N rows of this rank's experts from the whole group (route.local, expert-major).
+  ExpertRoute route;       // expert parallelism only
+  OwnedTensor w_rows;      // (N, 1) expert parallelism: each row's routing weight
+  OwnedTensor xe;          // (rows, D) gathered expert inputs
+  OwnedTensor gu_e;        // (rows, 2Fe)
+  OwnedTensor act_e;       // (rows, Fe) clamped SwiGLU
+  OwnedTensor acts_e;      // (rows, Fe) times the routing weight (the down projection's input)
   OwnedTensor gu_s;        // (T, 2Fe) shared expert
   OwnedTensor act_s;       // (T, Fe)
   OwnedTensor f_ffn;       // (T, D) MoE output
