@@ -7,19 +7,17 @@
 # ends byte-identical to the uninterrupted 2-rank run. The same runs with
 # world_invariant = false differ (the negative control).
 # sft-v4 and rl-v4 run the same on the micro DeepSeek-V4 model.
-# sft-ep and rl-ep: expert parallelism. EP = 2 and 4, EP = 2 x DP = 2 (and for
+# sft-ep and rl-ep (sft-v4-ep, rl-v4-ep: on DeepSeek-V4): expert parallelism. EP = 2 and 4, EP = 2 x DP = 2 (and for
 # rl EP = 2 fed by a rollout rank) end as one process does; an EP = 2 run
 # stopped after step 2 and resumed on 1 process and on EP = 4 too; without
 # world_invariant EP = 2 and 1 process differ.
-# usage: world_invariant_test.sh MPIEXEC LOCKSTEP_BINARY sft|rl|sft-v4|rl-v4|sft-ep|rl-ep
+# usage: world_invariant_test.sh MPIEXEC LOCKSTEP_BINARY sft|rl|sft-v4|rl-v4|sft-ep|rl-ep|sft-v4-ep|rl-v4-ep
 source "$(dirname "$0")/mpi_test_lib.sh"
 KIND=$3
 export MODEL_ARCH=moe
 EP=0
-case "$KIND" in
-  *-v4) MODEL_ARCH=v4; KIND=${KIND%-v4} ;;
-  *-ep) EP=1; KIND=${KIND%-ep} ;;
-esac
+case "$KIND" in *-ep) EP=1; KIND=${KIND%-ep} ;; esac
+case "$KIND" in *-v4) MODEL_ARCH=v4; KIND=${KIND%-v4} ;; esac
 source "$(dirname "$0")/rl_mpi_setup.sh"
 
 if [ "$KIND" = sft ]; then
