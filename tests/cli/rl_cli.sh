@@ -81,4 +81,14 @@ run, killed = sys.argv[1], sys.argv[2]
 steps = [json.loads(line)["step"] for line in open(f"{run}/metrics.jsonl")]
 assert steps == list(range(0, 41)), (steps, killed)
 PY
+# A fresh run (no --resume) into that directory is refused before it writes
+# anything: config.toml and metrics.jsonl stay as they were.
+cp "$run/config.toml" "$T/config.before"
+cp "$run/metrics.jsonl" "$T/metrics.before"
+if "$BIN" rl --config "$T/a/config.toml" --out "$run" --set train.steps=3 > "$T/rl3.log" 2>&1; then
+  echo "a fresh rl into a run directory was accepted"; exit 1
+fi
+grep -q "already holds a run" "$T/rl3.log" || { cat "$T/rl3.log"; echo "no clear error"; exit 1; }
+cmp -s "$run/config.toml" "$T/config.before" || { echo "the refused run replaced config.toml"; exit 1; }
+cmp -s "$run/metrics.jsonl" "$T/metrics.before" || { echo "the refused run changed metrics.jsonl"; exit 1; }
 echo "ok (killed after $killed_at)"

@@ -18,6 +18,7 @@
 #include "lockstep/model/pretrained.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/sft.h"
+#include "../model/model_test_util.h"
 
 namespace fs = std::filesystem;
 
@@ -155,6 +156,26 @@ TEST(Sft, ResumeReproducesTheUninterruptedRunBitForBit) {
   EXPECT_EQ(0, std::memcmp(a.params.data(), b.params.data(), a.layout.nbytes()));
   fs::remove_all(full_dir);
   fs::remove_all(part_dir);
+}
+
+// A fresh run (no resume) into a directory that holds a run is refused and
+// leaves its metrics as they were; it used to append its own steps to them.
+TEST(Sft, AFreshRunIntoAnotherRunsDirectoryIsRefused) {
+  Context ctx{};
+  auto data = dataset(6, 2);
+  SftConfig cfg;
+  cfg.steps = 2;
+  cfg.batch_size = 2;
+  cfg.log_interval = 0;
+  const std::string dir = temp_dir("twice");
+  run_sft(*make_trainer(tiny_moe(), ctx), data, dir, cfg, false, "");
+  const std::string metrics = dir + "/metrics.jsonl";
+  const auto before = metrics::read_metrics(metrics);
+  ASSERT_EQ(before.size(), 2u);
+  test::expect_error([&] { run_sft(*make_trainer(tiny_moe(), ctx), data, dir, cfg, false, ""); },
+                     {"already holds a run", "metrics.jsonl", "--resume"});
+  EXPECT_EQ(metrics::read_metrics(metrics), before);
+  fs::remove_all(dir);
 }
 
 TEST(Sft, LatestNeverNamesAHalfWrittenCheckpoint) {

@@ -72,6 +72,7 @@ int run_trainer(const Args& args, const toml::table& root, const std::string& cf
                                                    cfg.trainer.fp8_block);
   }
   if (writer) {
+    if (!args.flag("resume")) train::refuse_existing_run(cfg.out_dir);  // before config.toml is replaced
     std::filesystem::create_directories(cfg.out_dir);
     if (args.flag("resume")) train::remove_crash_leftovers(cfg.out_dir);  // what a killed run left behind
     write_file_atomic(cfg.out_dir + "/config.toml", [&] {

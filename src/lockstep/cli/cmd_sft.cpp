@@ -56,6 +56,7 @@ int train_sft(const Args& args, const toml::table& root, const std::string& cfg_
     seqs.push_back(std::move(s));
   }
   if (writer) {
+    if (!args.flag("resume")) train::refuse_existing_run(ts.out_dir);  // before config.toml is replaced
     std::filesystem::create_directories(ts.out_dir);
     if (args.flag("resume")) train::remove_crash_leftovers(ts.out_dir);  // what a killed run left behind
     write_file_atomic(ts.out_dir + "/config.toml", [&] {

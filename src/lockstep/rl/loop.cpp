@@ -940,10 +940,7 @@ void Runner::write_samples(int64_t step, const std::vector<Group>& groups) {
 int64_t Runner::begin_run(bool resume) {
   std::filesystem::create_directories(cfg_.out_dir);
   int64_t start = 0;
-  const std::string metrics_path = cfg_.out_dir + "/metrics.jsonl";
-  if (writer_ && !resume && std::filesystem::exists(metrics_path) && std::filesystem::file_size(metrics_path) > 0)
-    LS_THROW << cfg_.out_dir << " already holds a run (" << metrics_path
-             << "); continue it with --resume or choose another output directory";
+  if (writer_ && !resume) train::refuse_existing_run(cfg_.out_dir);
   if (resume) {
     if (auto info = train::find_latest_checkpoint(cfg_.out_dir)) {
       train::load_checkpoint(*info, trainer_);

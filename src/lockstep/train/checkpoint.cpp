@@ -109,6 +109,14 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, Trainer& t
   return final_dir.string();
 }
 
+void refuse_existing_run(const std::string& run_dir) {
+  const std::string metrics_path = run_dir + "/metrics.jsonl";
+  std::error_code ec;
+  if (std::filesystem::exists(metrics_path, ec) && std::filesystem::file_size(metrics_path, ec) > 0 && !ec)
+    LS_THROW << run_dir << " already holds a run (" << metrics_path
+             << "); continue it with --resume or choose another output directory";
+}
+
 void remove_crash_leftovers(const std::string& run_dir) {
   const fs::path root = fs::path(run_dir) / "checkpoints";
   if (fs::is_directory(root)) sweep_crash_leftovers(root);

@@ -37,6 +37,11 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, Trainer& t
 // before it writes anything (the directory has no other writer).
 void remove_crash_leftovers(const std::string& run_dir);
 
+// A fresh run (no --resume) into run_dir: an Error when the directory already
+// holds a run (a non-empty metrics.jsonl), naming it and --resume. Called
+// before the run writes anything there, so a refused run changes nothing.
+void refuse_existing_run(const std::string& run_dir);
+
 // The checkpoint `latest` names, if any (Error if it names a missing or
 // incomplete checkpoint).
 std::optional<CheckpointInfo> find_latest_checkpoint(const std::string& run_dir);

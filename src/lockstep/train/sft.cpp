@@ -79,6 +79,7 @@ void run_sft(Trainer& trainer, const std::vector<TrainSequence>& data, const std
              const std::function<void(const SftStepStats&)>& on_step, const SftRanks& ranks) {
   if (data.empty()) LS_THROW << "SFT dataset is empty";
   const bool writer = ranks.writer;
+  if (writer && !resume) refuse_existing_run(run_dir);  // a fresh run never appends to another's metrics
   int64_t start = 0;
   if (resume) {
     if (auto info = find_latest_checkpoint(run_dir)) {
