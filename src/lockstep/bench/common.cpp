@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -116,6 +117,35 @@ Peak measure_fma_peak(int threads, double seconds, int trials) {
     for (double c : cpu) pk.cpu_gflops = std::max(pk.cpu_gflops, flops / std::max(c, 1e-9) * threads * 1e-9);
   }
   return pk;
+}
+
+double measure_read_bandwidth(const Context& ctx, size_t bytes, int trials) {
+  constexpr size_t kChunk = size_t(1) << 18;  // 256 KB a task
+  const size_t chunks = std::max<size_t>(bytes / kChunk, 1), words = kChunk / sizeof(uint64_t);
+  std::vector<uint64_t> buf(chunks * words);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = i;  // written once, so the pages are resident
+  std::vector<uint64_t> sums(chunks, 0);
+  double best = 0;
+  for (int trial = 0; trial < trials + 1; ++trial) {  // the first pass only warms
+    const auto t0 = std::chrono::steady_clock::now();
+    ctx.parallel_for(int64_t(chunks), [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        const uint64_t* p = buf.data() + size_t(c) * words;
+        uint64_t a = 0, b = 0, d = 0, e = 0;
+        for (size_t i = 0; i < words; i += 4) {
+          a += p[i];
+          b += p[i + 1];
+          d += p[i + 2];
+          e += p[i + 3];
+        }
+        sums[size_t(c)] = a + b + d + e;
+      }
+    }, 1);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (trial > 0) best = std::max(best, double(chunks * kChunk) / std::max(dt, 1e-9) * 1e-9);
+  }
+  keep(sums);
+  return best;
 }
 
 namespace {

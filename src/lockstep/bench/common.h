@@ -58,6 +58,13 @@ double train_flops_per_token(const ModelConfig& c, int64_t T);
 // Forward-only FLOPs per token at context length T (decode, prefill).
 double forward_flops_per_token(const ModelConfig& c, int64_t T);
 
+// Read bandwidth with the context's threads: GB/s of one pass reading a
+// buffer of `bytes` (each thread its own contiguous part, 64-bit loads), the
+// best of `trials` passes. Over a buffer the size of a model's weights it is
+// the rate steps that cycle through those weights read them at: the last-level
+// cache's when they fit in it, the memory's when they do not.
+double measure_read_bandwidth(const Context& ctx, size_t bytes, int trials = 5);
+
 // "configs/bench/moe-tiny.toml" -> "moe-tiny".
 std::string model_name(const std::string& config_path);
 

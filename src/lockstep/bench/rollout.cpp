@@ -4,6 +4,7 @@
 #include "lockstep/bench/rollout.h"
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 
 #include "lockstep/base/thread_pool.h"
@@ -114,10 +115,39 @@ double gemm_step_seconds(const Context& ctx, const model::ModelWeights& w, int64
   return t.seconds() / double(n);
 }
 
+double weight_bytes(const kernels::PackedWeight& pw) {
+  return double(pw.data.size()) + double(pw.panel_scales.size());
+}
+
+double mlp_bytes(const model::PackedMlp& m) { return weight_bytes(m.gate_up) + weight_bytes(m.down); }
+
 }  // namespace
 
+double decode_step_bytes(const model::ModelWeights& w, int64_t batch, int64_t ctx_len, int64_t kv_bytes) {
+  const ModelConfig& c = w.config();
+  const double E = double(c.num_experts), K = double(c.num_experts_per_tok);
+  const double distinct = E > 0 ? E * (1.0 - std::pow(1.0 - K / E, double(batch))) : 0.0;
+  double bytes = weight_bytes(w.lm_head());
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const model::PackedLayer& pl = w.layer(l);
+    bytes += weight_bytes(pl.wqkv) + weight_bytes(pl.wo);
+    if (!c.is_moe_layer(l)) {
+      bytes += mlp_bytes(pl.mlp);
+      continue;
+    }
+    bytes += weight_bytes(pl.router) + mlp_bytes(pl.shared);
+    double experts = 0;
+    for (const model::PackedMlp& m : pl.experts) experts += mlp_bytes(m);
+    if (!pl.experts.empty()) bytes += experts / double(pl.experts.size()) * distinct;
+  }
+  // Keys and values: DeepSeek-V4 keeps one shared K = V head per token.
+  const int64_t per_token = c.is_v4() ? c.head_dim : 2 * c.num_kv_heads * c.head_dim;
+  bytes += double(batch) * double(ctx_len) * double(c.num_layers) * double(per_token) * double(kv_bytes);
+  return bytes;
+}
+
 DecodeResult run_decode(const Context& ctx, const model::ModelWeights& w, const RolloutBenchOptions& opt,
-                        int64_t batch) {
+                        int64_t batch, double copy_gb_per_s) {
   const ModelConfig& c = w.config();
   rollout::EngineConfig ec;
   ec.bf16_kv = opt.bf16_kv;
@@ -139,9 +169,11 @@ DecodeResult run_decode(const Context& ctx, const model::ModelWeights& w, const 
   r.cpu_use = dc / (ds * ctx.threads());
   r.step_ms = 1e3 * ds / double(std::max<int64_t>(steps, 1));
   r.gemm_step_ms = 1e3 * gemm_step_seconds(ctx, w, batch, opt.roofline_seconds);
-  r.roofline_tokens_per_s = double(batch) / (r.gemm_step_ms * 1e-3);
   // Mean context of a decode step: the prompt plus half the generated tokens.
   const int64_t ctx_len = opt.decode_prompt_len + opt.new_tokens / 2;
+  r.step_bytes = decode_step_bytes(w, batch, ctx_len, opt.bf16_kv ? 2 : 4);
+  r.memory_step_ms = copy_gb_per_s > 0 ? 1e3 * r.step_bytes / (copy_gb_per_s * 1e9) : 0.0;
+  r.roofline_tokens_per_s = double(batch) / (std::max(r.gemm_step_ms, r.memory_step_ms) * 1e-3);
   r.gflops = r.tokens_per_s * forward_flops_per_token(c, ctx_len) * 1e-9;
   return r;
 }
@@ -199,7 +231,10 @@ RolloutBenchResult run_rollout_bench(const RolloutBenchOptions& opt, Peak peak) 
   ParamLayout layout(c);
   Buffer params = bench_params(layout, ctx);
   model::ModelWeights w(ctx, layout, params.as<float>(), opt.precision, opt.fp8_block);
-  for (int64_t b : opt.decode_batches) r.decode.push_back(run_decode(ctx, w, opt, b));
+  // Read at the rate a pass over the whole model's packed weights reads: the
+  // decode loop cycles through them step after step.
+  r.copy_gb_per_s = measure_read_bandwidth(ctx, size_t(decode_step_bytes(w, int64_t(1) << 30, 0, 0)));
+  for (int64_t b : opt.decode_batches) r.decode.push_back(run_decode(ctx, w, opt, b, r.copy_gb_per_s));
   r.prefill_tokens_per_s = run_prefill(ctx, w, opt);
   r.prefill_gflops = r.prefill_tokens_per_s * forward_flops_per_token(c, opt.prefill_len) * 1e-9;
   r.grpo_shared = run_grpo(ctx, w, opt, true);
@@ -212,7 +247,7 @@ std::string precision_name(DType p) {
 }
 
 std::string rollout_tables(const std::vector<RolloutBenchResult>& rs) {
-  Table d({"model", "precision", "threads", "batch", "decode tok/s", "step ms", "GEMM-only ms",
+  Table d({"model", "precision", "threads", "batch", "decode tok/s", "step ms", "GEMM-only ms", "memory ms",
            "roofline tok/s", "% of roofline", "GFLOP/s", "% of peak", "CPU use"});
   Table o({"model", "precision", "threads", "workload", "tokens fed", "tokens generated", "seconds", "tok/s",
            "note"});
@@ -220,7 +255,7 @@ std::string rollout_tables(const std::vector<RolloutBenchResult>& rs) {
     for (const auto& x : r.decode)
       d.add({r.model, precision_name(r.opt.precision), fmt("%d", r.opt.threads),
              fmt("%lld", (long long)x.batch), fmt("%.0f", x.tokens_per_s), fmt("%.2f", x.step_ms),
-             fmt("%.2f", x.gemm_step_ms), fmt("%.0f", x.roofline_tokens_per_s),
+             fmt("%.2f", x.gemm_step_ms), fmt("%.2f", x.memory_step_ms), fmt("%.0f", x.roofline_tokens_per_s),
              fmt("%.1f%%", 100.0 * x.tokens_per_s / x.roofline_tokens_per_s), fmt("%.1f", x.gflops),
              fmt("%.1f%%", 100.0 * x.gflops / r.peak.gflops()), fmt("%.0f%%", 100.0 * x.cpu_use)});
     const int64_t pt = r.opt.prefill_prompts * r.opt.prefill_len;
@@ -244,7 +279,9 @@ std::string rollout_tables(const std::vector<RolloutBenchResult>& rs) {
   }
   std::string out = d.str() + "\n" + o.str();
   for (const auto& r : rs)
-    out += fmt("%s: peak ", r.model.c_str()) + fmt("%.1f GFLOP/s", r.peak.gflops()) + "\n";
+    out += fmt("%s: peak ", r.model.c_str()) + fmt("%.1f GFLOP/s", r.peak.gflops()) +
+           fmt("; read bandwidth %.1f GB/s over a buffer of its weights' size (memory ms: the step's weight "
+               "and KV bytes at it)", r.copy_gb_per_s) + "\n";
   return out;
 }
 

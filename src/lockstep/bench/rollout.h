@@ -3,7 +3,9 @@
 // and without prefix sharing, and the "GEMM roofline" of a decode step: the
 // time the same matrix products take alone at that batch size, so the share
 // of a step spent outside them (attention, norms, routing, sampling,
-// scheduling) is visible. Shared by `lockstep bench rollout` and
+// scheduling) is visible, and the memory bound of the same step: the bytes
+// of weights and KV cache it must read, at the measured read bandwidth. The
+// larger of the two is the roofline. Shared by `lockstep bench rollout` and
 // bench/rollout_bench.cpp.
 #pragma once
 
@@ -46,6 +48,11 @@ struct DecodeResult {
   double tokens_per_s = 0;  // generated tokens / time of pure decode steps
   double step_ms = 0;       // mean pure decode step
   double gemm_step_ms = 0;  // the same step's GEMMs alone
+  // The bytes the step must read (decode_step_bytes) at the measured read bandwidth.
+  double memory_step_ms = 0;
+  double step_bytes = 0;
+  // batch / the larger of gemm_step_ms and memory_step_ms: the roofline a
+  // step cannot beat (compute, or streaming its weights and KV cache).
   double roofline_tokens_per_s = 0;
   double gflops = 0;   // model GFLOP/s of the decode steps (forward_flops_per_token)
   double cpu_use = 0;  // CPU seconds / (wall seconds x threads) of the decode steps
@@ -62,15 +69,24 @@ struct RolloutBenchResult {
   std::string model;
   RolloutBenchOptions opt;
   Peak peak;
+  double copy_gb_per_s = 0;  // measure_read_bandwidth over the model's packed weight bytes
   std::vector<DecodeResult> decode;
   double prefill_tokens_per_s = 0, prefill_gflops = 0;
   RunResult grpo_shared, grpo_unshared;
 };
 
+// Bytes a decode step of `batch` sequences with a context of ctx_len tokens
+// must read at least once: every packed weight the step multiplies by (the
+// routed experts as the expected number of distinct experts `batch` tokens
+// pick under uniform routing, E * (1 - (1 - K/E)^batch) per MoE layer, each
+// expert's packed bytes) and the batch's keys and values (kv_bytes per value).
+double decode_step_bytes(const model::ModelWeights& w, int64_t batch, int64_t ctx_len, int64_t kv_bytes);
+
 // Decode throughput at one batch size: `batch` requests of decode_prompt_len
-// random tokens, each generating new_tokens tokens.
+// random tokens, each generating new_tokens tokens. copy_gb_per_s: the
+// bandwidth the memory bound uses (0: no memory bound).
 DecodeResult run_decode(const Context& ctx, const model::ModelWeights& w, const RolloutBenchOptions& opt,
-                        int64_t batch);
+                        int64_t batch, double copy_gb_per_s = 0);
 
 // Prefill throughput (prompt tokens/s): prompts of prefill_len tokens, one new token each.
 double run_prefill(const Context& ctx, const model::ModelWeights& w, const RolloutBenchOptions& opt);
@@ -89,7 +105,7 @@ RolloutBenchResult run_rollout_bench(const RolloutBenchOptions& opt, Peak peak =
 // "f32", "bf16", "fp8" (the --precision names).
 std::string precision_name(DType p);
 
-// Two tables: decode by batch size (with its roofline), then prefill and GRPO.
+// Two tables: decode by batch size (with its two bounds), then prefill and GRPO.
 std::string rollout_tables(const std::vector<RolloutBenchResult>& rs);
 
 }  // namespace lockstep::perf
