@@ -99,6 +99,10 @@ struct ForwardOptions {
   // DeepSeek-V4 with MTP blocks, every token new: also run the MTP blocks and
   // fill ForwardResult::mtp_logits (the trainer's MTP loss).
   bool mtp = false;
+  // DeepSeek-V4 training (every token new): the lightning indexer's KL loss
+  // (docs/deepseek-v4.md) in each CSA layer: ForwardResult::indexer_kl, and
+  // what backward needs for its gradient, saved with the activations.
+  bool indexer_loss = false;
   // Debug hook: called with every named intermediate (Captured). Null (the
   // default) costs one pointer test per capture point.
   const CaptureFn* capture = nullptr;
@@ -122,6 +126,9 @@ struct ForwardResult {
   // ForwardOptions::mtp: per MTP block j, (R, V) logits of the batch's logit
   // rows; the row of position p predicts the token at p + j + 2.
   std::vector<OwnedTensor> mtp_logits;
+  // ForwardOptions::indexer_loss: the sum over the CSA layers and the query
+  // rows that see a compressed entry of KL(teacher || indexer), in order.
+  double indexer_kl = 0;
 };
 
 struct V4Activations;  // DeepSeek-V4's saved activations (v4_forward.h)
@@ -176,6 +183,9 @@ struct Activations {
   // for different experts; ectx is the expert's context. Unset: one gradient
   // over the rows of every source.
   std::function<void(const MlpParams& grads, const Context& ectx)> fold_expert_grads;
+  // DeepSeek-V4 with ForwardOptions::indexer_loss: the factor d(loss)/d(sum of
+  // the rows' KL) that backward takes the indexer's gradient with (0: none).
+  double indexer_loss_scale = 0;
   std::vector<int32_t> positions;  // (T)
   OwnedTensor x_final;             // (T, D)
   OwnedTensor rstd_f;              // (T)

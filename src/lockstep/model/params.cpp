@@ -230,6 +230,16 @@ void ParamLayout::add_v4_block(const std::string& p, int64_t layer) {
   matrix("ffn.shared_experts.w2.weight", {D, Fe});
 }
 
+int64_t ParamLayout::train_indexers() {
+  int64_t n = 0;
+  for (ParamInfo& p : params_)
+    if (p.frozen && p.name.find("attn.indexer.") != std::string::npos) {
+      p.frozen = false;
+      ++n;
+    }
+  return n;
+}
+
 const ExpertBlocks& ParamLayout::expert_blocks(int64_t layer) const {
   LS_CHECK(layer >= 0 && layer < int64_t(expert_blocks_.size()) && config_.is_moe_layer(layer))
       << "expert_blocks: layer " << layer << " is not a MoE layer of this model";

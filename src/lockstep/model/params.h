@@ -115,6 +115,10 @@ class ParamLayout {
   // Where MoE layer `layer`'s routed experts lie (Error for a dense layer).
   // DeepSeek-V4: layers [0, L + num_nextn_predict_layers), MTP blocks last.
   const ExpertBlocks& expert_blocks(int64_t layer) const;
+  // DeepSeek-V4: the lightning indexers' tensors (attn.indexer.*) stop being
+  // frozen, for a trainer that trains them by their loss
+  // (TrainerConfig::indexer_loss_coef). Returns how many tensors changed.
+  int64_t train_indexers();
 
  private:
   ParamInfo& add(std::string name, std::vector<int64_t> shape, ParamKind kind, int64_t layer = -1,

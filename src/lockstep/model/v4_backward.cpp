@@ -33,7 +33,8 @@ struct V4BackEnv {
   const KvCache& kv;
   const V4Batch& vb;
   int64_t T;
-  const Activations& saved;  // experts (expert parallelism) and fold_expert_grads
+  const Activations& saved;  // experts (expert parallelism), fold_expert_grads, indexer_loss_scale
+  const RaggedBatch& batch;
 };
 
 void zero(Tensor t) { std::memset(t.data, 0, t.nbytes()); }
@@ -169,6 +170,80 @@ void compressor_backward(const V4BackEnv& env, int64_t l, const V4LayerActivatio
   k::gemm_dytx(ctx, stacked_rows(g.cmp_wkv, g.cmp_wgate), dcz.view(), a.a.view());
 }
 
+// The indexer loss's gradient (indexer_kl in v4_forward.cpp) into the
+// lightning indexer's weights of CSA layer l: d(loss)/d(score) = scale x
+// (student - teacher) for each chosen entry, through the scores
+// sum_h w_h * relu(qi_h . key), the query and head-weight projections and
+// the keys' own compressor. The indexer's inputs (a, qr) are detached: they
+// get no gradient from it.
+void indexer_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations& a, double scale) {
+  const Context& ctx = env.ctx;
+  const ModelConfig& c = env.c;
+  const int64_t T = env.T, HI = c.index_n_heads, DI = c.index_head_dim, KI = c.index_topk, Dr = c.qk_rope_head_dim;
+  const LayerParams& p = block_params(env.p, l);
+  const LayerParams& g = block_params(env.g, l);
+  const kernels::RopeTable& rope = env.weights.rope_of_layer(l);
+  const Tensor keys = env.kv.index_keys(l);
+  OwnedTensor dqi(f32, {T, HI, DI}), dwt(f32, {T, HI}), dkeys(f32, {keys.dim(0), DI});
+  zero(dqi.view());
+  zero(dwt.view());
+  zero(dkeys.view());
+  const float* qi = a.idx_q.view().f32();
+  const float* wt = a.idx_w.view().f32();
+  // One thread: the keys' gradients gather from every query, in token order.
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t s = env.vb.seq[size_t(t)];
+    for (int64_t k = 0; k < KI; ++k) {
+      const int32_t e = a.idx_chosen[size_t(t * KI + k)];
+      if (e < 0) break;
+      const float gk = float(scale * double(a.idx_dscore.view().f32()[t * KI + k]));
+      const int64_t row = env.vb.slot(s, (e + 1) * 4 - 1);
+      const float* key = keys.f32() + row * DI;
+      float* dkey = dkeys.view().f32() + row * DI;
+      for (int64_t h = 0; h < HI; ++h) {
+        const float* q = qi + (t * HI + h) * DI;
+        float u = 0;
+        for (int64_t d = 0; d < DI; ++d) u += q[d] * key[d];
+        if (!(u > 0)) continue;  // relu: no gradient through a negative dot
+        dwt.view().f32()[t * HI + h] += gk * u;
+        const float gw = gk * wt[t * HI + h];
+        float* dq = dqi.view().f32() + (t * HI + h) * DI;
+        for (int64_t d = 0; d < DI; ++d) {
+          dq[d] += gw * key[d];
+          dkey[d] += gw * q[d];
+        }
+      }
+    }
+  }
+  // Head weights: wt = head_scale * (a . weights_projᵀ).
+  const float head_scale = indexer_head_scale(c);
+  for (int64_t i = 0; i < T * HI; ++i) dwt.view().f32()[i] *= head_scale;
+  k::gemm_dytx(ctx, g.idx_wproj, dwt.view(), a.a.view());
+  // Queries: qi = RoPE(qr . wq_bᵀ); the rotation's transpose is its inverse.
+  k::rope_interleaved_inverse(ctx, rope_tail(dqi.view(), Dr), env.vb.positions.view(), rope);
+  k::gemm_dytx(ctx, g.idx_wq_b, dqi.view().reshape({T, HI * DI}), a.qr.view());
+  // Keys: RoPE(norm(compress(cz))) of each completed entry, cz = a . [wkv; wgate]ᵀ;
+  // the compressor's intermediates are recomputed (the forward keeps only the keys).
+  const EntryBatch entries = completed_entries(env.batch, env.vb, 4, true);
+  const int64_t Ne = entries.count();
+  if (Ne == 0) return;
+  const Tensor cz_store = env.kv.index_cz(l);
+  const Tensor rows(const_cast<int32_t*>(entries.rows.data()), DType::I32, {Ne, 8});
+  OwnedTensor pre(f32, {Ne, DI}), normed(f32, {Ne, DI}), rstd(f32, {Ne}), dentry(f32, {Ne, 1, DI}), dpre(f32, {Ne, DI});
+  k::compress_forward(ctx, pre.view(), cz_store, rows, p.idx_cmp_ape, 4, true);
+  k::rmsnorm_forward(ctx, normed.view(), rstd.view(), pre.view(), p.idx_cmp_norm, float(c.rms_norm_eps));
+  load_rows(dentry.view().reshape({Ne, DI}), dkeys.view(), entries.slot, 1, 0);
+  const Tensor pos(const_cast<int32_t*>(entries.pos.data()), DType::I32, {Ne});
+  k::rope_interleaved_inverse(ctx, rope_tail(dentry.view(), Dr), pos, rope);
+  k::rmsnorm_backward(ctx, dpre.view(), g.idx_cmp_norm, dentry.view().reshape({Ne, DI}), pre.view(), p.idx_cmp_norm,
+                      rstd.view());
+  OwnedTensor dcz_store(f32, {cz_store.dim(0), cz_store.dim(1)}), dcz(f32, {T, 4 * DI});
+  zero(dcz_store.view());
+  k::compress_backward(ctx, dcz_store.view(), g.idx_cmp_ape, dpre.view(), cz_store, rows, p.idx_cmp_ape, 4, true);
+  load_rows(dcz.view(), dcz_store.view(), env.vb.slots, 1, 0);
+  k::gemm_dytx(ctx, stacked_rows(g.idx_cmp_wkv, g.idx_cmp_wgate), dcz.view(), a.a.view());
+}
+
 // da (T, D) = gradient of attn_norm's output given df (T, D) of the attention output.
 void attention_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations& a, const Tensor& df, Tensor da) {
   const Context& ctx = env.ctx;
@@ -220,6 +295,8 @@ void attention_backward(const V4BackEnv& env, int64_t l, const V4LayerActivation
   k::gemm_dyw(ctx, da, dkv_pre.view(), p.wkv, true);
   project_dw(ctx, g.wkv, dkv_pre.view(), a.a.view(), q.wkv);
   if (c.compress_ratio(l) > 0) compressor_backward(env, l, a, dstore.view(), da);
+  if (c.compress_ratio(l) == 4 && env.saved.indexer_loss_scale != 0)
+    indexer_backward(env, l, a, env.saved.indexer_loss_scale);
 }
 
 // One mHC site's backward: du (the sublayer input's gradient) through the
@@ -334,7 +411,7 @@ void v4_backward(const Context& ctx, const ModelWeights& weights, const KvCache&
   const int64_t T = batch.num_tokens(), D = c.hidden_size, n = c.hc_mult;
   check_shape(dlogits, {int64_t(batch.logit_rows.size()), c.vocab_size}, "dlogits");
   const V4Batch vb(batch, kv.block_size());
-  const V4BackEnv env{ctx, c, weights, weights.backward_params(), grads, kv, vb, T, saved};
+  const V4BackEnv env{ctx, c, weights, weights.backward_params(), grads, kv, vb, T, saved, batch};
   const V4Activations& s = *saved.v4;
   OwnedTensor dx(f32, {T, n * D}), dprev(f32, {T, n * D});
   const ModelParams &p = env.p, &g = env.g;

@@ -149,6 +149,21 @@ void compress_index_keys(const V4Env& env, int64_t l, const Tensor& a) {
   store_rows(env.kv.index_keys(l), out.view().reshape({Ne, DI}), e.slot, 1, 0);
 }
 
+// The lightning indexer's queries qi (T, HI, DI), after RoPE, and head
+// weights wt (T, HI), scaled, of CSA layer l.
+void indexer_queries(const V4Env& env, int64_t l, const V4LayerActivations& a, Tensor qi, Tensor wt) {
+  const ModelConfig& c = env.c;
+  const int64_t T = env.T, HI = c.index_n_heads, DI = c.index_head_dim;
+  const PackedLayer& w = env.weights.layer(l);
+  k::gemm_xwt(env.ctx, qi.reshape({T, HI * DI}), a.qr.view(), w.idx_wq_b);
+  k::rope_interleaved_forward(env.ctx, rope_tail(qi, c.qk_rope_head_dim), env.vb.positions.view(),
+                              env.weights.rope_of_layer(l));
+  k::gemm_xwt(env.ctx, wt, a.a.view(), w.idx_wproj);
+  const float head_scale = indexer_head_scale(c);
+  float* pw = wt.f32();
+  for (int64_t i = 0; i < T * HI; ++i) pw[i] *= head_scale;
+}
+
 // The lightning indexer's choice (T, KI) of compressed entries (block
 // indices, ascending, -1 padding) for each query of CSA layer l, or the
 // replayed choice.
@@ -163,14 +178,8 @@ std::vector<int32_t> indexer_choice(const V4Env& env, int64_t l, const V4LayerAc
     check_replayed_entries(chosen, env.vb, 4, KI, l);
     return chosen;
   }
-  const PackedLayer& w = env.weights.layer(l);
   OwnedTensor qi(f32, {T, HI, DI}), wt(f32, {T, HI});
-  k::gemm_xwt(env.ctx, qi.view().reshape({T, HI * DI}), a.qr.view(), w.idx_wq_b);
-  k::rope_interleaved_forward(env.ctx, rope_tail(qi.view(), c.qk_rope_head_dim), env.vb.positions.view(),
-                              env.weights.rope_of_layer(l));
-  k::gemm_xwt(env.ctx, wt.view(), a.a.view(), w.idx_wproj);
-  const float head_scale = float(1.0 / std::sqrt(double(DI) * double(HI)));
-  for (int64_t i = 0; i < T * HI; ++i) wt.f32()[i] *= head_scale;
+  indexer_queries(env, l, a, qi.view(), wt.view());
   const VisibleEntries vis = visible_entries(env.batch, env.vb, 4);
   OwnedTensor sel(DType::I32, {T, KI});
   k::indexer_select(env.ctx, sel.view(), Tensor(), qi.view(), wt.view(), env.kv.index_keys(l), vis.rows_tensor());
@@ -195,6 +204,74 @@ void candidates(const V4Env& env, int64_t l, V4LayerActivations& a) {
     }
   }
   build_candidates(a.cand, env.batch, env.vb, c.sliding_window, ratio, chosen, KI);
+  if (ratio == 4 && env.opt.indexer_loss) a.idx_chosen = chosen;
+}
+
+// The indexer loss of CSA layer l (ForwardOptions::indexer_loss; see
+// docs/deepseek-v4.md). For each query and the compressed entries the
+// indexer chose for it, the teacher is the attention's probability of each
+// entry summed over the heads (the softmax's own denominator, window and
+// sink included: exp(z - lse)), normalised over the chosen entries; the
+// student is the softmax of the indexer's scores over them. Saves student -
+// teacher (a.idx_dscore) and returns the sum over the rows of KL(teacher ||
+// student), in token order. In double: the loss trains the indexer, it is
+// not part of any aligned logprob.
+double indexer_kl(const V4Env& env, int64_t l, V4LayerActivations& a) {
+  const ModelConfig& c = env.c;
+  const int64_t T = env.T, H = c.num_heads, Dh = c.head_dim, HI = c.index_n_heads, DI = c.index_head_dim,
+                KI = c.index_topk, W = c.sliding_window;
+  indexer_queries(env, l, a, reuse(env.ctx, a.idx_q, f32, {T, HI, DI}), reuse(env.ctx, a.idx_w, f32, {T, HI}));
+  float* ds = reuse(env.ctx, a.idx_dscore, f32, {T, KI}).f32();
+  std::fill(ds, ds + T * KI, 0.0f);
+  const Tensor store = env.kv.kv_store(l), keys = env.kv.index_keys(l);
+  const double scale = attention_scale(c);
+  std::vector<double> row_kl(size_t(T), 0.0);
+  env.ctx.parallel_for(T, [&](int64_t t0, int64_t t1) {
+    std::vector<double> teacher(static_cast<size_t>(KI)), student(static_cast<size_t>(KI));
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t p = env.vb.positions_vec[size_t(t)], s = env.vb.seq[size_t(t)];
+      const int64_t first = std::min(W, p + 1);  // the window's columns come first
+      const int32_t* cand = a.cand.view().i32() + t * a.cand.view().dim(1);
+      int64_t n = 0;
+      while (n < KI && a.idx_chosen[size_t(t * KI + n)] >= 0) ++n;
+      if (n == 0) continue;
+      double tsum = 0, smax = -1e300;
+      for (int64_t k = 0; k < n; ++k) {
+        const float* kv = store.f32() + int64_t(cand[first + k]) * Dh;
+        const float* key = keys.f32() + int64_t(env.vb.slot(s, (a.idx_chosen[size_t(t * KI + k)] + 1) * 4 - 1)) * DI;
+        double tk = 0, sk = 0;
+        for (int64_t h = 0; h < H; ++h) {
+          const float* q = a.q.view().f32() + (t * H + h) * Dh;
+          double z = 0;
+          for (int64_t d = 0; d < Dh; ++d) z += double(q[d]) * double(kv[d]);
+          tk += std::exp(z * scale - double(a.lse.view().f32()[t * H + h]));
+        }
+        for (int64_t h = 0; h < HI; ++h) {
+          const float* qi = a.idx_q.view().f32() + (t * HI + h) * DI;
+          double u = 0;
+          for (int64_t d = 0; d < DI; ++d) u += double(qi[d]) * double(key[d]);
+          sk += double(a.idx_w.view().f32()[t * HI + h]) * std::max(0.0, u);
+        }
+        teacher[size_t(k)] = tk;
+        student[size_t(k)] = sk;
+        tsum += tk;
+        smax = std::max(smax, sk);
+      }
+      double ssum = 0;
+      for (int64_t k = 0; k < n; ++k) ssum += std::exp(student[size_t(k)] - smax);
+      double kl = 0;
+      for (int64_t k = 0; k < n; ++k) {
+        const double tau = teacher[size_t(k)] / tsum;
+        const double log_sigma = student[size_t(k)] - smax - std::log(ssum);
+        if (tau > 0) kl += tau * (std::log(tau) - log_sigma);
+        ds[t * KI + k] = float(std::exp(log_sigma) - tau);
+      }
+      row_kl[size_t(t)] = kl;
+    }
+  }, 16);
+  double total = 0;
+  for (double x : row_kl) total += x;
+  return total;
 }
 
 // Layer l's attention on the pre-mixed input: f_attn (T, D).
@@ -215,6 +292,7 @@ void attention(const V4Env& env, int64_t l, V4LayerActivations& a) {
   Tensor attn = reuse(env.ctx, a.attn, f32, {T, H, Dh});
   k::sparse_attention_forward(env.ctx, attn, reuse(env.ctx, a.lse, f32, {T, H}), a.q.view(), env.kv.kv_store(l),
                               a.cand.view(), p.attn_sink, attention_scale(c));
+  if (env.opt.indexer_loss && c.compress_ratio(l) == 4) env.result->indexer_kl += indexer_kl(env, l, a);
   Tensor o = reuse(env.ctx, a.o, f32, {T, H * Dh});
   std::memcpy(o.data, attn.data, attn.nbytes());
   k::rope_interleaved_inverse(env.ctx, rope_tail(o.reshape({T, H, Dh}), c.qk_rope_head_dim), env.vb.positions.view(),
@@ -365,6 +443,11 @@ void check_v4_options(const ModelWeights& weights, const RaggedBatch& batch, con
                       const Activations* saved) {
   const ModelConfig& c = weights.config();
   LS_CHECK(!opt.save_activations || saved != nullptr) << "save_activations needs an Activations";
+  if (opt.indexer_loss) {
+    LS_CHECK(opt.save_activations) << "ForwardOptions::indexer_loss needs save_activations";
+    for (int32_t n_ctx : batch.n_ctx)
+      LS_CHECK(n_ctx == 0) << "ForwardOptions::indexer_loss needs every token new (n_ctx == 0)";
+  }
   if (opt.mtp) {
     LS_CHECK(c.num_nextn_predict_layers > 0) << "ForwardOptions::mtp: the model has no MTP block";
     for (int32_t n_ctx : batch.n_ctx) LS_CHECK(n_ctx == 0) << "ForwardOptions::mtp needs every token new (n_ctx == 0)";
@@ -440,6 +523,10 @@ void mtp_forward(const V4Env& env, const Tensor& x, V4Activations& s) {
 
 }  // namespace
 
+float indexer_head_scale(const ModelConfig& c) {
+  return float(1.0 / std::sqrt(double(c.index_head_dim) * double(c.index_n_heads)));
+}
+
 void v4_forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const RaggedBatch& batch,
                 const ForwardOptions& opt, ForwardResult* result, Activations* saved) {
   const ModelConfig& c = weights.config();
@@ -449,6 +536,7 @@ void v4_forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, co
   if (opt.record_experts)
     result->routed_experts.assign(size_t(T * c.num_moe_layers() * c.num_experts_per_tok), 0);
   if (opt.record_indexer) result->indexer_topk.assign(size_t(T * num_csa_layers(c) * c.index_topk), -1);
+  if (result != nullptr) result->indexer_kl = 0;
 
   const V4Batch vb(batch, kv.block_size());
   const CapturePoints capture(opt, batch, vb.positions_vec);

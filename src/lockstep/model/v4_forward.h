@@ -70,6 +70,13 @@ struct V4LayerActivations {
   OwnedTensor gu_e;        // (rows, 2Fe)
   OwnedTensor act_e;       // (rows, Fe) clamped SwiGLU
   OwnedTensor acts_e;      // (rows, Fe) times the routing weight (the down projection's input)
+  // CSA layers with ForwardOptions::indexer_loss: the indexer's queries after
+  // RoPE and head weights, the entries it chose, and softmax(scores) minus
+  // the teacher over them (0 at padding).
+  OwnedTensor idx_q;                // (T, HI, DI)
+  OwnedTensor idx_w;                // (T, HI)
+  std::vector<int32_t> idx_chosen;  // (T, KI) block indices, -1 padding
+  OwnedTensor idx_dscore;           // (T, KI)
   OwnedTensor gu_s;        // (T, 2Fe) shared expert
   OwnedTensor act_s;       // (T, Fe)
   OwnedTensor f_ffn;       // (T, D) MoE output
@@ -106,6 +113,9 @@ struct V4Activations {
 
 void v4_forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, const RaggedBatch& batch,
                 const ForwardOptions& options, ForwardResult* result, Activations* saved);
+
+// 1 / sqrt(index_head_dim * index_n_heads): the factor of the indexer's head weights.
+float indexer_head_scale(const ModelConfig& c);
 
 void v4_backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv, const RaggedBatch& batch,
                  Activations& saved, const Tensor& dlogits, const ModelParams& grads,

@@ -18,6 +18,7 @@ TrainSection train_section_from_toml(TomlSection& s) {
   t.trainer.micro_batch_tokens = s.get_int("micro_batch_tokens", 4096, 1);
   t.trainer.recompute_activations = s.get_bool("recompute_activations", false);
   t.trainer.mtp_loss_coef = s.get_double("mtp_loss_coef", 0.0, 0.0, 100.0);
+  t.trainer.indexer_loss_coef = s.get_double("indexer_loss_coef", 0.0, 0.0, 100.0);
   t.sft.steps = s.get_int("steps", 100, 0);
   t.sft.batch_size = s.get_int("batch_size", 8, 1);
   t.sft.seed = uint64_t(s.get_int("seed", 0, 0));

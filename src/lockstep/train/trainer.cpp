@@ -51,6 +51,15 @@ Trainer::Trainer(const Context& ctx, const ModelConfig& config, Buffer params, T
   if (cfg_.world_invariant && cfg_.mtp_loss_coef != 0)
     LS_THROW << "[dist] world_invariant = true does not cover the MTP loss ([train] mtp_loss_coef = "
              << cfg_.mtp_loss_coef << "): set one of them off";
+  if (!(cfg_.indexer_loss_coef >= 0))
+    LS_THROW << "[train] indexer_loss_coef must be >= 0, got " << cfg_.indexer_loss_coef;
+  if (cfg_.indexer_loss_coef > 0 && (!config.is_v4() || model::num_csa_layers(config) == 0))
+    LS_THROW << "[train] indexer_loss_coef = " << cfg_.indexer_loss_coef
+             << " needs a DeepSeek-V4 model with CSA layers (compress_ratios of 4): this model has no indexer";
+  if (cfg_.world_invariant && cfg_.indexer_loss_coef > 0)
+    LS_THROW << "[dist] world_invariant = true does not cover the indexer loss ([train] indexer_loss_coef = "
+             << cfg_.indexer_loss_coef << "): set one of them off";
+  if (cfg_.indexer_loss_coef > 0) layout_.train_indexers();
   weights_ = std::make_unique<model::ModelWeights>(ctx_, layout_, params_.as<float>(), cfg_.precision, cfg_.fp8_block,
                                                    model::ExpertShard{}, /*effective=*/true);
 }
@@ -91,6 +100,7 @@ void Trainer::set_expert_comm(model::ExpertComm* comm) {
       std::copy(from, from + q.numel, p.as<float>() + q.offset);
     }
     layout_ = std::move(mine);
+    if (cfg_.indexer_loss_coef > 0) layout_.train_indexers();
     params_ = std::move(p);
   }
   grads_ = Buffer(layout_.nbytes(), kernels::device_memory(ctx_), Fill::Zero, "gradients");
@@ -286,11 +296,21 @@ struct RunSpec {
   model::ExpertComm* experts = nullptr;
   const ModelParams* grads = nullptr;  // null: forward only (the loss must be null too)
   double mtp_loss_coef = 0.0;          // TrainerConfig::mtp_loss_coef
+  double indexer_loss_coef = 0.0;      // TrainerConfig::indexer_loss_coef
   // Called after each micro-batch's backward (world_invariant: the fold).
   const std::function<void()>* after_backward = nullptr;
   // Expert parallelism with world_invariant: Activations::fold_expert_grads.
   const std::function<void(const MlpParams&, const Context&)>* fold_expert_grads = nullptr;
 };
+
+// The rows the indexer loss averages over in seqs: in every CSA layer, each
+// position that sees a compressed entry (position >= 3: entry b covers
+// positions 4b .. 4b + 3 and is visible from its last one on).
+int64_t indexer_loss_rows(const ModelConfig& c, const std::vector<TrainSequence>& seqs) {
+  int64_t n = 0;
+  for (const TrainSequence& s : seqs) n += std::max<int64_t>(0, int64_t(s.tokens.size()) - 3);
+  return n * model::num_csa_layers(c);
+}
 
 // Whether the token at position `pos` (>= prompt_len) trains: loss_mask
 // keeps it (every response token without a mask). Multi-turn sequences mask
@@ -447,6 +467,8 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
   const bool mtp = loss != nullptr && r.mtp_loss_coef > 0;
   std::vector<int64_t> mtp_norm;
   for (int64_t j = 0; mtp && j < c.num_nextn_predict_layers; ++j) mtp_norm.push_back(mtp_targets(seqs, j));
+  const bool indexer_loss = loss != nullptr && r.indexer_loss_coef > 0;
+  const double indexer_rows = indexer_loss ? double(indexer_loss_rows(c, seqs)) : 0.0;
   double total = 0;
   for (auto [b0, b1] : mbs) {
     std::vector<int32_t> targets;
@@ -461,6 +483,7 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
     if (opt.replay && model::num_csa_layers(c) > 0) fo.replay_indexer = &replay.indexer;
     fo.experts = r.experts;
     fo.mtp = mtp || (opt.mtp && scores != nullptr);
+    fo.indexer_loss = indexer_loss && indexer_rows > 0;
     model::forward(r.ctx, r.weights, rb.kv, rb.ws, batch, fo, &rb.fr, loss ? &rb.acts : nullptr);
 
     model::reuse(r.ctx, logp, DType::F32, {R});
@@ -494,6 +517,11 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
     std::vector<Tensor> dmtp;
     if (mtp) total += mtp_loss(r, rb.fr, seqs, b0, b1, first_row, mtp_norm, dmtp);
     rb.acts.fold_expert_grads = r.fold_expert_grads ? *r.fold_expert_grads : nullptr;
+    rb.acts.indexer_loss_scale = 0;
+    if (fo.indexer_loss) {
+      rb.acts.indexer_loss_scale = r.indexer_loss_coef / indexer_rows;
+      total += rb.acts.indexer_loss_scale * rb.fr.indexer_kl;
+    }
     model::backward(r.ctx, r.weights, rb.kv, rb.ws, batch, rb.acts, dlogits, *r.grads, dmtp);
     if (r.after_backward) (*r.after_backward)();
   }
@@ -521,6 +549,7 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
   r.experts = experts_;
   r.grads = &grad_views_;
   r.mtp_loss_coef = cfg_.mtp_loss_coef;
+  r.indexer_loss_coef = cfg_.indexer_loss_coef;
   const std::function<void()> fold = [this] { fold_gradients(); };
   const std::function<void(const MlpParams&, const Context&)> fold_expert =
       [this](const MlpParams& g, const Context& ectx) { fold_expert_gradients(g, ectx); };

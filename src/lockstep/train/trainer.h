@@ -79,6 +79,12 @@ struct TrainerConfig {
   // call's sequences, for each block j, to the loss (and its gradient). 0: the
   // MTP blocks are not run.
   double mtp_loss_coef = 0.0;
+  // DeepSeek-V4: accumulate() also trains the lightning indexers, adding
+  // indexer_loss_coef x the mean over (CSA layer, query row that sees a
+  // compressed entry) of KL(teacher || indexer) over the call's sequences to
+  // the loss (docs/deepseek-v4.md, "The indexer loss"); its gradient reaches
+  // the indexers' own tensors only. 0: the indexers are frozen.
+  double indexer_loss_coef = 0.0;
   // Data parallelism (parallel/data_parallel.h): when set, step() first replaces
   // the accumulated gradients grads[0, n) by their sum over all ranks. The
   // LossFn must then normalise by global counts (tokens of the global batch).
@@ -89,7 +95,8 @@ struct TrainerConfig {
   // micro-batches were shared out over ranks. grad_reduce is then unused;
   // exact_reduce (when set) sums the fixed-point buffer over the ranks.
   // With expert parallelism each expert's gradient is folded per source rank
-  // of its rows (Activations::fold_expert_grads). Not with the MTP loss.
+  // of its rows (Activations::fold_expert_grads). Not with the MTP or the
+  // indexer loss.
   bool world_invariant = false;
   std::function<void(comm::Fixed* sums, size_t n)> exact_reduce;
 };
