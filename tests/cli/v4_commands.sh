@@ -2,7 +2,9 @@
 # DeepSeek-V4 through every user command, one by one, on a micro V4 model
 # (mHC streams, a hash-routed layer, a CSA layer with its indexer, an MTP
 # block; tests/common/v4_micro_model.toml) made with `lockstep init`:
-#  1. `lockstep sft` with the MTP loss: the loss falls, checkpoints load;
+#  1. `lockstep sft` with the MTP loss: the loss falls, checkpoints load; with
+#     [train] indexer_loss_coef the indexer's tensors train, without it they
+#     keep the initial model's bytes;
 #  2. `lockstep rl` (GRPO) from the SFT checkpoint: a gap of exactly 0 at every
 #     step, the on-policy shortcut on;
 #  3. `lockstep eval` on the RL checkpoint writes pass@k;
@@ -65,6 +67,37 @@ assert [m["step"] for m in ms] == [1, 2, 3, 4, 5, 6], [m["step"] for m in ms]
 loss = [m["train/loss"] for m in ms]
 assert loss[-1] < loss[0], loss
 print("v4 sft loss", [round(x, 3) for x in loss])
+PY
+
+# 1b. The indexer loss ([train] indexer_loss_coef) trains the lightning
+# indexer: its tensors move from the initial model's, which they keep without it.
+"$BIN" sft --config "$T/sft.toml" --out "$T/sft-idx" --set train.steps=2 --set train.indexer_loss_coef=0.5 \
+  > "$T/sft-idx.log" 2>&1 || { cat "$T/sft-idx.log"; fail "sft with the indexer loss"; }
+python3 - "$T" <<'PY'
+import glob, json, struct, sys
+t = sys.argv[1]
+
+def tensors(d):
+    out = {}
+    for f in sorted(glob.glob(d + "/*.safetensors")):
+        b = open(f, "rb").read()
+        n = struct.unpack("<Q", b[:8])[0]
+        h = json.loads(b[8:8 + n])
+        for k, v in h.items():
+            if k != "__metadata__":
+                s, e = v["data_offsets"]
+                out[k] = b[8 + n + s:8 + n + e]
+    return out
+
+init = tensors(t + "/model")
+plain, idx = tensors(t + "/sft/checkpoints/step_6"), tensors(t + "/sft-idx/checkpoints/step_2")
+assert plain and idx, "no checkpoint read"
+names = [k for k in init if "attn.indexer." in k]
+assert names, "the micro V4 has no indexer tensors"
+assert all(plain[k] == init[k] for k in names), "without the indexer loss the indexer moved"
+moved = [k for k in names if idx[k] != init[k]]
+assert len(moved) == len(names), ("indexer tensors the loss left alone", sorted(set(names) - set(moved)))
+print(f"indexer loss: {len(moved)} indexer tensors trained; frozen without it")
 PY
 
 # 6. A run stopped after step 2 and resumed ends with the same weights.
