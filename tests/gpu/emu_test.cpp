@@ -16,6 +16,16 @@ namespace {
 
 namespace emu = lockstep::gpu::emu;
 
+// A kernel error ends the launch by unwinding the emulated threads' fibers,
+// which Boost.Context switches to without telling AddressSanitizer (Debian's
+// Boost is not built with BOOST_USE_ASAN), so ASan reports the unwinding as
+// stack-buffer overflows. The tests of those errors run in the other builds.
+#if defined(__SANITIZE_ADDRESS__)
+#define SKIP_UNDER_ASAN() GTEST_SKIP() << "fiber unwinding is invisible to AddressSanitizer"
+#else
+#define SKIP_UNDER_ASAN() (void)0
+#endif
+
 // Device buffer of n floats for a test; freed at scope end.
 struct DeviceFloats {
   explicit DeviceFloats(int64_t n, const char* what = "buf")
@@ -110,6 +120,7 @@ LS_GLOBAL void divergent_barrier_kernel(float* y) {
 }
 
 TEST(GpuEmu, BarrierNotReachedByEveryThreadIsNamedWithBlockAndLine) {
+  SKIP_UNDER_ASAN();
   DeviceFloats y(32);
   Context ctx;
   const std::string err = error_of([&] { LS_LAUNCH(ctx, divergent_barrier_kernel, dim3(3), dim3(32))(y.p); });
@@ -129,6 +140,7 @@ LS_GLOBAL void two_barriers_kernel(float* y) {
 }
 
 TEST(GpuEmu, ThreadsWaitingAtDifferentBarriersAreCaught) {
+  SKIP_UNDER_ASAN();
   DeviceFloats y(8);
   Context ctx;
   const std::string err = error_of([&] { LS_LAUNCH(ctx, two_barriers_kernel, dim3(1), dim3(8))(y.p); });
@@ -204,6 +216,7 @@ LS_GLOBAL void throwing_kernel(float* y) {
 }
 
 TEST(GpuEmu, LaunchLimitsAndKernelErrorsAreReported) {
+  SKIP_UNDER_ASAN();
   DeviceFloats y(2048);
   Context ctx;
   std::string err = error_of([&] { LS_LAUNCH(ctx, big_shared_kernel, dim3(1), dim3(32))(y.p); });

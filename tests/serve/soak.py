@@ -954,8 +954,8 @@ def main():
     ap.add_argument("--seed", type=int, default=int(os.environ.get("SOAK_SEED", "1")))
     ap.add_argument("--min-seconds", type=float, default=float(os.environ.get("SOAK_MIN_SECONDS", "15")),
                     help="the storm lasts at least this long, so that the slow clients have their turn")
-    ap.add_argument("--rss-slack-mib", type=float, default=24.0,
-                    help="after the storm RSS must be <= idle RSS * 1.2 + this (default 24)")
+    ap.add_argument("--rss-slack-mib", type=float, default=float(os.environ.get("SOAK_RSS_SLACK_MIB", "24")),
+                    help="after the storm RSS must be <= idle RSS * 1.2 + this (default 24; SOAK_RSS_SLACK_MIB)")
     args = ap.parse_args()
 
     work = tempfile.mkdtemp(prefix="lockstep_soak_")

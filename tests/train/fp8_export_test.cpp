@@ -91,7 +91,7 @@ std::vector<float> logprobs(const ModelConfig& c, const float* params, DType pre
 }
 
 bool same_bytes(const Buffer& a, const Buffer& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size()) == 0;
+  return a.size() == b.size() && (a.size() == 0 || std::memcmp(a.data(), b.data(), a.size()) == 0);
 }
 
 // Every packed projection of a and b: the same bytes and the same scales.

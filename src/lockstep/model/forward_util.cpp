@@ -31,8 +31,10 @@ BatchTensors::BatchTensors(const RaggedBatch& b, int bs, const Allocator& memory
   memory.copy_in(positions_t.view().data, positions.data(), static_cast<size_t>(T) * 4);
   n_ctx = OwnedTensor(DType::I32, {S});
   n_new = OwnedTensor(DType::I32, {S});
-  std::memcpy(n_ctx.view().data, b.n_ctx.data(), static_cast<size_t>(S) * 4);
-  std::memcpy(n_new.view().data, b.n_new.data(), static_cast<size_t>(S) * 4);
+  if (S > 0) {  // an empty batch (an expert-parallel rank without tokens) has no arrays
+    std::memcpy(n_ctx.view().data, b.n_ctx.data(), static_cast<size_t>(S) * 4);
+    std::memcpy(n_new.view().data, b.n_new.data(), static_cast<size_t>(S) * 4);
+  }
   block_table = OwnedTensor(DType::I32, {S, b.max_blocks});
   if (!b.block_table.empty())
     std::memcpy(block_table.view().data, b.block_table.data(), b.block_table.size() * 4);
