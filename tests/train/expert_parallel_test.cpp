@@ -7,6 +7,8 @@
 //   for the same sequences, its non-expert gradients too, and the experts'
 //   gradients summed over ranks match within 1e-6 relative L2;
 // - shards that do not divide the experts are refused with a clear error.
+#include "lockstep/model/expert_parallel.h"
+
 #include <gtest/gtest.h>
 
 #include <barrier>
@@ -17,14 +19,13 @@
 #include <thread>
 #include <vector>
 
+#include "../common/test_util.h"
+#include "../common/v4_config.h"
 #include "lockstep/base/error.h"
 #include "lockstep/comm/exact_sum.h"
-#include "lockstep/model/expert_parallel.h"
 #include "lockstep/model/params.h"
 #include "lockstep/model/pretrained.h"
 #include "lockstep/train/trainer.h"
-#include "../common/test_util.h"
-#include "../common/v4_config.h"
 
 namespace lockstep::train {
 namespace {
@@ -292,8 +293,12 @@ TEST(ExpertParallel, FourRanksWithSharedExpertAndAnIdleRank) { check_group(4, mo
 TEST(ExpertParallel, TwoRanksWithRecompute) { check_group(2, moe_config(6, false), true, true); }
 // DeepSeek-V4: hash-routed layer 0, the routing weight before the down
 // projection, the MTP-free toy model of tests/common/v4_config.h.
-TEST(ExpertParallel, DeepSeekV4TwoRanksKeepLogprobBits) { check_group(2, test::tiny_v4(), false, false); }
-TEST(ExpertParallel, DeepSeekV4FourRanksWithAnIdleRank) { check_group(4, test::tiny_v4(), false, true); }
+TEST(ExpertParallel, DeepSeekV4TwoRanksKeepLogprobBits) {
+  check_group(2, test::tiny_v4(), false, false);
+}
+TEST(ExpertParallel, DeepSeekV4FourRanksWithAnIdleRank) {
+  check_group(4, test::tiny_v4(), false, true);
+}
 
 // Two optimizer steps of a 2-rank group (gradient all-reduce of the
 // non-expert tensors, global norm and clipping, AdamW on own experts,
@@ -483,9 +488,8 @@ void check_invariant_steps(int P, const ModelConfig& c) {
       threads.emplace_back([&, r] {
         // kLoss weighs sequence i by its index: the shard's indices are global.
         const size_t first = at(cut[size_t(r)]);
-        const LossFn loss = [first](size_t i, const float* lp, const float* en, int64_t k, float* dlp, float* den) {
-          return kLoss(first + i, lp, en, k, dlp, den);
-        };
+        const LossFn loss = [first](size_t i, const float* lp, const float* en, int64_t k, float* dlp,
+                                    float* den) { return kLoss(first + i, lp, en, k, dlp, den); };
         ranks[size_t(r)]->accumulate(shard_of(r), loss, score_options());
         stats[size_t(r)] = ranks[size_t(r)]->step();
         ranks[size_t(r)]->gather_model(whole_model[size_t(r)].data(), true);
@@ -511,10 +515,18 @@ void check_invariant_steps(int P, const ModelConfig& c) {
   test::expect_bits_equal(whole->optimizer().v(), plain->optimizer().v(), int64_t(n), "second moment");
 }
 
-TEST(ExpertParallel, WorldInvariantTwoRanksEqualOneBitForBit) { check_invariant_steps(2, moe_config(4, true)); }
-TEST(ExpertParallel, WorldInvariantFourRanksEqualOneBitForBit) { check_invariant_steps(4, moe_config(8, false)); }
-TEST(ExpertParallel, DeepSeekV4WorldInvariantTwoRanksEqualOneBitForBit) { check_invariant_steps(2, test::tiny_v4()); }
-TEST(ExpertParallel, DeepSeekV4WorldInvariantFourRanksEqualOneBitForBit) { check_invariant_steps(4, test::tiny_v4()); }
+TEST(ExpertParallel, WorldInvariantTwoRanksEqualOneBitForBit) {
+  check_invariant_steps(2, moe_config(4, true));
+}
+TEST(ExpertParallel, WorldInvariantFourRanksEqualOneBitForBit) {
+  check_invariant_steps(4, moe_config(8, false));
+}
+TEST(ExpertParallel, DeepSeekV4WorldInvariantTwoRanksEqualOneBitForBit) {
+  check_invariant_steps(2, test::tiny_v4());
+}
+TEST(ExpertParallel, DeepSeekV4WorldInvariantFourRanksEqualOneBitForBit) {
+  check_invariant_steps(4, test::tiny_v4());
+}
 
 TEST(ExpertParallel, ShardLayoutLoadsItsExpertsFromAWholeCheckpoint) {
   const ModelConfig c = moe_config(4, false);

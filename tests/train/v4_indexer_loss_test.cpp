@@ -58,7 +58,9 @@ std::unique_ptr<Trainer> make(const ModelConfig& c, double coef) {
   return std::make_unique<Trainer>(Context{}, c, init(c), tc);
 }
 
-bool is_indexer(const ParamInfo& p) { return p.name.find("attn.indexer.") != std::string::npos; }
+bool is_indexer(const ParamInfo& p) {
+  return p.name.find("attn.indexer.") != std::string::npos;
+}
 
 TEST(V4IndexerLoss, GradientMatchesFiniteDifferences) {
   const ModelConfig c = test::tiny_v4();
@@ -78,9 +80,10 @@ TEST(V4IndexerLoss, GradientMatchesFiniteDifferences) {
     // The three largest gradients of each indexer tensor.
     std::vector<int64_t> idx(size_t(p.numel));
     for (int64_t i = 0; i < p.numel; ++i) idx[size_t(i)] = i;
-    std::partial_sort(idx.begin(), idx.begin() + std::min<int64_t>(3, p.numel), idx.end(), [&](int64_t a, int64_t b) {
-      return std::fabs(grad[size_t(p.offset + a)]) > std::fabs(grad[size_t(p.offset + b)]);
-    });
+    std::partial_sort(idx.begin(), idx.begin() + std::min<int64_t>(3, p.numel), idx.end(),
+                      [&](int64_t a, int64_t b) {
+                        return std::fabs(grad[size_t(p.offset + a)]) > std::fabs(grad[size_t(p.offset + b)]);
+                      });
     for (int64_t j = 0; j < std::min<int64_t>(3, p.numel); ++j) {
       const int64_t at = p.offset + idx[size_t(j)];
       const float x0 = t->params()[at];
@@ -143,7 +146,8 @@ TEST(V4IndexerLoss, WithoutTheCoefficientTheIndexersStayFrozen) {
     if (!is_indexer(p)) continue;
     ++indexer_tensors;
     EXPECT_TRUE(p.frozen) << p.name;
-    for (int64_t i = 0; i < p.numel; ++i) ASSERT_EQ(t->params()[p.offset + i], before[size_t(p.offset + i)]) << p.name;
+    for (int64_t i = 0; i < p.numel; ++i)
+      ASSERT_EQ(t->params()[p.offset + i], before[size_t(p.offset + i)]) << p.name;
   }
   EXPECT_EQ(indexer_tensors, 12);
 }

@@ -4,14 +4,13 @@
 #include "lockstep/bench/common.h"
 
 #include <algorithm>
-
 #include <atomic>
 #include <chrono>
-#include <cstring>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -128,19 +127,22 @@ double measure_read_bandwidth(const Context& ctx, size_t bytes, int trials) {
   double best = 0;
   for (int trial = 0; trial < trials + 1; ++trial) {  // the first pass only warms
     const auto t0 = std::chrono::steady_clock::now();
-    ctx.parallel_for(int64_t(chunks), [&](int64_t c0, int64_t c1) {
-      for (int64_t c = c0; c < c1; ++c) {
-        const uint64_t* p = buf.data() + size_t(c) * words;
-        uint64_t a = 0, b = 0, d = 0, e = 0;
-        for (size_t i = 0; i < words; i += 4) {
-          a += p[i];
-          b += p[i + 1];
-          d += p[i + 2];
-          e += p[i + 3];
-        }
-        sums[size_t(c)] = a + b + d + e;
-      }
-    }, 1);
+    ctx.parallel_for(
+        int64_t(chunks),
+        [&](int64_t c0, int64_t c1) {
+          for (int64_t c = c0; c < c1; ++c) {
+            const uint64_t* p = buf.data() + size_t(c) * words;
+            uint64_t a = 0, b = 0, d = 0, e = 0;
+            for (size_t i = 0; i < words; i += 4) {
+              a += p[i];
+              b += p[i + 1];
+              d += p[i + 2];
+              e += p[i + 3];
+            }
+            sums[size_t(c)] = a + b + d + e;
+          }
+        },
+        1);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (trial > 0) best = std::max(best, double(chunks * kChunk) / std::max(dt, 1e-9) * 1e-9);
   }

@@ -119,7 +119,9 @@ double weight_bytes(const kernels::PackedWeight& pw) {
   return double(pw.data.size()) + double(pw.panel_scales.size());
 }
 
-double mlp_bytes(const model::PackedMlp& m) { return weight_bytes(m.gate_up) + weight_bytes(m.down); }
+double mlp_bytes(const model::PackedMlp& m) {
+  return weight_bytes(m.gate_up) + weight_bytes(m.down);
+}
 
 }  // namespace
 
@@ -281,7 +283,9 @@ std::string rollout_tables(const std::vector<RolloutBenchResult>& rs) {
   for (const auto& r : rs)
     out += fmt("%s: peak ", r.model.c_str()) + fmt("%.1f GFLOP/s", r.peak.gflops()) +
            fmt("; read bandwidth %.1f GB/s over a buffer of its weights' size (memory ms: the step's weight "
-               "and KV bytes at it)", r.copy_gb_per_s) + "\n";
+               "and KV bytes at it)",
+               r.copy_gb_per_s) +
+           "\n";
   return out;
 }
 

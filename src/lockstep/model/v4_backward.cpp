@@ -46,8 +46,9 @@ void zero(Tensor t) { std::memset(t.data, 0, t.nbytes()); }
 // row but the weight gradients, which come last: with
 // Activations::fold_expert_grads (expert parallelism, world_invariant) one
 // per source rank's rows, each folded away before the next.
-void expert_rows_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations& a, const k::MoeDispatch& rows,
-                          const Tensor& dy, const Tensor& x, const Tensor& w, Tensor dx, Tensor dw) {
+void expert_rows_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations& a,
+                          const k::MoeDispatch& rows, const Tensor& dy, const Tensor& x, const Tensor& w,
+                          Tensor dx, Tensor dw) {
   const Context& ctx = env.ctx;
   const ModelConfig& c = env.c;
   const int64_t R = dy.dim(0), Fe = c.moe_intermediate_size, E = c.num_experts;
@@ -58,14 +59,16 @@ void expert_rows_backward(const V4BackEnv& env, int64_t l, const V4LayerActivati
   const Tensor gu = a.gu_e.view();
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = rows.offsets[size_t(e)], r1 = rows.offsets[size_t(e) + 1];
-    if (r1 > r0) k::gemm_dyw(ctx, dacts.view().slice_rows(r0, r1), dy.slice_rows(r0, r1), p.experts[size_t(e)].w_down);
+    if (r1 > r0)
+      k::gemm_dyw(ctx, dacts.view().slice_rows(r0, r1), dy.slice_rows(r0, r1), p.experts[size_t(e)].w_down);
   }
   k::moe_scale_rows_backward(ctx, dact.view(), dw, dacts.view(), a.act_e.view(), w, rows);
   swiglu_v4_backward(ctx, dgu.view().slice_cols(0, Fe), dgu.view().slice_cols(Fe, 2 * Fe), dact.view(),
                      gu.slice_cols(0, Fe), gu.slice_cols(Fe, 2 * Fe), c.swiglu_limit);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = rows.offsets[size_t(e)], r1 = rows.offsets[size_t(e) + 1];
-    if (r1 > r0) k::gemm_dyw(ctx, dx.slice_rows(r0, r1), dgu.view().slice_rows(r0, r1), p.experts[size_t(e)].w_gate_up);
+    if (r1 > r0)
+      k::gemm_dyw(ctx, dx.slice_rows(r0, r1), dgu.view().slice_rows(r0, r1), p.experts[size_t(e)].w_gate_up);
   }
   // The weight gradients of rows [r0, r1) of expert e.
   const auto weight_grads = [&](int64_t e, int64_t r0, int64_t r1) {
@@ -124,10 +127,11 @@ void moe_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations& a, 
     ExpertComm& comm = *env.saved.experts;
     const ExpertRoute& route = a.route;
     const int64_t N = route.num_in();
-    OwnedTensor dyr(f32, {N, D}), dxr(f32, {N, D}), dwr(f32, {N, 1}), stage(f32, {N, D}), stage_w(f32, {N, 1}),
-        dws(f32, {T * K, 1});
+    OwnedTensor dyr(f32, {N, D}), dxr(f32, {N, D}), dwr(f32, {N, 1}), stage(f32, {N, D}),
+        stage_w(f32, {N, 1}), dws(f32, {T * K, 1});
     expert_dispatch(ctx, comm, route, dye.view(), dyr.view(), stage.view());
-    expert_rows_backward(env, l, a, route.local, dyr.view(), a.xe.view(), a.w_rows.view(), dxr.view(), dwr.view());
+    expert_rows_backward(env, l, a, route.local, dyr.view(), a.xe.view(), a.w_rows.view(), dxr.view(),
+                         dwr.view());
     expert_return(ctx, comm, route, dxr.view(), dxe.view(), stage.view());
     expert_return(ctx, comm, route, dwr.view(), dws.view(), stage_w.view());
     for (int64_t t = 0; t < T; ++t)
@@ -179,7 +183,8 @@ void compressor_backward(const V4BackEnv& env, int64_t l, const V4LayerActivatio
 void indexer_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations& a, double scale) {
   const Context& ctx = env.ctx;
   const ModelConfig& c = env.c;
-  const int64_t T = env.T, HI = c.index_n_heads, DI = c.index_head_dim, KI = c.index_topk, Dr = c.qk_rope_head_dim;
+  const int64_t T = env.T, HI = c.index_n_heads, DI = c.index_head_dim, KI = c.index_topk,
+                Dr = c.qk_rope_head_dim;
   const LayerParams& p = block_params(env.p, l);
   const LayerParams& g = block_params(env.g, l);
   const kernels::RopeTable& rope = env.weights.rope_of_layer(l);
@@ -229,17 +234,19 @@ void indexer_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations&
   if (Ne == 0) return;
   const Tensor cz_store = env.kv.index_cz(l);
   const Tensor rows(const_cast<int32_t*>(entries.rows.data()), DType::I32, {Ne, 8});
-  OwnedTensor pre(f32, {Ne, DI}), normed(f32, {Ne, DI}), rstd(f32, {Ne}), dentry(f32, {Ne, 1, DI}), dpre(f32, {Ne, DI});
+  OwnedTensor pre(f32, {Ne, DI}), normed(f32, {Ne, DI}), rstd(f32, {Ne}), dentry(f32, {Ne, 1, DI}),
+      dpre(f32, {Ne, DI});
   k::compress_forward(ctx, pre.view(), cz_store, rows, p.idx_cmp_ape, 4, true);
   k::rmsnorm_forward(ctx, normed.view(), rstd.view(), pre.view(), p.idx_cmp_norm, float(c.rms_norm_eps));
   load_rows(dentry.view().reshape({Ne, DI}), dkeys.view(), entries.slot, 1, 0);
   const Tensor pos(const_cast<int32_t*>(entries.pos.data()), DType::I32, {Ne});
   k::rope_interleaved_inverse(ctx, rope_tail(dentry.view(), Dr), pos, rope);
-  k::rmsnorm_backward(ctx, dpre.view(), g.idx_cmp_norm, dentry.view().reshape({Ne, DI}), pre.view(), p.idx_cmp_norm,
-                      rstd.view());
+  k::rmsnorm_backward(ctx, dpre.view(), g.idx_cmp_norm, dentry.view().reshape({Ne, DI}), pre.view(),
+                      p.idx_cmp_norm, rstd.view());
   OwnedTensor dcz_store(f32, {cz_store.dim(0), cz_store.dim(1)}), dcz(f32, {T, 4 * DI});
   zero(dcz_store.view());
-  k::compress_backward(ctx, dcz_store.view(), g.idx_cmp_ape, dpre.view(), cz_store, rows, p.idx_cmp_ape, 4, true);
+  k::compress_backward(ctx, dcz_store.view(), g.idx_cmp_ape, dpre.view(), cz_store, rows, p.idx_cmp_ape, 4,
+                       true);
   load_rows(dcz.view(), dcz_store.view(), env.vb.slots, 1, 0);
   k::gemm_dytx(ctx, stacked_rows(g.idx_cmp_wkv, g.idx_cmp_wgate), dcz.view(), a.a.view());
 }

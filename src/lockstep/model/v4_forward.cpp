@@ -220,55 +220,60 @@ double indexer_kl(const V4Env& env, int64_t l, V4LayerActivations& a) {
   const ModelConfig& c = env.c;
   const int64_t T = env.T, H = c.num_heads, Dh = c.head_dim, HI = c.index_n_heads, DI = c.index_head_dim,
                 KI = c.index_topk, W = c.sliding_window;
-  indexer_queries(env, l, a, reuse(env.ctx, a.idx_q, f32, {T, HI, DI}), reuse(env.ctx, a.idx_w, f32, {T, HI}));
+  indexer_queries(env, l, a, reuse(env.ctx, a.idx_q, f32, {T, HI, DI}),
+                  reuse(env.ctx, a.idx_w, f32, {T, HI}));
   float* ds = reuse(env.ctx, a.idx_dscore, f32, {T, KI}).f32();
   std::fill(ds, ds + T * KI, 0.0f);
   const Tensor store = env.kv.kv_store(l), keys = env.kv.index_keys(l);
   const double scale = attention_scale(c);
   std::vector<double> row_kl(size_t(T), 0.0);
-  env.ctx.parallel_for(T, [&](int64_t t0, int64_t t1) {
-    std::vector<double> teacher(static_cast<size_t>(KI)), student(static_cast<size_t>(KI));
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t p = env.vb.positions_vec[size_t(t)], s = env.vb.seq[size_t(t)];
-      const int64_t first = std::min(W, p + 1);  // the window's columns come first
-      const int32_t* cand = a.cand.view().i32() + t * a.cand.view().dim(1);
-      int64_t n = 0;
-      while (n < KI && a.idx_chosen[size_t(t * KI + n)] >= 0) ++n;
-      if (n == 0) continue;
-      double tsum = 0, smax = -1e300;
-      for (int64_t k = 0; k < n; ++k) {
-        const float* kv = store.f32() + int64_t(cand[first + k]) * Dh;
-        const float* key = keys.f32() + int64_t(env.vb.slot(s, (a.idx_chosen[size_t(t * KI + k)] + 1) * 4 - 1)) * DI;
-        double tk = 0, sk = 0;
-        for (int64_t h = 0; h < H; ++h) {
-          const float* q = a.q.view().f32() + (t * H + h) * Dh;
-          double z = 0;
-          for (int64_t d = 0; d < Dh; ++d) z += double(q[d]) * double(kv[d]);
-          tk += std::exp(z * scale - double(a.lse.view().f32()[t * H + h]));
+  env.ctx.parallel_for(
+      T,
+      [&](int64_t t0, int64_t t1) {
+        std::vector<double> teacher(static_cast<size_t>(KI)), student(static_cast<size_t>(KI));
+        for (int64_t t = t0; t < t1; ++t) {
+          const int64_t p = env.vb.positions_vec[size_t(t)], s = env.vb.seq[size_t(t)];
+          const int64_t first = std::min(W, p + 1);  // the window's columns come first
+          const int32_t* cand = a.cand.view().i32() + t * a.cand.view().dim(1);
+          int64_t n = 0;
+          while (n < KI && a.idx_chosen[size_t(t * KI + n)] >= 0) ++n;
+          if (n == 0) continue;
+          double tsum = 0, smax = -1e300;
+          for (int64_t k = 0; k < n; ++k) {
+            const float* kv = store.f32() + int64_t(cand[first + k]) * Dh;
+            const float* key =
+                keys.f32() + int64_t(env.vb.slot(s, (a.idx_chosen[size_t(t * KI + k)] + 1) * 4 - 1)) * DI;
+            double tk = 0, sk = 0;
+            for (int64_t h = 0; h < H; ++h) {
+              const float* q = a.q.view().f32() + (t * H + h) * Dh;
+              double z = 0;
+              for (int64_t d = 0; d < Dh; ++d) z += double(q[d]) * double(kv[d]);
+              tk += std::exp(z * scale - double(a.lse.view().f32()[t * H + h]));
+            }
+            for (int64_t h = 0; h < HI; ++h) {
+              const float* qi = a.idx_q.view().f32() + (t * HI + h) * DI;
+              double u = 0;
+              for (int64_t d = 0; d < DI; ++d) u += double(qi[d]) * double(key[d]);
+              sk += double(a.idx_w.view().f32()[t * HI + h]) * std::max(0.0, u);
+            }
+            teacher[size_t(k)] = tk;
+            student[size_t(k)] = sk;
+            tsum += tk;
+            smax = std::max(smax, sk);
+          }
+          double ssum = 0;
+          for (int64_t k = 0; k < n; ++k) ssum += std::exp(student[size_t(k)] - smax);
+          double kl = 0;
+          for (int64_t k = 0; k < n; ++k) {
+            const double tau = teacher[size_t(k)] / tsum;
+            const double log_sigma = student[size_t(k)] - smax - std::log(ssum);
+            if (tau > 0) kl += tau * (std::log(tau) - log_sigma);
+            ds[t * KI + k] = float(std::exp(log_sigma) - tau);
+          }
+          row_kl[size_t(t)] = kl;
         }
-        for (int64_t h = 0; h < HI; ++h) {
-          const float* qi = a.idx_q.view().f32() + (t * HI + h) * DI;
-          double u = 0;
-          for (int64_t d = 0; d < DI; ++d) u += double(qi[d]) * double(key[d]);
-          sk += double(a.idx_w.view().f32()[t * HI + h]) * std::max(0.0, u);
-        }
-        teacher[size_t(k)] = tk;
-        student[size_t(k)] = sk;
-        tsum += tk;
-        smax = std::max(smax, sk);
-      }
-      double ssum = 0;
-      for (int64_t k = 0; k < n; ++k) ssum += std::exp(student[size_t(k)] - smax);
-      double kl = 0;
-      for (int64_t k = 0; k < n; ++k) {
-        const double tau = teacher[size_t(k)] / tsum;
-        const double log_sigma = student[size_t(k)] - smax - std::log(ssum);
-        if (tau > 0) kl += tau * (std::log(tau) - log_sigma);
-        ds[t * KI + k] = float(std::exp(log_sigma) - tau);
-      }
-      row_kl[size_t(t)] = kl;
-    }
-  }, 16);
+      },
+      16);
   double total = 0;
   for (double x : row_kl) total += x;
   return total;
@@ -343,8 +348,8 @@ void expert_act(const Context& ctx, const ModelConfig& c, Tensor gu, Tensor act,
 // The routed experts on rows x (rows, D) of `rows` (a dispatch plan, or an
 // expert route's local rows), w their routing weights (as rows.top_k columns
 // per rows.num_tokens): gu, act and acts (saved) and y (rows, D).
-void expert_rows_forward(const V4Env& env, int64_t l, const k::MoeDispatch& rows, const Tensor& x, const Tensor& w,
-                         V4LayerActivations& a, Tensor y) {
+void expert_rows_forward(const V4Env& env, int64_t l, const k::MoeDispatch& rows, const Tensor& x,
+                         const Tensor& w, V4LayerActivations& a, Tensor y) {
   const ModelConfig& c = env.c;
   const Context& ctx = env.ctx;
   const int64_t R = x.dim(0), Fe = c.moe_intermediate_size;
@@ -353,7 +358,8 @@ void expert_rows_forward(const V4Env& env, int64_t l, const k::MoeDispatch& rows
   Tensor act = reuse(env.ctx, a.act_e, f32, {R, Fe}), acts = reuse(env.ctx, a.acts_e, f32, {R, Fe});
   for_each_expert(ctx, rows, [&](int64_t e, const Context& ectx) {
     const int64_t r0 = rows.offsets[size_t(e)], r1 = rows.offsets[size_t(e) + 1];
-    expert_act(ectx, c, gu.slice_rows(r0, r1), act.slice_rows(r0, r1), x.slice_rows(r0, r1), pw.experts[size_t(e)]);
+    expert_act(ectx, c, gu.slice_rows(r0, r1), act.slice_rows(r0, r1), x.slice_rows(r0, r1),
+               pw.experts[size_t(e)]);
   });
   // The routing weight multiplies each row before the down projection.
   k::moe_scale_rows(ctx, acts, act, w, rows);
@@ -381,7 +387,8 @@ void routed_experts(const V4Env& env, int64_t l, V4LayerActivations& a, Tensor y
   ExpertComm& comm = *env.opt.experts;
   a.route = expert_route(comm, plan, env.weights.experts());
   const int64_t N = a.route.num_in();
-  OwnedTensor xs(f32, {T * K, D}), ws(f32, {T * K, 1}), stage(f32, {N, D}), stage_w(f32, {N, 1}), yr(f32, {N, D});
+  OwnedTensor xs(f32, {T * K, D}), ws(f32, {T * K, 1}), stage(f32, {N, D}), stage_w(f32, {N, 1}),
+      yr(f32, {N, D});
   k::moe_gather(ctx, xs.view(), a.z.view(), plan);
   const float* tw = a.topk_w.f32();
   for (int64_t r = 0; r < T * K; ++r) ws.f32()[r] = tw[plan.token[size_t(r)] * K + plan.slot[size_t(r)]];

@@ -64,12 +64,12 @@ struct V4LayerActivations {
   kernels::MoeDispatch plan;
   // The routed experts' rows: the plan's T*K rows, or with expert parallelism
   // the N rows of this rank's experts from the whole group (route.local, expert-major).
-  ExpertRoute route;       // expert parallelism only
-  OwnedTensor w_rows;      // (N, 1) expert parallelism: each row's routing weight
-  OwnedTensor xe;          // (rows, D) gathered expert inputs
-  OwnedTensor gu_e;        // (rows, 2Fe)
-  OwnedTensor act_e;       // (rows, Fe) clamped SwiGLU
-  OwnedTensor acts_e;      // (rows, Fe) times the routing weight (the down projection's input)
+  ExpertRoute route;   // expert parallelism only
+  OwnedTensor w_rows;  // (N, 1) expert parallelism: each row's routing weight
+  OwnedTensor xe;      // (rows, D) gathered expert inputs
+  OwnedTensor gu_e;    // (rows, 2Fe)
+  OwnedTensor act_e;   // (rows, Fe) clamped SwiGLU
+  OwnedTensor acts_e;  // (rows, Fe) times the routing weight (the down projection's input)
   // CSA layers with ForwardOptions::indexer_loss: the indexer's queries after
   // RoPE and head weights, the entries it chose, and softmax(scores) minus
   // the teacher over them (0 at padding).

@@ -81,7 +81,9 @@ void make_data_parallel(train::Trainer& trainer, comm::Communicator& dp, comm::C
   const bool invariant = trainer.trainer_config().world_invariant;
   if (g.all_experts()) {
     if (invariant)
-      trainer.trainer_config().exact_reduce = [c](comm::Fixed* sums, size_t n) { c->all_reduce_sum(sums, n); };
+      trainer.trainer_config().exact_reduce = [c](comm::Fixed* sums, size_t n) {
+        c->all_reduce_sum(sums, n);
+      };
     else
       trainer.trainer_config().grad_reduce = [c](float* grads, size_t n) { c->all_reduce_sum(grads, n); };
     return;
