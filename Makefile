@@ -7,8 +7,10 @@ CTEST_ARGS ?=
 FUZZ_SECONDS ?= 60
 FUZZ_SEED ?= 0
 # ccache keys on paths relative to the checkout, so clones in other folders
-# reuse each other's objects.
+# reuse each other's objects (NOHASHDIR: also those built with -g, the asan
+# preset's, whose key would otherwise hold the build folder).
 export CCACHE_BASEDIR ?= $(CURDIR)
+export CCACHE_NOHASHDIR ?= 1
 
 .PHONY: all deps configure build test test-fast demo bench clean asan asan-fast lint fuzz
 
