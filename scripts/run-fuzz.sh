@@ -6,7 +6,9 @@
 # findings. Exit status 1 if any target found a crash, leak, timeout or OOM;
 # the inputs that did are in build/fuzz/findings/<target>/.
 # Usage: scripts/run-fuzz.sh [target ...]   (default: every target)
-# Environment: FUZZ_SECONDS, FUZZ_JOBS (build parallelism, default 2),
+# Environment: FUZZ_SECONDS, FUZZ_CPU_SECONDS (instead of wall seconds: fuzz
+# each target until it has used this much CPU time, so that a run at low
+# priority on a busy machine still gets its budget), FUZZ_JOBS (build parallelism, default 2),
 # FUZZ_CXX (default clang++-14), FUZZ_BUILD (default build/fuzz), FUZZ_SEED
 # (libFuzzer's -seed; 0, the default, draws one; CI fixes it so that a run
 # explores the same inputs each time).
@@ -14,6 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SECONDS_PER_TARGET="${FUZZ_SECONDS:-60}"
+CPU_SECONDS="${FUZZ_CPU_SECONDS:-0}"
 SEED="${FUZZ_SEED:-0}"
 JOBS="${FUZZ_JOBS:-2}"
 CXX="${FUZZ_CXX:-clang++-14}"
@@ -35,8 +38,28 @@ max_len_of() {
   esac
 }
 
+# User plus system CPU seconds of a running process, from /proc.
+TICKS=$(getconf CLK_TCK)
+cpu_seconds_of() {
+  local fields
+  fields=$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null) || { echo 0; return; }
+  awk -v t="$TICKS" '{ printf "%d\n", ($12 + $13) / t }' <<<"$fields"
+}
+
+# CPU seconds all finished children of this shell have used (bash's times,
+# run in this shell: in a command substitution it would count the subshell's).
+TIMES_FILE="$(mktemp)"
+trap 'rm -f "$TIMES_FILE" "$TIMES_FILE.before" "$TIMES_FILE.after"' EXIT
+children_cpu_seconds() {
+  times >"$TIMES_FILE"
+  tail -1 "$TIMES_FILE" | awk '{
+    s = 0
+    for (i = 1; i <= 2; i++) { split($i, p, /[ms]/); s += p[1] * 60 + p[2] }
+    printf "%d\n", s }'
+}
+
 failed=0
-printf '%-15s %12s %8s %8s %6s  %s\n' target execs cov ft secs result
+printf '%-15s %12s %8s %8s %6s %6s  %s\n' target execs cov ft secs cpu result
 for t in "${TARGETS[@]}"; do
   bin="$BUILD/fuzz_$t"
   [ -x "$bin" ] || { echo "run-fuzz: no target $t" >&2; exit 2; }
@@ -49,13 +72,34 @@ for t in "${TARGETS[@]}"; do
   [ -f "tests/fuzz/dict/$t.dict" ] && dict=(-dict="tests/fuzz/dict/$t.dict")
   log="$BUILD/fuzz_$t.log"
   start=$(date +%s)
+  children_cpu_seconds >"$TIMES_FILE.before"
+  cpu_before=$(cat "$TIMES_FILE.before")
   rc=0
+  wall_limit="$SECONDS_PER_TARGET"
+  [ "$CPU_SECONDS" -gt 0 ] && wall_limit=0
   # -timeout: an input taking over a second is a hang; -rss_limit_mb and
   # -malloc_limit_mb: a parser must refuse what would need more memory.
-  "$bin" "$work" "${dict[@]}" -seed="$SEED" -max_total_time="$SECONDS_PER_TARGET" -timeout=1 -rss_limit_mb=2048 \
+  "$bin" "$work" "${dict[@]}" -seed="$SEED" -max_total_time="$wall_limit" -timeout=1 -rss_limit_mb=2048 \
     -malloc_limit_mb=1024 -max_len="$(max_len_of "$t")" -artifact_prefix="$findings/" -print_final_stats=1 \
-    >"$log" 2>&1 || rc=$?
+    >"$log" 2>&1 &
+  pid=$!
+  interrupted=0
+  if [ "$CPU_SECONDS" -gt 0 ]; then
+    while kill -0 "$pid" 2>/dev/null; do
+      sleep 5
+      if [ "$(cpu_seconds_of "$pid")" -ge "$CPU_SECONDS" ]; then
+        interrupted=1
+        kill -INT "$pid" 2>/dev/null || true
+        break
+      fi
+    done
+  fi
+  wait "$pid" || rc=$?
+  # SIGINT makes libFuzzer print its final statistics and exit with 72.
+  [ "$interrupted" -eq 1 ] && [ "$rc" -eq 72 ] && rc=0
   secs=$(( $(date +%s) - start ))
+  children_cpu_seconds >"$TIMES_FILE.after"
+  cpu_used=$(( $(cat "$TIMES_FILE.after") - cpu_before ))
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   cov=$( (grep -o 'cov: [0-9]*' "$log" || true) | tail -1 | cut -d' ' -f2)
   ft=$( (grep -o 'ft: [0-9]*' "$log" || true) | tail -1 | cut -d' ' -f2)
@@ -66,6 +110,6 @@ for t in "${TARGETS[@]}"; do
   else
     result="ok"
   fi
-  printf '%-15s %12s %8s %8s %6s  %s\n' "$t" "${execs:-?}" "${cov:-?}" "${ft:-?}" "$secs" "$result"
+  printf '%-15s %12s %8s %8s %6s %6s  %s\n' "$t" "${execs:-?}" "${cov:-?}" "${ft:-?}" "$secs" "$cpu_used" "$result"
 done
 exit "$failed"
