@@ -13,7 +13,10 @@
 #     /v1/completions with logprobs): the server's logprobs equal `score`'s bits,
 #     and /update_weights_from_disk loads the SFT checkpoint back;
 #  6. `lockstep sft --resume` after a stop at step 2 ends with the weights of
-#     the uninterrupted run.
+#     the uninterrupted run;
+#  7. `lockstep init --dtype fp8` with MXFP4 experts, then `check-alignment
+#     --precision fp8`: aligned (experts multiplied as MXFP4 in both engines)
+#     every logprob bitwise equal; against an f32 trainer a gap above 0.
 set -euo pipefail
 BIN=$1
 SRC=$2
@@ -219,4 +222,24 @@ PY
 kill "$SERVER"
 wait "$SERVER" 2>/dev/null || true
 SERVER=""
+
+# 7. The official release's storage: fp8 blocks and MXFP4 experts.
+"$BIN" init --config "$T/model.toml" --out "$T/fp4" --dtype fp8 --set 'model.expert_dtype="fp4"' \
+  > "$T/init4.log" 2>&1 || { cat "$T/init4.log"; fail "init --dtype fp8 with MXFP4 experts"; }
+echo '{"prompt_ids": [51, 43, 52, 61]}' > "$T/align.jsonl"
+for trainer in fp8 f32; do
+  "$BIN" check-alignment --model "$T/fp4" --data "$T/align.jsonl" --precision fp8 --trainer-precision $trainer \
+    --n 4 --max-new-tokens 24 --json "$T/align_$trainer.json" > "$T/align_$trainer.log" 2>&1 \
+    || { cat "$T/align_$trainer.log"; fail "check-alignment --precision fp8 --trainer-precision $trainer"; }
+done
+python3 - "$T" <<'PY'
+import json, sys
+t = sys.argv[1]
+aligned = json.load(open(f"{t}/align_fp8.json"))
+fast = json.load(open(f"{t}/align_f32.json"))
+gap = "train/train_rollout_logprob_abs_diff"
+assert aligned[gap] == 0 and aligned["train/train_rollout_logprob_bitwise_equal_frac"] == 1, aligned
+assert fast[gap] > 0, fast
+print(f"v4 MXFP4 experts: aligned gap 0, fast-mode gap {fast[gap]:.4g}")
+PY
 echo PASS

@@ -317,6 +317,124 @@ TEST(GemmPack, RejectsWhatFp8CannotHold) {
 }
 
 // ---------------------------------------------------------------------------
+// MXFP4: fp8 storage holding e2m1 values with one power-of-two scale per 32
+
+// The MXFP4 value of w[n, k], from the rule's definition in double: the
+// group's scale s is the smallest power of two (at least 2^-127) with
+// amax / s <= 6, the value the e2m1 grid point nearest w / s (ties to the
+// even code) times s.
+double mxfp4_reference(const Mat& w, int64_t n, int64_t k) {
+  static const double kGrid[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+  const int64_t g0 = k / 32 * 32;
+  double amax = 0;
+  for (int64_t i = g0; i < g0 + 32; ++i) amax = std::max(amax, std::fabs(double(w.at(n, i))));
+  double s = std::ldexp(1.0, -127);
+  while (amax / s > 6) s *= 2;
+  const double a = std::fabs(double(w.at(n, k))) / s;
+  int best = 0;
+  for (int i = 1; i < 8; ++i) {
+    const double d = std::fabs(a - kGrid[i]), db = std::fabs(a - kGrid[best]);
+    if (d < db || (d == db && i % 2 == 0)) best = i;
+  }
+  return std::copysign(kGrid[best] * s, double(w.at(n, k)));
+}
+
+// Rows whose groups span many scales, one all-zero group, one tiny group.
+Mat mxfp4_test_weight(int64_t N, int64_t K, uint32_t seed) {
+  Mat w(N, K);
+  w.fill_randn(seed);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) w.at(n, k) = std::ldexp(w.at(n, k), int((n * 7 + k / 32 * 3) % 17) - 12);
+  for (int64_t k = 32; k < 64 && k < K; ++k) w.at(std::min<int64_t>(3, N - 1), k) = 0.0f;
+  for (int64_t k = 0; k < 32; ++k) w.at(0, k) = std::ldexp(w.at(0, k), -110);
+  return w;
+}
+
+TEST(GemmMxfp4, PackedValuesFollowTheRule) {
+  ThreadPool pool(2);
+  for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{1, 32}, {37, 96}, {16, 64}, {70, 160}}) {
+    SCOPED_TRACE("N=" + std::to_string(N) + " K=" + std::to_string(K));
+    const Mat w = mxfp4_test_weight(N, K, uint32_t(N + K));
+    Mat wc = w;
+    const PackedWeight pw = pack_weight_mxfp4(Context{&pool}, wc.t());
+    EXPECT_TRUE(pw.mxfp4);
+    EXPECT_EQ(pw.storage, DType::FP8E4M3);
+    EXPECT_EQ(pw.block_n, 1);
+    EXPECT_EQ(pw.block_k, 32);
+    const std::vector<float> got = unpack(pw);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) {
+        const double want = mxfp4_reference(w, n, k);
+        ASSERT_EQ(double(got[size_t(n * K + k)]), want) << "(" << n << ", " << k << ") of " << w.at(n, k);
+        // The scale of (n, k) is its own group's power of two.
+        const float sc = pw.fp8_scale(n, k);
+        int e = 0;
+        ASSERT_EQ(std::frexp(sc, &e), 0.5f) << "scale " << sc << " at (" << n << ", " << k << ")";
+      }
+    // Packing the packed values again gives back the same bytes and scales
+    // (a checkpoint written from them packs as the original).
+    std::vector<float> again = got;
+    const PackedWeight pw2 = pack_weight_mxfp4(Context{}, Tensor(again.data(), DType::F32, {N, K}));
+    ASSERT_EQ(pw2.data.size(), pw.data.size());
+    EXPECT_EQ(std::memcmp(pw2.data.data(), pw.data.data(), pw.data.size()), 0);
+    EXPECT_EQ(std::memcmp(pw2.block_scales.data(), pw.block_scales.data(), pw.block_scales.size()), 0);
+  }
+}
+
+TEST(GemmMxfp4, ProductsFollowTheContractAndAreBatchAndThreadInvariant) {
+  ThreadPool pool2(2);
+  const int64_t kMaxM = 70, N = 45, K = 1024;
+  Mat w = mxfp4_test_weight(N, K, 5), x(kMaxM, K, 3);
+  x.fill_randn(6);
+  const PackedWeight pw = pack_weight_mxfp4(Context{}, w.t());
+  const std::vector<float> weff = unpack(pw), xd = x.dense();
+  std::vector<float> alone(size_t(kMaxM * N));
+  for (int64_t m = 0; m < kMaxM; ++m)
+    gemm_xwt(Context{}, Tensor(alone.data() + m * N, DType::F32, {1, N}), x.t().slice_rows(m, m + 1), pw);
+  const std::vector<float> want = contract_xwt(xd, weff, kMaxM, N, K, nullptr);
+  expect_bits_equal(alone.data(), want.data(), kMaxM * N, "mxfp4 xwt vs contract");
+  expect_near_double(
+      alone, kMaxM, N, K, [&](int64_t m, int64_t k) { return xd[m * K + k]; },
+      [&](int64_t k, int64_t n) { return mxfp4_reference(w, n, k); }, "mxfp4 xwt vs double");
+  for (int64_t M : {int64_t(2), int64_t(7), int64_t(16), int64_t(33), kMaxM}) {
+    Guarded y(M * N);
+    gemm_xwt(Context{&pool2}, y.tensor({M, N}), x.t().slice_rows(0, M), pw);
+    y.check("y");
+    expect_bits_equal(y.data(), alone.data(), M * N, ("M=" + std::to_string(M) + ", 2 threads").c_str());
+  }
+}
+
+TEST(GemmMxfp4, RepackMatchesAFreshPack) {
+  Mat w = mxfp4_test_weight(40, 64, 1);
+  PackedWeight pw = pack_weight_mxfp4(Context{}, w.t());
+  w = mxfp4_test_weight(40, 64, 2);
+  repack_weight(Context{}, pw, w.t());
+  const PackedWeight fresh = pack_weight_mxfp4(Context{}, w.t());
+  EXPECT_TRUE(pw.mxfp4);
+  EXPECT_EQ(std::memcmp(pw.data.data(), fresh.data.data(), pw.data.size()), 0);
+  EXPECT_EQ(std::memcmp(pw.panel_scales.data(), fresh.panel_scales.data(), pw.panel_scales.size()), 0);
+}
+
+TEST(GemmMxfp4, RefusesWhatMxfp4CannotHold) {
+  auto message = [](Mat& w) {
+    try {
+      pack_weight_mxfp4(Context{}, w.t());
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  Mat narrow(4, 40);
+  EXPECT_NE(message(narrow).find("multiple of 32"), std::string::npos) << message(narrow);
+  Mat w(4, 64);
+  w.fill_randn(3);
+  w.at(2, 33) = std::nanf("");
+  EXPECT_NE(message(w).find("(2, 33)"), std::string::npos) << message(w);
+  w.at(2, 33) = 1e4f;  // needs a scale of 2^11
+  EXPECT_NE(message(w).find("row 2 at column 32"), std::string::npos) << message(w);
+}
+
+// ---------------------------------------------------------------------------
 // X·Wᵀ
 
 // Runs gemm_xwt on strided, guarded operands and checks it against the

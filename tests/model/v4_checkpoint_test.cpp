@@ -17,6 +17,7 @@
 #include "lockstep/model/hf_quant.h"
 #include "lockstep/model/pretrained.h"
 #include "lockstep/model/safetensors.h"
+#include "lockstep/model/weights.h"
 #include "model/model_test_util.h"
 
 namespace lockstep {
@@ -261,6 +262,81 @@ TEST(V4Checkpoint, Fp8ExpertsWhenExpertDtypeIsNotFp4) {
     load_params(dir.str(), m.layout, back.as<float>());
     check_fp8_values(m, m.params.as<float>(), back.as<float>());
   }
+}
+
+// ---- the engines' packing at fp8 ----
+
+// The MXFP4 values (hf_quant) of a (rows, cols) master tensor.
+std::vector<float> mxfp4_values(const Tensor& t) {
+  const int64_t out = t.shape[0], in = t.shape[1];
+  std::vector<uint8_t> q(size_t(out * in / 2)), s(size_t(out * in / 32));
+  mxfp4_quantize(t.f32(), out, in, q.data(), s.data());
+  std::vector<float> sf(s.size()), back(size_t(out * in));
+  for (size_t k = 0; k < s.size(); ++k) sf[k] = e8m0_to_f32(s[k]);
+  mxfp4_dequantize(q.data(), sf.data(), out, in, back.data());
+  return back;
+}
+
+// Every routed expert's projections (MTP block's included) of a bound model.
+std::vector<Tensor> expert_projections(const ModelParams& p) {
+  std::vector<Tensor> out;
+  auto add = [&](const LayerParams& l) {
+    for (const auto& e : l.experts) {
+      out.push_back(e.w_gate_up);
+      out.push_back(e.w_down);
+    }
+  };
+  for (const auto& l : p.layers) add(l);
+  for (const auto& m : p.mtp) add(m.block);
+  return out;
+}
+
+// At fp8 storage an expert_dtype = "fp4" model's routed experts are
+// multiplied by the MXFP4 values an fp8 save stores for them (as the official
+// checkpoint keeps them), bit for bit; so a model loaded from such a
+// checkpoint is multiplied by exactly the checkpoint's values. The other
+// projections keep their 128 x 128 fp8 blocks; with expert_dtype = "fp8" or
+// at bf16 the experts are packed like every other projection.
+TEST(V4Checkpoint, Fp8StorageMultipliesFp4ExpertsByTheirMxfp4Values) {
+  Model m = make_model("fp4");
+  const model::ModelWeights w(Context{}, m.layout, m.params.as<float>(), DType::FP8E4M3, kFp8WeightBlock, {},
+                              /*effective=*/true);
+  ASSERT_TRUE(w.experts_mxfp4());
+  EXPECT_TRUE(w.layer(0).experts[0].gate_up.mxfp4);
+  EXPECT_TRUE(w.layer(2).experts[3].down.mxfp4);  // the MTP block's
+  EXPECT_FALSE(w.layer(0).wq_a.mxfp4);
+  EXPECT_EQ(w.layer(0).wq_a.block_n, kFp8WeightBlock);
+  EXPECT_FALSE(w.layer(1).shared.down.mxfp4);
+  const std::vector<Tensor> master = expert_projections(bind(m.layout, m.params.as<float>()));
+  const std::vector<Tensor> used = expert_projections(w.backward_params());
+  ASSERT_EQ(master.size(), 3u * 4u * 2u);
+  for (size_t i = 0; i < master.size(); ++i) {
+    const std::vector<float> want = mxfp4_values(master[i]);
+    for (int64_t k = 0; k < master[i].numel(); ++k)
+      ASSERT_EQ(f32_bits(used[i].f32()[k]), f32_bits(want[size_t(k)]))
+          << "projection " << i << " element " << k;
+  }
+
+  TempDir dir("v4ck-mxfp4-pack");
+  save_pretrained(dir.str("m"), m.config, m.layout, m.params.as<float>(), SaveFormat::FP8);
+  PretrainedModel back = load_pretrained(dir.str("m"));
+  const model::ModelWeights wb(Context{}, back.layout, back.params.as<float>(), DType::FP8E4M3,
+                               kFp8WeightBlock, {}, /*effective=*/true);
+  const std::vector<Tensor> loaded = expert_projections(bind(back.layout, back.params.as<float>()));
+  const std::vector<Tensor> used_b = expert_projections(wb.backward_params());
+  for (size_t i = 0; i < loaded.size(); ++i)
+    for (int64_t k = 0; k < loaded[i].numel(); ++k)
+      ASSERT_EQ(f32_bits(used_b[i].f32()[k]), f32_bits(loaded[i].f32()[k]))
+          << "projection " << i << " element " << k;
+
+  for (const std::string dt : {"fp8", ""}) {
+    Model o = make_model(dt);
+    const model::ModelWeights wo(Context{}, o.layout, o.params.as<float>(), DType::FP8E4M3, kFp8WeightBlock);
+    EXPECT_FALSE(wo.experts_mxfp4()) << dt;
+    EXPECT_FALSE(wo.layer(0).experts[0].gate_up.mxfp4) << dt;
+  }
+  const model::ModelWeights bf(Context{}, m.layout, m.params.as<float>(), DType::BF16);
+  EXPECT_FALSE(bf.experts_mxfp4());
 }
 
 TEST(V4Checkpoint, ShardedFp8SaveLoads) {

@@ -249,6 +249,13 @@ TEST(V4Config, InvalidValuesNameTheirKey) {
   expect_refused([](ModelConfig& c) { c.first_k_dense_replace = 1; }, "first_k_dense_replace");
   expect_refused([](ModelConfig& c) { c.score_correction_bias = false; }, "score_correction_bias");
   expect_refused([](ModelConfig& c) { c.expert_dtype = "int4"; }, "expert_dtype");
+  // MXFP4 scales 32 values of a row at a time: both expert widths must divide.
+  expect_refused(
+      [](ModelConfig& c) {
+        c.expert_dtype = "fp4";
+        c.moe_intermediate_size = c.shared_expert_intermediate_size = 48;
+      },
+      "expert_dtype");
 
   // The JSON reader validates too, naming the file.
   json j = tiny_v4_json();
@@ -545,6 +552,7 @@ TEST(V4Params, InitDeterministicWithValidHashTables) {
   ModelConfig c = tiny_v4();
   c.vocab_size = 24000;  // the (V, K = 3) table spans a 64 Ki-float init chunk boundary
   c.hidden_size = 8;     // and the rest stays small
+  c.expert_dtype.clear();  // (MXFP4 needs widths of 32)
   c.num_hash_layers = 2;
   c.num_experts = 8;
   c.num_experts_per_tok = 3;

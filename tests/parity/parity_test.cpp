@@ -135,6 +135,35 @@ TEST(Parity, AlignedAtBf16AndFp8) {
   }
 }
 
+// DeepSeek-V4 aligned in the official checkpoint's precisions: fp8 blocks and
+// MXFP4 routed experts (expert_dtype = "fp4") in both engines, every
+// variation's logprobs equal to the trainer's bit for bit.
+TEST(Parity, AlignedV4AtFp8WithMxfp4Experts) {
+  const int64_t n_cases = std::max<int64_t>(1, env_int("LOCKSTEP_PARITY_V4_CASES", 24) / 4);
+  const uint64_t seed0 = uint64_t(env_int("LOCKSTEP_PARITY_SEED", 1000)) + 700;
+  ThreadPool pool2(2);
+  std::mt19937_64 g(seed0);
+  CaseStats total;
+  for (int64_t i = 0; i < n_cases; ++i) {
+    Case cs = random_case(seed0 + uint64_t(i), {}, true);
+    cs.config.expert_dtype = "fp4";  // MXFP4 groups of 32 along both expert widths
+    cs.config.hidden_size = 32;
+    cs.config.moe_intermediate_size = 32;
+    cs.config.shared_expert_intermediate_size = 32;
+    const Model m(cs.config, cs.seed);
+    ASSERT_TRUE(m.packed(DType::FP8E4M3)->experts_mxfp4());
+    const CaseStats st = check_case(cs, &pool2, g, DType::FP8E4M3);
+    total.tokens += st.tokens;
+    total.runs += st.runs;
+    if (HasFailure()) return;
+  }
+  std::printf(
+      "[parity] DeepSeek-V4 fp8 + MXFP4 experts: %lld cases, %lld engine runs matched the trainer, "
+      "%lld sampled tokens\n",
+      (long long)n_cases, (long long)total.runs, (long long)total.tokens);
+  EXPECT_GT(total.tokens, 20);
+}
+
 // Bug found by this suite: a group whose samples had all been preempted came
 // back through the queue and was admitted only in part; it stayed queued, so
 // its admitted samples held KV blocks but were never scheduled. The engine

@@ -144,6 +144,12 @@ void validate_v4(const ModelConfig& c, const std::string& source) {
   refuse.positive_finite("hc_eps", c.hc_eps);
   if (!c.expert_dtype.empty() && c.expert_dtype != "fp4" && c.expert_dtype != "fp8")
     refuse("expert_dtype", "must be \"fp4\", \"fp8\" or empty (bf16), got \"" + c.expert_dtype + "\"");
+  // MXFP4 scales groups of 32 along a row: both widths of an expert.
+  if (c.expert_dtype == "fp4" && (c.hidden_size % 32 != 0 || c.moe_intermediate_size % 32 != 0))
+    refuse("expert_dtype",
+           "\"fp4\" (MXFP4, one scale per 32 values) needs hidden_size and "
+           "moe_intermediate_size to be multiples of 32, got " +
+               std::to_string(c.hidden_size) + " and " + std::to_string(c.moe_intermediate_size));
 }
 
 void validate_no_v4_fields(const ModelConfig& c, const std::string& source) {

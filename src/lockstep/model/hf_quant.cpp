@@ -15,8 +15,7 @@ namespace {
 
 // ue8m0's smallest scale, 2^-127 (an f32 subnormal, exact).
 constexpr float kMinScale = 0x1p-127f;
-
-constexpr float kE2M1Values[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+static_assert(kMxfp4Group == kernels::kMxfp4GroupSize, "one MXFP4 group size");
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
@@ -33,15 +32,6 @@ void check_mxfp4_in(int64_t in, std::string_view what) {
 
 [[noreturn]] void throw_non_finite(std::string_view what, int64_t i, int64_t j, float v) {
   LS_THROW << what << ": cannot quantize the non-finite value " << v << " at (" << i << ", " << j << ")";
-}
-
-// The smallest power of two s with amax / s <= 6. With amax = m * 2^e,
-// m in [0.5, 1): m * 2^3 <= 6 iff m <= 0.75, else m * 2^2 < 4 always fits.
-float e2m1_pow2_scale(float amax) {
-  if (!(amax > 0.0f)) return 1.0f;
-  int e = 0;
-  const float m = std::frexp(amax, &e);
-  return std::ldexp(1.0f, m <= 0.75f ? e - 3 : e - 2);
 }
 
 }  // namespace
@@ -64,22 +54,11 @@ uint8_t f32_to_e8m0(float pow2) {
 }
 
 float e2m1_to_f32(uint8_t nibble) {
-  const float mag = kE2M1Values[nibble & 7u];
-  return (nibble & 8u) ? -mag : mag;
+  return kernels::e2m1_value(nibble);
 }
 
 uint8_t f32_to_e2m1(float v) {
-  const float a = std::fabs(v);
-  // Midpoints between neighbours; at a tie the even code (mantissa bit 0) wins.
-  uint8_t code = a <= 0.25f   ? 0
-                 : a < 0.75f  ? 1
-                 : a <= 1.25f ? 2
-                 : a < 1.75f  ? 3
-                 : a <= 2.5f  ? 4
-                 : a < 3.5f   ? 5
-                 : a <= 5.0f  ? 6
-                              : 7;
-  return static_cast<uint8_t>(std::signbit(v) ? code | 8u : code);
+  return kernels::e2m1_code(v);
 }
 
 // ---- shapes ----
@@ -162,23 +141,12 @@ void mxfp4_dequantize(const uint8_t* packed, const float* scale, int64_t out, in
 
 namespace {
 
-// One group of 32 values x[0, 32) into codes[0, 32); returns its scale.
+// One group of 32 values x[0, 32) into codes[0, 32); returns its scale
+// (kernels::mxfp4_group_codes, the rule the packed experts share).
 float mxfp4_quantize_group(const float* x, uint8_t* codes, int64_t i, int64_t j0, std::string_view what) {
-  float amax = 0.0f;
-  for (int64_t k = 0; k < kMxfp4Group; ++k) {
+  for (int64_t k = 0; k < kMxfp4Group; ++k)
     if (!std::isfinite(x[k])) throw_non_finite(what, i, j0 + k, x[k]);
-    amax = std::max(amax, std::fabs(x[k]));
-  }
-  const float s = std::max(e2m1_pow2_scale(amax), kMinScale);
-  float cmax = 0.0f;
-  for (int64_t k = 0; k < kMxfp4Group; ++k) {
-    codes[k] = f32_to_e2m1(x[k] / s);
-    cmax = std::max(cmax, std::fabs(e2m1_to_f32(codes[k])));
-  }
-  if (cmax == 0.0f || cmax > 3.0f || s == kMinScale) return s;
-  // Canonical form: the same values at half the scale (doubling is exact in e2m1 up to 3).
-  for (int64_t k = 0; k < kMxfp4Group; ++k) codes[k] = f32_to_e2m1(e2m1_to_f32(codes[k]) * 2.0f);
-  return s * 0.5f;
+  return kernels::mxfp4_group_codes(x, codes);
 }
 
 }  // namespace

@@ -20,6 +20,18 @@ void pack_into(const Context& ctx, kernels::PackedWeight& pw, const Tensor& w, D
   }
 }
 
+// A routed expert's projection: as MXFP4 values when `mxfp4`, else as pack_into.
+void pack_expert_into(const Context& ctx, kernels::PackedWeight& pw, const Tensor& w, bool mxfp4,
+                      DType storage, int64_t block, bool fresh, std::vector<int64_t> rows = {}) {
+  if (!mxfp4) {
+    pack_into(ctx, pw, w, storage, block, fresh, std::move(rows));
+  } else if (fresh || !pw.mxfp4) {
+    pw = kernels::pack_weight_mxfp4(ctx, w);
+  } else {
+    kernels::repack_weight(ctx, pw, w);
+  }
+}
+
 // q | k | v rows of wqkv; gate | up rows of a w_gate_up.
 std::vector<int64_t> qkv_rows(const LayerParams& p) {
   return {0, p.wq.shape[0], p.wq.shape[0] + p.wk.shape[0]};
@@ -132,10 +144,12 @@ void ModelWeights::pack_layer(const Context& ctx, const LayerParams& p, PackedLa
   }
   pack_into(ctx, q.router, p.router, DType::F32, 0, fresh);
   q.experts.resize(p.experts.size());
+  const bool fp4 = experts_mxfp4();
   for (size_t e = 0; e < p.experts.size(); ++e) {
     if (!experts_.contains(int64_t(e))) continue;
-    pack_into(ctx, q.experts[e].gate_up, p.experts[e].w_gate_up, s, b, fresh, gate_up_rows(p.experts[e]));
-    pack_into(ctx, q.experts[e].down, p.experts[e].w_down, s, b, fresh);
+    pack_expert_into(ctx, q.experts[e].gate_up, p.experts[e].w_gate_up, fp4, s, b, fresh,
+                     gate_up_rows(p.experts[e]));
+    pack_expert_into(ctx, q.experts[e].down, p.experts[e].w_down, fp4, s, b, fresh);
   }
   if (p.shared.w_gate_up.data != nullptr) {
     pack_into(ctx, q.shared.gate_up, p.shared.w_gate_up, s, b, fresh, gate_up_rows(p.shared));

@@ -55,6 +55,9 @@ class ModelWeights {
   // wqkv and gate|up matrices take their fp8 scale blocks per constituent
   // Hugging Face tensor (q, k, v; gate, up), so the packed bytes and scales are
   // those of an FP8 checkpoint of the master (hf_quant.h fp8_block_quantize).
+  // DeepSeek-V4 with expert_dtype = "fp4" at FP8E4M3 storage packs its routed
+  // experts as MXFP4 values (kernels::pack_weight_mxfp4), as its official
+  // checkpoint keeps them; the other projections take the fp8 blocks.
   // experts: the routed experts to pack (expert parallelism packs only this
   // rank's shard; the others stay empty and a forward must send their rows
   // to their owners, expert_parallel.h).
@@ -95,6 +98,8 @@ class ModelWeights {
   // DeepSeek-V4: (Dh) ones, the weight of the unweighted per-head query RMS.
   const Tensor& ones() const { return ones_.view(); }
   DType storage() const { return storage_; }
+  // Routed experts hold MXFP4 values (fp8 storage of an expert_dtype = "fp4" model).
+  bool experts_mxfp4() const { return storage_ == DType::FP8E4M3 && config().expert_dtype == "fp4"; }
   int64_t fp8_block() const { return fp8_block_; }
   const ExpertShard& experts() const { return experts_; }
   uint64_t version() const { return version_; }

@@ -40,6 +40,54 @@ fp8_t fp8_block_code(float w, Fp8BlockScale b) {
 
 namespace {
 
+constexpr float kE2M1Values[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+// The smallest power of two s with amax / s <= 6. With amax = m * 2^e,
+// m in [0.5, 1): m * 2^3 <= 6 iff m <= 0.75, else m * 2^2 < 4 always fits.
+float e2m1_pow2_scale(float amax) {
+  if (!(amax > 0.0f)) return 1.0f;
+  int e = 0;
+  const float m = std::frexp(amax, &e);
+  return std::ldexp(1.0f, m <= 0.75f ? e - 3 : e - 2);
+}
+
+}  // namespace
+
+float e2m1_value(uint8_t nibble) {
+  const float mag = kE2M1Values[nibble & 7u];
+  return (nibble & 8u) ? -mag : mag;
+}
+
+uint8_t e2m1_code(float v) {
+  const float a = std::fabs(v);
+  // Midpoints between neighbours; at a tie the even code (mantissa bit 0) wins.
+  const uint8_t code = a <= 0.25f   ? 0
+                       : a < 0.75f  ? 1
+                       : a <= 1.25f ? 2
+                       : a < 1.75f  ? 3
+                       : a <= 2.5f  ? 4
+                       : a < 3.5f   ? 5
+                       : a <= 5.0f  ? 6
+                                    : 7;
+  return static_cast<uint8_t>(std::signbit(v) ? code | 8u : code);
+}
+
+float mxfp4_group_codes(const float* x, uint8_t* codes) {
+  float amax = 0.0f;
+  for (int64_t k = 0; k < kMxfp4GroupSize; ++k) amax = std::max(amax, std::fabs(x[k]));
+  const float s = std::max(e2m1_pow2_scale(amax), kFp8MinBlockScale);
+  float cmax = 0.0f;
+  for (int64_t k = 0; k < kMxfp4GroupSize; ++k) {
+    codes[k] = e2m1_code(x[k] / s);
+    cmax = std::max(cmax, std::fabs(e2m1_value(codes[k])));
+  }
+  if (cmax == 0.0f || cmax > 3.0f || s == kFp8MinBlockScale) return s;
+  for (int64_t k = 0; k < kMxfp4GroupSize; ++k) codes[k] = e2m1_code(e2m1_value(codes[k]) * 2.0f);
+  return s * 0.5f;
+}
+
+namespace {
+
 void quantize_group(float* x, int64_t n) {
   float amax = 0.0f;
   for (int64_t i = 0; i < n; ++i) {

@@ -1,4 +1,5 @@
-// FP8 (e4m3fn) scaling shared by weight packing and activation quantization.
+// FP8 (e4m3fn) scaling shared by weight packing and activation quantization,
+// and the MXFP4 (e2m1 with a scale per 32) rule of routed-expert weights.
 // Scales are powers of two, as DeepSeek's FP8 checkpoints store them (an
 // exponent only), so dividing by a scale and multiplying back are exact and a
 // quantized value's bits depend only on its own group.
@@ -34,6 +35,28 @@ struct Fp8BlockScale {
 Fp8BlockScale fp8_block_scale(float amax);
 // The e4m3 code of w (finite, |w| <= the block's amax) in a block of scale b.
 fp8_t fp8_block_code(float w, Fp8BlockScale b);
+
+// ---- MXFP4: e2m1 values, one power-of-two scale per 32 along a row ----
+
+constexpr int64_t kMxfp4GroupSize = 32;
+
+// e2m1 nibble (low 4 bits): bit 3 is the sign, bits 0-2 index
+// [0, 0.5, 1, 1.5, 2, 3, 4, 6]; so 8 is -0. Exact.
+float e2m1_value(uint8_t nibble);
+// f32 -> e2m1 nibble, round to nearest, ties to the even code (0.25 -> 0,
+// 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4); magnitudes
+// above 5 (infinities too) give +-6; the sign is kept. v must not be NaN.
+uint8_t e2m1_code(float v);
+
+// The MXFP4 rule of one group of 32 finite values x, the one DeepSeek's
+// checkpoints and the packed expert weights (pack_weight_mxfp4) share:
+//   s = the smallest power of two with amax / s <= 6, at least 2^-127 (an
+//       all-zero group gets 1);  code = e2m1_code(x / s)
+// then, when the group's largest |code| is at most 3 (not 0) and s > 2^-127,
+// s is halved and every code doubled (exact), so the values are the rule's
+// and quantizing the dequantized group again gives back the same codes.
+// Writes the 32 nibbles to `codes` and returns s.
+float mxfp4_group_codes(const float* x, uint8_t* codes);
 
 // In place, per row t of x (T, K) f32 (rows may be strided), per group of
 // `group` consecutive channels g = [j*group, min(K, (j+1)*group)):

@@ -26,10 +26,15 @@ constexpr int64_t kGemmPanel = 16;
 // The row blocks restart at each row segment's first row: a fused matrix
 // (q | k | v, gate | up) gets the scale blocks its constituent tensors would
 // have on their own, as a Hugging Face FP8 checkpoint stores them.
+// MXFP4 (pack_weight_mxfp4) is FP8E4M3 storage with 1 x 32 blocks whose codes
+// are e2m1 values (each an exact e4m3 byte) and whose scales follow the MXFP4
+// rule, so the kernels multiply by exactly the values of an MXFP4 checkpoint;
+// it takes one byte per weight, as fp8 does, not the format's half byte.
 struct PackedWeight {
   DType storage = DType::F32;
   int64_t n = 0, k = 0;
   int64_t block_n = 0, block_k = 0;  // fp8 scale blocks; 0 = one scale per row segment and all of K
+  bool mxfp4 = false;                // fp8 storage holding MXFP4 values (block_n 1, block_k 32)
   // fp8 only: the first row of each row segment, increasing, from 0 (empty: one segment).
   std::vector<int64_t> row_segments;
   Buffer data;
@@ -66,7 +71,15 @@ PackedWeight pack_weight(const Context& ctx, const Tensor& w, DType storage, int
 // with NB = ceil(N/block), KB = ceil(K/block), or (1, 1) with block = 0.
 PackedWeight pack_weight_fp8(const Context& ctx, const Tensor& w, const Tensor& scales, int64_t block);
 
-// Refreshes pw from w (same shape; same storage, fp8 blocking and row segments) after an update.
+// Packs w (N,K) f32 or bf16 as MXFP4 values (PackedWeight::mxfp4): per row
+// and group of 32 columns, the scale and e2m1 codes of mxfp4_group_codes
+// (fp8_quant.h), the values DeepSeek's MXFP4 checkpoint writer gives w.
+// Throws Error unless K is a multiple of 32, on NaN/inf weights, or on a
+// group absmax above 6 * 128 (the kernels need scale < 256).
+PackedWeight pack_weight_mxfp4(const Context& ctx, const Tensor& w);
+
+// Refreshes pw from w (same shape; same storage, fp8 blocking and row segments,
+// MXFP4 or not) after an update.
 void repack_weight(const Context& ctx, PackedWeight& pw, const Tensor& w);
 
 // w_out (N,K) f32 = the exact weights the kernels multiply by (widened storage).

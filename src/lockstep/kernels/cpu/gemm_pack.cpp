@@ -1,5 +1,5 @@
 // Packing of linear-layer weights into 16-column panels (f32, bf16 or fp8 e4m3
-// with per-tensor or per-block scales), their exact unpacking, and the panel
+// with per-tensor or per-block scales, MXFP4 values in fp8 storage), their exact unpacking, and the panel
 // staging helpers the GEMM drivers use for plain operands.
 #include <algorithm>
 #include <cmath>
@@ -287,6 +287,38 @@ void pack_into(const Context& ctx, PackedWeight& pw, const Tensor& w) {
   });
 }
 
+// Writes pw.data, block_scales and panel_scales of an MXFP4 packing from w.
+void pack_into_mxfp4(const Context& ctx, PackedWeight& pw, const Tensor& w) {
+  constexpr int64_t kG = kMxfp4GroupSize;
+  const int64_t K = pw.k, N = pw.n, G = K / kG;
+  float* bs = pw.block_scales.as<float>();
+  ctx.parallel_for(pw.panels(), [&](int64_t p0, int64_t p1) {
+    float x[kG];
+    uint8_t codes[kG];
+    for (int64_t p = p0; p < p1; ++p)
+      for (int j = 0; j < kPanel && p * kPanel + j < N; ++j) {
+        const int64_t n = p * kPanel + j;
+        fp8_t* d = pw.data.as<fp8_t>() + p * K * kPanel + j;
+        for (int64_t g = 0; g < G; ++g) {
+          for (int64_t i = 0; i < kG; ++i) {
+            x[i] = weight_at(w, n, g * kG + i);
+            if (!std::isfinite(x[i]))
+              LS_THROW << "pack_weight_mxfp4: MXFP4 cannot hold the non-finite weight " << x[i] << " at ("
+                       << n << ", " << g * kG + i << ") of " << w.shape_str();
+          }
+          const float scale = mxfp4_group_codes(x, codes);
+          if (!(scale < kMaxFp8Scale))
+            LS_THROW << "pack_weight_mxfp4: the group of row " << n << " at column " << g * kG << " of "
+                     << w.shape_str() << " has a scale of " << scale
+                     << "; the kernels support absmax <= " << kMaxFp8Scale / 2 * 6.0f;
+          bs[n * G + g] = scale;
+          for (int64_t i = 0; i < kG; ++i) d[(g * kG + i) * kPanel] = f32_to_fp8(e2m1_value(codes[i]));
+        }
+      }
+  });
+  fill_panel_scales(pw);
+}
+
 }  // namespace
 
 int64_t PackedWeight::scale_blocks_n() const {
@@ -370,6 +402,23 @@ PackedWeight pack_weight_fp8(const Context& ctx, const Tensor& w, const Tensor& 
   return pw;
 }
 
+PackedWeight pack_weight_mxfp4(const Context& ctx, const Tensor& w) {
+  check_weight(w, "pack_weight_mxfp4");
+  if (w.shape[1] % kMxfp4GroupSize != 0)
+    LS_THROW << "pack_weight_mxfp4: MXFP4 needs a width that is a multiple of " << kMxfp4GroupSize << ", got "
+             << w.shape_str();
+  PackedWeight pw;
+  pw.storage = DType::FP8E4M3;
+  pw.n = w.shape[0];
+  pw.k = w.shape[1];
+  pw.block_n = 1;
+  pw.block_k = kMxfp4GroupSize;
+  pw.mxfp4 = true;
+  allocate(ctx, pw);
+  pack_into_mxfp4(ctx, pw, w);
+  return pw;
+}
+
 void repack_weight(const Context& ctx, PackedWeight& pw, const Tensor& w) {
   check_weight(w, "repack_weight");
   if (w.shape[0] != pw.n || w.shape[1] != pw.k)
@@ -377,7 +426,11 @@ void repack_weight(const Context& ctx, PackedWeight& pw, const Tensor& w) {
              << ") " << dtype_name(pw.storage);
   LS_CHECK(pw.data.size() == static_cast<size_t>(pw.panels() * pw.k * kPanel) * dtype_size(pw.storage))
       << "repack_weight: packed weight was not made by pack_weight";
-  pack_into(ctx, pw, w);
+  if (pw.mxfp4) {
+    pack_into_mxfp4(ctx, pw, w);
+  } else {
+    pack_into(ctx, pw, w);
+  }
 }
 
 void unpack_weight(const Context& ctx, Tensor w_out, const PackedWeight& pw) {
