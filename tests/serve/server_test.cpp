@@ -727,6 +727,56 @@ TEST_F(ServeTest, SlowClientsAreCutOffAtTheRequestTimeout) {
   EXPECT_EQ(cut_off.load(), 2);
 }
 
+// Idle keep-alive connections give their worker up while others wait for
+// one: with both workers held by clients idle between requests and a
+// keep-alive timeout of 60 s, a third client is still answered (without the
+// rule it would wait the 60 s and time out), and an idle connection is the
+// one the server closed.
+TEST_F(ServeTest, IdleKeepAliveConnectionsYieldTheirWorkersUnderLoad) {
+  ServerProcess s({"--model", (dir_ / "m1").string(), "--http-threads", "2", "--keep-alive-timeout", "60"});
+  auto idle_client = [&] {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(uint16_t(s.port()));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    const std::string req = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\n\r\n";
+    EXPECT_EQ(send(fd, req.data(), req.size(), MSG_NOSIGNAL), ssize_t(req.size()));
+    // The whole answer: headers, then Content-Length bytes.
+    std::string got;
+    char buf[1024];
+    for (;;) {
+      pollfd p{fd, POLLIN, 0};
+      if (poll(&p, 1, 10000) <= 0) break;
+      const ssize_t n = recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      got.append(buf, size_t(n));
+      const size_t end = got.find("\r\n\r\n"), cl = got.find("Content-Length: ");
+      if (end != std::string::npos && cl != std::string::npos &&
+          got.size() >= end + 4 + std::stoul(got.substr(cl + 16)))
+        break;
+    }
+    EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got;
+    return fd;
+  };
+  const int a = idle_client(), b = idle_client();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // both idle on a worker now
+  httplib::Client c("127.0.0.1", s.port());
+  c.set_read_timeout(20, 0);
+  auto r = c.Post("/generate", greedy_body(2).dump(), "application/json");
+  ASSERT_TRUE(r) << "a request got no answer while two idle keep-alive connections held both workers";
+  EXPECT_EQ(r->status, 200);
+  int closed = 0;
+  for (int fd : {a, b}) {
+    pollfd p{fd, POLLIN, 0};
+    char ch;
+    if (poll(&p, 1, 2000) > 0 && recv(fd, &ch, 1, 0) == 0) ++closed;
+    close(fd);
+  }
+  EXPECT_GE(closed, 1) << "no idle connection was closed";
+}
+
 TEST_F(ServeTest, MetricsAndModelInfo) {
   post("/generate", greedy_body(4));
   auto r = client().Get("/metrics");

@@ -37,6 +37,7 @@ int run_serve(const Args& args) {
                     "chat-template",
                     "max-body-bytes",
                     "request-timeout",
+                    "keep-alive-timeout",
                     "max-samples",
                     "shutdown-timeout",
                     "update-policy",
@@ -60,6 +61,10 @@ int run_serve(const Args& args) {
     LS_THROW << "--max-samples must be >= 1, got " << o.max_samples_per_request;
   if (!(o.request_timeout_s > 0 && o.request_timeout_s <= 86400))
     LS_THROW << "--request-timeout must be in (0, 86400] seconds, got " << o.request_timeout_s;
+  const int64_t keep_alive = args.get_int("keep-alive-timeout", o.keep_alive_timeout_s);
+  if (keep_alive < 1 || keep_alive > 3600)
+    LS_THROW << "--keep-alive-timeout must be in [1, 3600] seconds, got " << keep_alive;
+  o.keep_alive_timeout_s = int(keep_alive);
   const int64_t http_threads = args.get_int("http-threads", o.http_threads);
   if (http_threads < 1 || http_threads > 4096)
     LS_THROW << "--http-threads must be in [1, 4096], got " << http_threads;
@@ -136,8 +141,8 @@ LS_REGISTER_COMMAND(Command{
     "                      [--max-batch-tokens 2048] [--max-running 256] [--max-prefill-chunk 512]\n"
     "                      [--no-prefix-cache] [--seed 0] [--served-model-name NAME]\n"
     "                      [--chat-template auto|chatml|llama3|deepseek|raw] [--max-body-bytes 16777216]\n"
-    "                      [--request-timeout 30] [--max-samples 65536] [--shutdown-timeout 30]\n"
-    "                      [--update-policy finish|abort]\n"
+    "                      [--request-timeout 30] [--keep-alive-timeout 5] [--max-samples 65536]\n"
+    "                      [--shutdown-timeout 30] [--update-policy finish|abort]\n"
     "                      [--precision f32|bf16|fp8] [--fp8-block 128]\n\n"
     "Serves the Hugging Face model directory DIR (config.json, safetensors, tokenizer.json):\n"
     "  POST /generate                  SGLang native generation (text or input_ids, batches, n, stream)\n"
@@ -150,6 +155,8 @@ LS_REGISTER_COMMAND(Command{
     "With --api-key, every endpoint except /health, /health_generate and /metrics needs\n"
     "'Authorization: Bearer KEY'. Bodies past --max-body-bytes get 413; a request not whole\n"
     "--request-timeout seconds after its first byte gets 408 and its connection is closed;\n"
+    "an idle keep-alive connection is closed after --keep-alive-timeout seconds, or after\n"
+    "0.25 s while other connections wait for one of the --http-threads workers;\n"
     "more than --max-samples samples (prompts x n) in one request get 400.\n"
     "--precision f32 (default), bf16 or fp8 packs the weights in that precision: logprobs\n"
     "equal a trainer's in the same precision bit for bit (`lockstep score --precision`,\n"

@@ -144,21 +144,50 @@ class DeadlineStream : public httplib::Stream {
 // The stream of the connection this HTTP worker serves (error handlers ask it).
 thread_local const DeadlineStream* tl_stream = nullptr;
 
+// httplib's thread pool, counting the connections queued for a worker.
+class CountingPool : public httplib::TaskQueue {
+ public:
+  CountingPool(size_t threads, std::shared_ptr<std::atomic<int64_t>> waiting)
+      : pool_(threads), waiting_(std::move(waiting)) {}
+  void enqueue(std::function<void()> fn) override {
+    waiting_->fetch_add(1);
+    pool_.enqueue([w = waiting_, fn = std::move(fn)] {
+      w->fetch_sub(1);
+      fn();
+    });
+  }
+  void shutdown() override { pool_.shutdown(); }
+
+ private:
+  httplib::ThreadPool pool_;
+  std::shared_ptr<std::atomic<int64_t>> waiting_;
+};
+
 }  // namespace
+
+httplib::TaskQueue* HttpServer::make_task_queue(size_t threads) {
+  return new CountingPool(threads, waiting_);
+}
 
 bool HttpServer::widen_backlog() {
   const socket_t fd = svr_sock_;
   return fd != INVALID_SOCKET && ::listen(fd, SOMAXCONN) == 0;
 }
 
-bool HttpServer::wait_next_request(socket_t sock) const {
+bool HttpServer::wait_next_request(socket_t sock, bool first) const {
   // In steps, so that a stopping server (its socket closed) does not wait out
-  // the idle time of every keep-alive connection.
-  const auto until = Clock::now() + std::chrono::seconds(keep_alive_timeout_sec_);
+  // the idle time of every keep-alive connection, and so that a connection
+  // waiting for a worker is noticed.
+  const auto start = Clock::now();
+  const auto until = start + std::chrono::seconds(keep_alive_timeout_sec_);
+  const auto yield_after =
+      start + std::chrono::milliseconds(to_ms(first ? kSilentUnderLoadS : kIdleUnderLoadS));
   while (svr_sock_ != INVALID_SOCKET) {
     const int r = wait_for(sock, POLLIN, 50);
     if (r != 0) return r > 0;
-    if (Clock::now() >= until) return false;
+    const auto now = Clock::now();
+    if (now >= until) return false;
+    if (now >= yield_after && waiting_->load() > 0) return false;
   }
   return false;
 }
@@ -180,7 +209,8 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
   tl_stream = &strm;
   bool ok = false;
   for (size_t left = std::max<size_t>(1, keep_alive_max_count_); left > 0; --left) {
-    if (!strm.has_buffered() && !wait_next_request(sock)) break;
+    const bool first = left == std::max<size_t>(1, keep_alive_max_count_);
+    if (!strm.has_buffered() && !wait_next_request(sock, first)) break;
     strm.start_request();
     bool closed = false;
     ok = process_request(strm, /*close_connection=*/left == 1, closed, nullptr);

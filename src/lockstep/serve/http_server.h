@@ -7,6 +7,8 @@
 
 #include <httplib.h>
 
+#include <atomic>
+#include <memory>
 #include <string>
 
 namespace lockstep::serve {
@@ -28,17 +30,32 @@ class HttpServer : public httplib::Server {
   static bool request_timed_out();
   // What a 408 says.
   std::string timeout_message() const;
+  // The HTTP workers: `threads` of them, counting the accepted connections
+  // that wait for one. Install it before listening:
+  //   server.new_task_queue = [&] { return server.make_task_queue(n); };
+  // While a connection waits, a connection idle between keep-alive requests
+  // gives its worker up after kIdleUnderLoadS of idleness, and one that has
+  // not sent its first request after kSilentUnderLoadS (both closed, as
+  // nginx closes reusable connections when it runs short): idle and silent
+  // clients then delay others by that much at most, not by the keep-alive
+  // timeout.
+  httplib::TaskQueue* make_task_queue(size_t threads);
+  static constexpr double kIdleUnderLoadS = 0.25;
+  static constexpr double kSilentUnderLoadS = 1.0;
 
  private:
   // Serves one accepted connection (httplib calls this on a worker thread):
   // keep-alive requests one after another, each read under its deadline.
   bool process_and_close_socket(socket_t sock) override;
-  // Waits up to the keep-alive timeout for the next request's first byte;
-  // false when the connection was closed, went idle too long or the server
-  // is stopping.
-  bool wait_next_request(socket_t sock) const;
+  // Waits up to the keep-alive timeout for the next request's first byte
+  // (`first`: the connection's first request); false when the connection was
+  // closed, went idle too long, gave its worker up to a waiting connection
+  // (make_task_queue) or the server is stopping.
+  bool wait_next_request(socket_t sock, bool first) const;
 
   double request_timeout_s_ = 30;
+  // Accepted connections not yet on a worker (make_task_queue's queue).
+  std::shared_ptr<std::atomic<int64_t>> waiting_ = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 }  // namespace lockstep::serve

@@ -154,6 +154,7 @@ void ApiServer::Impl::install_routes() {
   // httplib closes a keep-alive connection after 5 requests by default; RL
   // clients send thousands over a few connections.
   http.set_keep_alive_max_count(1000);
+  http.set_keep_alive_timeout(opt.keep_alive_timeout_s);
   http.set_request_timeout(opt.request_timeout_s);
   // Errors httplib produces itself (404, 413, 400 on a malformed request,
   // 408 when that was a request past its deadline)
@@ -474,7 +475,7 @@ ApiServer::~ApiServer() {
 int ApiServer::bind() {
   Impl& m = *impl_;
   const int http_threads = std::max(1, m.opt.http_threads);
-  m.http.new_task_queue = [http_threads] { return new httplib::ThreadPool(size_t(http_threads)); };
+  m.http.new_task_queue = [&m, http_threads] { return m.http.make_task_queue(size_t(http_threads)); };
   if (m.opt.port == 0) {
     m.bound_port = m.http.bind_to_any_port(m.opt.host);
   } else if (m.http.bind_to_port(m.opt.host, m.opt.port)) {

@@ -26,6 +26,9 @@ struct ServerOptions {
   // its first byte, else 408 and the connection is closed: a client trickling
   // bytes cannot hold an HTTP worker for longer.
   double request_timeout_s = 30;
+  // A keep-alive connection is closed after this many idle seconds (and
+  // sooner while other connections wait for a worker, HttpServer).
+  int keep_alive_timeout_s = 5;
   int64_t max_samples_per_request = 65536;  // prompts x n; more is a 400
   // HTTP worker threads. A generation request holds one until it finishes,
   // so this bounds the requests in flight (more wait in the accept queue).
