@@ -155,6 +155,39 @@ TEST(RewardOptions, RejectsBadInput) {
   expect_error_naming(nlohmann::json::array(), "JSON object");
 }
 
+// Found by tests/fuzz/targets/toml.cpp: a wrong-typed value was quoted whole,
+// so a deeply nested table under [reward] gave a message of kilobytes.
+TEST(RewardOptions, WrongTypesQuoteAnExcerptOfTheValue) {
+  nlohmann::json deep = std::string(3000, 'R');
+  for (int i = 0; i < 40; ++i) deep = nlohmann::json{{"level" + std::to_string(i), deep}};
+  for (const char* key : {"function", "tolerance", "retries", "strip", "extractors"}) {
+    try {
+      RewardOptions::from_json({{key, deep}});
+      FAIL() << key << ": accepted";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(key), std::string::npos) << msg;
+      EXPECT_LT(msg.size(), 300u) << key << ": " << msg.size() << " bytes";
+    }
+  }
+  const std::string long_name(5000, 'x');
+  for (const nlohmann::json& j : {nlohmann::json{{long_name, 1}}, nlohmann::json{{"extractors", {long_name}}},
+                                  nlohmann::json{{"type", "python"}, {"function", long_name}}}) {
+    try {
+      RewardOptions::from_json(j).validate();
+      FAIL() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_LT(std::string(e.what()).size(), 400u) << std::string(e.what()).substr(0, 200);
+    }
+  }
+  try {
+    RewardOptions::from_json(nlohmann::json::array({deep}));
+    FAIL() << "an array accepted";
+  } catch (const Error& e) {
+    EXPECT_LT(std::string(e.what()).size(), 300u);
+  }
+}
+
 TEST(RewardFactory, BuildsEachType) {
   EXPECT_EQ(make_reward(RewardOptions::from_json({{"type", "math"}}))->type(), "math");
   EXPECT_EQ(make_reward(RewardOptions::from_json({{"type", "countdown"}}))->type(), "countdown");

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "lockstep/base/excerpt.h"
 #include "lockstep/model/config_detail.h"
 
 namespace lockstep::config_detail {
@@ -200,7 +201,7 @@ RopeScaling read_rope_scaling(const JsonFields& f, const std::string& source) {
   if (!f.has("rope_scaling")) return y;
   const json& r = f.at("rope_scaling");
   if (!r.is_object())
-    LS_THROW << source << ": field 'rope_scaling' must be an object or null, got " << r.dump();
+    LS_THROW << source << ": field 'rope_scaling' must be an object or null, got " << excerpt(r.dump());
   const std::string where = source + ": rope_scaling";
   const JsonFields g(r, where);
   // transformers writes rope_type, the official file type.

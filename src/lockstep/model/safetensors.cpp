@@ -150,13 +150,13 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       if (!v["shape"].is_array()) LS_THROW << what << ": shape must be a list";
       for (const json& d : v["shape"]) {
         if (!d.is_number_integer() || d.get<int64_t>() < 0)
-          LS_THROW << what << ": shape must hold non-negative integers, got " << v["shape"].dump();
+          LS_THROW << what << ": shape must hold non-negative integers, got " << excerpt(v["shape"].dump());
         e.shape.push_back(d.get<int64_t>());
       }
       e.numel = checked_numel(e.shape, what);
       const json& off = v["data_offsets"];
       if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-        LS_THROW << what << ": data_offsets must be [begin, end], got " << off.dump();
+        LS_THROW << what << ": data_offsets must be [begin, end], got " << excerpt(off.dump());
       const uint64_t b = off[0].get<uint64_t>(), en = off[1].get<uint64_t>();
       if (en < b) LS_THROW << what << ": data_offsets end " << en << " < begin " << b;
       if (en > data_size)

@@ -12,22 +12,22 @@ namespace lockstep::reward {
 namespace {
 
 double get_number(const std::string& key, const nlohmann::json& v) {
-  if (!v.is_number()) LS_THROW << "reward." << key << ": expected a number, got " << v.dump();
+  if (!v.is_number()) LS_THROW << "reward." << key << ": expected a number, got " << excerpt(v.dump());
   return v.get<double>();
 }
 
 int get_int(const std::string& key, const nlohmann::json& v) {
-  if (!v.is_number_integer()) LS_THROW << "reward." << key << ": expected an integer, got " << v.dump();
+  if (!v.is_number_integer()) LS_THROW << "reward." << key << ": expected an integer, got " << excerpt(v.dump());
   return v.get<int>();
 }
 
 bool get_bool(const std::string& key, const nlohmann::json& v) {
-  if (!v.is_boolean()) LS_THROW << "reward." << key << ": expected true or false, got " << v.dump();
+  if (!v.is_boolean()) LS_THROW << "reward." << key << ": expected true or false, got " << excerpt(v.dump());
   return v.get<bool>();
 }
 
 std::string get_string(const std::string& key, const nlohmann::json& v) {
-  if (!v.is_string()) LS_THROW << "reward." << key << ": expected a string, got " << v.dump();
+  if (!v.is_string()) LS_THROW << "reward." << key << ": expected a string, got " << excerpt(v.dump());
   return v.get<std::string>();
 }
 
@@ -55,7 +55,7 @@ RewardResult Reward::score(std::string_view response, const nlohmann::json& labe
 }
 
 RewardOptions RewardOptions::from_json(const nlohmann::json& j) {
-  if (!j.is_object()) LS_THROW << "reward options: expected a JSON object, got " << j.dump();
+  if (!j.is_object()) LS_THROW << "reward options: expected a JSON object, got " << excerpt(j.dump());
   RewardOptions o;
   for (const auto& [key, v] : j.items()) {
     if (key == "type") {
@@ -75,7 +75,7 @@ RewardOptions RewardOptions::from_json(const nlohmann::json& j) {
       } else if (v.is_array()) {
         for (const auto& e : v) o.extractors.push_back(get_string(key, e));
       } else {
-        LS_THROW << "reward.extractors: expected a list of names, got " << v.dump();
+        LS_THROW << "reward.extractors: expected a list of names, got " << excerpt(v.dump());
       }
     } else if (key == "tolerance") {
       o.tolerance = get_number(key, v);
@@ -116,7 +116,7 @@ RewardOptions RewardOptions::from_json(const nlohmann::json& j) {
     } else if (key == "python") {
       o.python = get_string(key, v);
     } else {
-      LS_THROW << "reward: unknown option '" << key
+      LS_THROW << "reward: unknown option '" << excerpt(key)
                << "' (known: type, extractors, tolerance, correct_reward, incorrect_reward, format_reward, strip, "
                   "casefold, url, timeout_s, request_timeout_s, retries, backoff_s, max_concurrency, threads, path, function, workers, python)";
     }
@@ -155,7 +155,7 @@ void RewardOptions::validate() const {
              << "' (math, countdown, exact, remote, python)";
   for (const auto& e : extractors) {
     if (!extractor_from_name(e))
-      LS_THROW << "reward.extractors: unknown extractor '" << e
+      LS_THROW << "reward.extractors: unknown extractor '" << excerpt(e)
                << "' (boxed, answer_tag, answer_is, answer_colon, last_math, last_number, whole)";
   }
   if (!(tolerance >= 0 && tolerance < 1)) LS_THROW << "reward.tolerance: must be in [0, 1), got " << tolerance;
@@ -172,7 +172,7 @@ void RewardOptions::validate() const {
   if (threads < 0 || threads > 4096) LS_THROW << "reward.threads: must be in [0, 4096], got " << threads;
   if (workers < 0 || workers > 256) LS_THROW << "reward.workers: must be in [0, 256], got " << workers;
   if (type == "python") {
-    if (path.empty()) LS_THROW << "reward.path: required for type 'python' (a .py file with " << function << ")";
+    if (path.empty()) LS_THROW << "reward.path: required for type 'python' (a .py file with " << excerpt(function) << ")";
     if (function.empty()) LS_THROW << "reward.function: must not be empty";
     if (python.empty()) LS_THROW << "reward.python: must not be empty";
   }
