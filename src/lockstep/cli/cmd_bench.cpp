@@ -6,11 +6,12 @@
 #include <thread>
 
 #include "lockstep/base/error.h"
+#include "lockstep/bench/ratios.h"
 #include "lockstep/bench/rollout.h"
 #include "lockstep/bench/train.h"
 #include "lockstep/cli/command.h"
-#include "lockstep/kernels/gpu/device.h"
 #include "lockstep/kernels/cpu/simd.h"
+#include "lockstep/kernels/gpu/device.h"
 
 namespace lockstep::cli {
 namespace {
@@ -77,10 +78,15 @@ const kernels::GpuBackend* device_flag(const Args& args) {
   return b;
 }
 
-int run_train(const Args& args) {
-  args.check_known(
-      {"config", "threads", "seq-len", "seqs", "micro-batch-tokens", "steps", "recompute", "world-invariant",
-       "precision", "device"});
+const std::vector<std::string> kTrainFlags = {
+    "config", "threads",   "seq-len",         "seqs",      "micro-batch-tokens",
+    "steps",  "recompute", "world-invariant", "precision", "device"};
+const std::vector<std::string> kRolloutFlags = {
+    "config",          "threads",     "batches",      "new-tokens",   "prompt-len",
+    "prefill-prompts", "prefill-len", "grpo-prompts", "grpo-samples", "grpo-prompt-len",
+    "precision",       "bf16-kv",     "device"};
+
+perf::TrainBenchOptions train_options(const Args& args) {
   perf::TrainBenchOptions o;
   o.threads = int(positive(args, "threads", 2));
   o.seq_len = positive(args, "seq-len", o.seq_len);
@@ -90,29 +96,10 @@ int run_train(const Args& args) {
   o.world_invariant = args.flag("world-invariant");
   o.steps = positive(args, "steps", o.steps);
   if (auto p = args.maybe("precision")) o.precision = precision_flag(*p);
-  o.gpu = device_flag(args);
-  const perf::Peak peak = perf::measure_fma_peak(o.threads);
-  print_machine(peak);
-  perf::Table t = perf::train_table(), mem = perf::train_memory_table();
-  for (const auto& path : configs(args)) {
-    o.config_path = path;
-    const perf::TrainBenchResult r = perf::run_train_bench(o, peak);
-    add_row(t, r);
-    add_memory_row(mem, r);
-  }
-  std::cout << t.str()
-            << "\nFLOP/token = 6 x active matmul params (attention projections, router, K experts, lm_head)\n"
-               "           + 3 x 4*T*Dh*H*L attention (T = sequence length); see docs/benchmarks.md.\n\n"
-            << mem.str()
-            << "\nPeak resident memory of the run above the process before the trainer existed, in bytes per\n"
-               "parameter: master f32 weights, their packed copy, bf16/fp8's widened weights (backward), gradients,\n"
-               "AdamW moments, world_invariant's exact sums; the rest is activations and workspace.\n";
-  return 0;
+  return o;
 }
 
-int run_rollout(const Args& args) {
-  args.check_known({"config", "threads", "batches", "new-tokens", "prompt-len", "prefill-prompts", "prefill-len",
-                    "grpo-prompts", "grpo-samples", "grpo-prompt-len", "precision", "bf16-kv", "device"});
+perf::RolloutBenchOptions rollout_options(const Args& args) {
   perf::RolloutBenchOptions o;
   o.threads = int(positive(args, "threads", 2));
   if (auto b = args.maybe("batches")) o.decode_batches = parse_list("batches", *b);
@@ -125,29 +112,97 @@ int run_rollout(const Args& args) {
   o.grpo_prompt_len = positive(args, "grpo-prompt-len", o.grpo_prompt_len);
   if (auto p = args.maybe("precision")) o.precision = precision_flag(*p);
   o.bf16_kv = args.flag("bf16-kv");
-  o.gpu = device_flag(args);
-  const perf::Peak peak = perf::measure_fma_peak(o.threads);
-  print_machine(peak);
+  return o;
+}
+
+// The training benchmark over every config: its two tables, and the results.
+std::vector<perf::TrainBenchResult> train_benches(perf::TrainBenchOptions o, const Args& args,
+                                                  const perf::Peak& peak) {
+  std::vector<perf::TrainBenchResult> rs;
+  perf::Table t = perf::train_table(), mem = perf::train_memory_table();
+  for (const auto& path : configs(args)) {
+    o.config_path = path;
+    rs.push_back(perf::run_train_bench(o, peak));
+    add_row(t, rs.back());
+    add_memory_row(mem, rs.back());
+  }
+  std::cout
+      << t.str()
+      << "\nFLOP/token = 6 x active matmul params (attention projections, router, K experts, lm_head)\n"
+         "           + 3 x 4*T*Dh*H*L attention (T = sequence length); see docs/benchmarks.md.\n\n"
+      << mem.str()
+      << "\nPeak resident memory of the run above the process before the trainer existed, in bytes per\n"
+         "parameter: master f32 weights, their packed copy, bf16/fp8's widened weights (backward), "
+         "gradients,\n"
+         "AdamW moments, world_invariant's exact sums; the rest is activations and workspace.\n";
+  return rs;
+}
+
+// The rollout benchmark over every config: its tables, and the results.
+std::vector<perf::RolloutBenchResult> rollout_benches(perf::RolloutBenchOptions o, const Args& args,
+                                                      const perf::Peak& peak) {
   std::vector<perf::RolloutBenchResult> rs;
   for (const auto& path : configs(args)) {
     o.config_path = path;
     rs.push_back(perf::run_rollout_bench(o, peak));
   }
   std::cout << perf::rollout_tables(rs);
+  return rs;
+}
+
+int run_train(const Args& args) {
+  args.check_known(kTrainFlags);
+  perf::TrainBenchOptions o = train_options(args);
+  o.gpu = device_flag(args);
+  const perf::Peak peak = perf::measure_fma_peak(o.threads);
+  print_machine(peak);
+  train_benches(o, args, peak);
+  return 0;
+}
+
+int run_rollout(const Args& args) {
+  args.check_known(kRolloutFlags);
+  perf::RolloutBenchOptions o = rollout_options(args);
+  o.gpu = device_flag(args);
+  const perf::Peak peak = perf::measure_fma_peak(o.threads);
+  print_machine(peak);
+  rollout_benches(o, args, peak);
+  return 0;
+}
+
+// Both benchmarks (rollout at batches 1, 16 and 64 unless --batches says
+// otherwise), then every ratio they measured in one table.
+int run_all(const Args& args) {
+  std::vector<std::string> known = kTrainFlags;
+  known.insert(known.end(), kRolloutFlags.begin(), kRolloutFlags.end());
+  args.check_known(known);
+  perf::TrainBenchOptions to = train_options(args);
+  perf::RolloutBenchOptions ro = rollout_options(args);
+  if (!args.maybe("batches")) ro.decode_batches = {1, 16, 64};
+  to.gpu = ro.gpu = device_flag(args);
+  const perf::Peak peak = perf::measure_fma_peak(to.threads);
+  print_machine(peak);
+  const auto train = train_benches(to, args, peak);
+  std::cout << "\n";
+  const auto rollout = rollout_benches(ro, args, peak);
+  std::cout << "\nEvery ratio above, each against the baseline measured in this run:\n"
+            << perf::ratio_table(train, rollout).str();
   return 0;
 }
 
 int run_bench(const Args& args) {
   const auto& pos = args.positional();
-  if (pos.empty()) LS_THROW << "bench: name a benchmark: `lockstep bench train` or `lockstep bench rollout`";
+  if (pos.empty() || pos[0] == "all") return run_all(args);
   if (pos[0] == "train") return run_train(args);
   if (pos[0] == "rollout") return run_rollout(args);
-  LS_THROW << "bench: unknown benchmark '" << pos[0] << "' (train, rollout)";
+  LS_THROW << "bench: unknown benchmark '" << pos[0] << "' (train, rollout, all)";
 }
 
 LS_REGISTER_COMMAND(Command{
-    "bench", "training and rollout throughput benchmarks",
-    "usage: lockstep bench train   [--config FILE[,FILE]] [--threads N] [--seq-len N] [--seqs N]\n"
+    "bench",
+    "training and rollout throughput benchmarks",
+    "usage: lockstep bench [all]   [any flag of train and rollout]\n"
+    "       lockstep bench train   [--config FILE[,FILE]] [--threads N] [--seq-len N] [--seqs N]\n"
     "                              [--micro-batch-tokens N] [--steps N] [--recompute]\n"
     "                              [--world-invariant] [--precision f32|bf16|fp8]\n"
     "                              [--device cpu|interpret]\n"
@@ -159,6 +214,10 @@ LS_REGISTER_COMMAND(Command{
     "Runs on randomly initialised weights of the [model] in each config (default: both\n"
     "configs/bench/moe-tiny.toml and moe-small.toml) with 2 threads unless --threads says\n"
     "otherwise, and prints a table.\n\n"
+    "all (also with no name): train, then rollout at --batches 1,16,64, then one table of\n"
+    "  every ratio they measured (training and prefill FLOP/s over the FMA peak, decode\n"
+    "  tokens/s over its roofline at each batch, GRPO with prefix sharing over without),\n"
+    "  each against the baseline measured in the same run.\n"
     "train: tokens/s of full training steps (forward + backward + clip/AdamW/repack) on\n"
     "  --seqs sequences of --seq-len tokens per step (defaults 32 x 256, in micro-batches of\n"
     "  --micro-batch-tokens 4096), the model FLOPs per\n"
@@ -176,7 +235,8 @@ LS_REGISTER_COMMAND(Command{
     "--device interpret runs the model's kernels through the GPU kernel sources on the CPU\n"
     "(the emulator of docs/gpu.md): its speed, not a GPU's.\n"
     "See docs/benchmarks.md for what each number means.\n",
-    {"recompute", "world-invariant"}, run_bench});
+    {"recompute", "world-invariant"},
+    run_bench});
 
 }  // namespace
 }  // namespace lockstep::cli
