@@ -153,13 +153,14 @@ std::string label(const char* fn, int64_t M, int64_t N, int64_t K, bool acc, int
          " K=" + std::to_string(K) + (acc ? " accumulate" : "") + " config " + std::to_string(cfg);
 }
 
-enum class Storage { F32, BF16, Fp8Tensor, Fp8Block16, Fp8Bytes };
+enum class Storage { F32, BF16, Fp8Tensor, Fp8Block16, Fp8Bytes, Mxfp4 };
 const char* storage_name(Storage s) {
   switch (s) {
     case Storage::F32: return "f32";
     case Storage::BF16: return "bf16";
     case Storage::Fp8Tensor: return "fp8 per-tensor";
     case Storage::Fp8Block16: return "fp8 16x16 blocks";
+    case Storage::Mxfp4: return "mxfp4";
     default: return "fp8 raw bytes";
   }
 }
@@ -186,6 +187,7 @@ PackedWeight make_packed(const Context& cpu, Storage s, int64_t N, int64_t K, st
   std::vector<float> w(static_cast<size_t>(N * K));
   for (auto& v : w) v = draw(g, sp);
   const Tensor wt(w.data(), DType::F32, {N, K});
+  if (s == Storage::Mxfp4) return pack_weight_mxfp4(cpu, wt);  // K a multiple of 32
   switch (s) {
     case Storage::F32: return pack_weight(cpu, wt, DType::F32);
     case Storage::BF16: return pack_weight(cpu, wt, DType::BF16);
@@ -273,6 +275,21 @@ TEST(GpuGemm, XwtPackedFp8ScalesAndSubnormalCodes) {
           if (HasFatalFailure()) return;
           ++i;
         }
+}
+
+// MXFP4 nibbles (both nibbles of a byte, every code, 1 x 32 scale blocks):
+// the GPU's reading of the packing gives the CPU's bits.
+TEST(GpuGemm, XwtPackedMxfp4) {
+  Context ctx;
+  int i = 0;
+  for (int64_t M : {1, 9, 64})
+    for (int64_t N : {7, 16, 33})
+      for (int64_t K : {32, 64, 160}) {
+        check_xwt_packed(ctx, Storage::Mxfp4, M, N, K, i % 2 == 0, (i + 1) % kNumConfigs,
+                         2500u + uint32_t(i));
+        if (HasFatalFailure()) return;
+        ++i;
+      }
 }
 
 // A sample of the size grid for the plain-operand products.

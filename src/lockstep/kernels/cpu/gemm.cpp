@@ -77,6 +77,7 @@ TileFn pick_tile(BKind kind, ALayout layout, int rows, int panels) {
   switch (kind) {
     case BKind::F32: return tile_fn<BKind::F32, ALayout::RowsAlongT>(rows, panels);
     case BKind::BF16: return tile_fn<BKind::BF16, ALayout::RowsAlongT>(rows, panels);
+    case BKind::FP4: return tile_fn<BKind::FP4, ALayout::RowsAlongT>(rows, panels);
     default: return tile_fn<BKind::FP8, ALayout::RowsAlongT>(rows, panels);
   }
 }
@@ -132,18 +133,21 @@ void for_row_tiles(int64_t r0, int64_t r1, int max_rows, Fn&& fn) {
 void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
   const int64_t T = pb.T;
   const PackedWeight* pw = pb.packed;
-  const BKind stored = !pw ? BKind::F32
-                       : pw->storage == DType::F32 ? BKind::F32
+  const BKind stored = !pw                          ? BKind::F32
+                       : pw->storage == DType::F32  ? BKind::F32
                        : pw->storage == DType::BF16 ? BKind::BF16
+                       : pw->mxfp4                  ? BKind::FP4
                                                     : BKind::FP8;
   // direct: kernels read the packed weight in place; staged: f32 panels in scratch.
-  const bool direct = pw && (stored != BKind::FP8 || r1 - r0 <= kFp8DirectMaxRows);
+  const bool direct = pw && (!has_scales(stored) || r1 - r0 <= kFp8DirectMaxRows);
   const BKind kind = direct ? stored : BKind::F32;
-  const size_t esize = pw ? dtype_size(pw->storage) : sizeof(float);
+  // Bytes of one panel row of 16 as stored (f32 staging when not direct).
+  const int64_t row_bytes = pw ? pw->row_bytes() : kPanel * int64_t(sizeof(float));
   const int64_t panel_elems = T * kPanel;
-  const int64_t panel_bytes = std::max<int64_t>(1, panel_elems * static_cast<int64_t>(direct ? esize : 4));
+  const int64_t stored_panel_bytes = T * row_bytes;
+  const int64_t panel_bytes = std::max<int64_t>(1, direct ? stored_panel_bytes : panel_elems * 4);
   const int64_t block = std::max<int64_t>(1, kBlockBytes / panel_bytes);
-  const int max_rows = kind == BKind::FP8 ? kFp8TileRows : kMaxTileRows;
+  const int max_rows = has_scales(kind) ? kFp8TileRows : kMaxTileRows;
   const int64_t KB = pw && pw->storage == DType::FP8E4M3 ? pw->scale_blocks_k() : 0;
   const int64_t block_k = pw && pw->storage == DType::FP8E4M3 ? (pw->block_k > 0 ? pw->block_k : std::max<int64_t>(T, 1)) : 0;
   // Staged panels are prepared a chunk at a time: wide enough that plain rows
@@ -169,9 +173,9 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
     if (!direct) {
       if (pw) {
         for (int64_t p = c0; p < c1; ++p) {
-          const float* sc = stored == BKind::FP8 ? pw->panel_scales.as<float>() + p * KB * kPanel : nullptr;
-          widen_panel(stored, static_cast<const char*>(pw->data.data()) + p * panel_elems * esize, sc, block_k, T,
-                      scratch.get() + (p - c0) * panel_elems);
+          const float* sc = has_scales(stored) ? pw->panel_scales.as<float>() + p * KB * kPanel : nullptr;
+          widen_panel(stored, static_cast<const char*>(pw->data.data()) + p * stored_panel_bytes, sc, block_k,
+                      T, scratch.get() + (p - c0) * panel_elems);
         }
       } else {
         pack_plain_panels(pb.plain, pb.plain_bf16, pb.plain_ld, T, c0 * kPanel, c1 - c0, pb.C, scratch.get());
@@ -179,7 +183,8 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
     }
     // Panel p of this chunk, as the kernels read it.
     auto panel = [&](int64_t p) -> const void* {
-      return direct ? static_cast<const void*>(static_cast<const char*>(pw->data.data()) + p * panel_elems * esize)
+      return direct ? static_cast<const void*>(static_cast<const char*>(pw->data.data()) +
+                                               p * stored_panel_bytes)
                     : static_cast<const void*>(scratch.get() + (p - c0) * panel_elems);
     };
     for (int64_t m0 = r0; m0 < r1; m0 += a_rows) {
@@ -209,7 +214,7 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
         g.accumulate = pb.accumulate;
         g.pf = pf ? pf : static_cast<const char*>(g.b);
         g.pf_step = pf_step;
-        if (kind == BKind::FP8) {
+        if (has_scales(kind)) {
           g.scales = pw->panel_scales.as<float>() + p * KB * kPanel;
           g.sps = KB * kPanel;
           g.block_k = block_k;
@@ -236,8 +241,8 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
             if (prefetch_next && last_tile) {
               // Blocks are contiguous runs of panels: walk the next one at the
               // rate this tile walks its np panels.
-              tile(r, rows, p, np, static_cast<const char*>(panel(p)) + block * panel_elems * esize,
-                   np * kPanel * static_cast<int64_t>(esize));
+              tile(r, rows, p, np, static_cast<const char*>(panel(p)) + block * stored_panel_bytes,
+                   np * row_bytes);
             } else {
               tile(r, rows, p, np, nullptr, 0);
             }

@@ -26,15 +26,17 @@ constexpr int64_t kGemmPanel = 16;
 // The row blocks restart at each row segment's first row: a fused matrix
 // (q | k | v, gate | up) gets the scale blocks its constituent tensors would
 // have on their own, as a Hugging Face FP8 checkpoint stores them.
-// MXFP4 (pack_weight_mxfp4) is FP8E4M3 storage with 1 x 32 blocks whose codes
-// are e2m1 values (each an exact e4m3 byte) and whose scales follow the MXFP4
-// rule, so the kernels multiply by exactly the values of an MXFP4 checkpoint;
-// it takes one byte per weight, as fp8 does, not the format's half byte.
+//   MXFP4   data: (P, K, 8) bytes (pack_weight_mxfp4; storage FP8E4M3 with
+//                 mxfp4 set): byte i of row k holds the e2m1 code of
+//                 W[16p+i, k] in its low nibble and of W[16p+8+i, k] in its
+//                 high one; 1 x 32 scale blocks by the MXFP4 rule, so the
+//                 kernels multiply by exactly an MXFP4 checkpoint's values
+//                 (each code widened as its e4m3 byte, times its scale).
 struct PackedWeight {
   DType storage = DType::F32;
   int64_t n = 0, k = 0;
   int64_t block_n = 0, block_k = 0;  // fp8 scale blocks; 0 = one scale per row segment and all of K
-  bool mxfp4 = false;                // fp8 storage holding MXFP4 values (block_n 1, block_k 32)
+  bool mxfp4 = false;                // MXFP4 nibbles (block_n 1, block_k 32), see above
   // fp8 only: the first row of each row segment, increasing, from 0 (empty: one segment).
   std::vector<int64_t> row_segments;
   Buffer data;
@@ -46,6 +48,8 @@ struct PackedWeight {
   Buffer block_scales;
 
   int64_t panels() const { return (n + kGemmPanel - 1) / kGemmPanel; }
+  // Bytes of one packed row of 16 elements: 64 (f32), 32 (bf16), 16 (fp8), 8 (MXFP4).
+  int64_t row_bytes() const;
   int64_t scale_blocks_n() const;
   int64_t scale_blocks_k() const;
   // fp8: the row of block_scales holding row `row`'s scales.

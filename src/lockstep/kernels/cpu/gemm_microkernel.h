@@ -36,8 +36,26 @@ inline float fp8_widen1(fp8_t q, float scale120) {
   return bits_f32(bits) * scale120;
 }
 
-// B operand kinds. Packed rows are 16 elements per t, panels `bps` elements apart.
-enum class BKind { F32, BF16, FP8 };
+// MXFP4 nibbles: an e2m1 code (bit 3 the sign) as the e4m3 byte of the same
+// value (every e2m1 value is an e4m3 one), so the fp8 widening above applies.
+constexpr uint8_t kE2M1AsE4M3[16] = {0x00, 0x30, 0x38, 0x3C, 0x40, 0x44, 0x48, 0x4C,
+                                     0x80, 0xB0, 0xB8, 0xBC, 0xC0, 0xC4, 0xC8, 0xCC};
+
+// B operand kinds. Packed rows are 16 elements per t, panels `bps` elements
+// apart. FP4: a row is 8 bytes, byte i holding column i in its low nibble and
+// column i + 8 in its high nibble (MXFP4 packing, PackedWeight).
+enum class BKind { F32, BF16, FP8, FP4 };
+
+// Kinds whose values are codes times per-column, per-k-block scales.
+constexpr bool has_scales(BKind k) {
+  return k == BKind::FP8 || k == BKind::FP4;
+}
+
+// Element offset n of a packed B as a byte offset for FP4, else unchanged.
+template <BKind kB>
+constexpr int64_t elem_step(int64_t n) {
+  return kB == BKind::FP4 ? n / 2 : n;
+}
 
 // How A is laid out: element (r, t) at a[r * ars + t] (X or dY rows: xwt, dyw)
 // or at a[r + t * ats] (dY read transposed: dytx).
@@ -91,18 +109,34 @@ inline void load_b(const void* b, int64_t off, __m256 s_lo, __m256 s_hi, __m256&
     hi = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
     (void)s_lo;
     (void)s_hi;
-  } else {
+  } else if constexpr (kB == BKind::FP8) {
     const fp8_t* p = static_cast<const fp8_t*>(b) + off;
     const __m256i keep = _mm256_set1_epi32(static_cast<int>(kFp8KeepMask));
     const __m256i q0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
     const __m256i q1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
     lo = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(q0, 20), keep)), s_lo);
     hi = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(q1, 20), keep)), s_hi);
+  } else {
+    // 8 bytes: low nibbles are columns 0-7, high nibbles 8-15; each becomes
+    // its e4m3 byte by a table lookup, then widens as fp8 does.
+    const uint8_t* p = static_cast<const uint8_t*>(b) + off / 2;
+    const __m128i nib = _mm_set1_epi8(0x0F);
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    const __m128i codes =
+        _mm_unpacklo_epi64(_mm_and_si128(bytes, nib), _mm_and_si128(_mm_srli_epi16(bytes, 4), nib));
+    const __m128i e4m3 =
+        _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kE2M1AsE4M3)), codes);
+    const __m256i keep = _mm256_set1_epi32(static_cast<int>(kFp8KeepMask));
+    const __m256i q0 = _mm256_cvtepi8_epi32(e4m3);
+    const __m256i q1 = _mm256_cvtepi8_epi32(_mm_srli_si128(e4m3, 8));
+    lo = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(q0, 20), keep)), s_lo);
+    hi = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(q1, 20), keep)), s_hi);
   }
 }
 
 template <BKind kB>
-using BElem = std::conditional_t<kB == BKind::F32, float, std::conditional_t<kB == BKind::BF16, bf16_t, fp8_t>>;
+using BElem =
+    std::conditional_t<kB == BKind::F32, float, std::conditional_t<kB == BKind::BF16, bf16_t, uint8_t>>;
 
 template <BKind kB, ALayout kA, int MR, int NP>
 void micro_tile(const TileArgs& g) {
@@ -115,8 +149,8 @@ void micro_tile(const TileArgs& g) {
     for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
 
   const int64_t T = g.t_count;
-  // One scale segment for f32/bf16; fp8 reloads its per-column scales per k-block.
-  const int64_t seg = (kB == BKind::FP8 && g.block_k > 0) ? g.block_k : (T > 0 ? T : 1);
+  // One scale segment for f32/bf16; fp8 and fp4 reload their per-column scales per k-block.
+  const int64_t seg = (has_scales(kB) && g.block_k > 0) ? g.block_k : (T > 0 ? T : 1);
   __m256 s_lo[NP], s_hi[NP];
 #pragma GCC unroll 4
   for (int p = 0; p < NP; ++p) s_lo[p] = s_hi[p] = _mm256_setzero_ps();
@@ -124,14 +158,14 @@ void micro_tile(const TileArgs& g) {
   // rows run along t, else one for all rows, stepping a whole A row per t).
   const E* bp[NP];
 #pragma GCC unroll 4
-  for (int p = 0; p < NP; ++p) bp[p] = static_cast<const E*>(g.b) + p * g.bps;
+  for (int p = 0; p < NP; ++p) bp[p] = static_cast<const E*>(g.b) + elem_step<kB>(p * g.bps);
   const float* ap[MR];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) ap[r] = kA == ALayout::RowsAlongT ? g.a + r * g.as : g.a + r;
   int64_t kb = 0;
   for (int64_t t0 = 0; t0 < T; t0 += seg, ++kb) {
     const int64_t t1 = (T - t0 < seg) ? T : t0 + seg;
-    if constexpr (kB == BKind::FP8) {
+    if constexpr (has_scales(kB)) {
 #pragma GCC unroll 4
       for (int p = 0; p < NP; ++p) {
         s_lo[p] = _mm256_loadu_ps(g.scales + p * g.sps + kb * kPanel);
@@ -208,8 +242,11 @@ inline float load_b1(const void* b, int64_t off, int j, const float* scale120) {
     (void)scale120;
     const bf16_t* h = static_cast<const bf16_t*>(b) + off;
     return bf16_to_f32(j < 8 ? h[2 * j] : h[2 * (j - 8) + 1]);
-  } else {
+  } else if constexpr (kB == BKind::FP8) {
     return fp8_widen1(static_cast<const fp8_t*>(b)[off + j], scale120[j]);
+  } else {
+    const uint8_t byte = static_cast<const uint8_t*>(b)[off / 2 + (j & 7)];
+    return fp8_widen1(kE2M1AsE4M3[j < 8 ? byte & 0x0F : byte >> 4], scale120[j]);
   }
 }
 
@@ -218,7 +255,7 @@ void micro_tile(const TileArgs& g) {
   constexpr int NC = kPanel * NP;
   float acc[MR][NC] = {};
   const int64_t T = g.t_count;
-  const int64_t seg = (kB == BKind::FP8 && g.block_k > 0) ? g.block_k : (T > 0 ? T : 1);
+  const int64_t seg = (has_scales(kB) && g.block_k > 0) ? g.block_k : (T > 0 ? T : 1);
   int64_t kb = 0;
   for (int64_t t0 = 0; t0 < T; t0 += seg, ++kb) {
     const int64_t t1 = (T - t0 < seg) ? T : t0 + seg;
@@ -227,7 +264,7 @@ void micro_tile(const TileArgs& g) {
       for (int p = 0; p < NP; ++p)
         for (int j = 0; j < kPanel; ++j)
           bv[p * kPanel + j] = load_b1<kB>(g.b, p * g.bps + t * kPanel, j,
-                                           kB == BKind::FP8 ? g.scales + p * g.sps + kb * kPanel : nullptr);
+                                           has_scales(kB) ? g.scales + p * g.sps + kb * kPanel : nullptr);
       for (int r = 0; r < MR; ++r) {
         const float x = (kA == ALayout::RowsAlongT) ? g.a[r * g.as + t] : g.a[t * g.as + r];
         for (int v = 0; v < NC; ++v) acc[r][v] = std::fma(x, bv[v], acc[r][v]);
@@ -251,7 +288,7 @@ using TileFn = void (*)(const TileArgs&);
 namespace lockstep::kernels::gemm_detail {
 
 // dst (T, 16) f32 = the exact widened values of one packed panel (T rows of 16).
-// fp8: scales (KB, 16) of this panel, times 2^120; block_k t per scale block.
+// fp8 and fp4: scales (KB, 16) of this panel, times 2^120; block_k t per scale block.
 void widen_panel(BKind kind, const void* src, const float* scales, int64_t block_k, int64_t t_count, float* dst);
 
 // dst (n_panels, T, 16) f32 = columns [col0, col0 + 16 * n_panels) of a plain

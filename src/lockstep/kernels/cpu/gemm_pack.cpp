@@ -25,11 +25,11 @@ void widen_panel(BKind kind, const void* src, const float* scales, int64_t block
     std::memcpy(dst, src, static_cast<size_t>(t_count * kPanel) * sizeof(float));
     return;
   }
-  const int64_t seg = (kind == BKind::FP8 && block_k > 0) ? block_k : std::max<int64_t>(t_count, 1);
+  const int64_t seg = (has_scales(kind) && block_k > 0) ? block_k : std::max<int64_t>(t_count, 1);
   int64_t kb = 0;
   for (int64_t t0 = 0; t0 < t_count; t0 += seg, ++kb) {
     const int64_t t1 = std::min(t_count, t0 + seg);
-    const float* s = kind == BKind::FP8 ? scales + kb * kPanel : nullptr;
+    const float* s = has_scales(kind) ? scales + kb * kPanel : nullptr;
 #if LOCKSTEP_GEMM_AVX2
     const __m256 s_lo = s ? _mm256_loadu_ps(s) : _mm256_setzero_ps();
     const __m256 s_hi = s ? _mm256_loadu_ps(s + 8) : _mm256_setzero_ps();
@@ -37,6 +37,8 @@ void widen_panel(BKind kind, const void* src, const float* scales, int64_t block
       __m256 lo, hi;
       if (kind == BKind::BF16) {
         load_b<BKind::BF16>(src, t * kPanel, s_lo, s_hi, lo, hi);
+      } else if (kind == BKind::FP4) {
+        load_b<BKind::FP4>(src, t * kPanel, s_lo, s_hi, lo, hi);
       } else {
         load_b<BKind::FP8>(src, t * kPanel, s_lo, s_hi, lo, hi);
       }
@@ -46,8 +48,9 @@ void widen_panel(BKind kind, const void* src, const float* scales, int64_t block
 #else
     for (int64_t t = t0; t < t1; ++t)
       for (int j = 0; j < kPanel; ++j)
-        dst[t * kPanel + j] = kind == BKind::BF16 ? load_b1<BKind::BF16>(src, t * kPanel, j, nullptr)
-                                                  : load_b1<BKind::FP8>(src, t * kPanel, j, s);
+        dst[t * kPanel + j] = kind == BKind::BF16  ? load_b1<BKind::BF16>(src, t * kPanel, j, nullptr)
+                              : kind == BKind::FP4 ? load_b1<BKind::FP4>(src, t * kPanel, j, s)
+                                                   : load_b1<BKind::FP8>(src, t * kPanel, j, s);
 #endif
   }
 }
@@ -137,8 +140,7 @@ void allocate(const Context& ctx, PackedWeight& pw) {
   LS_CHECK(memory.host_visible()) << "pack_weight: the weights are packed by host code, which cannot write "
                                   << memory.name() << " device memory";
   const int64_t P = pw.panels();
-  pw.data = Buffer(static_cast<size_t>(P * pw.k * kPanel) * dtype_size(pw.storage), memory, Fill::Zero,
-                   "packed weight");
+  pw.data = Buffer(static_cast<size_t>(P * pw.k * pw.row_bytes()), memory, Fill::Zero, "packed weight");
   if (pw.storage == DType::FP8E4M3) {
     const int64_t NB = pw.scale_blocks_n(), KB = pw.scale_blocks_k();
     pw.panel_scales =
@@ -298,7 +300,9 @@ void pack_into_mxfp4(const Context& ctx, PackedWeight& pw, const Tensor& w) {
     for (int64_t p = p0; p < p1; ++p)
       for (int j = 0; j < kPanel && p * kPanel + j < N; ++j) {
         const int64_t n = p * kPanel + j;
-        fp8_t* d = pw.data.as<fp8_t>() + p * K * kPanel + j;
+        // Column j's nibble of each row's 8 bytes (see PackedWeight).
+        uint8_t* d = static_cast<uint8_t*>(pw.data.data()) + p * K * (kPanel / 2) + (j & 7);
+        const int shift = j < 8 ? 0 : 4;
         for (int64_t g = 0; g < G; ++g) {
           for (int64_t i = 0; i < kG; ++i) {
             x[i] = weight_at(w, n, g * kG + i);
@@ -312,7 +316,10 @@ void pack_into_mxfp4(const Context& ctx, PackedWeight& pw, const Tensor& w) {
                      << w.shape_str() << " has a scale of " << scale
                      << "; the kernels support absmax <= " << kMaxFp8Scale / 2 * 6.0f;
           bs[n * G + g] = scale;
-          for (int64_t i = 0; i < kG; ++i) d[(g * kG + i) * kPanel] = f32_to_fp8(e2m1_value(codes[i]));
+          for (int64_t i = 0; i < kG; ++i) {
+            uint8_t& byte = d[(g * kG + i) * (kPanel / 2)];
+            byte = static_cast<uint8_t>((byte & (0xF0 >> shift)) | (codes[i] << shift));
+          }
         }
       }
   });
@@ -320,6 +327,10 @@ void pack_into_mxfp4(const Context& ctx, PackedWeight& pw, const Tensor& w) {
 }
 
 }  // namespace
+
+int64_t PackedWeight::row_bytes() const {
+  return mxfp4 ? kPanel / 2 : kPanel * int64_t(dtype_size(storage));
+}
 
 int64_t PackedWeight::scale_blocks_n() const {
   return static_cast<int64_t>(row_block_starts(*this).size()) - 1;
@@ -424,7 +435,7 @@ void repack_weight(const Context& ctx, PackedWeight& pw, const Tensor& w) {
   if (w.shape[0] != pw.n || w.shape[1] != pw.k)
     LS_THROW << "repack_weight: w " << w.shape_str() << " does not match the packed (" << pw.n << ", " << pw.k
              << ") " << dtype_name(pw.storage);
-  LS_CHECK(pw.data.size() == static_cast<size_t>(pw.panels() * pw.k * kPanel) * dtype_size(pw.storage))
+  LS_CHECK(pw.data.size() == static_cast<size_t>(pw.panels() * pw.k * pw.row_bytes()))
       << "repack_weight: packed weight was not made by pack_weight";
   if (pw.mxfp4) {
     pack_into_mxfp4(ctx, pw, w);
@@ -441,14 +452,15 @@ void unpack_weight(const Context& ctx, Tensor w_out, const PackedWeight& pw) {
              << w_out.shape_str();
   const BKind kind = pw.storage == DType::F32    ? BKind::F32
                      : pw.storage == DType::BF16 ? BKind::BF16
+                     : pw.mxfp4                  ? BKind::FP4
                                                  : BKind::FP8;
-  const size_t esize = dtype_size(pw.storage);
   const int64_t K = pw.k, KB = pw.scale_blocks_k();
   ctx.parallel_for(pw.panels(), [&](int64_t p0, int64_t p1) {
     std::vector<float> tmp(static_cast<size_t>(K * kPanel));  // (K, 16)
     for (int64_t p = p0; p < p1; ++p) {
-      const float* sc = kind == BKind::FP8 ? pw.panel_scales.as<float>() + p * KB * kPanel : nullptr;
-      gemm_detail::widen_panel(kind, static_cast<const char*>(pw.data.data()) + p * K * kPanel * esize, sc,
+      const float* sc =
+          gemm_detail::has_scales(kind) ? pw.panel_scales.as<float>() + p * KB * kPanel : nullptr;
+      gemm_detail::widen_panel(kind, static_cast<const char*>(pw.data.data()) + p * K * pw.row_bytes(), sc,
                                eff_block_k(pw), K, tmp.data());
       for (int j = 0; j < kPanel && p * kPanel + j < pw.n; ++j) {
         float* row = w_out.f32() + (p * kPanel + j) * w_out.stride[0];

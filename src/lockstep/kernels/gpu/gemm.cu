@@ -17,7 +17,7 @@ namespace {
 
 // Where B comes from. Plain: B(t, c) at b[t * b_ts + c * b_cs]. Packed: the
 // PackedWeight panels (kernels/cpu/gemm.h), T = K, C = N.
-enum BSource : int { kPlainF32, kPlainBF16, kPackedF32, kPackedBF16, kPackedFP8 };
+enum BSource : int { kPlainF32, kPlainBF16, kPackedF32, kPackedBF16, kPackedFP8, kPackedFP4 };
 
 constexpr int64_t kPanelCols = 16;  // kGemmPanel, for device code
 
@@ -55,6 +55,14 @@ LS_DEVICE LS_INLINE int64_t min64(int64_t a, int64_t b) {
   return a < b ? a : b;
 }
 
+// The e4m3 byte of an e2m1 code's value (bit 3 the sign): 0, 0.5, 1, 1.5, 2,
+// 3, 4, 6 are e4m3 exponents 6..9 with one mantissa bit.
+LS_DEVICE LS_INLINE uint32_t e2m1_as_e4m3(uint32_t code) {
+  const uint32_t m = code & 7u, sign = (code & 8u) << 4;
+  const uint32_t mag = m == 0 ? 0u : m == 1 ? 0x30u : ((((m >> 1) + 6u) << 3) | ((m & 1u) << 2));
+  return sign | mag;
+}
+
 // B(t, c) as the CPU's micro-kernel multiplies it.
 template <int kB>
 LS_DEVICE LS_INLINE float load_b(const GemmArgs& g, int64_t t, int64_t c) {
@@ -74,7 +82,14 @@ LS_DEVICE LS_INLINE float load_b(const GemmArgs& g, int64_t t, int64_t c) {
       const uint16_t h = static_cast<const uint16_t*>(g.b)[row + slot];
       return f32_from_bits(static_cast<uint32_t>(h) << 16);
     } else {
-      const int32_t q = static_cast<int8_t>(static_cast<const uint8_t*>(g.b)[row + j]);
+      int32_t q = 0;
+      if constexpr (kB == kPackedFP4) {
+        // Byte i of a row's 8 holds column i (low nibble) and i + 8 (high).
+        const uint8_t byte = static_cast<const uint8_t*>(g.b)[row / 2 + (j & 7)];
+        q = static_cast<int8_t>(e2m1_as_e4m3(j < 8 ? byte & 0x0F : byte >> 4));
+      } else {
+        q = static_cast<int8_t>(static_cast<const uint8_t*>(g.b)[row + j]);
+      }
       const float biased = f32_from_bits((static_cast<uint32_t>(q) << 20) & kFp8KeepBits);
       const float scale = g.scales[(p * g.scale_kb + t / g.block_k) * kPanelCols + j];
       return ls_mul(biased, scale);  // the one rounding of the CPU's widening
@@ -175,6 +190,7 @@ void launch(const Context& ctx, BSource src, GemmArgs g, const GemmLaunch& cfg) 
     case kPackedF32: LS_LAUNCH(ctx, gemm_tiled_kernel<kPackedF32>, grid, block)(g); break;
     case kPackedBF16: LS_LAUNCH(ctx, gemm_tiled_kernel<kPackedBF16>, grid, block)(g); break;
     case kPackedFP8: LS_LAUNCH(ctx, gemm_tiled_kernel<kPackedFP8>, grid, block)(g); break;
+    case kPackedFP4: LS_LAUNCH(ctx, gemm_tiled_kernel<kPackedFP4>, grid, block)(g); break;
   }
 }
 
@@ -218,7 +234,7 @@ void gemm_xwt(const Context& ctx, Tensor y, const Tensor& x, const PackedWeight&
   if (w.storage == DType::BF16) {
     src = kPackedBF16;
   } else if (w.storage == DType::FP8E4M3) {
-    src = kPackedFP8;
+    src = w.mxfp4 ? kPackedFP4 : kPackedFP8;
     g.scales = w.panel_scales.as<float>();
     g.scale_kb = w.scale_blocks_k();
     g.block_k = w.block_k > 0 ? w.block_k : (w.k > 1 ? w.k : 1);  // as the CPU's run_range
