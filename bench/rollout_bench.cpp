@@ -1,6 +1,6 @@
 // Rollout-engine throughput on moe-tiny and moe-small at 2 threads:
 // decode tokens/s at batch 1, 16, 64, 256 beside the roofline (the larger of
-// the step's matrix products timed alone and its weight and KV bytes at the
+// the step's FLOPs at the FMA peak and its weight and KV bytes at the
 // measured read bandwidth), prefill tokens/s, and a GRPO-shaped
 // workload (64 prompts x 8 samples) with and without prefix sharing. One
 // benchmark iteration is one whole measurement; the tables printed at the end

@@ -23,10 +23,9 @@ Table ratio_table(const std::vector<TrainBenchResult>& train,
   for (const RolloutBenchResult& r : rollout) {
     const std::string p = at_precision(r.opt.precision);
     for (const DecodeResult& d : r.decode) {
-      const bool memory_bound = d.memory_step_ms > d.gemm_step_ms;
       t.add({r.model, fmt("decode batch %lld / roofline", (long long)d.batch) + p,
              fmt("%.0f tok/s", d.tokens_per_s),
-             fmt("%.0f tok/s (%s bound)", d.roofline_tokens_per_s, memory_bound ? "memory" : "GEMM"),
+             fmt("%.0f tok/s (%s bound)", d.roofline_tokens_per_s, d.memory_bound() ? "memory" : "compute"),
              fmt("%.1f%%", 100.0 * d.tokens_per_s / d.roofline_tokens_per_s)});
     }
     t.add({r.model, "prefill FLOP/s / FMA peak" + p, fmt("%.1f GFLOP/s", r.prefill_gflops),

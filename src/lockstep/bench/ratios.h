@@ -15,7 +15,7 @@ namespace lockstep::perf {
 // Columns: model, ratio, measured, baseline (same run), value. Rows:
 //   training: model FLOP/s over the FMA peak;
 //   decode at each batch: tokens/s over the roofline (the larger of the
-//   step's GEMM-only time and its bytes at the measured read bandwidth);
+//   step's FLOPs at the FMA peak and its bytes at the measured read bandwidth);
 //   prefill: model FLOP/s over the FMA peak;
 //   GRPO: generated tokens/s with prefix sharing over without.
 Table ratio_table(const std::vector<TrainBenchResult>& train, const std::vector<RolloutBenchResult>& rollout);

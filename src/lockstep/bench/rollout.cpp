@@ -149,7 +149,7 @@ double decode_step_bytes(const model::ModelWeights& w, int64_t batch, int64_t ct
 }
 
 DecodeResult run_decode(const Context& ctx, const model::ModelWeights& w, const RolloutBenchOptions& opt,
-                        int64_t batch, double copy_gb_per_s) {
+                        int64_t batch, double copy_gb_per_s, double peak_gflops) {
   const ModelConfig& c = w.config();
   rollout::EngineConfig ec;
   ec.bf16_kv = opt.bf16_kv;
@@ -175,7 +175,10 @@ DecodeResult run_decode(const Context& ctx, const model::ModelWeights& w, const 
   const int64_t ctx_len = opt.decode_prompt_len + opt.new_tokens / 2;
   r.step_bytes = decode_step_bytes(w, batch, ctx_len, opt.bf16_kv ? 2 : 4);
   r.memory_step_ms = copy_gb_per_s > 0 ? 1e3 * r.step_bytes / (copy_gb_per_s * 1e9) : 0.0;
-  r.roofline_tokens_per_s = double(batch) / (std::max(r.gemm_step_ms, r.memory_step_ms) * 1e-3);
+  const double step_flops = double(batch) * forward_flops_per_token(c, ctx_len);
+  r.compute_step_ms = peak_gflops > 0 ? 1e3 * step_flops / (peak_gflops * 1e9) : 0.0;
+  const double bound_ms = std::max(r.compute_step_ms, r.memory_step_ms);
+  r.roofline_tokens_per_s = double(batch) / ((bound_ms > 0 ? bound_ms : r.gemm_step_ms) * 1e-3);
   r.gflops = r.tokens_per_s * forward_flops_per_token(c, ctx_len) * 1e-9;
   return r;
 }
@@ -236,7 +239,8 @@ RolloutBenchResult run_rollout_bench(const RolloutBenchOptions& opt, Peak peak) 
   // Read at the rate a pass over the whole model's packed weights reads: the
   // decode loop cycles through them step after step.
   r.copy_gb_per_s = measure_read_bandwidth(ctx, size_t(decode_step_bytes(w, int64_t(1) << 30, 0, 0)));
-  for (int64_t b : opt.decode_batches) r.decode.push_back(run_decode(ctx, w, opt, b, r.copy_gb_per_s));
+  for (int64_t b : opt.decode_batches)
+    r.decode.push_back(run_decode(ctx, w, opt, b, r.copy_gb_per_s, r.peak.gflops()));
   r.prefill_tokens_per_s = run_prefill(ctx, w, opt);
   r.prefill_gflops = r.prefill_tokens_per_s * forward_flops_per_token(c, opt.prefill_len) * 1e-9;
   r.grpo_shared = run_grpo(ctx, w, opt, true);
@@ -249,15 +253,16 @@ std::string precision_name(DType p) {
 }
 
 std::string rollout_tables(const std::vector<RolloutBenchResult>& rs) {
-  Table d({"model", "precision", "threads", "batch", "decode tok/s", "step ms", "GEMM-only ms", "memory ms",
-           "roofline tok/s", "% of roofline", "GFLOP/s", "% of peak", "CPU use"});
+  Table d({"model", "precision", "threads", "batch", "decode tok/s", "step ms", "GEMM-only ms", "compute ms",
+           "memory ms", "roofline tok/s", "% of roofline", "GFLOP/s", "% of peak", "CPU use"});
   Table o({"model", "precision", "threads", "workload", "tokens fed", "tokens generated", "seconds", "tok/s",
            "note"});
   for (const auto& r : rs) {
     for (const auto& x : r.decode)
       d.add({r.model, precision_name(r.opt.precision), fmt("%d", r.opt.threads),
              fmt("%lld", (long long)x.batch), fmt("%.0f", x.tokens_per_s), fmt("%.2f", x.step_ms),
-             fmt("%.2f", x.gemm_step_ms), fmt("%.2f", x.memory_step_ms), fmt("%.0f", x.roofline_tokens_per_s),
+             fmt("%.2f", x.gemm_step_ms), fmt("%.2f", x.compute_step_ms), fmt("%.2f", x.memory_step_ms),
+             fmt("%.0f", x.roofline_tokens_per_s),
              fmt("%.1f%%", 100.0 * x.tokens_per_s / x.roofline_tokens_per_s), fmt("%.1f", x.gflops),
              fmt("%.1f%%", 100.0 * x.gflops / r.peak.gflops()), fmt("%.0f%%", 100.0 * x.cpu_use)});
     const int64_t pt = r.opt.prefill_prompts * r.opt.prefill_len;

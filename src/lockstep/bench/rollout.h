@@ -1,11 +1,12 @@
 // The rollout-engine benchmark: decode tokens/s at several batch
 // sizes, prefill tokens/s, a GRPO-shaped workload (prompts x samples) with
-// and without prefix sharing, and the "GEMM roofline" of a decode step: the
-// time the same matrix products take alone at that batch size, so the share
-// of a step spent outside them (attention, norms, routing, sampling,
-// scheduling) is visible, and the memory bound of the same step: the bytes
-// of weights and KV cache it must read, at the measured read bandwidth. The
-// larger of the two is the roofline. Shared by `lockstep bench rollout` and
+// and without prefix sharing, and the roofline of a decode step: the larger
+// of its compute bound (its model FLOPs at the measured FMA peak) and its
+// memory bound (the bytes of weights and KV cache it must read, at the
+// measured read bandwidth), a time no step can beat. Beside them, the time
+// the same matrix products take alone at that batch size ("GEMM-only"), so
+// the share of a step spent outside them (attention, norms, routing,
+// sampling, scheduling) is visible. Shared by `lockstep bench rollout` and
 // bench/rollout_bench.cpp.
 #pragma once
 
@@ -47,13 +48,16 @@ struct DecodeResult {
   int64_t batch = 0;
   double tokens_per_s = 0;  // generated tokens / time of pure decode steps
   double step_ms = 0;       // mean pure decode step
-  double gemm_step_ms = 0;  // the same step's GEMMs alone
+  double gemm_step_ms = 0;  // the same step's GEMMs alone (measured; not a bound)
+  // The step's model FLOPs (forward_flops_per_token x batch) at the FMA peak.
+  double compute_step_ms = 0;
   // The bytes the step must read (decode_step_bytes) at the measured read bandwidth.
   double memory_step_ms = 0;
   double step_bytes = 0;
-  // batch / the larger of gemm_step_ms and memory_step_ms: the roofline a
-  // step cannot beat (compute, or streaming its weights and KV cache).
+  // batch / the larger of compute_step_ms and memory_step_ms: the roofline a
+  // step cannot beat (computing at the peak, or streaming its weights and KV cache).
   double roofline_tokens_per_s = 0;
+  bool memory_bound() const { return memory_step_ms > compute_step_ms; }
   double gflops = 0;   // model GFLOP/s of the decode steps (forward_flops_per_token)
   double cpu_use = 0;  // CPU seconds / (wall seconds x threads) of the decode steps
 };
@@ -85,8 +89,10 @@ double decode_step_bytes(const model::ModelWeights& w, int64_t batch, int64_t ct
 // Decode throughput at one batch size: `batch` requests of decode_prompt_len
 // random tokens, each generating new_tokens tokens. copy_gb_per_s: the
 // bandwidth the memory bound uses (0: no memory bound).
+// copy_gb_per_s and peak_gflops: the measured read bandwidth and FMA peak
+// the bounds use (0: that bound is left out).
 DecodeResult run_decode(const Context& ctx, const model::ModelWeights& w, const RolloutBenchOptions& opt,
-                        int64_t batch, double copy_gb_per_s = 0);
+                        int64_t batch, double copy_gb_per_s = 0, double peak_gflops = 0);
 
 // Prefill throughput (prompt tokens/s): prompts of prefill_len tokens, one new token each.
 double run_prefill(const Context& ctx, const model::ModelWeights& w, const RolloutBenchOptions& opt);
