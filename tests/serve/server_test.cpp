@@ -692,16 +692,26 @@ TEST_F(ServeTest, OddJsonGets400NamingTheProblem) {
 // timeout) held an HTTP worker for as long as it liked: with as many such
 // clients as workers, nobody else was served. --request-timeout cuts each
 // one off (408) so the others get through.
+// A TCP connection to 127.0.0.1:port; -1 if it fails.
+int connect_loopback(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 TEST_F(ServeTest, SlowClientsAreCutOffAtTheRequestTimeout) {
   ServerProcess s({"--model", (dir_ / "m1").string(), "--http-threads", "2", "--request-timeout", "1"});
   std::atomic<int> cut_off{0};
   auto trickle = [&] {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(uint16_t(s.port()));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    const int fd = connect_loopback(s.port());
+    ASSERT_GE(fd, 0);
     const std::string req = "POST /generate HTTP/1.1\r\nHost: x\r\nX-Slow: " + std::string(200, 'a');
     // One byte per 100 ms for up to 20 s, or until the server closes.
     for (char c : req) {
@@ -711,8 +721,10 @@ TEST_F(ServeTest, SlowClientsAreCutOffAtTheRequestTimeout) {
     }
     char buf[512];
     const ssize_t n = recv(fd, buf, sizeof buf, 0);
-    if (n > 0 && std::string(buf, size_t(n)).find("HTTP/1.1 408") == 0) ++cut_off;
-    else ADD_FAILURE() << "slow client got " << (n > 0 ? std::string(buf, size_t(n)) : std::to_string(n));
+    if (n > 0 && std::string(buf, size_t(n)).find("HTTP/1.1 408") == 0)
+      ++cut_off;
+    else
+      ADD_FAILURE() << "slow client got " << (n > 0 ? std::string(buf, size_t(n)) : std::to_string(n));
     close(fd);
   };
   std::thread a(trickle), b(trickle);
@@ -735,12 +747,8 @@ TEST_F(ServeTest, SlowClientsAreCutOffAtTheRequestTimeout) {
 TEST_F(ServeTest, IdleKeepAliveConnectionsYieldTheirWorkersUnderLoad) {
   ServerProcess s({"--model", (dir_ / "m1").string(), "--http-threads", "2", "--keep-alive-timeout", "60"});
   auto idle_client = [&] {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(uint16_t(s.port()));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    const int fd = connect_loopback(s.port());
+    EXPECT_GE(fd, 0);
     const std::string req = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\n\r\n";
     EXPECT_EQ(send(fd, req.data(), req.size(), MSG_NOSIGNAL), ssize_t(req.size()));
     // The whole answer: headers, then Content-Length bytes.

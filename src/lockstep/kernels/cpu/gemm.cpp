@@ -130,14 +130,17 @@ void for_row_tiles(int64_t r0, int64_t r1, int max_rows, Fn&& fn) {
   }
 }
 
+// How the kernels read B: a plain operand is staged as f32 panels.
+BKind stored_kind(const PackedWeight* pw) {
+  if (!pw || pw->storage == DType::F32) return BKind::F32;
+  if (pw->storage == DType::BF16) return BKind::BF16;
+  return pw->mxfp4 ? BKind::FP4 : BKind::FP8;
+}
+
 void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
   const int64_t T = pb.T;
   const PackedWeight* pw = pb.packed;
-  const BKind stored = !pw                          ? BKind::F32
-                       : pw->storage == DType::F32  ? BKind::F32
-                       : pw->storage == DType::BF16 ? BKind::BF16
-                       : pw->mxfp4                  ? BKind::FP4
-                                                    : BKind::FP8;
+  const BKind stored = stored_kind(pw);
   // direct: kernels read the packed weight in place; staged: f32 panels in scratch.
   const bool direct = pw && (!has_scales(stored) || r1 - r0 <= kFp8DirectMaxRows);
   const BKind kind = direct ? stored : BKind::F32;
