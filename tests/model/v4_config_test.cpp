@@ -550,8 +550,8 @@ int32_t int_at(const float* base, int64_t at) {
 
 TEST(V4Params, InitDeterministicWithValidHashTables) {
   ModelConfig c = tiny_v4();
-  c.vocab_size = 24000;  // the (V, K = 3) table spans a 64 Ki-float init chunk boundary
-  c.hidden_size = 8;     // and the rest stays small
+  c.vocab_size = 24000;    // the (V, K = 3) table spans a 64 Ki-float init chunk boundary
+  c.hidden_size = 8;       // and the rest stays small
   c.expert_dtype.clear();  // (MXFP4 needs widths of 32)
   c.num_hash_layers = 2;
   c.num_experts = 8;

@@ -78,10 +78,10 @@ const kernels::GpuBackend* device_flag(const Args& args) {
   return b;
 }
 
-const std::vector<std::string> kTrainFlags = {
+const std::vector<std::string> train_flags = {
     "config", "threads",   "seq-len",         "seqs",      "micro-batch-tokens",
     "steps",  "recompute", "world-invariant", "precision", "device"};
-const std::vector<std::string> kRolloutFlags = {
+const std::vector<std::string> rollout_flags = {
     "config",          "threads",     "batches",      "new-tokens",   "prompt-len",
     "prefill-prompts", "prefill-len", "grpo-prompts", "grpo-samples", "grpo-prompt-len",
     "precision",       "bf16-kv",     "device"};
@@ -151,7 +151,7 @@ std::vector<perf::RolloutBenchResult> rollout_benches(perf::RolloutBenchOptions 
 }
 
 int run_train(const Args& args) {
-  args.check_known(kTrainFlags);
+  args.check_known(train_flags);
   perf::TrainBenchOptions o = train_options(args);
   o.gpu = device_flag(args);
   const perf::Peak peak = perf::measure_fma_peak(o.threads);
@@ -161,7 +161,7 @@ int run_train(const Args& args) {
 }
 
 int run_rollout(const Args& args) {
-  args.check_known(kRolloutFlags);
+  args.check_known(rollout_flags);
   perf::RolloutBenchOptions o = rollout_options(args);
   o.gpu = device_flag(args);
   const perf::Peak peak = perf::measure_fma_peak(o.threads);
@@ -173,8 +173,8 @@ int run_rollout(const Args& args) {
 // Both benchmarks (rollout at batches 1, 16 and 64 unless --batches says
 // otherwise), then every ratio they measured in one table.
 int run_all(const Args& args) {
-  std::vector<std::string> known = kTrainFlags;
-  known.insert(known.end(), kRolloutFlags.begin(), kRolloutFlags.end());
+  std::vector<std::string> known = train_flags;
+  known.insert(known.end(), rollout_flags.begin(), rollout_flags.end());
   args.check_known(known);
   perf::TrainBenchOptions to = train_options(args);
   perf::RolloutBenchOptions ro = rollout_options(args);

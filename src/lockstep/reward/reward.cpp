@@ -17,7 +17,8 @@ double get_number(const std::string& key, const nlohmann::json& v) {
 }
 
 int get_int(const std::string& key, const nlohmann::json& v) {
-  if (!v.is_number_integer()) LS_THROW << "reward." << key << ": expected an integer, got " << excerpt(v.dump());
+  if (!v.is_number_integer())
+    LS_THROW << "reward." << key << ": expected an integer, got " << excerpt(v.dump());
   return v.get<int>();
 }
 
