@@ -23,8 +23,9 @@ CPU_SECONDS="${FUZZ_CPU_SECONDS:-0}"
 # libFuzzer's per-input limit is wall-clock. A run under a CPU budget is meant
 # to run at low priority, where a starved input can take seconds of wall time
 # and no CPU (12 s for 60 ms of CPU was seen at nice 19 beside a test run);
-# it gets 120 s, and its corpus is replayed afterwards with the 1-s limit, an
-# input then counting as a hang only if it also takes over 1 s of CPU.
+# it gets 120 s (and libFuzzer's slow-unit report, 10 s by default, as much),
+# and its corpus is replayed afterwards with the 1-s limit, an input then
+# counting as a hang only if it also takes over 1 s of CPU.
 TIMEOUT=1
 [ "$CPU_SECONDS" -gt 0 ] && TIMEOUT=120
 SEED="${FUZZ_SEED:-0}"
@@ -126,7 +127,7 @@ for t in "${TARGETS[@]}"; do
   # -malloc_limit_mb: a parser must refuse what would need more memory.
   "$bin" "$work" "${dict[@]}" -seed="$SEED" -max_total_time="$wall_limit" -timeout="$TIMEOUT" -rss_limit_mb=2048 \
     -malloc_limit_mb=1024 -max_len="$(max_len_of "$t")" -artifact_prefix="$findings/" -print_final_stats=1 \
-    >"$log" 2>&1 &
+    -report_slow_units="$TIMEOUT" >"$log" 2>&1 &
   pid=$!
   interrupted=0
   if [ "$CPU_SECONDS" -gt 0 ]; then

@@ -290,6 +290,27 @@ TEST(HfConfig, NumberOverflowIsAnError) {
   expect_error([&] { load_hf_config(dir.str("small.json")); }, {"small.json", "invalid JSON"});
 }
 
+// Found by tests/fuzz/targets/model_config.cpp: a field of the wrong type was
+// quoted whole, so an object given for max_position_embeddings made a message
+// of kilobytes. Every typed field now quotes an excerpt.
+TEST(HfConfig, WrongTypesQuoteAnExcerptOfTheValue) {
+  TempDir dir("cfg-types");
+  json big = json::object();
+  for (int i = 0; i < 200; ++i) big["key" + std::to_string(i)] = std::string(40, 'v');
+  for (const char* field : {"max_position_embeddings", "rope_theta", "tie_word_embeddings", "hidden_act"}) {
+    json j = qwen3_moe_json();
+    j[field] = big;
+    try {
+      parse_file(dir, j);
+      FAIL() << field << ": accepted";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(field), std::string::npos) << msg;
+      EXPECT_LT(msg.size(), 400u) << field << ": " << msg.size() << " bytes";
+    }
+  }
+}
+
 TEST(HfConfig, InvalidValues) {
   TempDir dir("cfg");
   json j = qwen3_moe_json();

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/excerpt.h"
 #include "lockstep/model/config.h"
 
 namespace lockstep::config_detail {
@@ -32,20 +33,22 @@ class JsonFields {
   double opt_double(const char* key, double def) const {
     if (!has(key)) return def;
     const json& v = j_.at(key);
-    if (!v.is_number()) LS_THROW << source_ << ": field '" << key << "' must be a number, got " << v.dump();
+    if (!v.is_number())
+      LS_THROW << source_ << ": field '" << key << "' must be a number, got " << excerpt(v.dump());
     return v.get<double>();
   }
   bool opt_bool(const char* key, bool def) const {
     if (!has(key)) return def;
     const json& v = j_.at(key);
     if (!v.is_boolean())
-      LS_THROW << source_ << ": field '" << key << "' must be true or false, got " << v.dump();
+      LS_THROW << source_ << ": field '" << key << "' must be true or false, got " << excerpt(v.dump());
     return v.get<bool>();
   }
   std::string opt_string(const char* key, const std::string& def) const {
     if (!has(key)) return def;
     const json& v = j_.at(key);
-    if (!v.is_string()) LS_THROW << source_ << ": field '" << key << "' must be a string, got " << v.dump();
+    if (!v.is_string())
+      LS_THROW << source_ << ": field '" << key << "' must be a string, got " << excerpt(v.dump());
     return v.get<std::string>();
   }
   // An integer or a list of integers (eos_token_id, mlp_only_layers).
@@ -72,7 +75,7 @@ class JsonFields {
       const double d = v.get<double>();
       if (std::floor(d) == d && std::fabs(d) < 9.0e15) return static_cast<int64_t>(d);
     }
-    LS_THROW << source_ << ": field '" << key << "' must be an integer, got " << v.dump();
+    LS_THROW << source_ << ": field '" << key << "' must be an integer, got " << excerpt(v.dump());
   }
 
   const json& j_;
