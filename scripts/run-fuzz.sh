@@ -8,10 +8,11 @@
 # Usage: scripts/run-fuzz.sh [target ...]   (default: every target)
 # Environment: FUZZ_SECONDS, FUZZ_CPU_SECONDS (instead of wall seconds: fuzz
 # each target until it has used this much CPU time, so that a run at low
-# priority on a busy machine still gets its budget), FUZZ_JOBS (build parallelism, default 2),
-# FUZZ_CXX (default clang++-14), FUZZ_BUILD (default build/fuzz), FUZZ_SEED
-# (libFuzzer's -seed; 0, the default, draws one; CI fixes it so that a run
-# explores the same inputs each time).
+# priority on a busy machine still gets its budget), FUZZ_JOBS (build
+# parallelism, default 2), FUZZ_TMPDIR (where targets write their input
+# files; default /dev/shm), FUZZ_CXX (default clang++-14), FUZZ_BUILD (default
+# build/fuzz), FUZZ_SEED (libFuzzer's -seed; 0, the default, draws one; CI
+# fixes it so that a run explores the same inputs each time).
 set -euo pipefail
 # All in one function, parsed whole before it runs: a long run is not thrown
 # off by an edit of this file while it runs (bash reads scripts as it goes).
@@ -38,6 +39,10 @@ TARGETS=("$@")
 
 command -v "$CXX" >/dev/null || { echo "run-fuzz: $CXX not found (scripts/install-deps.sh installs clang-14)" >&2; exit 2; }
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(cd .. && pwd)}"
+# Targets that read from a path write each input to a file under TMPDIR:
+# in memory, not to disk, when /dev/shm is there.
+if [ -z "${FUZZ_TMPDIR:-}" ] && [ -d /dev/shm ] && [ -w /dev/shm ]; then FUZZ_TMPDIR=/dev/shm; fi
+[ -n "${FUZZ_TMPDIR:-}" ] && export TMPDIR="$FUZZ_TMPDIR"
 cmake -S tests/fuzz -B "$BUILD" -G Ninja -DCMAKE_CXX_COMPILER="$CXX" >/dev/null
 cmake --build "$BUILD" -j "$JOBS" >/dev/null
 
