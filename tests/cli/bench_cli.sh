@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # `lockstep bench` end to end at a tiny size: with no benchmark name it runs
-# train and rollout and ends with the table of every ratio (training and
+# train, rollout and rl and ends with the table of every ratio (training and
 # prefill over the FMA peak, decode over its roofline at each batch, GRPO with
-# prefix sharing over without); an unknown name is refused, naming it. Speed
-# itself is not checked (tests never assert on wall-clock time).
+# prefix sharing over without); `bench rl` accounts for the memory each
+# configuration holds (the KL reference, the rollout's own copies in fast mode
+# and one step ahead, the KV cache); bad flags and an unknown name are
+# refused, naming them. Speed itself is not checked (tests never assert on
+# wall-clock time).
 set -euo pipefail
 BIN=$1
 SRC=$2
@@ -13,7 +16,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 "$BIN" bench --config "$SRC/configs/bench/moe-tiny.toml" --steps 1 --seqs 2 --seq-len 32 --batches 1,4 \
   --new-tokens 4 --prefill-prompts 2 --prefill-len 16 --grpo-prompts 2 --grpo-samples 2 --grpo-prompt-len 8 \
-  > "$T/out.txt" 2>&1 || { cat "$T/out.txt"; fail "lockstep bench"; }
+  --prompts 2 --samples 2 --prompt-len 8 > "$T/out.txt" 2>&1 || { cat "$T/out.txt"; fail "lockstep bench"; }
 grep -q "Every ratio above" "$T/out.txt" || { cat "$T/out.txt"; fail "no ratio table"; }
 table=$(sed -n '/Every ratio above/,$p' "$T/out.txt")
 for row in "training FLOP/s / FMA peak" "decode batch 1 / roofline" "decode batch 4 / roofline" \
@@ -23,6 +26,30 @@ done
 # Every value is a number followed by % or x.
 n=$(echo "$table" | grep "moe-tiny" | grep -cE '[0-9.]+(%|x)$')
 [ "$n" -eq 5 ] || { echo "$table"; fail "expected 5 ratio values, found $n"; }
+
+# The RL memory table's row of moe-tiny: fields 10-13 are the reference, the
+# rollout's master and packed copies and the KV cache, in bytes per parameter.
+rl_memory_row() { awk '/rollout master/ { getline; getline; print; exit }' "$1"; }
+field() { echo "$1" | awk -v f="$2" '{ print $f }'; }
+positive() { awk -v x="$1" 'BEGIN { exit !(x > 0) }'; }
+row=$(rl_memory_row "$T/out.txt")
+echo "$row" | grep -q "^moe-tiny" || { cat "$T/out.txt"; fail "bench prints no RL memory row"; }
+positive "$(field "$row" 13)" || fail "the aligned RL step has no KV cache: $row"
+for f in 10 11 12; do
+  [ "$(field "$row" $f)" = "0.00" ] || fail "aligned, no KL: field $f should be 0.00: $row"
+done
+
+# Fast mode, one step ahead, with a KL reference: each holds its own weights.
+"$BIN" bench rl --config "$SRC/configs/bench/moe-tiny.toml" --steps 1 --prompts 2 --samples 2 --prompt-len 8 \
+  --new-tokens 4 --precision bf16 --trainer-precision f32 --staleness 1 --rollout-threads 1 --kl-coef 0.01 \
+  > "$T/rl.txt" 2>&1 || { cat "$T/rl.txt"; fail "lockstep bench rl"; }
+grep -q "bf16/f32 *1 " "$T/rl.txt" || { cat "$T/rl.txt"; fail "the RL row does not name fast mode and staleness 1"; }
+row=$(rl_memory_row "$T/rl.txt")
+for f in 10 11 12 13; do
+  positive "$(field "$row" $f)" || { cat "$T/rl.txt"; fail "fast mode, staleness 1, KL: field $f should be > 0: $row"; }
+done
+if "$BIN" bench rl --staleness 2 > "$T/bad.txt" 2>&1; then fail "--staleness 2 was accepted"; fi
+grep -q "flag --staleness" "$T/bad.txt" || { cat "$T/bad.txt"; fail "the refusal does not name --staleness"; }
 
 if "$BIN" bench sprint > "$T/bad.txt" 2>&1; then fail "an unknown benchmark was accepted"; fi
 grep -q "unknown benchmark 'sprint'" "$T/bad.txt" || { cat "$T/bad.txt"; fail "the refusal does not name it"; }

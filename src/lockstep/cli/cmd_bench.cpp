@@ -7,6 +7,7 @@
 
 #include "lockstep/base/error.h"
 #include "lockstep/bench/ratios.h"
+#include "lockstep/bench/rl.h"
 #include "lockstep/bench/rollout.h"
 #include "lockstep/bench/train.h"
 #include "lockstep/cli/command.h"
@@ -86,6 +87,20 @@ const std::vector<std::string> rollout_flags = {
     "prefill-prompts", "prefill-len", "grpo-prompts", "grpo-samples", "grpo-prompt-len",
     "precision",       "bf16-kv",     "device"};
 
+const std::vector<std::string> rl_flags = {"config",
+                                           "threads",
+                                           "prompts",
+                                           "samples",
+                                           "prompt-len",
+                                           "new-tokens",
+                                           "micro-batch-tokens",
+                                           "steps",
+                                           "precision",
+                                           "trainer-precision",
+                                           "staleness",
+                                           "rollout-threads",
+                                           "kl-coef"};
+
 perf::TrainBenchOptions train_options(const Args& args) {
   perf::TrainBenchOptions o;
   o.threads = int(positive(args, "threads", 2));
@@ -112,6 +127,27 @@ perf::RolloutBenchOptions rollout_options(const Args& args) {
   o.grpo_prompt_len = positive(args, "grpo-prompt-len", o.grpo_prompt_len);
   if (auto p = args.maybe("precision")) o.precision = precision_flag(*p);
   o.bf16_kv = args.flag("bf16-kv");
+  return o;
+}
+
+perf::RlBenchOptions rl_options(const Args& args) {
+  perf::RlBenchOptions o;
+  o.threads = int(positive(args, "threads", 2));
+  o.prompts = positive(args, "prompts", o.prompts);
+  o.samples = positive(args, "samples", o.samples);
+  o.prompt_len = positive(args, "prompt-len", o.prompt_len);
+  o.new_tokens = positive(args, "new-tokens", o.new_tokens);
+  o.micro_batch_tokens = positive(args, "micro-batch-tokens", o.micro_batch_tokens);
+  o.steps = positive(args, "steps", o.steps);
+  if (auto p = args.maybe("precision")) o.precision = o.trainer_precision = precision_flag(*p);
+  if (auto p = args.maybe("trainer-precision")) o.trainer_precision = precision_flag(*p);
+  o.staleness = args.get_int("staleness", 0);
+  if (o.staleness != 0 && o.staleness != 1)
+    LS_THROW << "flag --staleness: expected 0 or 1, got " << o.staleness;
+  o.rollout_threads = args.get_int("rollout-threads", 0);
+  if (o.rollout_threads < 0) LS_THROW << "flag --rollout-threads must be >= 0, got " << o.rollout_threads;
+  o.kl_coef = args.get_double("kl-coef", 0.0);
+  if (!(o.kl_coef >= 0)) LS_THROW << "flag --kl-coef must be >= 0, got " << o.kl_coef;
   return o;
 }
 
@@ -150,6 +186,27 @@ std::vector<perf::RolloutBenchResult> rollout_benches(perf::RolloutBenchOptions 
   return rs;
 }
 
+// The RL-step benchmark over every config: its two tables.
+void rl_benches(perf::RlBenchOptions o, const Args& args) {
+  perf::Table t = perf::rl_table(), mem = perf::rl_memory_table();
+  for (const auto& path : configs(args)) {
+    o.config_path = path;
+    const perf::RlBenchResult r = perf::run_rl_bench(o);
+    add_row(t, r);
+    add_memory_row(mem, r);
+  }
+  std::cout
+      << t.str()
+      << "\nOne RL step of `lockstep rl` in this process (GRPO, random prompts, a synthetic 0/1 reward,\n"
+         "every response --new-tokens long); seconds are per step, step tok/s = trained tokens / step s.\n\n"
+      << mem.str()
+      << "\nPeak resident memory of the RL run above the process before the trainer existed, in bytes per\n"
+         "parameter: the trainer's master, packed copy, widened weights, gradients and moments; the KL\n"
+         "reference's weights; the rollout's own master and packed copies (fast mode, staleness 1; the\n"
+         "aligned rollout reads the trainer's packed weights); its KV cache as allocated; the rest is\n"
+         "activations, logits and workspace.\n";
+}
+
 int run_train(const Args& args) {
   args.check_known(train_flags);
   perf::TrainBenchOptions o = train_options(args);
@@ -170,14 +227,24 @@ int run_rollout(const Args& args) {
   return 0;
 }
 
-// Both benchmarks (rollout at batches 1, 16 and 64 unless --batches says
+int run_rl(const Args& args) {
+  args.check_known(rl_flags);
+  const perf::RlBenchOptions o = rl_options(args);
+  print_machine(perf::measure_fma_peak(o.threads));
+  rl_benches(o, args);
+  return 0;
+}
+
+// Every benchmark (rollout at batches 1, 16 and 64 unless --batches says
 // otherwise), then every ratio they measured in one table.
 int run_all(const Args& args) {
   std::vector<std::string> known = train_flags;
   known.insert(known.end(), rollout_flags.begin(), rollout_flags.end());
+  known.insert(known.end(), rl_flags.begin(), rl_flags.end());
   args.check_known(known);
   perf::TrainBenchOptions to = train_options(args);
   perf::RolloutBenchOptions ro = rollout_options(args);
+  const perf::RlBenchOptions lo = rl_options(args);
   if (!args.maybe("batches")) ro.decode_batches = {1, 16, 64};
   to.gpu = ro.gpu = device_flag(args);
   const perf::Peak peak = perf::measure_fma_peak(to.threads);
@@ -185,6 +252,8 @@ int run_all(const Args& args) {
   const auto train = train_benches(to, args, peak);
   std::cout << "\n";
   const auto rollout = rollout_benches(ro, args, peak);
+  std::cout << "\n";
+  rl_benches(lo, args);
   std::cout << "\nEvery ratio above, each against the baseline measured in this run:\n"
             << perf::ratio_table(train, rollout).str();
   return 0;
@@ -195,13 +264,14 @@ int run_bench(const Args& args) {
   if (pos.empty() || pos[0] == "all") return run_all(args);
   if (pos[0] == "train") return run_train(args);
   if (pos[0] == "rollout") return run_rollout(args);
-  LS_THROW << "bench: unknown benchmark '" << pos[0] << "' (train, rollout, all)";
+  if (pos[0] == "rl") return run_rl(args);
+  LS_THROW << "bench: unknown benchmark '" << pos[0] << "' (train, rollout, rl, all)";
 }
 
 LS_REGISTER_COMMAND(Command{
     "bench",
-    "training and rollout throughput benchmarks",
-    "usage: lockstep bench [all]   [any flag of train and rollout]\n"
+    "training, rollout and RL-step throughput and memory benchmarks",
+    "usage: lockstep bench [all]   [any flag of train, rollout and rl]\n"
     "       lockstep bench train   [--config FILE[,FILE]] [--threads N] [--seq-len N] [--seqs N]\n"
     "                              [--micro-batch-tokens N] [--steps N] [--recompute]\n"
     "                              [--world-invariant] [--precision f32|bf16|fp8]\n"
@@ -210,11 +280,16 @@ LS_REGISTER_COMMAND(Command{
     "                              [--new-tokens N] [--prompt-len N] [--prefill-prompts N]\n"
     "                              [--prefill-len N] [--grpo-prompts N] [--grpo-samples N]\n"
     "                              [--grpo-prompt-len N] [--precision f32|bf16|fp8] [--bf16-kv]\n"
-    "                              [--device cpu|interpret]\n\n"
+    "                              [--device cpu|interpret]\n"
+    "       lockstep bench rl      [--config FILE[,FILE]] [--threads N] [--prompts N] [--samples N]\n"
+    "                              [--prompt-len N] [--new-tokens N] [--micro-batch-tokens N]\n"
+    "                              [--steps N] [--precision f32|bf16|fp8]\n"
+    "                              [--trainer-precision f32|bf16|fp8] [--staleness 0|1]\n"
+    "                              [--rollout-threads N] [--kl-coef X]\n\n"
     "Runs on randomly initialised weights of the [model] in each config (default: both\n"
     "configs/bench/moe-tiny.toml and moe-small.toml) with 2 threads unless --threads says\n"
     "otherwise, and prints a table.\n\n"
-    "all (also with no name): train, then rollout at --batches 1,16,64, then one table of\n"
+    "all (also with no name): train, rollout at --batches 1,16,64 and rl, then one table of\n"
     "  every ratio they measured (training and prefill FLOP/s over the FMA peak, decode\n"
     "  tokens/s over its roofline at each batch, GRPO with prefix sharing over without),\n"
     "  each against the baseline measured in the same run.\n"
@@ -233,6 +308,13 @@ LS_REGISTER_COMMAND(Command{
     "  with and without prefix sharing. --precision: the weights in f32 (default), bf16 or fp8\n"
     "  (power-of-two 128 x 128 block scales), as in aligned mode at that precision (f32 KV\n"
     "  cache); --bf16-kv keeps the KV cache in bf16 as fast mode does.\n"
+    "rl: RL steps of `lockstep rl` in this process (GRPO; --prompts x --samples responses of\n"
+    "  --new-tokens each to random prompts of --prompt-len tokens, a synthetic 0/1 reward,\n"
+    "  defaults 8 x 8, 64 and 64), one warm-up then --steps timed: seconds per phase, and the\n"
+    "  step's peak memory in bytes per parameter (trainer state, KL reference, the rollout's\n"
+    "  own copies, KV cache, activations). --precision sets both engines (aligned);\n"
+    "  --trainer-precision f32 with a bf16/fp8 --precision is fast mode; --staleness 1 generates\n"
+    "  one step ahead on --rollout-threads of its own; --kl-coef > 0 adds the frozen reference.\n"
     "--device interpret runs the model's kernels through the GPU kernel sources on the CPU\n"
     "(the emulator of docs/gpu.md): its speed, not a GPU's.\n"
     "See docs/benchmarks.md for what each number means.\n",

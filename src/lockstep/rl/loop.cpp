@@ -1172,7 +1172,8 @@ void Runner::log_console(int64_t step, const nlohmann::json& m, bool last) const
 }
 
 void Runner::save_step(int64_t step, bool last) {
-  const bool save_now = last || (cfg_.save_interval > 0 && step % cfg_.save_interval == 0);
+  const bool save_now =
+      cfg_.checkpoints && (last || (cfg_.save_interval > 0 && step % cfg_.save_interval == 0));
   if (!save_now) return;
   // Expert parallelism: every trainer of the writer's group sends its
   // experts' optimizer state (a collective; nothing otherwise).

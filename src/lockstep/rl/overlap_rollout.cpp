@@ -5,6 +5,7 @@
 #include <map>
 
 #include "lockstep/base/error.h"
+#include "lockstep/model/packed_checksum.h"
 #include "lockstep/rl/mpi_rollout.h"
 #include "lockstep/rollout/localise.h"
 
@@ -32,6 +33,10 @@ OverlapRollout::OverlapRollout(train::Trainer& trainer, const rollout::RolloutSe
   rollout::EngineConfig ec = cfg.engine;
   ec.seed = seed;
   engine_ = std::make_unique<rollout::Engine>(ctx_, weights_.get(), ec);
+}
+
+RolloutBackend::Memory OverlapRollout::memory() const {
+  return {master_.size(), model::packed_bytes(*weights_), engine_->kv_bytes()};
 }
 
 OverlapRollout::~OverlapRollout() {

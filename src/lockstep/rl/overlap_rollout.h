@@ -37,6 +37,7 @@ class OverlapRollout : public RolloutBackend {
   void sync(train::Trainer& trainer) override;
   bool aligned() const override { return aligned_; }
   size_t last_sync_bytes() const override { return master_.size(); }
+  Memory memory() const override;
   bool can_overlap() const override { return true; }
   // Starts generating on the engine's thread and returns at once.
   void submit(std::vector<rollout::Request> requests) override;

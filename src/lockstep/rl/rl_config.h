@@ -35,6 +35,7 @@ struct RlConfig {
   bool shuffle = true;
   int64_t save_interval = 0;        // checkpoint every N steps (0: only at the end)
   int keep_last = 2;
+  bool checkpoints = true;          // false: none at all, not even the last (benchmarks; not a TOML key)
   int64_t log_interval = 1;         // console line every N steps
   eval::EvalSection eval;           // interval: eval every N steps (0: before and after only)
   reward::RewardOptions reward;

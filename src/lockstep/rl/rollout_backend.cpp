@@ -56,6 +56,10 @@ LocalRollout::LocalRollout(train::Trainer& trainer, const rollout::RolloutSectio
   engine_ = std::make_unique<rollout::Engine>(ctx_, weights(trainer), ec);
 }
 
+RolloutBackend::Memory LocalRollout::memory() const {
+  return {model_.size(), own_weights_ ? model::packed_bytes(*fast_weights_) : 0, engine_->kv_bytes()};
+}
+
 const model::ModelWeights* LocalRollout::weights(train::Trainer& trainer) const {
   return own_weights_ ? fast_weights_.get() : &trainer.weights();
 }

@@ -40,6 +40,13 @@ class RolloutBackend {
   // Bytes the last sync() sent over the network (0: none, e.g. colocated);
   // the loop reports bytes / perf/weight_sync_s as perf/weight_sync_gb_per_s.
   virtual size_t last_sync_bytes() const { return 0; }
+  // What this backend holds in this process beyond the trainer's own
+  // buffers (zeros for a rollout on other ranks): its f32 copy of the
+  // master, its packed weights, and its KV cache (allocated bytes).
+  struct Memory {
+    size_t master = 0, packed = 0, kv_cache = 0;
+  };
+  virtual Memory memory() const { return {}; }
 
   // Overlap. A backend that can_overlap() starts a batch with submit() and
   // returns at once; collect() waits for that batch and returns its results
@@ -83,6 +90,7 @@ class LocalRollout : public RolloutBackend {
   void sync(train::Trainer& trainer) override;
   bool aligned() const override { return aligned_; }
   bool can_stream() const override { return true; }
+  Memory memory() const override;
   std::optional<std::string> localise(train::Trainer& trainer, const train::TrainSequence& seq,
                                       const rollout::SamplingParams& params) override;
   void begin_stream() override;
