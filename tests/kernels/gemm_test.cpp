@@ -12,6 +12,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/test_util.h"
@@ -564,6 +565,68 @@ TEST(GemmXwt, BatchAndThreadInvariance) {
         }
       }
     }
+  }
+}
+
+// An in-place weight (the trainer's f32 master read where it is) gives the bits
+// of the packed f32 copy and of the contract, for every M and both thread
+// counts, also with a row stride, a panel tail, several staging chunks and
+// accumulate; the rows it reads are W's own, so a change to W is seen by the
+// next product without a repack. unpack_weight gives the rows; repack_weight
+// and non-f32 rows are refused.
+TEST(GemmXwt, InPlaceWeightMatchesThePackedCopy) {
+  ThreadPool pool1(1), pool2(2);
+  for (auto [N, K, pad] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {70, 600, 3}, {5, 8200, 0}, {300, 4100, 1}, {33, 17, 0}}) {
+    SCOPED_TRACE("N=" + std::to_string(N) + " K=" + std::to_string(K));
+    const int64_t kMaxM = 130;
+    Mat x(kMaxM, K, 1), w(N, K, pad);
+    x.fill_randn(static_cast<uint32_t>(N + K));
+    w.fill_randn(static_cast<uint32_t>(N * K + 1));
+    const PackedWeight packed = pack_weight(Context{}, w.t(), DType::F32);
+    const PackedWeight in_place = in_place_weight(w.t());
+    EXPECT_TRUE(in_place.in_place());
+    EXPECT_EQ(in_place.data.size(), 0u);
+    EXPECT_EQ(unpack(in_place), w.dense());
+    for (ThreadPool* pool : {&pool1, &pool2}) {
+      const Context ctx{pool};
+      for (int64_t M : {int64_t{1}, int64_t{2}, int64_t{7}, int64_t{64}, kMaxM}) {
+        if (K > 4000 && M > 7 && M < kMaxM) continue;  // keep the big-K cases quick
+        const std::string what = "M=" + std::to_string(M) + " threads=" + std::to_string(pool->size());
+        Guarded want(M * N), got(M * N);
+        gemm_xwt(ctx, want.tensor({M, N}), x.t().slice_rows(0, M), packed);
+        gemm_xwt(ctx, got.tensor({M, N}), x.t().slice_rows(0, M), in_place);
+        got.check("y");
+        expect_bits_equal(got.data(), want.data(), M * N, what.c_str());
+        if (M == kMaxM) {
+          const auto contract = contract_xwt(x.dense(), w.dense(), kMaxM, N, K, nullptr);
+          std::vector<float> g(got.data(), got.data() + M * N);
+          expect_bits_equal(g.data(), contract.data(), M * N, (what + " vs contract").c_str());
+          gemm_xwt(ctx, got.tensor({M, N}), x.t().slice_rows(0, M), in_place, /*accumulate=*/true);
+          gemm_xwt(ctx, want.tensor({M, N}), x.t().slice_rows(0, M), packed, /*accumulate=*/true);
+          expect_bits_equal(got.data(), want.data(), M * N, (what + " accumulate").c_str());
+        }
+      }
+    }
+    w.check_gaps("w");
+    // W changes (an optimizer step): the in-place weight multiplies by the new rows.
+    w.at(N - 1, K - 1) += 1.0f;
+    w.at(0, 0) -= 0.5f;
+    const PackedWeight repacked = pack_weight(Context{}, w.t(), DType::F32);
+    Guarded want(N), got(N);
+    gemm_xwt(Context{}, want.tensor({1, N}), x.t().slice_rows(0, 1), repacked);
+    gemm_xwt(Context{}, got.tensor({1, N}), x.t().slice_rows(0, 1), in_place);
+    expect_bits_equal(got.data(), want.data(), N, "after the rows changed");
+  }
+  Mat w(20, 8);
+  PackedWeight pw = in_place_weight(w.t());
+  EXPECT_THROW(repack_weight(Context{}, pw, w.t()), Error);
+  std::vector<bf16_t> wb(20 * 8);
+  try {
+    in_place_weight(Tensor(wb.data(), DType::BF16, {20, 8}));
+    FAIL() << "bf16 rows were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("must be f32"), std::string::npos) << e.what();
   }
 }
 

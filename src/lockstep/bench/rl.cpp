@@ -94,6 +94,7 @@ rl::RlConfig rl_config(const RlBenchOptions& opt, const std::string& out_dir) {
   cfg.rollout.trainer_precision = precision_name(opt.trainer_precision);
   cfg.trainer.micro_batch_tokens = opt.micro_batch_tokens;
   cfg.trainer.precision = opt.trainer_precision;
+  cfg.trainer.in_place_weights = opt.precision != opt.trainer_precision;  // as `lockstep rl` (fast mode)
   cfg.trainer.optim.lr = 1e-4;
   return cfg;
 }

@@ -50,6 +50,7 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& opt, Peak peak) {
   tc.recompute_activations = opt.recompute;
   tc.world_invariant = opt.world_invariant;
   tc.precision = opt.precision;
+  tc.in_place_weights = opt.in_place;
   tc.optim.lr = 1e-4;  // small enough that the weights stay sane over a few steps
   train::Trainer trainer(ctx, c, bench_params(layout, ctx), tc);
 

@@ -27,6 +27,9 @@ struct TrainBenchOptions {
   bool recompute = false;  // TrainerConfig::recompute_activations
   bool world_invariant = false;  // TrainerConfig::world_invariant (the exact gradient sum)
   DType precision = DType::F32;  // TrainerConfig::precision (the forward's weights)
+  // TrainerConfig::in_place_weights, as SFT runs; false keeps the packed f32
+  // copy that aligned RL's colocated rollout reads (--packed-copy).
+  bool in_place = true;
   int64_t steps = 2;       // measured steps, after one warm-up step
   const kernels::GpuBackend* gpu = nullptr;  // --device; null: the CPU kernels
 };

@@ -80,8 +80,8 @@ const kernels::GpuBackend* device_flag(const Args& args) {
 }
 
 const std::vector<std::string> train_flags = {
-    "config", "threads",   "seq-len",         "seqs",      "micro-batch-tokens",
-    "steps",  "recompute", "world-invariant", "precision", "device"};
+    "config",    "threads",         "seq-len",   "seqs",   "micro-batch-tokens", "steps",
+    "recompute", "world-invariant", "precision", "device", "packed-copy"};
 const std::vector<std::string> rollout_flags = {
     "config",          "threads",     "batches",      "new-tokens",   "prompt-len",
     "prefill-prompts", "prefill-len", "grpo-prompts", "grpo-samples", "grpo-prompt-len",
@@ -109,6 +109,7 @@ perf::TrainBenchOptions train_options(const Args& args) {
   o.micro_batch_tokens = positive(args, "micro-batch-tokens", o.micro_batch_tokens);
   o.recompute = args.flag("recompute");
   o.world_invariant = args.flag("world-invariant");
+  o.in_place = !args.flag("packed-copy");
   o.steps = positive(args, "steps", o.steps);
   if (auto p = args.maybe("precision")) o.precision = precision_flag(*p);
   return o;
@@ -274,7 +275,7 @@ LS_REGISTER_COMMAND(Command{
     "usage: lockstep bench [all]   [any flag of train, rollout and rl]\n"
     "       lockstep bench train   [--config FILE[,FILE]] [--threads N] [--seq-len N] [--seqs N]\n"
     "                              [--micro-batch-tokens N] [--steps N] [--recompute]\n"
-    "                              [--world-invariant] [--precision f32|bf16|fp8]\n"
+    "                              [--world-invariant] [--precision f32|bf16|fp8] [--packed-copy]\n"
     "                              [--device cpu|interpret]\n"
     "       lockstep bench rollout [--config FILE[,FILE]] [--threads N] [--batches 1,16,64,256]\n"
     "                              [--new-tokens N] [--prompt-len N] [--prefill-prompts N]\n"
@@ -300,6 +301,8 @@ LS_REGISTER_COMMAND(Command{
     "  --recompute: activation recompute (keep only layer inputs; backward recomputes).\n"
     "  --world-invariant: [dist] world_invariant's exact gradient sum (a fold per micro-batch).\n"
     "  --precision: the forward's weights in bf16 or fp8 (master weights and AdamW stay f32).\n"
+    "  --packed-copy: keep the packed copy of f32 weights (aligned RL's rollout reads it); by\n"
+    "  default the f32 forward reads the master in place, as SFT does.\n"
     "rollout: decode tokens/s at each --batches size (prompts of --prompt-len tokens,\n"
     "  --new-tokens generated each) next to its roofline: the larger of the step's FLOPs at\n"
     "  the FMA peak and its weight and KV bytes at the measured read bandwidth (and the\n"
@@ -318,7 +321,7 @@ LS_REGISTER_COMMAND(Command{
     "--device interpret runs the model's kernels through the GPU kernel sources on the CPU\n"
     "(the emulator of docs/gpu.md): its speed, not a GPU's.\n"
     "See docs/benchmarks.md for what each number means.\n",
-    {"recompute", "world-invariant"},
+    {"recompute", "world-invariant", "packed-copy"},
     run_bench});
 
 }  // namespace

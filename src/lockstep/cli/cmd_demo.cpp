@@ -250,6 +250,7 @@ double run_demo_sft(const DemoOptions& o, const Context& ctx, const ModelConfig&
   tc.optim.min_lr = 3e-4;
   tc.optim.weight_decay = 0.01;
   tc.precision = rollout::precision_dtype(o.precision);
+  tc.in_place_weights = true;  // no rollout engine reads the SFT trainer's weights
   train::Trainer sft_trainer(ctx, c, std::move(params), tc);
   train::SftConfig sc;
   sc.steps = o.sft_steps;

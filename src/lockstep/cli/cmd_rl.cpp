@@ -94,7 +94,11 @@ int run_trainer(const Args& args, const toml::table& root, const std::string& cf
                 << (cfg.max_weight_staleness > 1 ? ", runs as 1)" : ")") << std::endl;
     }
   }
-  train::Trainer trainer(ctx, m.config, std::move(m.params), cfg.trainer);
+  train::TrainerConfig tc = cfg.trainer;
+  // Fast mode: the rollout packs its own weights in its precision, so the
+  // trainer's f32 forward reads the master in place.
+  tc.in_place_weights = !cfg.rollout.aligned();
+  train::Trainer trainer(ctx, m.config, std::move(m.params), tc);
   std::shared_ptr<rl::MpiRollout> remote;
   std::unique_ptr<model::ExpertComm> experts;
   if (rc) {

@@ -72,6 +72,7 @@ int train_sft(const Args& args, const toml::table& root, const std::string& cfg_
   tc.precision = rollout::precision_dtype(precision.trainer_precision);
   tc.fp8_block = precision.fp8_block;
   tc.world_invariant = world_invariant;
+  tc.in_place_weights = true;  // no rollout engine reads an SFT trainer's packed weights
   train::Trainer trainer(ctx, m.config, std::move(m.params), tc);
   train::SftRanks ranks;
   std::unique_ptr<model::ExpertComm> experts;

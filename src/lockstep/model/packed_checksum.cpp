@@ -3,6 +3,7 @@
 
 #include <vector>
 
+#include "lockstep/base/error.h"
 #include "lockstep/comm/checksum.h"
 
 namespace lockstep::model {
@@ -20,7 +21,8 @@ void for_each_packed(const ModelWeights& w, const ExpertShard& experts, Fn&& fn)
     for (const kernels::PackedWeight& pw : q.wo_a) fn(pw);
     fn(q.mlp.gate_up), fn(q.mlp.down), fn(q.shared.gate_up), fn(q.shared.down);
     for (size_t e = 0; e < q.experts.size(); ++e)
-      if (experts.contains(int64_t(e)) && q.experts[e].gate_up.data.size() > 0)
+      if (experts.contains(int64_t(e)) &&
+          (q.experts[e].gate_up.data.size() > 0 || q.experts[e].gate_up.in_place()))
         fn(q.experts[e].gate_up), fn(q.experts[e].down);
   };
   for (int64_t l = 0; l < w.config().num_layers; ++l) layer(w.layer(l));
@@ -45,12 +47,16 @@ uint64_t chain(uint64_t h, const Buffer& b) {
 
 uint64_t packed_checksum(const ModelWeights& w, const ExpertShard& experts) {
   uint64_t h = 0;
-  for_each_packed(w, experts, [&](const kernels::PackedWeight& pw) {
-    const int64_t header[5] = {int64_t(pw.storage), pw.n, pw.k, pw.block_n, pw.block_k};
-    h = comm::checksum64(header, sizeof header, h);
-    h = comm::checksum64(pw.row_segments.data(), pw.row_segments.size() * sizeof(int64_t), h);
-    h = chain(chain(chain(h, pw.data), pw.panel_scales), pw.block_scales);
-  });
+  for_each_packed(w, experts,
+                  [&](const kernels::PackedWeight& pw) {
+                    LS_CHECK(!pw.in_place())
+                        << "packed_checksum: the weights are read from the master in place; they have no "
+                           "packed bits to compare";
+                    const int64_t header[5] = {int64_t(pw.storage), pw.n, pw.k, pw.block_n, pw.block_k};
+                    h = comm::checksum64(header, sizeof header, h);
+                    h = comm::checksum64(pw.row_segments.data(), pw.row_segments.size() * sizeof(int64_t), h);
+                    h = chain(chain(chain(h, pw.data), pw.panel_scales), pw.block_scales);
+                  });
   return h;
 }
 

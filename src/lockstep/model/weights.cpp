@@ -9,11 +9,17 @@
 namespace lockstep::model {
 
 namespace {
+using Pack = ModelWeights::Pack;
+
 // rows: the first rows of w's constituent Hugging Face tensors (fp8 scale
 // blocks restart at each, as that tensor's own checkpoint blocks); {} for one.
 void pack_into(const Context& ctx, kernels::PackedWeight& pw, const Tensor& w, DType storage, int64_t block,
-               bool fresh, std::vector<int64_t> rows = {}) {
-  if (fresh || pw.storage != storage) {
+               Pack how, std::vector<int64_t> rows = {}) {
+  if (how.in_place && storage == DType::F32) {  // the kernels read the master's rows
+    pw = kernels::in_place_weight(w);
+    return;
+  }
+  if (how.fresh || pw.storage != storage) {
     pw = kernels::pack_weight(ctx, w, storage, block, std::move(rows));
   } else {
     kernels::repack_weight(ctx, pw, w);
@@ -22,10 +28,10 @@ void pack_into(const Context& ctx, kernels::PackedWeight& pw, const Tensor& w, D
 
 // A routed expert's projection: as MXFP4 values when `mxfp4`, else as pack_into.
 void pack_expert_into(const Context& ctx, kernels::PackedWeight& pw, const Tensor& w, bool mxfp4,
-                      DType storage, int64_t block, bool fresh, std::vector<int64_t> rows = {}) {
+                      DType storage, int64_t block, Pack how, std::vector<int64_t> rows = {}) {
   if (!mxfp4) {
-    pack_into(ctx, pw, w, storage, block, fresh, std::move(rows));
-  } else if (fresh || !pw.mxfp4) {
+    pack_into(ctx, pw, w, storage, block, how, std::move(rows));
+  } else if (how.fresh || !pw.mxfp4) {
     pw = kernels::pack_weight_mxfp4(ctx, w);
   } else {
     kernels::repack_weight(ctx, pw, w);
@@ -47,7 +53,7 @@ Tensor wo_a_group(const ModelConfig& c, const Tensor& wo_a, int64_t g) {
 }  // namespace
 
 ModelWeights::ModelWeights(const Context& ctx, const ParamLayout& layout, float* params, DType storage,
-                           int64_t fp8_block, ExpertShard experts, bool effective)
+                           int64_t fp8_block, ExpertShard experts, bool effective, bool in_place)
     : layout_(&layout),
       flat_(params),
       params_(bind(layout, params)),
@@ -66,12 +72,13 @@ ModelWeights::ModelWeights(const Context& ctx, const ParamLayout& layout, float*
     params_ = bind(layout, flat_);
     memory.copy_in(flat_, source_, layout.nbytes());
   }
+  in_place_ = in_place && storage == DType::F32 && ctx.gpu == nullptr && source_ == nullptr;
   layers_.resize(params_.layers.size());
   if (effective && storage != DType::F32) {
     effective_flat_ = Buffer(layout.nbytes(), memory, Fill::Zero, "effective weights");
     effective_ = bind(layout, effective_flat_.as<float>());
   }
-  pack_all(ctx, true);
+  pack_all(ctx, Pack{true, in_place_});
   const ModelConfig& c = layout.config();
   if (!c.is_v4()) {
     rope_ = kernels::make_rope_table(ctx, c.head_dim, c.rope_theta, c.max_position_embeddings);
@@ -93,22 +100,22 @@ ModelWeights::ModelWeights(const Context& ctx, const ParamLayout& layout, float*
 // DeepSeek-V4: the attention projections and experts in the storage
 // precision; the compressors, the indexer and the router in f32 (as the
 // official code keeps them, and as FP8 trainers keep them for stability).
-void ModelWeights::pack_v4_attention(const Context& ctx, const LayerParams& p, PackedLayer& q, bool fresh) {
+void ModelWeights::pack_v4_attention(const Context& ctx, const LayerParams& p, PackedLayer& q, Pack how) {
   const ModelConfig& c = config();
   const DType s = storage_, f32 = DType::F32;
   const int64_t b = fp8_block_;
-  pack_into(ctx, q.wq_a, p.wq_a, s, b, fresh);
-  pack_into(ctx, q.wq_b, p.wq_b, s, b, fresh);
-  pack_into(ctx, q.wkv, p.wkv, s, b, fresh);
+  pack_into(ctx, q.wq_a, p.wq_a, s, b, how);
+  pack_into(ctx, q.wq_b, p.wq_b, s, b, how);
+  pack_into(ctx, q.wkv, p.wkv, s, b, how);
   q.wo_a.resize(size_t(c.o_groups));
   for (int64_t g = 0; g < c.o_groups; ++g)
-    pack_into(ctx, q.wo_a[size_t(g)], wo_a_group(c, p.wo_a, g), s, b, fresh);
-  pack_into(ctx, q.wo_b, p.wo_b, s, b, fresh);
-  if (p.cmp_wkv.data != nullptr) pack_into(ctx, q.cmp, stacked_rows(p.cmp_wkv, p.cmp_wgate), f32, 0, fresh);
+    pack_into(ctx, q.wo_a[size_t(g)], wo_a_group(c, p.wo_a, g), s, b, how);
+  pack_into(ctx, q.wo_b, p.wo_b, s, b, how);
+  if (p.cmp_wkv.data != nullptr) pack_into(ctx, q.cmp, stacked_rows(p.cmp_wkv, p.cmp_wgate), f32, 0, how);
   if (p.idx_wq_b.data != nullptr) {
-    pack_into(ctx, q.idx_wq_b, p.idx_wq_b, f32, 0, fresh);
-    pack_into(ctx, q.idx_wproj, p.idx_wproj, f32, 0, fresh);
-    pack_into(ctx, q.idx_cmp, stacked_rows(p.idx_cmp_wkv, p.idx_cmp_wgate), f32, 0, fresh);
+    pack_into(ctx, q.idx_wq_b, p.idx_wq_b, f32, 0, how);
+    pack_into(ctx, q.idx_wproj, p.idx_wproj, f32, 0, how);
+    pack_into(ctx, q.idx_cmp, stacked_rows(p.idx_cmp_wkv, p.idx_cmp_wgate), f32, 0, how);
   }
 }
 
@@ -124,52 +131,52 @@ void ModelWeights::unpack_v4_attention(const Context& ctx, const PackedLayer& q,
 
 void ModelWeights::refresh(const Context& ctx, uint64_t version) {
   if (source_ != nullptr) mirror_.memory().copy_in(flat_, source_, layout_->nbytes());
-  pack_all(ctx, false);
+  pack_all(ctx, Pack{false, in_place_});
   version_ = version;
 }
 
-void ModelWeights::pack_layer(const Context& ctx, const LayerParams& p, PackedLayer& q, bool fresh) {
+void ModelWeights::pack_layer(const Context& ctx, const LayerParams& p, PackedLayer& q, Pack how) {
   const DType s = storage_;
   const int64_t b = fp8_block_;
   if (config().is_v4()) {
-    pack_v4_attention(ctx, p, q, fresh);
+    pack_v4_attention(ctx, p, q, how);
   } else {
-    pack_into(ctx, q.wqkv, p.wqkv, s, b, fresh, qkv_rows(p));
-    pack_into(ctx, q.wo, p.wo, s, b, fresh);
+    pack_into(ctx, q.wqkv, p.wqkv, s, b, how, qkv_rows(p));
+    pack_into(ctx, q.wo, p.wo, s, b, how);
   }
   if (!p.is_moe) {
-    pack_into(ctx, q.mlp.gate_up, p.mlp.w_gate_up, s, b, fresh, gate_up_rows(p.mlp));
-    pack_into(ctx, q.mlp.down, p.mlp.w_down, s, b, fresh);
+    pack_into(ctx, q.mlp.gate_up, p.mlp.w_gate_up, s, b, how, gate_up_rows(p.mlp));
+    pack_into(ctx, q.mlp.down, p.mlp.w_down, s, b, how);
     return;
   }
-  pack_into(ctx, q.router, p.router, DType::F32, 0, fresh);
+  pack_into(ctx, q.router, p.router, DType::F32, 0, how);
   q.experts.resize(p.experts.size());
   const bool fp4 = experts_mxfp4();
   for (size_t e = 0; e < p.experts.size(); ++e) {
     if (!experts_.contains(int64_t(e))) continue;
-    pack_expert_into(ctx, q.experts[e].gate_up, p.experts[e].w_gate_up, fp4, s, b, fresh,
+    pack_expert_into(ctx, q.experts[e].gate_up, p.experts[e].w_gate_up, fp4, s, b, how,
                      gate_up_rows(p.experts[e]));
-    pack_expert_into(ctx, q.experts[e].down, p.experts[e].w_down, fp4, s, b, fresh);
+    pack_expert_into(ctx, q.experts[e].down, p.experts[e].w_down, fp4, s, b, how);
   }
   if (p.shared.w_gate_up.data != nullptr) {
-    pack_into(ctx, q.shared.gate_up, p.shared.w_gate_up, s, b, fresh, gate_up_rows(p.shared));
-    pack_into(ctx, q.shared.down, p.shared.w_down, s, b, fresh);
+    pack_into(ctx, q.shared.gate_up, p.shared.w_gate_up, s, b, how, gate_up_rows(p.shared));
+    pack_into(ctx, q.shared.down, p.shared.w_down, s, b, how);
   }
-  if (p.shared_gate.data != nullptr) pack_into(ctx, q.shared_gate, p.shared_gate, DType::F32, 0, fresh);
+  if (p.shared_gate.data != nullptr) pack_into(ctx, q.shared_gate, p.shared_gate, DType::F32, 0, how);
 }
 
-void ModelWeights::pack_all(const Context& ctx, bool fresh) {
-  for (size_t i = 0; i < params_.layers.size(); ++i) pack_layer(ctx, params_.layers[i], layers_[i], fresh);
+void ModelWeights::pack_all(const Context& ctx, Pack how) {
+  for (size_t i = 0; i < params_.layers.size(); ++i) pack_layer(ctx, params_.layers[i], layers_[i], how);
   // DeepSeek-V4's MTP blocks (layers L + j) and their input projections.
   mtp_.resize(params_.mtp.size());
   for (size_t j = 0; j < params_.mtp.size(); ++j) {
     const MtpParams& p = params_.mtp[j];
-    pack_layer(ctx, p.block, mtp_[j].block, fresh);
-    pack_into(ctx, mtp_[j].e_proj, p.e_proj, storage_, fp8_block_, fresh);
-    pack_into(ctx, mtp_[j].h_proj, p.h_proj, storage_, fp8_block_, fresh);
+    pack_layer(ctx, p.block, mtp_[j].block, how);
+    pack_into(ctx, mtp_[j].e_proj, p.e_proj, storage_, fp8_block_, how);
+    pack_into(ctx, mtp_[j].h_proj, p.h_proj, storage_, fp8_block_, how);
   }
   // DeepSeek-V4 holds its output head in f32 (the official code does).
-  pack_into(ctx, lm_head_, params_.lm_head, config().is_v4() ? DType::F32 : storage_, fp8_block_, fresh);
+  pack_into(ctx, lm_head_, params_.lm_head, config().is_v4() ? DType::F32 : storage_, fp8_block_, how);
   if (effective_flat_.size()) unpack_effective(ctx);
 }
 

@@ -66,8 +66,22 @@ class ModelWeights {
   // weights widened). In bf16 or fp8 that is the straight-through estimator:
   // activation gradients go through the quantized weights the forward used,
   // weight gradients land on the f32 master. Only a trainer needs it.
+  // in_place: at F32 storage on the CPU, the projections are not packed; the
+  // kernels read them from the master where they are (kernels::in_place_weight),
+  // staging panels per product: 4 bytes per parameter less and the same bits,
+  // for a trainer whose products have many rows and that no rollout reads.
+  // Ignored at BF16/FP8 (the packed bytes are the quantized weights) and for a
+  // device context.
   ModelWeights(const Context& ctx, const ParamLayout& layout, float* params, DType storage = DType::F32,
-               int64_t fp8_block = 0, ExpertShard experts = {}, bool effective = false);
+               int64_t fp8_block = 0, ExpertShard experts = {}, bool effective = false,
+               bool in_place = false);
+
+  // How pack_all treats each projection: packed afresh or repacked after an
+  // update; in_place binds f32 ones to the master's rows instead.
+  struct Pack {
+    bool fresh = true;
+    bool in_place = false;
+  };
 
   // Repacks every projection from the master copy (after an optimizer step or
   // a weight load; copying it to the device first when it is on the host) and
@@ -103,9 +117,11 @@ class ModelWeights {
   int64_t fp8_block() const { return fp8_block_; }
   const ExpertShard& experts() const { return experts_; }
   uint64_t version() const { return version_; }
+  // The projections are read from the master in place (the in_place option took).
+  bool in_place() const { return in_place_; }
 
  private:
-  void pack_all(const Context& ctx, bool fresh);
+  void pack_all(const Context& ctx, Pack how);
   void unpack_effective(const Context& ctx);
 
   const ParamLayout* layout_;
@@ -115,13 +131,14 @@ class ModelWeights {
   ModelParams params_;
   DType storage_;
   int64_t fp8_block_;
+  bool in_place_ = false;
   ExpertShard experts_;
   std::vector<PackedLayer> layers_;
   std::vector<PackedMtp> mtp_;  // DeepSeek-V4
   kernels::PackedWeight lm_head_;
-  void pack_layer(const Context& ctx, const LayerParams& p, PackedLayer& q, bool fresh);
+  void pack_layer(const Context& ctx, const LayerParams& p, PackedLayer& q, Pack how);
   void unpack_layer(const Context& ctx, const PackedLayer& q, LayerParams& e);
-  void pack_v4_attention(const Context& ctx, const LayerParams& p, PackedLayer& q, bool fresh);
+  void pack_v4_attention(const Context& ctx, const LayerParams& p, PackedLayer& q, Pack how);
   void unpack_v4_attention(const Context& ctx, const PackedLayer& q, LayerParams& e);
 
   kernels::RopeTable rope_;  // cos/sin for positions [0, max_position_embeddings)

@@ -40,7 +40,8 @@ LocalRollout::LocalRollout(train::Trainer& trainer, const rollout::RolloutSectio
   // An expert-parallel trainer holds only its experts: the engine keeps the
   // whole model, all-gathered from the trainer's group at every sync (packed
   // in the same precision, the same bits as the trainer's, so still aligned).
-  own_weights_ = !aligned_ || trainer.expert_comm() != nullptr;
+  // So does a trainer that reads its master in place (no packed copy to share).
+  own_weights_ = !aligned_ || trainer.expert_comm() != nullptr || trainer.weights().in_place();
   if (trainer.expert_comm() != nullptr) {
     model_ = Buffer(trainer.model_layout().nbytes());
     trainer.gather_model(model_.as<float>(), true);
@@ -120,7 +121,7 @@ void LocalRollout::check_packed_bits(train::Trainer& trainer) const {
 void LocalRollout::sync(train::Trainer& trainer) {
   if (model_.size()) trainer.gather_model(model_.as<float>(), true);  // collective over the trainer's EP group
   if (own_weights_) fast_weights_->refresh(ctx_, trainer.version());
-  if (aligned_ && own_weights_) check_packed_bits(trainer);
+  if (aligned_ && own_weights_ && !trainer.weights().in_place()) check_packed_bits(trainer);
   // Aligned: the trainer repacked its weights in place; the engine reads
   // them as they are (no copy) and only drops KV state built on the old ones.
   engine_->update_weights(weights(trainer));

@@ -60,8 +60,9 @@ Trainer::Trainer(const Context& ctx, const ModelConfig& config, Buffer params, T
     LS_THROW << "[dist] world_invariant = true does not cover the indexer loss ([train] indexer_loss_coef = "
              << cfg_.indexer_loss_coef << "): set one of them off";
   if (cfg_.indexer_loss_coef > 0) layout_.train_indexers();
-  weights_ = std::make_unique<model::ModelWeights>(ctx_, layout_, params_.as<float>(), cfg_.precision, cfg_.fp8_block,
-                                                   model::ExpertShard{}, /*effective=*/true);
+  weights_ = std::make_unique<model::ModelWeights>(ctx_, layout_, params_.as<float>(), cfg_.precision,
+                                                   cfg_.fp8_block, model::ExpertShard{}, /*effective=*/true,
+                                                   cfg_.in_place_weights);
 }
 
 void Trainer::params_changed(uint64_t version) { weights_->refresh(ctx_, version); }
@@ -113,8 +114,9 @@ void Trainer::set_expert_comm(model::ExpertComm* comm) {
   model_params_ = Buffer();
   gathered_optimizer_.clear();
   const uint64_t version = weights_->version();
-  weights_ = std::make_unique<model::ModelWeights>(ctx_, layout_, params_.as<float>(), cfg_.precision, cfg_.fp8_block,
-                                                   shard, /*effective=*/true);
+  weights_ =
+      std::make_unique<model::ModelWeights>(ctx_, layout_, params_.as<float>(), cfg_.precision,
+                                            cfg_.fp8_block, shard, /*effective=*/true, cfg_.in_place_weights);
   weights_->refresh(ctx_, version);
 }
 
@@ -651,7 +653,10 @@ Scorer::Scorer(const Context& ctx, const ModelConfig& config, Buffer params, int
   LS_CHECK(params_.size() >= layout_.nbytes()) << "parameter buffer of " << params_.size() << " bytes, model needs "
                                                << layout_.nbytes();
   LS_CHECK(micro_batch_tokens_ >= 1) << "micro_batch_tokens must be >= 1";
-  weights_ = std::make_unique<model::ModelWeights>(ctx_, layout_, params_.as<float>(), precision, fp8_block);
+  // Nothing else reads a scorer's weights: the kernels read its f32 master in place.
+  weights_ =
+      std::make_unique<model::ModelWeights>(ctx_, layout_, params_.as<float>(), precision, fp8_block,
+                                            model::ExpertShard{}, /*effective=*/false, /*in_place=*/true);
 }
 
 std::vector<TokenScores> Scorer::score(const std::vector<TrainSequence>& seqs, const ScoreOptions& opt) {

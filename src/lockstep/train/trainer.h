@@ -73,6 +73,13 @@ struct TrainerConfig {
   // master in the same precision computes the same logprobs bit for bit.
   DType precision = DType::F32;
   int64_t fp8_block = 128;
+  // At f32 on the CPU, the forward reads the projections from the master in
+  // place rather than from a packed copy (model::ModelWeights in_place): 4
+  // bytes per parameter less, the same bits. For a trainer no rollout engine
+  // reads: SFT, or RL in fast mode. A colocated aligned rollout multiplies by
+  // the trainer's packed weights (it then packs its own), and rollout ranks
+  // check their packing against the trainer's, so aligned RL keeps the copy.
+  bool in_place_weights = false;
   // DeepSeek-V4 with MTP blocks: accumulate() also trains them, adding
   // mtp_loss_coef x the mean cross-entropy of MTP block j's prediction (the
   // logit row of position p predicts token p + j + 2) over its targets in the

@@ -142,7 +142,7 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
   const PackedWeight* pw = pb.packed;
   const BKind stored = stored_kind(pw);
   // direct: kernels read the packed weight in place; staged: f32 panels in scratch.
-  const bool direct = pw && (!has_scales(stored) || r1 - r0 <= kFp8DirectMaxRows);
+  const bool direct = pw && !pw->in_place() && (!has_scales(stored) || r1 - r0 <= kFp8DirectMaxRows);
   const BKind kind = direct ? stored : BKind::F32;
   // Bytes of one panel row of 16 as stored (f32 staging when not direct).
   const int64_t row_bytes = pw ? pw->row_bytes() : kPanel * int64_t(sizeof(float));
@@ -174,7 +174,9 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
   for (int64_t c0 = p0; c0 < p1; c0 += chunk) {
     const int64_t c1 = std::min(p1, c0 + chunk);
     if (!direct) {
-      if (pw) {
+      if (pw && pw->in_place()) {
+        stage_row_panels(pw->rows, pw->rows_ld, T, c0 * kPanel, c1 - c0, pb.C, scratch.get());
+      } else if (pw) {
         for (int64_t p = c0; p < c1; ++p) {
           const float* sc = has_scales(stored) ? pw->panel_scales.as<float>() + p * KB * kPanel : nullptr;
           widen_panel(stored, static_cast<const char*>(pw->data.data()) + p * stored_panel_bytes, sc, block_k,
@@ -346,6 +348,12 @@ void check_gemm_dytx(const Tensor& dw, const Tensor& dy, const Tensor& x) {
 }
 
 void gemm_xwt(const Context& ctx, Tensor y, const Tensor& x, const PackedWeight& w, bool accumulate) {
+  if (w.in_place() && ctx.gpu != nullptr) {  // the device's plain form reads the rows
+    Tensor rows(const_cast<float*>(w.rows), DType::F32, {w.n, w.k});
+    rows.stride[0] = w.rows_ld;
+    gemm_xwt(ctx, y, x, rows, accumulate);
+    return;
+  }
   LS_GPU_DISPATCH(ctx, gemm_xwt_packed, y, x, w, accumulate);
   check_gemm_xwt(y, x, w);
   Problem pb;

@@ -46,7 +46,14 @@ struct PackedWeight {
   // fp8 only: (NB, KB) f32 scales; NB = the sum over row segments of
   // ceil(rows / block_n), the blocks of each segment in order (1 x 1 per-tensor).
   Buffer block_scales;
+  // In place (in_place_weight): W (N, K) f32 read where it lives, row i at
+  // rows + i * rows_ld; `data` is empty and each product stages W's panels
+  // from the rows as it goes (the same chains, so the same bits as the
+  // packed F32 copy, without the copy).
+  const float* rows = nullptr;
+  int64_t rows_ld = 0;
 
+  bool in_place() const { return rows != nullptr; }
   int64_t panels() const { return (n + kGemmPanel - 1) / kGemmPanel; }
   // Bytes of one packed row of 16 elements: 64 (f32), 32 (bf16), 16 (fp8), 8 (MXFP4).
   int64_t row_bytes() const;
@@ -82,11 +89,19 @@ PackedWeight pack_weight_fp8(const Context& ctx, const Tensor& w, const Tensor& 
 // group absmax above 6 * 128 (the kernels need scale < 256).
 PackedWeight pack_weight_mxfp4(const Context& ctx, const Tensor& w);
 
+// W (N,K) f32 with contiguous rows, read in place by the products (PackedWeight::rows):
+// no copy and no packing. w must outlive the result; its values may change
+// between products (the trainer's master, updated by the optimizer). For
+// products of many rows (training), where staging W costs little next to the
+// FMAs; the rollout's few-row decode wants the packed copy.
+PackedWeight in_place_weight(const Tensor& w);
+
 // Refreshes pw from w (same shape; same storage, fp8 blocking and row segments,
 // MXFP4 or not) after an update.
 void repack_weight(const Context& ctx, PackedWeight& pw, const Tensor& w);
 
-// w_out (N,K) f32 = the exact weights the kernels multiply by (widened storage).
+// w_out (N,K) f32 = the exact weights the kernels multiply by (widened storage;
+// an in-place weight's rows).
 void unpack_weight(const Context& ctx, Tensor w_out, const PackedWeight& pw);
 
 // Y (M,N) f32 = X (M,K) f32 · Wᵀ; with accumulate, Y = Y + (X·Wᵀ).

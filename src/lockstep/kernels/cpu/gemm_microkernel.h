@@ -295,5 +295,11 @@ void widen_panel(BKind kind, const void* src, const float* scales, int64_t block
 // (T, *) f32 or bf16 matrix with row stride ld; columns at or past `cols` are zero.
 void pack_plain_panels(const void* src, bool is_bf16, int64_t ld, int64_t t_count, int64_t col0, int64_t n_panels,
                        int64_t cols, float* dst);
+// Stages panels [col0 / 16, col0 / 16 + n_panels) of an in-place weight W
+// (cols rows of t_count, row stride ld; PackedWeight::rows) as the f32 panels
+// the kernels read: dst[(q * t_count + t) * 16 + j] = W[col0 + 16q + j, t],
+// zero past `cols`.
+void stage_row_panels(const float* rows, int64_t ld, int64_t t_count, int64_t col0, int64_t n_panels,
+                      int64_t cols, float* dst);
 
 }  // namespace lockstep::kernels::gemm_detail

@@ -101,6 +101,29 @@ void pack_plain_panels(const void* src, bool is_bf16, int64_t ld, int64_t t_coun
   }
 }
 
+void stage_row_panels(const float* rows, int64_t ld, int64_t t_count, int64_t col0, int64_t n_panels,
+                      int64_t cols, float* dst) {
+  // 16 x 16 blocks: the block's 16 row segments (1 KiB) stay in L1 while it
+  // is written out as 16 panel rows of 16.
+  constexpr int64_t kTBlock = 16;
+  for (int64_t q = 0; q < n_panels; ++q) {
+    const int64_t c = col0 + q * kPanel;
+    const int64_t n = std::clamp<int64_t>(cols - c, 0, kPanel);
+    float* panel = dst + q * t_count * kPanel;
+    for (int64_t t0 = 0; t0 < t_count; t0 += kTBlock) {
+      const int64_t t1 = std::min(t_count, t0 + kTBlock);
+      for (int64_t j = 0; j < kPanel; ++j) {
+        if (j >= n) {
+          for (int64_t t = t0; t < t1; ++t) panel[t * kPanel + j] = 0.0f;
+          continue;
+        }
+        const float* src = rows + (c + j) * ld;
+        for (int64_t t = t0; t < t1; ++t) panel[t * kPanel + j] = src[t];
+      }
+    }
+  }
+}
+
 }  // namespace gemm_detail
 
 namespace {
@@ -430,8 +453,22 @@ PackedWeight pack_weight_mxfp4(const Context& ctx, const Tensor& w) {
   return pw;
 }
 
+PackedWeight in_place_weight(const Tensor& w) {
+  check_weight(w, "in_place_weight");
+  if (w.dtype != DType::F32) LS_THROW << "in_place_weight: w must be f32, got " << dtype_name(w.dtype);
+  PackedWeight pw;
+  pw.storage = DType::F32;
+  pw.n = w.shape[0];
+  pw.k = w.shape[1];
+  pw.rows = static_cast<const float*>(w.data);
+  pw.rows_ld = w.shape[0] > 1 ? w.stride[0] : w.shape[1];
+  return pw;
+}
+
 void repack_weight(const Context& ctx, PackedWeight& pw, const Tensor& w) {
   check_weight(w, "repack_weight");
+  if (pw.in_place())
+    LS_THROW << "repack_weight: an in-place weight reads its rows where they are; nothing to repack";
   if (w.shape[0] != pw.n || w.shape[1] != pw.k)
     LS_THROW << "repack_weight: w " << w.shape_str() << " does not match the packed (" << pw.n << ", " << pw.k
              << ") " << dtype_name(pw.storage);
@@ -450,6 +487,14 @@ void unpack_weight(const Context& ctx, Tensor w_out, const PackedWeight& pw) {
       (pw.k > 1 && w_out.stride[1] != 1) || (pw.n > 1 && w_out.stride[0] < pw.k))
     LS_THROW << "unpack_weight: w_out must be (" << pw.n << ", " << pw.k << ") f32 with contiguous rows, got "
              << w_out.shape_str();
+  if (pw.in_place()) {
+    ctx.parallel_for(pw.n, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r)
+        std::copy(pw.rows + r * pw.rows_ld, pw.rows + r * pw.rows_ld + pw.k,
+                  static_cast<float*>(w_out.data) + r * w_out.stride[0]);
+    });
+    return;
+  }
   const BKind kind = pw.storage == DType::F32    ? BKind::F32
                      : pw.storage == DType::BF16 ? BKind::BF16
                      : pw.mxfp4                  ? BKind::FP4
