@@ -275,6 +275,13 @@ TEST(HfConfig, AbsurdSizesAreRefused) {
   json j = qwen3_moe_json();
   j["num_hidden_layers"] = 26666666;
   expect_error([&] { parse_file(dir, j); }, {"num_layers", "26666666 is above 4096"});
+  // Found again (30 CPU-minutes of fuzzing): an MoE config without
+  // intermediate_size walked every layer to find a dense one before
+  // validation; at 4e18 layers that walk never ends.
+  j = qwen3_moe_json();
+  j.erase("intermediate_size");
+  j["num_hidden_layers"] = int64_t{4000000000000000000};
+  expect_error([&] { parse_file(dir, j); }, {"num_layers", "4000000000000000000 is above 4096"});
   j = qwen3_moe_json();
   j["vocab_size"] = int64_t{1} << 40;
   expect_error([&] { parse_file(dir, j); }, {"vocab_size", "is above"});

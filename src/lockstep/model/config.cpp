@@ -14,6 +14,14 @@
 
 namespace lockstep {
 
+namespace {
+// Bounds far above any real model (DeepSeek-V3: L 61, D 7168, V 129280): they
+// keep the per-layer loops of reading and validation short and any product of
+// two sizes within int64; a config.json past them is broken, not large.
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxSize = int64_t{1} << 24;
+}  // namespace
+
 using json = nlohmann::json;
 using config_detail::JsonFields;
 
@@ -176,11 +184,6 @@ void ModelConfig::validate(const std::string& source) const {
   auto fail = [&](const std::string& field, const std::string& why) {
     LS_THROW << source << ": invalid " << field << ": " << why;
   };
-  // Bounds far above any real model (DeepSeek-V3: L 61, D 7168, V 129280): they
-  // keep validation's per-layer loops short and any product of two sizes
-  // within int64; a config.json past them is broken, not large.
-  constexpr int64_t kMaxLayers = 4096;
-  constexpr int64_t kMaxSize = int64_t{1} << 24;
   auto positive = [&](const char* field, int64_t v, int64_t max = INT64_MAX) {
     if (v <= 0) fail(field, "must be positive, got " + std::to_string(v));
     if (v > max) fail(field, std::to_string(v) + " is above " + std::to_string(max));
@@ -395,8 +398,9 @@ ModelConfig model_config_from_hf_json(const json& j, const std::string& source) 
     case Architecture::DeepseekV4: config_detail::read_v4_hf_json(f, c, source); break;
   }
   // Dense layers must know their width; the MoE architectures only need it
-  // when some layer is dense.
-  if (c.is_moe() && c.intermediate_size <= 0) {
+  // when some layer is dense. (Past kMaxLayers, validate() refuses the count
+  // before anything walks that many layers.)
+  if (c.is_moe() && c.intermediate_size <= 0 && c.num_layers <= kMaxLayers) {
     bool any_dense = false;
     for (int64_t i = 0; i < c.num_layers; ++i) any_dense |= !c.is_moe_layer(i);
     if (any_dense) c.intermediate_size = f.req_int("intermediate_size");
