@@ -1,10 +1,12 @@
 // Tests for base/: checks and errors, Philox known answers, the static
 // parallel-for partition.
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <atomic>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "lockstep/base/error.h"
@@ -156,6 +158,45 @@ TEST(ThreadPool, RethrowsWorkerException) {
   std::atomic<int64_t> sum{0};
   pool.parallel_for(10, [&](int64_t b, int64_t e) { sum += e - b; });
   EXPECT_EQ(sum.load(), 10);
+}
+
+// Workers poll for jobs before they sleep (LOCKSTEP_SPIN_US): with polling
+// off, short, and longer than the gaps between jobs, thousands of back-to-back
+// jobs of 2..4 tasks (so some workers sit a job out), from two callers sharing
+// the pool, each run every task exactly once; an exception still reaches its
+// caller; pools made and destroyed while their workers poll shut down.
+TEST(ThreadPool, PollingWorkersRunEachTaskOnce) {
+  for (const char* spin : {"0", "5", "2000"}) {
+    SCOPED_TRACE(std::string("LOCKSTEP_SPIN_US=") + spin);
+    ::setenv("LOCKSTEP_SPIN_US", spin, 1);
+    ThreadPool pool(4);
+    auto caller = [&](int seed, int64_t* bad) {
+      for (int j = 0; j < 3000; ++j) {
+        const int tasks = 2 + (j + seed) % 3;
+        std::vector<std::atomic<int>> ran(static_cast<size_t>(tasks));
+        for (auto& r : ran) r = 0;
+        pool.run_on_workers(tasks, [&](int t) { ran[size_t(t)]++; });
+        for (auto& r : ran) *bad += r.load() != 1;
+      }
+    };
+    int64_t bad_a = 0, bad_b = 0;
+    std::thread other([&] { caller(1, &bad_b); });
+    caller(0, &bad_a);
+    other.join();
+    EXPECT_EQ(bad_a + bad_b, 0) << "tasks that did not run exactly once";
+    EXPECT_THROW(pool.run_on_workers(3,
+                                     [](int t) {
+                                       if (t == 2) LS_THROW << "boom";
+                                     }),
+                 Error);
+    for (int i = 0; i < 50; ++i) {
+      ThreadPool p(3);
+      std::atomic<int64_t> sum{0};
+      p.parallel_for(9, [&](int64_t b, int64_t e) { sum += e - b; });
+      EXPECT_EQ(sum.load(), 9);
+    }
+  }
+  ::unsetenv("LOCKSTEP_SPIN_US");
 }
 
 }  // namespace lockstep

@@ -4,6 +4,7 @@
 // depend on the thread count (docs/architecture.md section 4).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -47,12 +48,15 @@ class ThreadPool {
   std::mutex mu_;
   std::condition_variable wake_;
   std::condition_variable done_;
+  // Written under mu_; generation_ and pending_ are also read without it by
+  // threads that spin before they sleep (see thread_pool.cpp).
   const std::function<void(int)>* job_ = nullptr;
   int job_tasks_ = 0;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
   bool stop_ = false;
   std::exception_ptr error_;
+  int64_t spin_ns_;  // how long a thread polls for work (or completion) before it sleeps
 };
 
 // Everything a computation needs from its surroundings; no globals.
@@ -73,6 +77,10 @@ struct Context {
 };
 
 // Default thread count: LOCKSTEP_THREADS if set, else the hardware concurrency.
+// LOCKSTEP_SPIN_US is how long a pool's threads poll for the next job, and a
+// caller for its job's end, before they sleep (0: never poll). Default: 50,
+// or 0 when the job's ranks on this node (an MPI launcher's local size) times
+// the pool's threads exceed the cores.
 int default_thread_count();
 // A pool of `threads` workers, or default_thread_count() when threads <= 0
 // (the --threads flag of every command).
