@@ -35,6 +35,8 @@ positive() { awk -v x="$1" 'BEGIN { exit !(x > 0) }'; }
 row=$(rl_memory_row "$T/out.txt")
 echo "$row" | grep -q "^moe-tiny" || { cat "$T/out.txt"; fail "bench prints no RL memory row"; }
 positive "$(field "$row" 13)" || fail "the aligned RL step has no KV cache: $row"
+# After train and rollout in the same process, the RL step still measures a peak.
+positive "$(field "$row" 3)" || fail "the RL step after the other benchmarks measured no peak: $row"
 for f in 10 11 12; do
   [ "$(field "$row" $f)" = "0.00" ] || fail "aligned, no KL: field $f should be 0.00: $row"
 done

@@ -3,6 +3,8 @@
 // from the architecture, benchmark configs and parameters, the text table.
 #include "lockstep/bench/common.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -288,6 +290,10 @@ size_t rss_bytes() { return status_kb("VmRSS"); }
 size_t peak_rss_bytes() { return status_kb("VmHWM"); }
 
 void reset_peak_rss() {
+  // Hand the allocator's free pages back first: a benchmark run after another
+  // in the same process (bench all) would otherwise reuse them without the
+  // resident set growing, and measure a peak of nearly nothing.
+  ::malloc_trim(0);
   std::ofstream out("/proc/self/clear_refs");
   if (out) out << "5";
 }
