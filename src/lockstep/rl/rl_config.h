@@ -35,7 +35,6 @@ struct RlConfig {
   bool shuffle = true;
   int64_t save_interval = 0;        // checkpoint every N steps (0: only at the end)
   int keep_last = 2;
-  bool checkpoints = true;          // false: none at all, not even the last (benchmarks; not a TOML key)
   int64_t log_interval = 1;         // console line every N steps
   eval::EvalSection eval;           // interval: eval every N steps (0: before and after only)
   reward::RewardOptions reward;
@@ -56,6 +55,8 @@ struct RlConfig {
   // the step before the optimizer runs, naming the sample and the position;
   // warn logs it and trains on. Fast mode measures the gap and never aborts.
   enum class OnGap { Abort, Warn } on_gap = OnGap::Abort;
+  // false: no checkpoint at all, not even the last (benchmarks; not a TOML key).
+  bool checkpoints = true;
 };
 
 // Reads every section but [model] and [data] (which the caller reads), and

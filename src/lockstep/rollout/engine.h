@@ -157,8 +157,9 @@ class Engine {
   const EngineConfig& config() const { return config_; }
   const ModelConfig& model_config() const;
   DType kv_dtype() const { return kv_.dtype(); }  // f32, or bf16 in fast mode (bf16_kv)
-  size_t kv_bytes() const { return kv_.nbytes(); }  // the KV cache's allocated memory
   uint64_t weight_version() const;
+  // The KV cache's allocated memory.
+  size_t kv_bytes() const { return kv_.nbytes(); }
   // One scheduler step (exposed for tests); returns false when idle.
   bool step();
 
