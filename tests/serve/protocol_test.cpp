@@ -96,6 +96,21 @@ TEST(ServeProtocol, ErrorsNameTheField) {
   EXPECT_EQ(parse_error(json{{"input_ids", {1}}, {"bogus", 1}}).status(), 400);
 }
 
+// Found by 30 CPU-minutes of fuzzing (tests/fuzz/targets/serve_protocol.cpp):
+// an unknown key was quoted whole, so a key of kilobytes made a message of
+// kilobytes. Keys are quoted as excerpts, also nested ones.
+TEST(ServeProtocol, UnknownKeysAreQuotedAsExcerpts) {
+  const std::string key = "t|&al" + std::string(5000, '{');
+  for (const json& body :
+       {json{{"input_ids", {1}}, {key, 1}}, json{{"input_ids", {1}}, {"sampling_params", {{key, 1}}}}}) {
+    const std::string what = parse_error(body).what();
+    EXPECT_LT(what.size(), 600u) << what.substr(0, 300);
+    EXPECT_NE(what.find("unknown parameter"), std::string::npos) << what.substr(0, 300);
+    EXPECT_NE(what.find("t|&al{{{"), std::string::npos) << what.substr(0, 300);
+    EXPECT_NE(what.find("(5005 bytes)"), std::string::npos) << what.substr(0, 300);
+  }
+}
+
 // Messages the soak test (tests/serve/soak.py) found naming another field
 // than the one the client sent.
 TEST(ServeProtocol, RangeErrorsNameTheKeyTheClientSent) {

@@ -123,7 +123,11 @@ class Fields {
     if (v != neutral) bad(name(key) + " is not supported (only " + fmt(neutral) + ")");
   }
 
-  std::string name(const std::string& key) const { return where_.empty() ? key : where_ + "." + key; }
+  // Keys come from the client: an unknown one is quoted as an excerpt.
+  std::string name(const std::string& key) const {
+    const std::string k = excerpt(key);
+    return where_.empty() ? k : where_ + "." + k;
+  }
 
   void finish() const {
     for (auto it = obj_.begin(); it != obj_.end(); ++it) {

@@ -9,11 +9,12 @@
 #include <sstream>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/excerpt.h"
 #include "lockstep/base/log.h"
 #include "lockstep/base/timer.h"
 #include "lockstep/model/model_source.h"
-#include "lockstep/serve/server_impl.h"
 #include "lockstep/model/pretrained.h"
+#include "lockstep/serve/server_impl.h"
 
 namespace lockstep::serve {
 
@@ -313,7 +314,7 @@ void ApiServer::Impl::handle_update_weights(const httplib::Request& req, httplib
       if (!v.is_null() && v != "auto" && v != "safetensors")
         throw HttpError(400, "load_format: only \"auto\" or \"safetensors\" is supported");
     } else {
-      throw HttpError(400, "unknown parameter " + k +
+      throw HttpError(400, "unknown parameter " + excerpt(k) +
                                " (accepted: model_path, weight_version, "
                                "abort_all_requests, flush_cache, load_format)");
     }
