@@ -287,6 +287,21 @@ TEST(HfConfig, AbsurdSizesAreRefused) {
   expect_error([&] { parse_file(dir, j); }, {"vocab_size", "is above"});
 }
 
+// Found by 30 CPU-minutes of fuzzing: a rope_scaling whose type was not a
+// string escaped as nlohmann's type_error, not an Error naming the field.
+TEST(HfConfig, RopeScalingTypeMustBeAString) {
+  TempDir dir("cfg-rope-type");
+  for (const char* key : {"type", "rope_type"}) {
+    json j = qwen3_moe_json();
+    j["rope_scaling"] = {{key, 1}, {"factor", 2}};
+    expect_error([&] { parse_file(dir, j); },
+                 {std::string("rope_scaling.") + key, "must be a string", "got 1"});
+  }
+  json j = qwen3_moe_json();
+  j["rope_parameters"] = {{"rope_type", json::array()}, {"rope_theta", 10000.0}};
+  expect_error([&] { parse_file(dir, j); }, {"rope_parameters.rope_type", "must be a string"});
+}
+
 // Found by tests/fuzz/targets/model_config.cpp: a number past double's range
 // is nlohmann's out_of_range (not parse_error); it escaped as a non-Error.
 TEST(HfConfig, NumberOverflowIsAnError) {

@@ -301,7 +301,14 @@ void read_rope(const JsonFields& f, ModelConfig& c) {
   c.rope_theta = f.opt_double("rope_theta", 10000.0);
   auto check_type = [&](const json& r, const char* field) {
     if (!r.is_object()) return;
-    std::string type = r.value("rope_type", r.value("type", std::string("default")));
+    std::string type = "default";
+    for (const char* key : {"type", "rope_type"}) {  // rope_type wins when both are there
+      if (!r.contains(key)) continue;
+      if (!r.at(key).is_string())
+        LS_THROW << f.source() << ": " << field << "." << key << " must be a string, got "
+                 << excerpt(r.at(key).dump());
+      type = r.at(key).get<std::string>();
+    }
     if (type != "default")
       f.unsupported(std::string("RoPE scaling (") + field + ".rope_type = '" + type + "')");
   };

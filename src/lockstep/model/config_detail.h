@@ -63,6 +63,7 @@ class JsonFields {
     }
     return out;
   }
+  const std::string& source() const { return source_; }
   [[noreturn]] void unsupported(const std::string& what) const {
     LS_THROW << source_ << ": " << what << " is not supported by lockstep";
   }
