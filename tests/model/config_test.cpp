@@ -302,6 +302,26 @@ TEST(HfConfig, RopeScalingTypeMustBeAString) {
   expect_error([&] { parse_file(dir, j); }, {"rope_parameters.rope_type", "must be a string"});
 }
 
+// Found by tests/fuzz/targets/model_config.cpp (the same quoting in the
+// DeepSeek-V4 reader): unsupported names of kilobytes are quoted as excerpts.
+TEST(HfConfig, LongUnsupportedNamesAreQuotedAsExcerpts) {
+  TempDir dir("cfg-long-names");
+  json j = qwen3_moe_json();
+  j["rope_scaling"] = {{"rope_type", std::string(6000, 'y')}, {"factor", 2}};
+  json k = qwen3_moe_json();
+  k["layer_types"] = json::array({std::string(6000, 'z')});
+  for (const json& bad : {j, k}) {
+    try {
+      parse_file(dir, bad);
+      ADD_FAILURE() << "no error";
+    } catch (const lockstep::Error& e) {
+      const std::string what = e.what();
+      EXPECT_TRUE(what.find("'yyyy") != std::string::npos || what.find("'zzzz") != std::string::npos) << what;
+      EXPECT_LT(what.size(), 512u) << what;
+    }
+  }
+}
+
 // Found by tests/fuzz/targets/model_config.cpp: a number past double's range
 // is nlohmann's out_of_range (not parse_error); it escaped as a non-Error.
 TEST(HfConfig, NumberOverflowIsAnError) {

@@ -113,6 +113,21 @@ TEST(V4Config, ParsesOfficialKeys) {
   EXPECT_STREQ(router_scoring_name(c.router_scoring), "sqrtsoftplus");
 }
 
+// Found by tests/fuzz/targets/model_config.cpp: an unsupported rope_scaling
+// type of kilobytes was quoted whole in the error message.
+TEST(V4Config, LongUnsupportedRopeTypeIsQuotedAsAnExcerpt) {
+  json j = tiny_v4_json();
+  j["rope_scaling"] = {{"type", std::string(6000, 'y')}, {"factor", 2.0}};
+  try {
+    model_config_from_hf_json(j, "v4.json");
+    FAIL() << "no error";
+  } catch (const lockstep::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("rope_scaling type 'yyyy"), std::string::npos) << what;
+    EXPECT_LT(what.size(), 512u) << what;
+  }
+}
+
 TEST(V4Config, ScoringFuncAndOptionalKeys) {
   json j = tiny_v4_json();
   j["scoring_func"] = "sigmoid";

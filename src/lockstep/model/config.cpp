@@ -310,7 +310,7 @@ void read_rope(const JsonFields& f, ModelConfig& c) {
       type = r.at(key).get<std::string>();
     }
     if (type != "default")
-      f.unsupported(std::string("RoPE scaling (") + field + ".rope_type = '" + type + "')");
+      f.unsupported(std::string("RoPE scaling (") + field + ".rope_type = '" + excerpt(type) + "')");
   };
   if (f.has("rope_scaling")) check_type(f.at("rope_scaling"), "rope_scaling");
   // transformers >= 5 writes rope_parameters {rope_theta, rope_type}.
@@ -362,7 +362,7 @@ ModelConfig model_config_from_hf_json(const json& j, const std::string& source) 
   if (f.has("layer_types") && f.at("layer_types").is_array())
     for (const json& t : f.at("layer_types"))
       if (t.is_string() && t.get<std::string>() != "full_attention")
-        f.unsupported("layer type '" + t.get<std::string>() + "'");
+        f.unsupported("layer type '" + excerpt(t.get<std::string>()) + "'");
 
   c.qk_norm = a == Architecture::Qwen3 || a == Architecture::Qwen3Moe || a == Architecture::Dots1;
   c.qkv_bias = (a == Architecture::Qwen2 || a == Architecture::Qwen2Moe) && f.opt_bool("qkv_bias", true);

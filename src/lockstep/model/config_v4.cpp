@@ -207,7 +207,7 @@ RopeScaling read_rope_scaling(const JsonFields& f, const std::string& source) {
   // transformers writes rope_type, the official file type.
   const std::string type = g.has("type") ? g.opt_string("type", "") : g.opt_string("rope_type", "");
   if (type.empty() || type == "default") return y;
-  if (type != "yarn") f.unsupported("rope_scaling type '" + type + "' (only yarn)");
+  if (type != "yarn") f.unsupported("rope_scaling type '" + excerpt(type) + "' (only yarn)");
   y.type = type;
   y.factor = g.opt_double("factor", 1.0);
   y.original_max_position_embeddings = g.req_int("original_max_position_embeddings");
