@@ -310,7 +310,13 @@ TEST(HfConfig, LongUnsupportedNamesAreQuotedAsExcerpts) {
   j["rope_scaling"] = {{"rope_type", std::string(6000, 'y')}, {"factor", 2}};
   json k = qwen3_moe_json();
   k["layer_types"] = json::array({std::string(6000, 'z')});
-  for (const json& bad : {j, k}) {
+  // Found by the fuzz target later: hidden_act and model_type were quoted whole.
+  json act = qwen3_moe_json();
+  act["hidden_act"] = std::string(6000, 'y');
+  json mt = qwen3_moe_json();
+  mt.erase("architectures");
+  mt["model_type"] = std::string(6000, 'z');
+  for (const json& bad : {j, k, act, mt}) {
     try {
       parse_file(dir, bad);
       ADD_FAILURE() << "no error";

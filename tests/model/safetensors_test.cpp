@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -554,6 +555,32 @@ TEST(SafetensorsFuzz, IndexNumberOverflowIsAnError) {
                     R"({"metadata": {"total_size": -1e999}, "weight_map": {}})");
   expect_error([&] { SafetensorsCheckpoint ck(dir.str()); },
                {"model.safetensors.index.json", "invalid JSON"});
+}
+
+// Names and dtypes from a header or an index are quoted as excerpts: a name of
+// kilobytes makes a message of a line, not a copy of the header.
+TEST(SafetensorsFuzz, LongNamesAreQuotedAsExcerpts) {
+  TempDir dir("st-long-names");
+  const std::string name(6000, 'n'), dtype(6000, 'd');
+  const auto expect_short = [](const std::function<void()>& fn, const std::string& want) {
+    try {
+      fn();
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(want), std::string::npos) << what;
+      EXPECT_LT(what.size(), 512u) << what;
+    }
+  };
+  test::write_bytes(dir.str("model.safetensors"), build_file({{name, dtype, {1}, std::string(4, '\0')}}));
+  expect_short([&] { SafetensorsFile f(dir.str("model.safetensors")); }, "tensor 'nnnn");
+  test::write_bytes(dir.str("model.safetensors"), build_file({{name, "F32", {1}, std::string(4, '\0')}}));
+  expect_short([&] { load_params(dir.str(), ParamLayout(hand_config()), nullptr); },
+               "unexpected tensor 'nnnn");
+  TempDir idx("st-long-index");
+  test::write_bytes(idx.str("model.safetensors.index.json"),
+                    "{\"weight_map\": {\"" + name + "\": \"" + std::string(6000, 's') + ".safetensors\"}}");
+  expect_short([&] { SafetensorsCheckpoint ck(idx.str()); }, "shard 'ssss");
 }
 
 // An empty tensor reads into an empty vector, whose data() may be null:

@@ -115,16 +115,23 @@ TEST(V4Config, ParsesOfficialKeys) {
 
 // Found by tests/fuzz/targets/model_config.cpp: an unsupported rope_scaling
 // type of kilobytes was quoted whole in the error message.
+// Found by the fuzz target: rope_scaling's type, then hidden_act, quoted whole.
 TEST(V4Config, LongUnsupportedRopeTypeIsQuotedAsAnExcerpt) {
-  json j = tiny_v4_json();
-  j["rope_scaling"] = {{"type", std::string(6000, 'y')}, {"factor", 2.0}};
-  try {
-    model_config_from_hf_json(j, "v4.json");
-    FAIL() << "no error";
-  } catch (const lockstep::Error& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("rope_scaling type 'yyyy"), std::string::npos) << what;
-    EXPECT_LT(what.size(), 512u) << what;
+  const std::string y(6000, 'y');
+  json rope = tiny_v4_json(), act = tiny_v4_json(), topk = tiny_v4_json();
+  rope["rope_scaling"] = {{"type", y}, {"factor", 2.0}};
+  act["hidden_act"] = y;
+  topk["topk_method"] = y;
+  for (const auto& [j, field] : {std::pair{rope, "rope_scaling type 'yyyy"},
+                                 std::pair{act, "hidden_act 'yyyy"}, std::pair{topk, "topk_method 'yyyy"}}) {
+    try {
+      model_config_from_hf_json(j, "v4.json");
+      ADD_FAILURE() << "no error for " << field;
+    } catch (const lockstep::Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(field), std::string::npos) << what;
+      EXPECT_LT(what.size(), 512u) << what;
+    }
   }
 }
 

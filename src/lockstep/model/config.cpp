@@ -284,7 +284,7 @@ Architecture architecture_of(const JsonFields& f, const std::string& source) {
     } else if (mt == "deepseek_v2") {
       name = "DeepseekV2ForCausalLM";
     } else {
-      LS_THROW << source << ": unsupported model_type '" << mt
+      LS_THROW << source << ": unsupported model_type '" << excerpt(mt)
                << "'; supported architectures: " << supported_architectures();
     }
   } else {
@@ -349,7 +349,7 @@ ModelConfig model_config_from_hf_json(const json& j, const std::string& source) 
   if (a != Architecture::DeepseekV4) read_rope(f, c);
 
   const std::string act = f.opt_string("hidden_act", "silu");
-  if (act != "silu") f.unsupported("hidden_act '" + act + "' (only silu)");
+  if (act != "silu") f.unsupported("hidden_act '" + excerpt(act) + "' (only silu)");
   // attention_bias puts a bias on o_proj too, which lockstep does not model.
   if (a != Architecture::Qwen2 && a != Architecture::Qwen2Moe && f.opt_bool("attention_bias", false))
     f.unsupported("attention_bias = true (q/k/v/o projection biases)");

@@ -247,7 +247,7 @@ void read_v4_hf_json(const JsonFields& f, ModelConfig& c, const std::string& sou
   c.routed_scaling_factor = f.opt_double("routed_scaling_factor", 1.0);
   c.norm_topk_prob = f.opt_bool("norm_topk_prob", true);
   const std::string topk_method = f.opt_string("topk_method", "noaux_tc");
-  if (topk_method != "noaux_tc") f.unsupported("topk_method '" + topk_method + "' (only noaux_tc)");
+  if (topk_method != "noaux_tc") f.unsupported("topk_method '" + excerpt(topk_method) + "' (only noaux_tc)");
   c.n_group = f.opt_int("n_group", 1);
   c.topk_group = f.opt_int("topk_group", 1);
   c.num_hash_layers = f.opt_int("num_hash_layers", 0);

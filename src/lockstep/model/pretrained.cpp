@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/excerpt.h"
 #include "lockstep/base/file_util.h"
 #include "lockstep/model/hf_quant.h"
 #include "lockstep/model/safetensors.h"
@@ -432,7 +433,8 @@ void load_params(const std::string& path, const ParamLayout& layout, float* base
   const std::vector<std::string> extras = unexpected_tensors(ckpt, layout);
   if (!extras.empty()) {
     std::ostringstream os;
-    for (size_t i = 0; i < extras.size() && i < 5; ++i) os << (i ? ", " : "") << "'" << extras[i] << "'";
+    for (size_t i = 0; i < extras.size() && i < 5; ++i)
+      os << (i ? ", " : "") << "'" << excerpt(extras[i]) << "'";
     if (extras.size() > 5) os << " and " << extras.size() - 5 << " more";
     LS_THROW << ckpt.source() << ": unexpected tensor" << (extras.size() > 1 ? "s " : " ") << os.str()
              << ", which the config (" << architecture_name(c.architecture)

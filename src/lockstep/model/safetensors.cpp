@@ -138,7 +138,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
           metadata_[m2.key()] = m2.value().is_string() ? m2.value().get<std::string>() : m2.value().dump();
         continue;
       }
-      const std::string what = path + ": tensor '" + name + "'";
+      const std::string what = path + ": tensor '" + excerpt(name) + "'";
       if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
         LS_THROW << what << ": header entry needs dtype, shape and data_offsets";
       SafetensorsEntry e;
@@ -146,7 +146,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       if (!v["dtype"].is_string()) LS_THROW << what << ": dtype must be a string";
       e.dtype = v["dtype"].get<std::string>();
       const size_t esize = element_size(e.dtype);
-      if (esize == 0) LS_THROW << what << ": unknown dtype '" << e.dtype << "'";
+      if (esize == 0) LS_THROW << what << ": unknown dtype '" << excerpt(e.dtype) << "'";
       if (!v["shape"].is_array()) LS_THROW << what << ": shape must be a list";
       for (const json& d : v["shape"]) {
         if (!d.is_number_integer() || d.get<int64_t>() < 0)
@@ -160,8 +160,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       const uint64_t b = off[0].get<uint64_t>(), en = off[1].get<uint64_t>();
       if (en < b) LS_THROW << what << ": data_offsets end " << en << " < begin " << b;
       if (en > data_size)
-        LS_THROW << path << ": truncated safetensors file: tensor '" << name << "' data ends at byte " << en
-                 << " of the data section, which has only " << data_size << " bytes";
+        LS_THROW << path << ": truncated safetensors file: tensor '" << excerpt(name)
+                 << "' data ends at byte " << en << " of the data section, which has only " << data_size
+                 << " bytes";
       uint64_t need = 0;
       if (__builtin_mul_overflow(static_cast<uint64_t>(e.numel), static_cast<uint64_t>(esize), &need) ||
           need != en - b)
@@ -213,7 +214,7 @@ void SafetensorsFile::read_f32(const SafetensorsEntry& e, float* dst) const {
   } else if (e.dtype == "F8_E8M0") {
     for (size_t i = 0; i < n; ++i) dst[i] = e8m0_to_f32(src[i]);
   } else {
-    LS_THROW << path_ << ": tensor '" << e.name << "' has dtype " << e.dtype
+    LS_THROW << path_ << ": tensor '" << excerpt(e.name) << "' has dtype " << e.dtype
              << "; lockstep reads floats from F32, BF16, F16, F8_E4M3 and F8_E8M0";
   }
 }
@@ -236,7 +237,7 @@ void SafetensorsFile::read_i64(const SafetensorsEntry& e, int64_t* dst) const {
   } else if (e.dtype == "U8") {
     widen_ints<uint8_t>(src, dst, n);
   } else {
-    LS_THROW << path_ << ": tensor '" << e.name << "' has dtype " << e.dtype
+    LS_THROW << path_ << ": tensor '" << excerpt(e.name) << "' has dtype " << e.dtype
              << "; lockstep reads integers from I8, I16, I32, I64, U8, U16 and U32";
   }
 }
@@ -288,21 +289,22 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& path) {
   std::map<std::string, size_t> by_shard;
   for (auto it = idx["weight_map"].begin(); it != idx["weight_map"].end(); ++it) {
     if (!it.value().is_string())
-      LS_THROW << source_ << ": weight_map['" << it.key() << "'] must be a file name";
+      LS_THROW << source_ << ": weight_map['" << excerpt(it.key()) << "'] must be a file name";
     const std::string shard = it.value().get<std::string>();
     // Shards live in the same directory; refuse paths that climb out of it.
     if (shard.find('/') != std::string::npos || shard == ".." || shard.empty())
-      LS_THROW << source_ << ": weight_map['" << it.key() << "'] = '" << shard << "' is not a file name in "
-               << path;
+      LS_THROW << source_ << ": weight_map['" << excerpt(it.key()) << "'] = '" << excerpt(shard)
+               << "' is not a file name in " << path;
     auto s = by_shard.find(shard);
     if (s == by_shard.end()) {
       const fs::path sp = dir / shard;
       if (!fs::is_regular_file(sp, ec))
-        LS_THROW << source_ << ": shard '" << shard << "' (holding '" << it.key() << "') does not exist";
+        LS_THROW << source_ << ": shard '" << excerpt(shard) << "' (holding '" << excerpt(it.key())
+                 << "') does not exist";
       s = by_shard.emplace(shard, add_file(sp.string())).first;
     }
     if (!files_[s->second]->find(it.key()))
-      LS_THROW << source_ << ": maps tensor '" << it.key() << "' to shard '" << shard
+      LS_THROW << source_ << ": maps tensor '" << excerpt(it.key()) << "' to shard '" << excerpt(shard)
                << "', which does not contain it";
     where_[it.key()] = s->second;
   }
