@@ -141,12 +141,23 @@ void prefill_args(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
+// The training shape (micro-batches of 16 sequences of 256 tokens, the fused
+// schedule) and one long sequence (too few items: the two-pass schedule at 2 threads).
+void backward_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"prompt", "batch", "threads"});
+  for (int threads : {1, 2}) {
+    b->Args({256, 16, threads});
+    b->Args({1024, 1, threads});
+  }
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
 BENCHMARK(BM_Decode<8, 2, 32>)->Name("decode/moe_tiny_H8_Hkv2_Dh32")->Apply(decode_args);
 BENCHMARK(BM_Decode<8, 4, 64>)->Name("decode/moe_small_H8_Hkv4_Dh64")->Apply(decode_args);
 BENCHMARK(BM_Prefill<8, 2, 32>)->Name("prefill/moe_tiny_H8_Hkv2_Dh32")->Apply(prefill_args);
 BENCHMARK(BM_Prefill<8, 4, 64>)->Name("prefill/moe_small_H8_Hkv4_Dh64")->Apply(prefill_args);
-BENCHMARK(BM_Backward<8, 2, 32>)->Name("backward/moe_tiny_H8_Hkv2_Dh32")->Apply(prefill_args);
-BENCHMARK(BM_Backward<8, 4, 64>)->Name("backward/moe_small_H8_Hkv4_Dh64")->Apply(prefill_args);
+BENCHMARK(BM_Backward<8, 2, 32>)->Name("backward/moe_tiny_H8_Hkv2_Dh32")->Apply(backward_args);
+BENCHMARK(BM_Backward<8, 4, 64>)->Name("backward/moe_small_H8_Hkv4_Dh64")->Apply(backward_args);
 
 }  // namespace
 }  // namespace lockstep::kernels

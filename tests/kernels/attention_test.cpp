@@ -632,6 +632,109 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
   }
 }
 
+// The backward's contract (attention.h), written out in scalar code for one
+// sequence: P and dS from canonical dots and exp1, then one fma chain per
+// element, dq over keys ascending, dk and dv over the group's heads, then
+// queries ascending. A faster kernel must keep every bit of it.
+Grads backward_contract(Shape sh, const SeqData& s, const std::vector<float>& dout,
+                        const std::vector<float>& out, const std::vector<float>& lse, float scale) {
+  const int64_t L = s.len, H = sh.H, Hkv = sh.Hkv, Dh = sh.Dh, G = H / Hkv;
+  Grads g;
+  g.dq.assign(size_t(L * H * Dh), 0.0f);
+  g.dk.assign(size_t(L * Hkv * Dh), 0.0f);
+  g.dv.assign(size_t(L * Hkv * Dh), 0.0f);
+  const auto qr = [&](int64_t t, int64_t h) { return &s.q[size_t((t * H + h) * Dh)]; };
+  const auto kr = [&](int64_t j, int64_t kvh) { return &s.k[size_t((j * Hkv + kvh) * Dh)]; };
+  const auto vr = [&](int64_t j, int64_t kvh) { return &s.v[size_t((j * Hkv + kvh) * Dh)]; };
+  const auto dor = [&](int64_t t, int64_t h) { return &dout[size_t((t * H + h) * Dh)]; };
+  std::vector<float> P(size_t(L * L)), dS(size_t(L * L));  // one head's (query, key) terms
+  for (int64_t h = 0; h < H; ++h) {
+    const int64_t kvh = h / G;
+    for (int64_t t = 0; t < L; ++t) {
+      const float D = canonical_dot(dor(t, h), &out[size_t((t * H + h) * Dh)], Dh);
+      for (int64_t j = 0; j <= t; ++j) {
+        const float p = exp1(canonical_dot(qr(t, h), kr(j, kvh), Dh) * scale - lse[size_t(t * H + h)]);
+        const float dp = canonical_dot(dor(t, h), vr(j, kvh), Dh) * 1.0f;
+        P[size_t(t * L + j)] = p;
+        dS[size_t(t * L + j)] = p * (dp - D);
+      }
+      float* dq = &g.dq[size_t((t * H + h) * Dh)];
+      for (int64_t c = 0; c < Dh; ++c) {
+        float a = 0.0f;
+        for (int64_t j = 0; j <= t; ++j) a = std::fma(dS[size_t(t * L + j)], kr(j, kvh)[c], a);
+        dq[c] = a * scale;
+      }
+    }
+    for (int64_t j = 0; j < L; ++j) {  // the group's heads come in order: accumulate, scale after the last
+      float* dk = &g.dk[size_t((j * Hkv + kvh) * Dh)];
+      float* dv = &g.dv[size_t((j * Hkv + kvh) * Dh)];
+      for (int64_t c = 0; c < Dh; ++c)
+        for (int64_t t = j; t < L; ++t) {
+          dk[c] = std::fma(dS[size_t(t * L + j)], qr(t, h)[c], dk[c]);
+          dv[c] = std::fma(P[size_t(t * L + j)], dor(t, h)[c], dv[c]);
+        }
+    }
+  }
+  for (float& x : g.dk) x = x * scale;
+  return g;
+}
+
+// Every head width the kernels specialize and the fallbacks, head groups of
+// 1 to 8, sequences shorter and longer than a key block, 1 and 2 threads.
+TEST(Attention, BackwardFollowsTheContractBitForBit) {
+  ThreadPool pool2(2), pool4(4);
+  const std::vector<Shape> shapes{{2, 2, 16}, {8, 2, 32}, {8, 4, 64}, {4, 1, 128},
+                                  {3, 1, 48}, {8, 1, 8},  {4, 2, 17}};
+  uint32_t seed = 60;
+  for (const Shape sh : shapes) {
+    for (const std::vector<int64_t>& lens : {std::vector<int64_t>{1, 33, 70}, std::vector<int64_t>{97}}) {
+      std::vector<SeqData> seqs;
+      int64_t T = 0;
+      for (int64_t len : lens) {
+        seqs.push_back(make_seq(sh, len, ++seed));
+        T += len;
+      }
+      const float scale = default_scale(sh);
+      const std::vector<float> w = test::randn(T * sh.H * sh.Dh, ++seed);
+      // 1, 2 and 4 threads: few (sequence, kv head) items on 4 threads take
+      // the two-pass schedule, the rest the fused one.
+      for (const Context ctx : {Context{}, Context{&pool2}, Context{&pool4}}) {
+        const Grads got = train_step(ctx, sh, 8, seqs, w, scale, seed);
+        int64_t row = 0;
+        for (const SeqData& s : seqs) {
+          const auto rows = [&](const std::vector<float>& v, int64_t heads) {
+            return std::vector<float>(v.begin() + row * heads * sh.Dh,
+                                      v.begin() + (row + s.len) * heads * sh.Dh);
+          };
+          // The forward's lse, from its out (the forward follows its own contract).
+          std::vector<float> lse(size_t(s.len * sh.H)), o(size_t(sh.Dh));
+          for (int64_t t = 0; t < s.len; ++t)
+            for (int64_t h = 0; h < sh.H; ++h) {
+              std::vector<const float*> keys, vals;
+              const int64_t kvh = h / (sh.H / sh.Hkv);
+              for (int64_t j = 0; j <= t; ++j) {
+                keys.push_back(&s.k[size_t((j * sh.Hkv + kvh) * sh.Dh)]);
+                vals.push_back(&s.v[size_t((j * sh.Hkv + kvh) * sh.Dh)]);
+              }
+              contract_reference(&s.q[size_t((t * sh.H + h) * sh.Dh)], keys, vals, t, sh.Dh, scale, o.data(),
+                                 &lse[size_t(t * sh.H + h)]);
+            }
+          const Grads want = backward_contract(sh, s, rows(w, sh.H), rows(got.out, sh.H), lse, scale);
+          const std::string what = "H=" + std::to_string(sh.H) + " Hkv=" + std::to_string(sh.Hkv) +
+                                   " Dh=" + std::to_string(sh.Dh) + " len=" + std::to_string(s.len);
+          expect_bits_equal(rows(got.dq, sh.H).data(), want.dq.data(), s.len * sh.H * sh.Dh,
+                            (what + " dq").c_str());
+          expect_bits_equal(rows(got.dk, sh.Hkv).data(), want.dk.data(), s.len * sh.Hkv * sh.Dh,
+                            (what + " dk").c_str());
+          expect_bits_equal(rows(got.dv, sh.Hkv).data(), want.dv.data(), s.len * sh.Hkv * sh.Dh,
+                            (what + " dv").c_str());
+          row += s.len;
+        }
+      }
+    }
+  }
+}
+
 TEST(Attention, BackwardIsThreadAndBatchInvariant) {
   ThreadPool pool2(2);
   const Shape sh{8, 2, 32};

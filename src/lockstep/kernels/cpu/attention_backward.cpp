@@ -1,6 +1,12 @@
-// Backward of paged-cache attention for the training case (every token new).
-// Two passes that recompute P = exp(s - lse) instead of storing (T, T) matrices:
-// pass 1 owns dq rows (and the row terms D = dout . out), pass 2 owns dk/dv rows.
+// Backward of paged-cache attention for the training case (every token new),
+// recomputing P = exp(s - lse) instead of storing (T, T) matrices. Two
+// schedules with the same bits:
+// - fused (the usual one): a work item is one sequence and kv head; it visits
+//   each (query tile, key tile) of the causal triangle once, head by head, and
+//   uses P and dS of the tile for dq, dk and dv alike;
+// - two passes, when there are too few items to keep the threads busy (one
+//   long sequence on many threads): pass 1 owns dq rows (and D = dout . out),
+//   pass 2 owns dk/dv rows, each recomputing P and dS.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -15,63 +21,167 @@ namespace lockstep::kernels {
 //   dP_tj = dout_t . v_j,  dS_tj = P_tj (dP_tj - D_t),  D_t = dout_t . out_t
 //   dq_t = scale Σ_j dS_tj k_j,  dk_j = scale Σ_{h in group} Σ_t dS_tj q_t,
 //   dv_j = Σ_{h in group} Σ_t P_tj dout_t.
-// Each sum runs in a fixed order (keys ascending; heads, then queries ascending).
-void attention_backward(const Context& ctx, Tensor dq, Tensor dk, Tensor dv, const Tensor& dout,
-                        const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k_cache,
-                        const Tensor& v_cache, const AttentionBatch& batch, float scale) {
-  LS_GPU_DISPATCH(ctx, attention_backward, dq, dk, dv, dout, out, lse, q, k_cache, v_cache, batch, scale);
-  const attn::BatchPlan p =
-      attn::plan_attention_backward(dq, dk, dv, dout, out, lse, q, k_cache, v_cache, batch);
-  const int64_t T = p.T, H = q.shape[1], Dh = p.Dh, Hkv = p.Hkv;
-  if (T == 0) return;
+// Each sum is one fma chain per element in a fixed order (keys ascending;
+// heads, then queries ascending), so neither schedule nor the thread count
+// changes a bit: s, P and dS of a (query, key) pair do not depend on where
+// they are computed, and the schedules add the same terms in the same order.
+namespace {
 
-  const int64_t G = H / Hkv;
-  const attn::CacheView cache{k_cache.data, v_cache.data, k_cache.dtype == DType::BF16, p.BS, Hkv, Dh};
-  auto q_row = [&](int64_t t, int64_t h) { return q.ptr<float>() + t * q.stride[0] + h * Dh; };
-  auto do_row = [&](int64_t t, int64_t h) { return dout.ptr<float>() + t * dout.stride[0] + h * Dh; };
-  auto lse_at = [&](int64_t t, int64_t h) { return lse.ptr<float>()[t * lse.stride[0] + h]; };
-  std::vector<float> dsum(static_cast<size_t>(T * H));  // (T, H): D = dout . out
+// The operands of one call, with row accessors.
+struct Operands {
+  const attn::BatchPlan& p;
+  attn::CacheView cache;
+  const Tensor &dq, &dk, &dv, &dout, &out, &lse, &q;
+  int64_t H, G, Dh;
+  float scale;
 
-  // Pass 1: item (t, h) visits keys 0..pos(t) and writes dq[t, h] and D[t, h].
+  const float* q_row(int64_t t, int64_t h) const { return q.ptr<float>() + t * q.stride[0] + h * Dh; }
+  const float* do_row(int64_t t, int64_t h) const { return dout.ptr<float>() + t * dout.stride[0] + h * Dh; }
+  const float* out_row(int64_t t, int64_t h) const { return out.ptr<float>() + t * out.stride[0] + h * Dh; }
+  float lse_at(int64_t t, int64_t h) const { return lse.ptr<float>()[t * lse.stride[0] + h]; }
+  float* dq_row(int64_t t, int64_t h) const { return dq.ptr<float>() + t * dq.stride[0] + h * Dh; }
+  float* dk_row(int64_t t, int64_t kvh) const { return dk.ptr<float>() + t * dk.stride[0] + kvh * Dh; }
+  float* dv_row(int64_t t, int64_t kvh) const { return dv.ptr<float>() + t * dv.stride[0] + kvh * Dh; }
+};
+
+// P and dS of query row u against n keys: pr = exp(s - lse), ds = pr (dp - D).
+// pr and dp may be written up to 8 past n (scores()).
+HWY_INLINE void p_and_ds(const float* qu, const float* dou, float l, float D, const float* const* kp,
+                         const float* const* vp, int n, int64_t Dh, float scale, float* pr, float* dp,
+                         float* ds) {
+  attn::scores(qu, kp, n, Dh, scale, pr);
+  for (int k = 0; k < n; ++k) pr[k] = pr[k] - l;
+  vexp(pr, pr, n);
+  attn::scores(dou, vp, n, Dh, 1.0f, dp);
+  for (int k = 0; k < n; ++k) ds[k] = pr[k] * (dp[k] - D);
+}
+
+// One thread's scratch for the fused schedule; tiles are kKeyBlock queries by
+// kKeyBlock keys, aligned to the sequence's start (the key blocks of the contract).
+struct TileScratch {
+  static constexpr int kRow = kKeyBlock + 8;  // scores() may write 8 past a row's n
+  std::vector<float> kt, vt;                  // bf16 cache: the key tile's K and V widened (kKeyBlock, Dh)
+  std::vector<float> pr, ds, dp;              // (kKeyBlock, kRow): P, dS and dP of the tile, by query
+  std::vector<float> dq;                      // (kKeyBlock, Dh): the query tile's dq sums
+  explicit TileScratch(const Operands& o)
+      : kt(o.cache.bf16 ? size_t(kKeyBlock * o.Dh) : 0),
+        vt(kt.size()),
+        pr(size_t(kKeyBlock * kRow)),
+        ds(pr.size()),
+        dp(pr.size()),
+        dq(size_t(kKeyBlock * o.Dh)) {}
+};
+
+// dk and dv of the keys of tile (ui, ji) (sequence rows from f0), from the
+// tile's P and dS: key b is seen by the tile's queries a >= a0(b).
+void accumulate_key_tile(const Operands& o, TileScratch& w, int64_t f0, int64_t kvh, int64_t j0, int nk,
+                         int nu, bool diagonal, bool zero, const float* const* qp, const float* const* dop) {
+  float cp[kKeyBlock], cs[kKeyBlock];
+  for (int b = 0; b < nk; ++b) {
+    const int a0 = diagonal ? b : 0, m = nu - a0;
+    for (int a = a0; a < nu; ++a) {
+      cp[a - a0] = w.pr[size_t(a * TileScratch::kRow + b)];
+      cs[a - a0] = w.ds[size_t(a * TileScratch::kRow + b)];
+    }
+    attn::scale_and_accumulate(o.dv_row(f0 + j0 + b, kvh), o.Dh, zero, 1.0f, cp, dop + a0, m);
+    attn::scale_and_accumulate(o.dk_row(f0 + j0 + b, kvh), o.Dh, zero, 1.0f, cs, qp + a0, m);
+  }
+}
+
+// Sequence s, kv head kvh: dq of the group's heads, dk and dv of kvh. dk and
+// dv rows hold the running sums (each starts at the first term: its key's
+// diagonal tile of the group's first head) and are scaled at the end.
+void fused_item(const Operands& o, TileScratch& w, int64_t s, int64_t kvh) {
+  const attn::BatchPlan& p = o.p;
+  const int64_t f0 = p.first[size_t(s)], L = p.first[size_t(s) + 1] - f0, Dh = o.Dh;
+  const int32_t* row = p.table + s * p.table_stride;
+  const float* qp[kKeyBlock];
+  const float* dop[kKeyBlock];
+  const float* kp[kKeyBlock];
+  const float* vp[kKeyBlock];
+  float D[kKeyBlock], lse[kKeyBlock];
+  for (int64_t h = kvh * o.G; h < (kvh + 1) * o.G; ++h) {
+    for (int64_t u0 = 0, ui = 0; u0 < L; u0 += kKeyBlock, ++ui) {
+      const int nu = static_cast<int>(std::min<int64_t>(kKeyBlock, L - u0));
+      for (int a = 0; a < nu; ++a) {
+        qp[a] = o.q_row(f0 + u0 + a, h);
+        dop[a] = o.do_row(f0 + u0 + a, h);
+        D[a] = attn::dot(dop[a], o.out_row(f0 + u0 + a, h), Dh);
+        lse[a] = o.lse_at(f0 + u0 + a, h);
+      }
+      for (int64_t j0 = 0, ji = 0; ji <= ui; j0 += kKeyBlock, ++ji) {
+        const bool diagonal = ji == ui;
+        const int nk = diagonal ? nu : kKeyBlock;
+        o.cache.gather(row, j0, nk, kvh, kp, vp, w.kt.data(), w.vt.data());
+        for (int a = 0; a < nu; ++a) {
+          const int n = diagonal ? a + 1 : kKeyBlock;  // the keys query u0 + a sees in this tile
+          float* pr = &w.pr[size_t(a * TileScratch::kRow)];
+          float* ds = &w.ds[size_t(a * TileScratch::kRow)];
+          p_and_ds(qp[a], dop[a], lse[a], D[a], kp, vp, n, Dh, o.scale, pr,
+                   &w.dp[size_t(a * TileScratch::kRow)], ds);
+          attn::scale_and_accumulate(&w.dq[size_t(a * Dh)], Dh, ji == 0, 1.0f, ds, kp, n);
+        }
+        accumulate_key_tile(o, w, f0, kvh, j0, nk, nu, diagonal, h == kvh * o.G && diagonal, qp, dop);
+      }
+      for (int a = 0; a < nu; ++a)
+        attn::scale_row(o.dq_row(f0 + u0 + a, h), &w.dq[size_t(a * Dh)], o.scale, /*divide=*/false, Dh);
+    }
+  }
+  for (int64_t t = f0; t < f0 + L; ++t)
+    attn::scale_row(o.dk_row(t, kvh), o.dk_row(t, kvh), o.scale, false, Dh);
+}
+
+// The fused schedule: items (sequence, kv head), balanced by their (query, key) visits.
+void fused(const Context& ctx, const Operands& o, const std::vector<int64_t>& ranges) {
+  const int64_t Hkv = o.p.Hkv;
+  ctx.parallel_for(
+      static_cast<int64_t>(ranges.size()) - 1,
+      [&](int64_t rb, int64_t re) {
+        TileScratch w(o);
+        for (int64_t i = ranges[size_t(rb)]; i < ranges[size_t(re)]; ++i) fused_item(o, w, i / Hkv, i % Hkv);
+      },
+      1);
+}
+
+// Pass 1 of two: item (t, h) visits keys 0..pos(t) and writes dq[t, h] and D[t, h].
+void dq_pass(const Context& ctx, const Operands& o, std::vector<float>& dsum) {
+  const attn::BatchPlan& p = o.p;
+  const int64_t H = o.H, Dh = o.Dh;
   const std::vector<int64_t> r1 =
-      attn::balanced_ranges(T * H, ctx.threads(), [&](int64_t i) { return int64_t{p.pos[i / H]} + 1; });
+      attn::balanced_ranges(p.T * H, ctx.threads(), [&](int64_t i) { return int64_t{p.pos[i / H]} + 1; });
   ctx.parallel_for(
       static_cast<int64_t>(r1.size()) - 1,
       [&](int64_t rb, int64_t re) {
         std::vector<float> acc(static_cast<size_t>(Dh));  // (Dh)
-        std::vector<float> tiles(cache.bf16 ? static_cast<size_t>(2 * kKeyBlock * Dh)
-                                            : 0);  // (2, kKeyBlock, Dh)
+        std::vector<float> tiles(o.cache.bf16 ? static_cast<size_t>(2 * kKeyBlock * Dh)
+                                              : 0);  // (2, kKeyBlock, Dh)
         const float* kp[kKeyBlock];
         const float* vp[kKeyBlock];
-        float pr[kKeyBlock + 8], dp[kKeyBlock + 8], ds[kKeyBlock];  // scores() may write 8 past n
+        float pr[kKeyBlock + 8], dp[kKeyBlock + 8], ds[kKeyBlock];
         for (int64_t i = r1[rb]; i < r1[re]; ++i) {
-          const int64_t t = i / H, h = i % H, kvh = h / G, pos = p.pos[t];
+          const int64_t t = i / H, h = i % H, kvh = h / o.G, pos = p.pos[t];
           const int32_t* row = p.table + p.seq[t] * p.table_stride;
-          const float* qt = q_row(t, h);
-          const float* dor = do_row(t, h);
-          const float l = lse_at(t, h);
-          const float D = attn::dot(dor, out.ptr<float>() + t * out.stride[0] + h * Dh, Dh);
+          const float D = attn::dot(o.do_row(t, h), o.out_row(t, h), Dh);
           dsum[t * H + h] = D;
           for (int64_t j = 0; j * kKeyBlock <= pos; ++j) {
             const int64_t p0 = j * kKeyBlock;
             const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, pos + 1 - p0));
-            cache.gather(row, p0, n, kvh, kp, vp, tiles.data(), tiles.data() + kKeyBlock * Dh);
-            attn::scores(qt, kp, n, Dh, scale, pr);
-            for (int k = 0; k < n; ++k) pr[k] = pr[k] - l;
-            vexp(pr, pr, n);
-            attn::scores(dor, vp, n, Dh, 1.0f, dp);
-            for (int k = 0; k < n; ++k) ds[k] = pr[k] * (dp[k] - D);
+            o.cache.gather(row, p0, n, kvh, kp, vp, tiles.data(), tiles.data() + kKeyBlock * Dh);
+            p_and_ds(o.q_row(t, h), o.do_row(t, h), o.lse_at(t, h), D, kp, vp, n, Dh, o.scale, pr, dp, ds);
             attn::scale_and_accumulate(acc.data(), Dh, j == 0, 1.0f, ds, kp, n);
           }
-          attn::scale_row(dq.ptr<float>() + t * dq.stride[0] + h * Dh, acc.data(), scale, /*divide=*/false,
-                          Dh);
+          attn::scale_row(o.dq_row(t, h), acc.data(), o.scale, /*divide=*/false, Dh);
         }
       },
       1);
+}
 
-  // Pass 2: item (t, kvh) is key row t; it visits the queries t..end of its
-  // sequence for each head of the group and writes dk[t, kvh], dv[t, kvh].
-  const std::vector<int64_t> r2 = attn::balanced_ranges(T * Hkv, ctx.threads(), [&](int64_t i) {
+// Pass 2 of two: item (t, kvh) is key row t; it visits the queries t..end of
+// its sequence for each head of the group and writes dk[t, kvh], dv[t, kvh].
+void dkv_pass(const Context& ctx, const Operands& o, const std::vector<float>& dsum) {
+  const attn::BatchPlan& p = o.p;
+  const int64_t H = o.H, Dh = o.Dh, Hkv = p.Hkv, G = o.G;
+  const std::vector<int64_t> r2 = attn::balanced_ranges(p.T * Hkv, ctx.threads(), [&](int64_t i) {
     const int64_t t = i / Hkv;
     return (p.first[p.seq[t] + 1] - t) * G;
   });
@@ -79,7 +189,7 @@ void attention_backward(const Context& ctx, Tensor dq, Tensor dk, Tensor dv, con
       static_cast<int64_t>(r2.size()) - 1,
       [&](int64_t rb, int64_t re) {
         std::vector<float> kacc(static_cast<size_t>(Dh)), vacc(static_cast<size_t>(Dh));  // (Dh) each
-        std::vector<float> tiles(cache.bf16 ? static_cast<size_t>(2 * Dh) : 0);           // (2, Dh)
+        std::vector<float> tiles(o.cache.bf16 ? static_cast<size_t>(2 * Dh) : 0);         // (2, Dh)
         const float* qp[kKeyBlock];
         const float* dop[kKeyBlock];
         float pr[kKeyBlock + 8], dpv[kKeyBlock + 8], ds[kKeyBlock];  // scores() may write 8 past n
@@ -88,18 +198,18 @@ void attention_backward(const Context& ctx, Tensor dq, Tensor dk, Tensor dv, con
           const int32_t* row = p.table + p.seq[t] * p.table_stride;
           const float* kj;
           const float* vj;
-          cache.gather(row, p.pos[t], 1, kvh, &kj, &vj, tiles.data(), tiles.data() + Dh);
+          o.cache.gather(row, p.pos[t], 1, kvh, &kj, &vj, tiles.data(), tiles.data() + Dh);
           bool first = true;
           for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
             for (int64_t u0 = t; u0 < end; u0 += kKeyBlock) {
               const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, end - u0));
               for (int k = 0; k < n; ++k) {
-                qp[k] = q_row(u0 + k, h);
-                dop[k] = do_row(u0 + k, h);
+                qp[k] = o.q_row(u0 + k, h);
+                dop[k] = o.do_row(u0 + k, h);
               }
               // k_j . q_u has the bits of q_u . k_j: fma's product is symmetric.
-              attn::scores(kj, qp, n, Dh, scale, pr);
-              for (int k = 0; k < n; ++k) pr[k] = pr[k] - lse_at(u0 + k, h);
+              attn::scores(kj, qp, n, Dh, o.scale, pr);
+              for (int k = 0; k < n; ++k) pr[k] = pr[k] - o.lse_at(u0 + k, h);
               vexp(pr, pr, n);
               attn::scores(vj, dop, n, Dh, 1.0f, dpv);
               for (int k = 0; k < n; ++k) ds[k] = pr[k] * (dpv[k] - dsum[(u0 + k) * H + h]);
@@ -108,12 +218,54 @@ void attention_backward(const Context& ctx, Tensor dq, Tensor dk, Tensor dv, con
               first = false;
             }
           }
-          attn::scale_row(dk.ptr<float>() + t * dk.stride[0] + kvh * Dh, kacc.data(), scale, /*divide=*/false,
-                          Dh);
-          std::copy(vacc.begin(), vacc.end(), dv.ptr<float>() + t * dv.stride[0] + kvh * Dh);
+          attn::scale_row(o.dk_row(t, kvh), kacc.data(), o.scale, /*divide=*/false, Dh);
+          std::copy(vacc.begin(), vacc.end(), o.dv_row(t, kvh));
         }
       },
       1);
+}
+
+}  // namespace
+
+void attention_backward(const Context& ctx, Tensor dq, Tensor dk, Tensor dv, const Tensor& dout,
+                        const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k_cache,
+                        const Tensor& v_cache, const AttentionBatch& batch, float scale) {
+  LS_GPU_DISPATCH(ctx, attention_backward, dq, dk, dv, dout, out, lse, q, k_cache, v_cache, batch, scale);
+  const attn::BatchPlan p =
+      attn::plan_attention_backward(dq, dk, dv, dout, out, lse, q, k_cache, v_cache, batch);
+  if (p.T == 0) return;
+  const int64_t H = q.shape[1], Hkv = p.Hkv;
+  const Operands o{p,       {k_cache.data, v_cache.data, k_cache.dtype == DType::BF16, p.BS, Hkv, p.Dh},
+                   dq,      dk,
+                   dv,      dout,
+                   out,     lse,
+                   q,       H,
+                   H / Hkv, p.Dh,
+                   scale};
+
+  // The fused schedule unless its busiest thread would have over twice a
+  // thread's share of the (query, key) visits: two passes cost about twice
+  // as much per visit (bench/attention_bench.cpp), but split any batch evenly.
+  const auto item_cost = [&](int64_t i) {
+    const int64_t L = p.first[size_t(i / Hkv) + 1] - p.first[size_t(i / Hkv)];
+    return L * (L + 1) / 2 * o.G;
+  };
+  const int threads = ctx.threads();
+  const std::vector<int64_t> ranges = attn::balanced_ranges(p.S * Hkv, threads, item_cost);
+  int64_t total = 0, busiest = 0;
+  for (size_t r = 0; r + 1 < ranges.size(); ++r) {
+    int64_t cost = 0;
+    for (int64_t i = ranges[r]; i < ranges[r + 1]; ++i) cost += item_cost(i);
+    total += cost;
+    busiest = std::max(busiest, cost);
+  }
+  if (busiest * threads <= 2 * total) {
+    fused(ctx, o, ranges);
+    return;
+  }
+  std::vector<float> dsum(static_cast<size_t>(p.T * H));  // (T, H): D = dout . out
+  dq_pass(ctx, o, dsum);
+  dkv_pass(ctx, o, dsum);
 }
 
 }  // namespace lockstep::kernels
