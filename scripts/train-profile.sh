@@ -4,7 +4,8 @@
 # by function into GEMM (forward and the two backward products), attention
 # (forward, backward), MoE dispatch and combine copies, norms, elementwise
 # activations and exp, log-probs, the optimizer, and the rest.
-# Usage: scripts/train-profile.sh [--threads N] [bench train options...]
+# Usage: scripts/train-profile.sh [bench train options...] (--threads 1 splits
+# every product; on more threads a pool thread's samples name no caller)
 #   e.g. scripts/train-profile.sh --config configs/bench/moe-tiny.toml --threads 1
 # Environment: LOCKSTEP (default build/release/lockstep), PERF (default perf;
 # Debian's linux-perf package), PERF_FREQ (samples per second, default 999).

@@ -10,31 +10,42 @@ import sys
 # any family decides, in the order the frames come (innermost first).
 FAMILIES = [
     ("FMA peak measurement (not the step)", r"measure_fma_peak|fma_chains"),
-    ("init (random weights)", r"init_params|Philox"),
+    ("init (random weights)", r"init_params|Philox|__cos_fma|__ieee754_log_fma"),
     ("GEMM x.Wt (forward)", r"gemm_xwt|project_packed|xwt_"),
     ("GEMM dY.W (activation grads)", r"gemm_dyw"),
     ("GEMM dYt.X (weight grads)", r"gemm_dytx|project_dw"),
-    ("attention backward", r"attention_backward"),
+    ("attention backward", r"attention_backward|fused_item|accumulate_key_tile|dq_pass|dkv_pass"),
     ("attention forward", r"attention_forward|kv_cache_write"),
     ("log-probs and loss", r"token_logprob|logprob|log_softmax|cross_entropy"),
     ("MoE route, dispatch, combine", r"moe_|expert_dispatch|expert_return|select_topk"),
     ("norms", r"rmsnorm"),
-    ("SwiGLU and gates", r"swiglu|vsilu|vsigmoid"),
+    ("SwiGLU and gates", r"swiglu|vsilu|vsigmoid|backward_row"),
     ("RoPE", r"rope_|rotate_token"),
     ("optimizer (AdamW, grad norm, zeroing)", r"adamw|grad_norm|chunk_sums|Trainer::step|clip_"),
     ("embedding", r"embedding_"),
     ("residual adds, copies, zeroing", r"add_into|scatter_rows|join_qkv|split_qkv|zero|mem(set|move|cpy)"),
-    ("thread pool (spin, wake-ups)", r"ThreadPool::worker_loop|ThreadPool::run_on_workers|futex"),
+    ("thread pool (spinning, waking)", r"^lockstep::ThreadPool::|futex|sched_yield"),
+]
+# Tried only when no frame names a family: a pool thread's job has no caller
+# above worker_loop, so its products are told apart by the micro-kernel alone
+# (profile with --threads 1 to split them all).
+FALLBACK = [
+    ("GEMM dYt.X (weight grads)", r"micro_tile<.*ALayout\)1"),
+    ("GEMM on a pool thread (x.Wt or dY.W)", r"micro_tile|pack_plain_panels|stage_row_panels|gemm_detail|run_range"),
 ]
 COMPILED = [(name, re.compile(pat)) for name, pat in FAMILIES]
+COMPILED_FALLBACK = [(name, re.compile(pat)) for name, pat in FALLBACK]
 EXCLUDED = {"FMA peak measurement (not the step)", "init (random weights)"}
 
 
 def family_of(frames):
-    for f in frames:
-        for name, pat in COMPILED:
-            if pat.search(f):
-                return name
+    # The pool's own frames count only where the sample is in them (spinning):
+    # below a job they are just the way into it.
+    for rules in (COMPILED, COMPILED_FALLBACK):
+        for i, f in enumerate(frames):
+            for name, pat in rules:
+                if pat.search(f) and (not name.startswith("thread pool") or i == 0):
+                    return name
     return "other: " + (frames[0][:60] if frames else "?")
 
 

@@ -173,7 +173,7 @@ RouterScoring get_scoring(const toml::node& n, const std::string& at) {
   if (s == "softmax") return RouterScoring::Softmax;
   if (s == "sigmoid") return RouterScoring::Sigmoid;
   if (s == "sqrtsoftplus") return RouterScoring::SqrtSoftplus;
-  LS_THROW << at << ": expected \"softmax\", \"sigmoid\" or \"sqrtsoftplus\", got \"" << s << "\"";
+  LS_THROW << at << ": expected \"softmax\", \"sigmoid\" or \"sqrtsoftplus\", got \"" << excerpt(s) << "\"";
 }
 
 // rope_scaling = { type = "yarn", factor = 16.0, original_max_position_embeddings = 65536,

@@ -87,7 +87,7 @@ void validate_v4_compression(const ModelConfig& c, const Refuse& refuse) {
   } else if (y.type.empty()) {
     if (!(y == RopeScaling{})) refuse("rope_scaling", "has values but no type (set type = \"yarn\")");
   } else {
-    refuse("rope_scaling.type", "must be \"yarn\" or empty, got \"" + y.type + "\"");
+    refuse("rope_scaling.type", "must be \"yarn\" or empty, got \"" + excerpt(y.type) + "\"");
   }
 
   for (const auto& [field, v] : {std::pair<const char*, int64_t>{"index_n_heads", c.index_n_heads},
@@ -144,7 +144,8 @@ void validate_v4(const ModelConfig& c, const std::string& source) {
   refuse.positive("hc_sinkhorn_iters", c.hc_sinkhorn_iters);
   refuse.positive_finite("hc_eps", c.hc_eps);
   if (!c.expert_dtype.empty() && c.expert_dtype != "fp4" && c.expert_dtype != "fp8")
-    refuse("expert_dtype", "must be \"fp4\", \"fp8\" or empty (bf16), got \"" + c.expert_dtype + "\"");
+    refuse("expert_dtype",
+           "must be \"fp4\", \"fp8\" or empty (bf16), got \"" + excerpt(c.expert_dtype) + "\"");
   // MXFP4 scales groups of 32 along a row: both widths of an expert.
   if (c.expert_dtype == "fp4" && (c.hidden_size % 32 != 0 || c.moe_intermediate_size % 32 != 0))
     refuse("expert_dtype",
@@ -191,7 +192,7 @@ RouterScoring scoring_of(const std::string& s, const std::string& source) {
   if (s == "sigmoid") return RouterScoring::Sigmoid;
   if (s == "softmax") return RouterScoring::Softmax;
   LS_THROW << source << ": field 'scoring_func' must be \"sqrtsoftplus\", \"sigmoid\" or \"softmax\", got \""
-           << s << "\"";
+           << excerpt(s) << "\"";
 }
 
 // {type, factor, original_max_position_embeddings, beta_fast, beta_slow};
