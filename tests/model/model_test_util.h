@@ -9,9 +9,12 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <initializer_list>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "lockstep/base/error.h"
 #include "lockstep/model/config.h"
@@ -103,6 +106,34 @@ inline ModelConfig tiny_dense_config() {
   c.intermediate_size = 20;
   c.tie_word_embeddings = true;
   return c;
+}
+
+// Calls parse on `base` with each field, and each field of a nested object, in
+// turn replaced by a string of kilobytes: any Error it throws must be a line
+// (an excerpt of the value), not a copy of it. Returns the cases tried.
+inline size_t expect_short_errors_for_long_strings(const nlohmann::json& base,
+                                                   const std::function<void(const nlohmann::json&)>& parse) {
+  const std::string y(6000, 'y');
+  std::vector<nlohmann::json> cases;
+  for (auto it = base.begin(); it != base.end(); ++it) {
+    nlohmann::json j = base;
+    j[it.key()] = y;
+    cases.push_back(j);
+    if (it.value().is_object())
+      for (auto in = it.value().begin(); in != it.value().end(); ++in) {
+        nlohmann::json k = base;
+        k[it.key()][in.key()] = y;
+        cases.push_back(k);
+      }
+  }
+  for (const nlohmann::json& j : cases) {
+    try {
+      parse(j);
+    } catch (const lockstep::Error& e) {
+      EXPECT_LT(std::string(e.what()).size(), 512u) << e.what();
+    }
+  }
+  return cases.size();
 }
 
 }  // namespace lockstep::test
