@@ -206,7 +206,8 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
         }
       }
       // One kernel call: rows [r, r + rows) x panels [p, p + np).
-      auto tile = [&](int64_t r, int rows, int64_t p, int np, const char* pf, int64_t pf_step) {
+      auto tile = [&](int64_t r, int rows, int64_t p, int np, const char* pf, int64_t pf_step,
+                      int64_t pf_ps) {
         TileArgs g;
         g.a = pack_a ? apack.get() + (r - m0) * T : pb.a + r * pb.a_stride;
         g.as = pack_a ? rows : pb.a_stride;
@@ -218,7 +219,8 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
         g.ncols = pb.C - p * kPanel;
         g.accumulate = pb.accumulate;
         g.pf = pf ? pf : static_cast<const char*>(g.b);
-        g.pf_step = pf_step;
+        g.pf_step = pf ? pf_step : 0;
+        g.pf_ps = pf ? pf_ps : 0;
         if (has_scales(kind)) {
           g.scales = pw->panel_scales.as<float>() + p * KB * kPanel;
           g.sps = KB * kPanel;
@@ -230,7 +232,7 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
         // A panel fits in L1: it stays there while the row tiles of the
         // (L2-sized) row block stream past it.
         for (int64_t p = c0; p < c1; ++p)
-          for_row_tiles(m0, m1, max_rows, [&](int64_t r, int rows) { tile(r, rows, p, 1, nullptr, 0); });
+          for_row_tiles(m0, m1, max_rows, [&](int64_t r, int rows) { tile(r, rows, p, 1, nullptr, 0, 0); });
         continue;
       }
       for (int64_t b0 = c0; b0 < c1; b0 += block) {
@@ -238,18 +240,26 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
         // Decode with two row tiles: the second re-reads the block from L2, so
         // it prefetches the next block from DRAM meanwhile.
         const bool prefetch_next = direct && m1 - m0 > max_rows && m1 - m0 <= 2 * max_rows && b1 < c1;
+        // Decode with one row tile reads each panel once: each call prefetches
+        // the next group's panels, line for line as it reads its own, so the
+        // memory system always has the next streams in flight.
+        const bool prefetch_group = direct && m1 - m0 <= max_rows;
         for_row_tiles(m0, m1, max_rows, [&](int64_t r, int rows) {
           const int want = preferred_panels(rows);
           const bool last_tile = r + rows == m1;
           for (int64_t p = b0; p < b1;) {
             const int np = b1 - p >= want ? want : 1;
+            const char* here = static_cast<const char*>(panel(p));
             if (prefetch_next && last_tile) {
               // Blocks are contiguous runs of panels: walk the next one at the
               // rate this tile walks its np panels.
-              tile(r, rows, p, np, static_cast<const char*>(panel(p)) + block * stored_panel_bytes,
-                   np * row_bytes);
+              tile(r, rows, p, np, here + block * stored_panel_bytes, np * row_bytes, 0);
+            } else if (prefetch_group && p + np < p1) {
+              const int64_t next = std::min<int64_t>(np, p1 - (p + np));
+              tile(r, rows, p, np, here + np * stored_panel_bytes, row_bytes,
+                   next == np ? stored_panel_bytes : 0);
             } else {
-              tile(r, rows, p, np, nullptr, 0);
+              tile(r, rows, p, np, nullptr, 0, 0);
             }
             p += np;
           }

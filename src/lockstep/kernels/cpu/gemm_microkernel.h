@@ -75,11 +75,13 @@ struct TileArgs {
   const float* scales = nullptr;
   int64_t sps = 0;
   int64_t block_k = 0;  // t per scale block
-  // A line to prefetch per t (pf + t * pf_step bytes): the next block of
-  // panels while the last row tile re-reads this one, so DRAM keeps streaming.
-  // pf_step = 0 prefetches one harmless line over and over.
+  // Lines to prefetch per t: pf + t * pf_step + p * pf_ps bytes for each of the
+  // tile's NP panels p (the next block of panels while the last row tile
+  // re-reads this one, or the next panel group of a lone row tile), so DRAM
+  // keeps streaming. pf_step = pf_ps = 0 prefetches one harmless line.
   const char* pf = nullptr;
   int64_t pf_step = 0;
+  int64_t pf_ps = 0;
 };
 
 // Stores one finished 16-column row: c = acc or c = c + acc, only the first
@@ -176,7 +178,8 @@ void micro_tile(const TileArgs& g) {
       const char* pf = g.pf + t0 * g.pf_step;
 #pragma GCC unroll 2
       for (int64_t t = t0; t < t1; ++t, pf += g.pf_step) {
-        _mm_prefetch(pf, _MM_HINT_T0);
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; ++p) _mm_prefetch(pf + p * g.pf_ps, _MM_HINT_T0);
         __m256 bv[NV];
 #pragma GCC unroll 4
         for (int p = 0; p < NP; ++p) load_b<kB>(bp[p], t * kPanel, s_lo[p], s_hi[p], bv[2 * p], bv[2 * p + 1]);
