@@ -137,6 +137,41 @@ BKind stored_kind(const PackedWeight* pw) {
   return pw->mxfp4 ? BKind::FP4 : BKind::FP8;
 }
 
+// Stages panels [c0, c1) of B as f32 panels in `out`: rows of an in-place
+// weight, widened packed panels, or a plain matrix.
+void stage_chunk(const Problem& pb, BKind stored, int64_t KB, int64_t block_k, int64_t c0, int64_t c1,
+                 float* out) {
+  const PackedWeight* pw = pb.packed;
+  const int64_t T = pb.T;
+  const int64_t panel_elems = T * kPanel;
+  if (pw && pw->in_place()) {
+    stage_row_panels(pw->rows, pw->rows_ld, T, c0 * kPanel, c1 - c0, pb.C, out);
+  } else if (pw) {
+    const int64_t stored_panel_bytes = T * pw->row_bytes();
+    for (int64_t p = c0; p < c1; ++p) {
+      const float* sc = has_scales(stored) ? pw->panel_scales.as<float>() + p * KB * kPanel : nullptr;
+      widen_panel(stored, static_cast<const char*>(pw->data.data()) + p * stored_panel_bytes, sc, block_k, T,
+                  out + (p - c0) * panel_elems);
+    }
+  } else {
+    pack_plain_panels(pb.plain, pb.plain_bf16, pb.plain_ld, T, c0 * kPanel, c1 - c0, pb.C, out);
+  }
+}
+
+// A rows [m0, m1) of a RowsContiguous operand as (T, rows) per row tile: read
+// transposed (dY columns, a power-of-two row stride apart) they would
+// otherwise map every t to the same cache sets.
+void pack_a_tiles(const Problem& pb, int64_t m0, int64_t m1, int max_rows, float* out) {
+  const int64_t T = pb.T;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* src = pb.a + t * pb.a_stride;
+    for_row_tiles(m0, m1, max_rows, [&](int64_t r, int rows) {
+      float* dst = out + (r - m0) * T + t * rows;
+      for (int i = 0; i < rows; ++i) dst[i] = src[r + i];
+    });
+  }
+}
+
 void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
   const int64_t T = pb.T;
   const PackedWeight* pw = pb.packed;
@@ -173,19 +208,7 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
 
   for (int64_t c0 = p0; c0 < p1; c0 += chunk) {
     const int64_t c1 = std::min(p1, c0 + chunk);
-    if (!direct) {
-      if (pw && pw->in_place()) {
-        stage_row_panels(pw->rows, pw->rows_ld, T, c0 * kPanel, c1 - c0, pb.C, scratch.get());
-      } else if (pw) {
-        for (int64_t p = c0; p < c1; ++p) {
-          const float* sc = has_scales(stored) ? pw->panel_scales.as<float>() + p * KB * kPanel : nullptr;
-          widen_panel(stored, static_cast<const char*>(pw->data.data()) + p * stored_panel_bytes, sc, block_k,
-                      T, scratch.get() + (p - c0) * panel_elems);
-        }
-      } else {
-        pack_plain_panels(pb.plain, pb.plain_bf16, pb.plain_ld, T, c0 * kPanel, c1 - c0, pb.C, scratch.get());
-      }
-    }
+    if (!direct) stage_chunk(pb, stored, KB, block_k, c0, c1, scratch.get());
     // Panel p of this chunk, as the kernels read it.
     auto panel = [&](int64_t p) -> const void* {
       return direct ? static_cast<const void*>(static_cast<const char*>(pw->data.data()) +
@@ -194,17 +217,7 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
     };
     for (int64_t m0 = r0; m0 < r1; m0 += a_rows) {
       const int64_t m1 = std::min(r1, m0 + a_rows);
-      if (pack_a) {
-        // (T, rows) per row tile: A read transposed (dY columns, a power-of-two
-        // row stride apart) would otherwise map every t to the same cache sets.
-        for (int64_t t = 0; t < T; ++t) {
-          const float* src = pb.a + t * pb.a_stride;
-          for_row_tiles(m0, m1, max_rows, [&](int64_t r, int rows) {
-            float* dst = apack.get() + (r - m0) * T + t * rows;
-            for (int i = 0; i < rows; ++i) dst[i] = src[r + i];
-          });
-        }
-      }
+      if (pack_a) pack_a_tiles(pb, m0, m1, max_rows, apack.get());
       // One kernel call: rows [r, r + rows) x panels [p, p + np).
       auto tile = [&](int64_t r, int rows, int64_t p, int np, const char* pf, int64_t pf_step,
                       int64_t pf_ps) {
