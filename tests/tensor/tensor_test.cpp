@@ -1,13 +1,17 @@
 // Tests for tensor/: dtype conversions against brute-force references at the
 // special values, and the Tensor view's shape checks.
+#include "lockstep/tensor/tensor.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <fstream>
 #include <limits>
 #include <random>
+#include <string>
 
 #include "lockstep/tensor/dtype.h"
-#include "lockstep/tensor/tensor.h"
 
 namespace lockstep {
 namespace {
@@ -175,6 +179,42 @@ TEST(Buffer, AlignedAndZeroed) {
   Buffer c = std::move(b);
   EXPECT_EQ(b.data(), nullptr);
   EXPECT_EQ(c.size(), 1000u);
+}
+
+// The resident set of this process (VmRSS), in bytes.
+size_t resident_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmRSS:", 0) == 0) return size_t(std::stoull(line.substr(6))) * 1024;
+  ADD_FAILURE() << "no VmRSS in /proc/self/status";
+  return 0;
+}
+
+// A large buffer is zero without being written, so the pages nobody writes
+// take no memory (the rollout's weight snapshot relies on it).
+TEST(Buffer, UntouchedPagesTakeNoMemory) {
+  constexpr size_t kMiB = 1 << 20;
+  const size_t before = resident_bytes();
+  Buffer b(256 * kMiB);
+  const size_t allocated = resident_bytes();
+  EXPECT_LT(allocated, before + 16 * kMiB) << "a fresh 256 MiB buffer became resident";
+  for (size_t i = 0; i < 64 * kMiB; i += 4096) b.as<uint8_t>()[i] = 1;
+  EXPECT_GE(resident_bytes(), allocated + 60 * kMiB) << "written pages are not resident: the measure is off";
+  for (size_t i = 64 * kMiB; i < 256 * kMiB; i += 4096 * 61) ASSERT_EQ(b.as<uint8_t>()[i], 0) << i;
+}
+
+// Memory handed back and allocated again is zero again.
+TEST(Buffer, ReusedMemoryIsZeroedAgain) {
+  for (size_t n : {size_t(100), size_t(5000), size_t(3) << 20}) {
+    {
+      Buffer b(n);
+      std::memset(b.data(), 0xAB, n);
+    }
+    Buffer c(n);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(c.data()) % 64, 0u);
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(c.as<uint8_t>()[i], 0) << n << " " << i;
+  }
 }
 
 }  // namespace lockstep

@@ -1,6 +1,7 @@
 // The host allocator: aligned, zero-filled host memory.
 #include "lockstep/tensor/allocator.h"
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -14,17 +15,23 @@ namespace {
 class HostAllocator final : public Allocator {
  public:
   const char* name() const override { return "host"; }
-  // Host memory is always zero-filled: nothing on the CPU relies on
-  // poisoning, and a zeroed page costs nothing until touched.
+  // Host memory is always zero-filled, by calloc: it hands out pages fresh
+  // from the kernel without writing them, so a page of a large buffer takes
+  // no memory until it is written (a snapshot's mirror, a KV cache). The
+  // header before the aligned pointer keeps calloc's own pointer.
   void* allocate(size_t bytes, Fill, const char* what) const override {
     if (bytes == 0) return nullptr;
     const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-    void* p = std::aligned_alloc(kAlignment, rounded);
-    LS_CHECK(p != nullptr) << "out of memory allocating " << bytes << " bytes for " << what;
-    std::memset(p, 0, rounded);
-    return p;
+    void* raw = std::calloc(1, rounded + kAlignment + sizeof(void*));
+    LS_CHECK(raw != nullptr) << "out of memory allocating " << bytes << " bytes for " << what;
+    const uintptr_t first = reinterpret_cast<uintptr_t>(raw) + sizeof(void*);
+    void** aligned = reinterpret_cast<void**>((first + kAlignment - 1) / kAlignment * kAlignment);
+    aligned[-1] = raw;
+    return aligned;
   }
-  void release(void* p) const noexcept override { std::free(p); }
+  void release(void* p) const noexcept override {
+    if (p != nullptr) std::free(static_cast<void**>(p)[-1]);
+  }
   bool host_visible() const override { return true; }
   bool holds(const void*) const override { return true; }
   void copy_in(void* dst, const void* src, size_t bytes) const override {
