@@ -78,7 +78,8 @@ struct TileArgs {
   // Lines to prefetch per t: pf + t * pf_step + p * pf_ps bytes for each of the
   // tile's NP panels p (the next block of panels while the last row tile
   // re-reads this one, or the next panel group of a lone row tile), so DRAM
-  // keeps streaming. pf_step = pf_ps = 0 prefetches one harmless line.
+  // keeps streaming. pf_ps = 0 prefetches one line per t; pf_step = pf_ps = 0
+  // one harmless line.
   const char* pf = nullptr;
   int64_t pf_step = 0;
   int64_t pf_ps = 0;
@@ -176,10 +177,11 @@ void micro_tile(const TileArgs& g) {
     }
     if constexpr (kA == ALayout::RowsAlongT) {
       const char* pf = g.pf + t0 * g.pf_step;
+      const int pf_lines = g.pf_ps != 0 ? NP : 1;  // pf_ps = 0: one line, not NP of the same
 #pragma GCC unroll 2
       for (int64_t t = t0; t < t1; ++t, pf += g.pf_step) {
 #pragma GCC unroll 4
-        for (int p = 0; p < NP; ++p) _mm_prefetch(pf + p * g.pf_ps, _MM_HINT_T0);
+        for (int p = 0; p < pf_lines; ++p) _mm_prefetch(pf + p * g.pf_ps, _MM_HINT_T0);
         __m256 bv[NV];
 #pragma GCC unroll 4
         for (int p = 0; p < NP; ++p) load_b<kB>(bp[p], t * kPanel, s_lo[p], s_hi[p], bv[2 * p], bv[2 * p + 1]);
