@@ -278,6 +278,55 @@ TEST(ModelForward, RoutingReplayUsesTheReplayedExpertsNotTheRoutersChoice) {
   EXPECT_GT(changed, got.logits.numel() / 2) << "replay should change the logits of an un-replayed forward";
 }
 
+// A snapshot (ModelWeights::SnapshotOf) reads the bits of the weights over
+// its source, keeps them when the source changes afterwards, takes the new
+// ones at refresh, and copies only the tensors read unpacked: for every
+// family (tied embedding, biases, shared experts, score bias) and storage.
+std::vector<float> logits_of(const Context& ctx, const ModelWeights& w, const ModelConfig& c) {
+  auto b = full_batch({random_tokens(7, int(c.vocab_size), 1), random_tokens(5, int(c.vocab_size), 2)}, 4, 8);
+  KvCache kv(c, 64, 4);
+  Workspace ws;
+  ForwardResult r;
+  forward(ctx, w, kv, ws, b, {}, &r);
+  return std::vector<float>(r.logits.f32(), r.logits.f32() + r.logits.numel());
+}
+
+TEST(ModelWeights, SnapshotKeepsItsVersionAndCopiesOnlyTheUnpackedTensors) {
+  ModelConfig tied = tiny_dense(false, true);
+  tied.tie_word_embeddings = true;
+  for (const ModelConfig& c : {tied, tiny_dense(true, false), tiny_moe(false), tiny_moe(true)}) {
+    for (DType storage : {DType::F32, DType::BF16, DType::FP8E4M3}) {
+      Fixture f(c);
+      const int64_t block = storage == DType::FP8E4M3 ? 16 : 0;
+      ModelWeights snap(f.ctx, f.layout, ModelWeights::SnapshotOf{f.buf.as<float>()}, storage, block);
+      const std::vector<float> before =
+          logits_of(f.ctx, ModelWeights(f.ctx, f.layout, f.buf.as<float>(), storage, block), c);
+      const std::vector<float> got = logits_of(f.ctx, snap, c);
+      test::expect_bits_equal(got.data(), before.data(), int64_t(got.size()), "snapshot logits");
+
+      // The unpacked tensors: the embedding, norms and biases at most.
+      size_t unpacked = size_t(c.vocab_size * c.hidden_size) * sizeof(float);
+      for (const auto& p : f.layout.params())
+        if (p.kind != ParamKind::Matrix) unpacked += size_t(p.numel) * sizeof(float);
+      EXPECT_EQ(snap.snapshot_bytes(), unpacked);
+      EXPECT_EQ(ModelWeights(f.ctx, f.layout, f.buf.as<float>()).snapshot_bytes(), 0u);
+
+      // The owner writes the next version: the snapshot still gives the old bits.
+      auto noise = test::randn(f.layout.numel(), 5, 0.05f);
+      for (int64_t i = 0; i < f.layout.numel(); ++i) f.buf.as<float>()[i] += noise[size_t(i)];
+      const std::vector<float> kept = logits_of(f.ctx, snap, c);
+      test::expect_bits_equal(kept.data(), before.data(), int64_t(kept.size()), "snapshot after a write");
+      snap.refresh(f.ctx, 2);
+      const std::vector<float> after =
+          logits_of(f.ctx, ModelWeights(f.ctx, f.layout, f.buf.as<float>(), storage, block), c);
+      const std::vector<float> fresh = logits_of(f.ctx, snap, c);
+      test::expect_bits_equal(fresh.data(), after.data(), int64_t(fresh.size()), "snapshot after refresh");
+      EXPECT_NE(std::memcmp(after.data(), before.data(), after.size() * sizeof(float)), 0);
+      EXPECT_EQ(snap.version(), 2u);
+    }
+  }
+}
+
 // With fp8 weights the forward quantizes each projection's input per token
 // and per 128 channels (power-of-two scales) before the GEMM: attn_out is
 // quantize(attn) · Woᵀ, not attn · Woᵀ. Both engines share this function, so

@@ -212,6 +212,27 @@ TEST(V4Alignment, ChunkingDecodeBatchingThreadsAndBlockOrderGiveIdenticalBits) {
   test::expect_bits_equal(rb.logits.data() + 9 * V, ref.logits.data(), int64_t(L) * V, "batched logits");
 }
 
+// A snapshot of the V4 weights (mHC mixes, sinks, compressor positions and
+// norms read unpacked; MTP blocks packed) gives the same logits, MTP's too,
+// and keeps them when its source is written.
+TEST(V4Forward, SnapshotWeightsGiveTheSameBitsAndKeepTheirVersion) {
+  ModelConfig c = tiny_v4();
+  c.num_nextn_predict_layers = 1;
+  c.compress_ratios.push_back(0);
+  Fixture f(c);
+  const RaggedBatch b = full_batch({random_tokens(37, int(c.vocab_size), 3)}, 12);
+  const RunOut want = run(f, b, 12, 4, /*mtp=*/true);
+  f.weights = std::make_unique<ModelWeights>(f.ctx, f.layout, ModelWeights::SnapshotOf{f.buf.as<float>()});
+  EXPECT_LT(f.weights->snapshot_bytes(), f.layout.nbytes() / 4);
+  std::fill(f.buf.as<float>(), f.buf.as<float>() + f.layout.numel(), 0.5f);
+  const RunOut got = run(f, b, 12, 4, /*mtp=*/true);
+  ASSERT_EQ(got.logits.size(), want.logits.size());
+  test::expect_bits_equal(got.logits.data(), want.logits.data(), int64_t(got.logits.size()),
+                          "snapshot logits");
+  EXPECT_EQ(got.experts, want.experts);
+  EXPECT_EQ(got.indexer, want.indexer);
+}
+
 // Two sequences sharing a 12-token prefix in the same physical blocks, the
 // second one's suffix decoded after the first has gone further: the shared
 // blocks hold only entries of the prefix, so both match their own prefill.

@@ -203,9 +203,10 @@ void rl_benches(perf::RlBenchOptions o, const Args& args) {
       << mem.str()
       << "\nPeak resident memory of the RL run above the process before the trainer existed, in bytes per\n"
          "parameter: the trainer's master, packed copy, widened weights, gradients and moments; the KL\n"
-         "reference's weights; the rollout's own master and packed copies (fast mode, staleness 1; the\n"
-         "aligned rollout reads the trainer's packed weights); its KV cache as allocated; the rest is\n"
-         "activations, logits and workspace.\n";
+         "reference's weights; the rollout's own packed copy (fast mode or staleness 1: the aligned\n"
+         "rollout in step reads the trainer's) and, staleness 1, its copy of the tensors read unpacked\n"
+         "(rollout master: embedding, norms, biases); its KV cache as allocated (pages it never wrote\n"
+         "take no memory); the rest is activations, logits and workspace.\n";
 }
 
 int run_train(const Args& args) {

@@ -1,6 +1,7 @@
 // Packing of every projection of the model for the GEMM kernels.
 #include "lockstep/model/weights.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "lockstep/base/error.h"
@@ -11,10 +12,19 @@ namespace lockstep::model {
 namespace {
 using Pack = ModelWeights::Pack;
 
+// Appends the range of how.base that the 2-D view w covers (rows may be strided).
+void note_source(const Pack& how, const Tensor& w) {
+  if (how.sources == nullptr) return;
+  LS_CHECK(w.ndim == 2) << "ModelWeights: a projection of " << w.ndim << " dimensions";
+  const int64_t first = static_cast<const float*>(w.data) - how.base;
+  how.sources->push_back({first, (w.shape[0] - 1) * w.stride[0] + w.shape[1]});
+}
+
 // rows: the first rows of w's constituent Hugging Face tensors (fp8 scale
 // blocks restart at each, as that tensor's own checkpoint blocks); {} for one.
 void pack_into(const Context& ctx, kernels::PackedWeight& pw, const Tensor& w, DType storage, int64_t block,
                Pack how, std::vector<int64_t> rows = {}) {
+  note_source(how, w);
   if (how.in_place && storage == DType::F32) {  // the kernels read the master's rows
     pw = kernels::in_place_weight(w);
     return;
@@ -31,7 +41,10 @@ void pack_expert_into(const Context& ctx, kernels::PackedWeight& pw, const Tenso
                       DType storage, int64_t block, Pack how, std::vector<int64_t> rows = {}) {
   if (!mxfp4) {
     pack_into(ctx, pw, w, storage, block, how, std::move(rows));
-  } else if (how.fresh || !pw.mxfp4) {
+    return;
+  }
+  note_source(how, w);
+  if (how.fresh || !pw.mxfp4) {
     pw = kernels::pack_weight_mxfp4(ctx, w);
   } else {
     kernels::repack_weight(ctx, pw, w);
@@ -78,8 +91,57 @@ ModelWeights::ModelWeights(const Context& ctx, const ParamLayout& layout, float*
     effective_flat_ = Buffer(layout.nbytes(), memory, Fill::Zero, "effective weights");
     effective_ = bind(layout, effective_flat_.as<float>());
   }
-  pack_all(ctx, Pack{true, in_place_});
-  const ModelConfig& c = layout.config();
+  pack_all(ctx, params_, Pack{true, in_place_});
+  make_tables(ctx);
+}
+
+ModelWeights::ModelWeights(const Context& ctx, const ParamLayout& layout, SnapshotOf source, DType storage,
+                           int64_t fp8_block)
+    : layout_(&layout),
+      source_(source.params),
+      snapshot_(true),
+      source_params_(bind(layout, const_cast<float*>(source.params))),
+      storage_(storage),
+      fp8_block_(fp8_block) {
+  LS_CHECK(ctx.gpu == nullptr) << "ModelWeights: a snapshot is on the CPU only";
+  mirror_ = Buffer(layout.nbytes(), kernels::device_memory(ctx), Fill::Undefined, "model weights snapshot");
+  flat_ = mirror_.as<float>();
+  params_ = bind(layout, flat_);
+  layers_.resize(params_.layers.size());
+  std::vector<ParamRange> packed;
+  pack_all(ctx, source_params_, Pack{true, false, source_, &packed});
+  find_unpacked(std::move(packed));
+  copy_unpacked();
+  make_tables(ctx);
+}
+
+// unpacked_ = [0, numel) less the union of `packed`.
+void ModelWeights::find_unpacked(std::vector<ParamRange> packed) {
+  std::sort(packed.begin(), packed.end(),
+            [](const ParamRange& a, const ParamRange& b) { return a.offset < b.offset; });
+  unpacked_.clear();
+  int64_t at = 0;
+  for (const ParamRange& r : packed) {
+    if (r.offset > at) unpacked_.push_back({at, r.offset - at});
+    at = std::max(at, r.offset + r.numel);
+  }
+  if (layout_->numel() > at) unpacked_.push_back({at, layout_->numel() - at});
+}
+
+void ModelWeights::copy_unpacked() {
+  for (const ParamRange& r : unpacked_)
+    std::memcpy(flat_ + r.offset, source_ + r.offset, size_t(r.numel) * sizeof(float));
+}
+
+size_t ModelWeights::snapshot_bytes() const {
+  size_t n = 0;
+  for (const ParamRange& r : unpacked_) n += size_t(r.numel) * sizeof(float);
+  return n;
+}
+
+void ModelWeights::make_tables(const Context& ctx) {
+  const ModelConfig& c = layout_->config();
+  const Allocator& memory = kernels::device_memory(ctx);
   if (!c.is_v4()) {
     rope_ = kernels::make_rope_table(ctx, c.head_dim, c.rope_theta, c.max_position_embeddings);
     return;
@@ -130,8 +192,13 @@ void ModelWeights::unpack_v4_attention(const Context& ctx, const PackedLayer& q,
 }
 
 void ModelWeights::refresh(const Context& ctx, uint64_t version) {
-  if (source_ != nullptr) mirror_.memory().copy_in(flat_, source_, layout_->nbytes());
-  pack_all(ctx, Pack{false, in_place_});
+  if (snapshot_) {
+    copy_unpacked();
+    pack_all(ctx, source_params_, Pack{false, false});
+  } else {
+    if (source_ != nullptr) mirror_.memory().copy_in(flat_, source_, layout_->nbytes());
+    pack_all(ctx, params_, Pack{false, in_place_});
+  }
   version_ = version;
 }
 
@@ -165,18 +232,21 @@ void ModelWeights::pack_layer(const Context& ctx, const LayerParams& p, PackedLa
   if (p.shared_gate.data != nullptr) pack_into(ctx, q.shared_gate, p.shared_gate, DType::F32, 0, how);
 }
 
-void ModelWeights::pack_all(const Context& ctx, Pack how) {
-  for (size_t i = 0; i < params_.layers.size(); ++i) pack_layer(ctx, params_.layers[i], layers_[i], how);
+void ModelWeights::pack_all(const Context& ctx, const ModelParams& from, Pack how) {
+  for (size_t i = 0; i < from.layers.size(); ++i) pack_layer(ctx, from.layers[i], layers_[i], how);
   // DeepSeek-V4's MTP blocks (layers L + j) and their input projections.
-  mtp_.resize(params_.mtp.size());
-  for (size_t j = 0; j < params_.mtp.size(); ++j) {
-    const MtpParams& p = params_.mtp[j];
+  mtp_.resize(from.mtp.size());
+  for (size_t j = 0; j < from.mtp.size(); ++j) {
+    const MtpParams& p = from.mtp[j];
     pack_layer(ctx, p.block, mtp_[j].block, how);
     pack_into(ctx, mtp_[j].e_proj, p.e_proj, storage_, fp8_block_, how);
     pack_into(ctx, mtp_[j].h_proj, p.h_proj, storage_, fp8_block_, how);
   }
-  // DeepSeek-V4 holds its output head in f32 (the official code does).
-  pack_into(ctx, lm_head_, params_.lm_head, config().is_v4() ? DType::F32 : storage_, fp8_block_, how);
+  // DeepSeek-V4 holds its output head in f32 (the official code does). A
+  // tied head is the embedding, which the forward also reads unpacked.
+  Pack head = how;
+  if (from.lm_head.data == from.embed.data) head.sources = nullptr;
+  pack_into(ctx, lm_head_, from.lm_head, config().is_v4() ? DType::F32 : storage_, fp8_block_, head);
   if (effective_flat_.size()) unpack_effective(ctx);
 }
 

@@ -76,16 +76,34 @@ class ModelWeights {
                int64_t fp8_block = 0, ExpertShard experts = {}, bool effective = false,
                bool in_place = false);
 
+  // A snapshot of `params` on the CPU, for an engine that goes on reading one
+  // version while the owner of `params` writes the next (a rollout one step
+  // ahead of training): the projections are packed from `params`, and the
+  // tensors the kernels read unpacked (embedding, norms, biases, ...) are
+  // copied into a buffer of the weights' own. That buffer spans the layout so
+  // the views keep their offsets, but only those ranges are ever written: the
+  // pages under the packed projections are never touched and take no memory.
+  // refresh() re-reads `params`, which must outlive this object; nothing
+  // else reads it.
+  struct SnapshotOf {
+    const float* params;
+  };
+  ModelWeights(const Context& ctx, const ParamLayout& layout, SnapshotOf source, DType storage = DType::F32,
+               int64_t fp8_block = 0);
+
   // How pack_all treats each projection: packed afresh or repacked after an
   // update; in_place binds f32 ones to the master's rows instead.
   struct Pack {
     bool fresh = true;
     bool in_place = false;
+    // When set, each projection packed appends the range of `base` it read.
+    const float* base = nullptr;
+    std::vector<ParamRange>* sources = nullptr;
   };
 
   // Repacks every projection from the master copy (after an optimizer step or
-  // a weight load; copying it to the device first when it is on the host) and
-  // sets the version.
+  // a weight load; copying it to the device first when it is on the host, or
+  // re-reading a snapshot's source) and sets the version.
   void refresh(const Context& ctx, uint64_t version);
 
   const ModelConfig& config() const { return layout_->config(); }
@@ -119,9 +137,19 @@ class ModelWeights {
   uint64_t version() const { return version_; }
   // The projections are read from the master in place (the in_place option took).
   bool in_place() const { return in_place_; }
+  // A snapshot: the bytes of the tensors it copies (its own resident master);
+  // otherwise 0.
+  size_t snapshot_bytes() const;
 
  private:
-  void pack_all(const Context& ctx, Pack how);
+  // Packs every projection of `from` (params_, or a snapshot's source).
+  void pack_all(const Context& ctx, const ModelParams& from, Pack how);
+  // A snapshot: copies the ranges outside `packed` from source_ (once, to
+  // find them) and at each refresh.
+  void find_unpacked(std::vector<ParamRange> packed);
+  void copy_unpacked();
+  // The common tail of both constructors: the rope tables (and V4's ones).
+  void make_tables(const Context& ctx);
   void unpack_effective(const Context& ctx);
 
   const ParamLayout* layout_;
@@ -129,6 +157,9 @@ class ModelWeights {
   const float* source_ = nullptr;  // the host master mirror_ copies (null: no mirror)
   Buffer mirror_;
   ModelParams params_;
+  bool snapshot_ = false;
+  ModelParams source_params_;         // a snapshot: the views over source_ it packs
+  std::vector<ParamRange> unpacked_;  // a snapshot: the ranges mirror_ holds
   DType storage_;
   int64_t fp8_block_;
   bool in_place_ = false;

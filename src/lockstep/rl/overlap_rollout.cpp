@@ -1,7 +1,6 @@
 // The one-process rollout that generates ahead of training.
 #include "lockstep/rl/overlap_rollout.h"
 
-#include <cstring>
 #include <map>
 
 #include "lockstep/base/error.h"
@@ -12,11 +11,11 @@
 namespace lockstep::rl {
 
 OverlapRollout::OverlapRollout(train::Trainer& trainer, const rollout::RolloutSection& cfg, uint64_t seed,
-                           int64_t threads)
+                               int64_t threads)
     : pool_(make_pool(threads > 0 ? threads : trainer.context().threads())),
       ctx_(trainer.context()),
       seed_(seed),
-      master_(trainer.model_layout().nbytes()) {
+      sync_bytes_(trainer.model_layout().nbytes()) {
   if (trainer.expert_comm() != nullptr)
     LS_THROW << "[dist] max_weight_staleness = 1 in one process does not cover expert parallelism "
              << "(use rollout ranks: [dist] rollout_ranks > 0)";
@@ -26,8 +25,9 @@ OverlapRollout::OverlapRollout(train::Trainer& trainer, const rollout::RolloutSe
   ctx_.pool = pool_.get();
   const DType storage = rollout::precision_dtype(cfg.precision);
   aligned_ = storage == trainer.trainer_config().precision;
-  std::memcpy(master_.data(), trainer.params(), master_.size());
-  weights_ = std::make_unique<model::ModelWeights>(ctx_, trainer.model_layout(), master_.as<float>(), storage,
+  source_ = trainer.params();
+  weights_ = std::make_unique<model::ModelWeights>(ctx_, trainer.model_layout(),
+                                                   model::ModelWeights::SnapshotOf{source_}, storage,
                                                    storage == DType::FP8E4M3 ? cfg.fp8_block : 0);
   weights_->refresh(ctx_, trainer.version());
   rollout::EngineConfig ec = cfg.engine;
@@ -36,7 +36,7 @@ OverlapRollout::OverlapRollout(train::Trainer& trainer, const rollout::RolloutSe
 }
 
 RolloutBackend::Memory OverlapRollout::memory() const {
-  return {master_.size(), model::packed_bytes(*weights_), engine_->kv_bytes()};
+  return {weights_->snapshot_bytes(), model::packed_bytes(*weights_), engine_->kv_bytes()};
 }
 
 OverlapRollout::~OverlapRollout() {
@@ -89,8 +89,8 @@ std::vector<rollout::RequestResult> OverlapRollout::generate(std::vector<rollout
 
 void OverlapRollout::sync(train::Trainer& trainer) {
   LS_CHECK(!in_flight_) << "OverlapRollout::sync while a batch is in flight (collect it first)";
-  std::memcpy(master_.data(), trainer.params(), master_.size());
-  weights_->refresh(ctx_, trainer.version());
+  LS_CHECK(trainer.params() == source_) << "OverlapRollout::sync: the trainer's master moved";
+  weights_->refresh(ctx_, trainer.version());  // the trainer is idle: nobody writes its master now
   engine_->update_weights(weights_.get());  // drops KV state built on the old weights
 }
 

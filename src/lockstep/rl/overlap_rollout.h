@@ -1,8 +1,10 @@
 // Rollout one step ahead of training in one process ([dist]
 // max_weight_staleness = 1 with rollout_ranks = 0 and a single trainer): the
 // rollout engine runs on a thread of its own with a thread pool of its own,
-// on its own copy of the weights, so it generates step k+1's first round
-// while the trainer trains step k and repacks its weights in place. The
+// on a snapshot of the weights (its own packed projections and a copy of the
+// few tensors read unpacked, model::ModelWeights::SnapshotOf), so it
+// generates step k+1's first round while the trainer trains step k and
+// updates its master in place. The
 // semantics are those of MpiRollout's submit/collect: a batch is generated
 // on the weights of the last sync, requests without a seed get the one
 // fill_missing_seeds gives them (the same call count), and the engine's
@@ -25,18 +27,18 @@ namespace lockstep::rl {
 class OverlapRollout : public RolloutBackend {
  public:
   // threads: the engine's pool (<= 0: as many as the trainer's). The weights
-  // are copied from the trainer now and at every sync. Error for an
+  // are packed from the trainer's master now and at every sync. Error for an
   // expert-parallel trainer or a GPU context (not covered).
   OverlapRollout(train::Trainer& trainer, const rollout::RolloutSection& cfg, uint64_t seed, int64_t threads);
   ~OverlapRollout() override;
 
   std::vector<rollout::RequestResult> generate(std::vector<rollout::Request> requests, const RolloutProgress& progress,
                                                int64_t* generated_tokens) override;
-  // Copies the trainer's f32 master and repacks this engine's weights; only
-  // between a collect and the next submit.
+  // Repacks this engine's weights from the trainer's f32 master (and copies
+  // its unpacked tensors); only between a collect and the next submit.
   void sync(train::Trainer& trainer) override;
   bool aligned() const override { return aligned_; }
-  size_t last_sync_bytes() const override { return master_.size(); }
+  size_t last_sync_bytes() const override { return sync_bytes_; }
   Memory memory() const override;
   bool can_overlap() const override { return true; }
   // Starts generating on the engine's thread and returns at once.
@@ -59,7 +61,8 @@ class OverlapRollout : public RolloutBackend {
   bool aligned_ = true;
   uint64_t seed_;
   uint64_t calls_ = 0;
-  Buffer master_;  // the f32 master of the last sync
+  size_t sync_bytes_;              // the f32 master a sync reads
+  const float* source_ = nullptr;  // the trainer's master
   std::unique_ptr<model::ModelWeights> weights_;
   std::unique_ptr<rollout::Engine> engine_;
   std::optional<std::future<Batch>> in_flight_;
