@@ -42,8 +42,7 @@ struct RlBenchResult {
   size_t peak_rss = 0;
   size_t master = 0, packed = 0, effective = 0, grads = 0, moments = 0;  // the trainer's, as in bench train
   size_t reference = 0;  // kl_coef > 0: the reference's f32 parameters and packed weights
-  size_t rollout_master = 0,
-         rollout_packed = 0;  // the rollout's own copies (snapshot's unpacked tensors, packed)
+  size_t rollout_master = 0, rollout_packed = 0;  // the rollout's own copies (unpacked, packed)
   size_t kv_cache = 0;                            // the rollout engine's KV cache (allocated)
   size_t rest() const;  // peak_rss minus the above (activations, workspace, logits, allocator slack)
 };

@@ -1,9 +1,9 @@
 // The host allocator: aligned, zero-filled host memory.
 #include "lockstep/tensor/allocator.h"
 
-#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 
 #include "lockstep/base/error.h"
 #include "lockstep/tensor/tensor.h"
@@ -24,8 +24,9 @@ class HostAllocator final : public Allocator {
     const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
     void* raw = std::calloc(1, rounded + kAlignment + sizeof(void*));
     LS_CHECK(raw != nullptr) << "out of memory allocating " << bytes << " bytes for " << what;
-    const uintptr_t first = reinterpret_cast<uintptr_t>(raw) + sizeof(void*);
-    void** aligned = reinterpret_cast<void**>((first + kAlignment - 1) / kAlignment * kAlignment);
+    void* first = static_cast<char*>(raw) + sizeof(void*);
+    size_t space = rounded + kAlignment;
+    void** aligned = static_cast<void**>(std::align(kAlignment, rounded, first, space));
     aligned[-1] = raw;
     return aligned;
   }
