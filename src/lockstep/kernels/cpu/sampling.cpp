@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "lockstep/base/error.h"
+#include "lockstep/kernels/cpu/simd.h"
 #include "lockstep/kernels/gpu/backend.h"
 
 namespace lockstep::kernels {
@@ -37,6 +38,28 @@ std::vector<int32_t> sorted_prefix(const float* z, int64_t V, int64_t K) {
   return ids;
 }
 
+// w[j] = weight_of(x_j, m) for the K candidates (ids, or 0..V-1 when empty),
+// x = scaled(rank_value(z), T) and m the largest x over the whole row, in
+// array form: one pass of ranks, m from their max, then the vector exp.
+// Bits: the scalar definition's. Division by T > 0 is monotone, so the max of
+// the x is the max rank divided by T; vexp is num::exp element for element; a
+// max of -0 where the definition's running max kept +0 (or the reverse)
+// changes neither x == m nor x - m.
+void candidate_weights(const float* z, int64_t V, const std::vector<int32_t>& ids, float T, float* w) {
+  const int64_t K = ids.empty() ? V : int64_t(ids.size());
+  std::vector<float> x(static_cast<size_t>(std::max(V, K)));  // (V) ranks, then (K) scaled
+  for (int64_t i = 0; i < V; ++i) x[size_t(i)] = rank_value(z[i]);
+  const float m = scaled(max_reduce(x.data(), V), T);
+  if (!ids.empty()) {
+    for (int64_t j = 0; j < K; ++j) x[size_t(j)] = rank_value(z[ids[size_t(j)]]);
+  }
+  for (int64_t j = 0; j < K; ++j) x[size_t(j)] = scaled(x[size_t(j)], T);
+  for (int64_t j = 0; j < K; ++j) w[j] = gpu::ls_sub(x[size_t(j)], m);
+  vexp(w, w, K);
+  for (int64_t j = 0; j < K; ++j)
+    if (x[size_t(j)] == m) w[j] = 1.0f;
+}
+
 // The first j < n with t < cum[j] (the caller guarantees cum[n-1] > t).
 int64_t first_above(const std::vector<double>& cum, int64_t n, double t) {
   int64_t j = 0;
@@ -51,19 +74,14 @@ int32_t sample_row(const float* z, int64_t V, const SampleSpec& s, double u) {
   const int mode = mode_of(s, V);
   if (mode == kGreedy) return greedy(z, V);
   const float T = s.temperature;
-  float m = scaled(rank_value(z[0]), T);
-  for (int64_t i = 1; i < V; ++i) {
-    const float x = scaled(rank_value(z[i]), T);
-    m = x > m ? x : m;
-  }
   int64_t K = V;
   std::vector<int32_t> ids;  // (K) the candidates; empty: ids in order
   if (mode == kSorted) {
     K = kept_by_k(s, V);
     ids = sorted_prefix(z, V, K);
   }
-  auto id = [&](int64_t j) { return ids.empty() ? j : int64_t(ids[size_t(j)]); };
-  std::vector<float> w(static_cast<size_t>(K));     // (K) weights
+  std::vector<float> w(static_cast<size_t>(K));  // (K) weights
+  candidate_weights(z, V, ids, T, w.data());
   std::vector<double> cum(static_cast<size_t>(K));  // (K) blocked cumulative sums
   double P = 0, q = 0;
   for (int64_t j = 0; j < K; ++j) {
@@ -71,7 +89,6 @@ int32_t sample_row(const float* z, int64_t V, const SampleSpec& s, double u) {
       P = dadd(P, q);
       q = 0;
     }
-    w[size_t(j)] = weight_of(scaled(rank_value(z[id(j)]), T), m);
     q = dadd(q, double(w[size_t(j)]));
     cum[size_t(j)] = dadd(P, q);
   }
@@ -87,7 +104,8 @@ int32_t sample_row(const float* z, int64_t V, const SampleSpec& s, double u) {
     keep = k + 1;
   }
   const double t = target_of(u, cum[size_t(keep - 1)]);
-  return int32_t(id(first_above(cum, keep, t)));
+  const int64_t j = first_above(cum, keep, t);
+  return int32_t(ids.empty() ? j : int64_t(ids[size_t(j)]));
 }
 
 namespace detail {
