@@ -298,7 +298,8 @@ TEST(ModelWeights, SnapshotKeepsItsVersionAndCopiesOnlyTheUnpackedTensors) {
     for (DType storage : {DType::F32, DType::BF16, DType::FP8E4M3}) {
       Fixture f(c);
       const int64_t block = storage == DType::FP8E4M3 ? 16 : 0;
-      ModelWeights snap(f.ctx, f.layout, ModelWeights::SnapshotOf{f.buf.as<float>()}, storage, block);
+      ModelWeights snap(f.ctx, f.layout, ModelWeights::SnapshotOf{f.buf.as<float>(), 7}, storage, block);
+      EXPECT_EQ(snap.version(), 7u);  // packed at construction: no refresh before the first use
       const std::vector<float> before =
           logits_of(f.ctx, ModelWeights(f.ctx, f.layout, f.buf.as<float>(), storage, block), c);
       const std::vector<float> got = logits_of(f.ctx, snap, c);

@@ -102,7 +102,8 @@ ModelWeights::ModelWeights(const Context& ctx, const ParamLayout& layout, Snapsh
       snapshot_(true),
       source_params_(bind(layout, const_cast<float*>(source.params))),
       storage_(storage),
-      fp8_block_(fp8_block) {
+      fp8_block_(fp8_block),
+      version_(source.version) {
   LS_CHECK(ctx.gpu == nullptr) << "ModelWeights: a snapshot is on the CPU only";
   mirror_ = Buffer(layout.nbytes(), kernels::device_memory(ctx), Fill::Undefined, "model weights snapshot");
   flat_ = mirror_.as<float>();

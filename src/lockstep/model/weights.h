@@ -84,9 +84,11 @@ class ModelWeights {
   // the views keep their offsets, but only those ranges are ever written: the
   // pages under the packed projections are never touched and take no memory.
   // refresh() re-reads `params`, which must outlive this object; nothing
-  // else reads it.
+  // else reads it. `version` is the version of what `params` holds now (the
+  // constructor packs it: no refresh is needed before the first use).
   struct SnapshotOf {
     const float* params;
+    uint64_t version = 0;
   };
   ModelWeights(const Context& ctx, const ParamLayout& layout, SnapshotOf source, DType storage = DType::F32,
                int64_t fp8_block = 0);
