@@ -53,6 +53,12 @@ done
 if "$BIN" bench rl --staleness 2 > "$T/bad.txt" 2>&1; then fail "--staleness 2 was accepted"; fi
 grep -q "flag --staleness" "$T/bad.txt" || { cat "$T/bad.txt"; fail "the refusal does not name --staleness"; }
 
+# --bf16-kv is a switch, as the help shows it (it once demanded a value).
+"$BIN" bench rollout --config "$SRC/configs/bench/moe-tiny.toml" --batches 2 --new-tokens 4 --prefill-prompts 1 \
+  --prefill-len 8 --grpo-prompts 1 --grpo-samples 2 --grpo-prompt-len 8 --precision bf16 --bf16-kv \
+  > "$T/kv.txt" 2>&1 || { cat "$T/kv.txt"; fail "bench rollout --bf16-kv"; }
+grep -qE "^ *moe-tiny +bf16 +[0-9]+ +2 " "$T/kv.txt" || { cat "$T/kv.txt"; fail "no bf16 decode row at batch 2"; }
+
 if "$BIN" bench sprint > "$T/bad.txt" 2>&1; then fail "an unknown benchmark was accepted"; fi
 grep -q "unknown benchmark 'sprint'" "$T/bad.txt" || { cat "$T/bad.txt"; fail "the refusal does not name it"; }
 echo PASS

@@ -322,7 +322,7 @@ LS_REGISTER_COMMAND(Command{
     "--device interpret runs the model's kernels through the GPU kernel sources on the CPU\n"
     "(the emulator of docs/gpu.md): its speed, not a GPU's.\n"
     "See docs/benchmarks.md for what each number means.\n",
-    {"recompute", "world-invariant", "packed-copy"},
+    {"recompute", "world-invariant", "packed-copy", "bf16-kv"},
     run_bench});
 
 }  // namespace
