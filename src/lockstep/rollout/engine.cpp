@@ -719,9 +719,18 @@ void Engine::score_draws(std::vector<Draw>& draws) {
         k = std::max(k, p.top_logprobs);
       }
     }
-    Buffer all = gather_rows(kernels::device_memory(ctx_), rows, V);  // (R, V)
+    // Rows that already lie one after another (a decode batch without logit
+    // processors reads the forward's rows in order) are scored in place.
+    Buffer all;
+    const float* first = rows.front();
+    for (size_t j = 0; j < rows.size() && first != nullptr; ++j)
+      if (rows[j] != rows.front() + int64_t(j) * V) first = nullptr;
+    if (first == nullptr) {
+      all = gather_rows(kernels::device_memory(ctx_), rows, V);  // (R, V)
+      first = all.as<float>();
+    }
     std::vector<float> lp;
-    token_logprobs(ctx_, Tensor(all.as<float>(), DType::F32, {int64_t(rows.size()), V}), toks, t, &lp);
+    token_logprobs(ctx_, Tensor(const_cast<float*>(first), DType::F32, {int64_t(rows.size()), V}), toks, t, &lp);
     for (size_t j = 0; j < which.size(); ++j) draws[which[j]].logprob = lp[j];
     if (asking.empty()) continue;
     Buffer ask = gather_rows(kernels::device_memory(ctx_), asking_rows, V);  // (A, V)
@@ -824,6 +833,7 @@ bool Engine::step() {
   }
   const model::RaggedBatch batch = build_batch(chunks);
   model::ForwardResult fr;
+  fr.logits = std::move(logits_);
   run_forward(chunks, batch, &fr);
   record(chunks, fr);
   score_prompts(chunks, fr);
@@ -831,6 +841,7 @@ bool Engine::step() {
   fork_leaders(chunks);
   const std::vector<Draw> draws = sample(chunks, fr);
   apply(draws);
+  logits_ = std::move(fr.logits);
   stats_.sample_s += sampling.seconds();
   for (const Chunk& w : chunks) stats_.prompt_tokens += w.n;
   complete_finished_groups();

@@ -200,6 +200,9 @@ class Engine {
   const model::ModelWeights* pending_weights_ = nullptr;
   model::KvCache kv_;
   model::Workspace ws_;  // forward()'s scratch, kept warm from step to step
+  // The last step's logits buffer, lent to the next step's forward: a decode
+  // batch of unchanged size writes into the same pages instead of fresh ones.
+  OwnedTensor logits_;
   BlockManager blocks_;
 
   mutable std::mutex mu_;  // guards everything below when a loop thread runs
