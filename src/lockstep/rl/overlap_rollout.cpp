@@ -26,9 +26,9 @@ OverlapRollout::OverlapRollout(train::Trainer& trainer, const rollout::RolloutSe
   const DType storage = rollout::precision_dtype(cfg.precision);
   aligned_ = storage == trainer.trainer_config().precision;
   source_ = trainer.params();
-  weights_ = std::make_unique<model::ModelWeights>(ctx_, trainer.model_layout(),
-                                                   model::ModelWeights::SnapshotOf{source_, trainer.version()},
-                                                   storage, storage == DType::FP8E4M3 ? cfg.fp8_block : 0);
+  weights_ = std::make_unique<model::ModelWeights>(
+      ctx_, trainer.model_layout(), model::ModelWeights::SnapshotOf{source_, trainer.version()}, storage,
+      storage == DType::FP8E4M3 ? cfg.fp8_block : 0);
   rollout::EngineConfig ec = cfg.engine;
   ec.seed = seed;
   engine_ = std::make_unique<rollout::Engine>(ctx_, weights_.get(), ec);

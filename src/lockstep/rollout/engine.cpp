@@ -729,8 +729,9 @@ void Engine::score_draws(std::vector<Draw>& draws) {
       all = gather_rows(kernels::device_memory(ctx_), rows, V);  // (R, V)
       first = all.as<float>();
     }
+    const Tensor scored(const_cast<float*>(first), DType::F32, {int64_t(rows.size()), V});  // (R, V)
     std::vector<float> lp;
-    token_logprobs(ctx_, Tensor(const_cast<float*>(first), DType::F32, {int64_t(rows.size()), V}), toks, t, &lp);
+    token_logprobs(ctx_, scored, toks, t, &lp);
     for (size_t j = 0; j < which.size(); ++j) draws[which[j]].logprob = lp[j];
     if (asking.empty()) continue;
     Buffer ask = gather_rows(kernels::device_memory(ctx_), asking_rows, V);  // (A, V)
