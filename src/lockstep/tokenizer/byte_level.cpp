@@ -139,6 +139,10 @@ void write_byte_level_tokenizer(const std::filesystem::path& dir,
     Json d = t;
     d.erase("id");
     added_decoder[std::to_string(id)] = d;
+    // In the model's vocabulary too: `tokenizers` gives an added token the id
+    // its text has there, and otherwise the next id after the whole vocabulary
+    // (which the filler pieces below would move).
+    vocab[special_tokens[i]] = id;
   }
   const int64_t first_filler = 256 + static_cast<int64_t>(special_tokens.size());
   const std::vector<std::string> fillers = ascii_filler_pieces(vocab_size - first_filler);
