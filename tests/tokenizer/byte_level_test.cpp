@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <string>
+#include <vector>
 
 #include "fixtures.h"
 #include "lockstep/base/error.h"
@@ -69,6 +71,36 @@ TEST(ByteLevel, WriterTakesOtherSpecialsAndRejectsBadOnes) {
   EXPECT_THROW(write_byte_level_tokenizer(dir.path(), {"<a>", "<a>"}), Error);
   EXPECT_THROW(write_byte_level_tokenizer(dir.path(), {""}), Error);
   EXPECT_THROW(write_byte_level_tokenizer(dir.path(), {"x"}), Error);
+}
+
+TEST(ByteLevel, FillerPiecesArePairsThenTriplesInOrder) {
+  const std::vector<std::string> p = ascii_filler_pieces(95 * 95 + 2);
+  ASSERT_EQ(p.size(), 95u * 95u + 2u);
+  EXPECT_EQ(p[0], "  ");
+  EXPECT_EQ(p[1], " !");
+  EXPECT_EQ(p[95], "! ");
+  EXPECT_EQ(p[95 * 95 - 1], "~~");
+  EXPECT_EQ(p[95 * 95], "   ");  // every pair written: the triples start
+  EXPECT_EQ(p[95 * 95 + 1], "  !");
+  EXPECT_EQ(std::set<std::string>(p.begin(), p.end()).size(), p.size());
+  EXPECT_TRUE(ascii_filler_pieces(0).empty());
+  EXPECT_TRUE(ascii_filler_pieces(-3).empty());
+}
+
+TEST(ByteLevel, VocabSizeIsCoveredAndEncodingUnchanged) {
+  test::TempDir dir;
+  write_byte_level_tokenizer(dir.path(), {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}, 10000);
+  Tokenizer t = Tokenizer::load(dir.path());
+  EXPECT_EQ(t.vocab_size(), 10000);
+  for (int32_t id : {259, 5000, 9999}) {
+    ASSERT_TRUE(t.id_to_token(id)) << id;
+    EXPECT_FALSE(t.decode(std::vector<int32_t>{id}).empty()) << id;
+  }
+  EXPECT_EQ(t.decode(std::vector<int32_t>{259}), "  ");
+  EXPECT_EQ(t.decode(std::vector<int32_t>{259 + 95 * 95}), "   ");
+  // Texts made of filler pieces still encode byte by byte.
+  EXPECT_EQ(t.encode("ab  x"), (std::vector<int32_t>{'a', 'b', ' ', ' ', 'x'}));
+  EXPECT_EQ(t.token_to_id("<|im_end|>"), 258);
 }
 
 }  // namespace

@@ -11,7 +11,9 @@
 namespace lockstep::tokenizer {
 namespace {
 
-bool is_printable_byte(uint32_t b) { return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE; }
+bool is_printable_byte(uint32_t b) {
+  return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+}
 
 struct Tables {
   std::array<uint32_t, 256> to_cp{};
@@ -43,11 +45,17 @@ void write_file(const std::filesystem::path& path, const std::string& text) {
 
 }  // namespace
 
-uint32_t byte_to_unicode(uint8_t b) { return tables().to_cp[b]; }
+uint32_t byte_to_unicode(uint8_t b) {
+  return tables().to_cp[b];
+}
 
-int unicode_to_byte(uint32_t cp) { return cp < tables().from_cp.size() ? tables().from_cp[cp] : -1; }
+int unicode_to_byte(uint32_t cp) {
+  return cp < tables().from_cp.size() ? tables().from_cp[cp] : -1;
+}
 
-const std::array<std::string, 256>& byte_level_alphabet() { return tables().to_utf8; }
+const std::array<std::string, 256>& byte_level_alphabet() {
+  return tables().to_utf8;
+}
 
 void byte_level_encode(std::string_view bytes, std::string& out) {
   // Every mapped code point is below U+0800: one or two UTF-8 bytes.
@@ -82,12 +90,35 @@ bool byte_level_decode(std::string_view text, std::string& out) {
   return true;
 }
 
-void write_byte_level_tokenizer(const std::filesystem::path& dir, const std::vector<std::string>& special_tokens) {
+std::vector<std::string> ascii_filler_pieces(int64_t count) {
+  constexpr int kFirst = 0x20, kChars = 0x7F - 0x20;  // printable ASCII, space included
+  std::vector<std::string> pieces;
+  if (count <= 0) return pieces;
+  pieces.reserve(static_cast<size_t>(count));
+  // Odometer over strings of `len` characters; len grows when one wraps.
+  for (size_t len = 2; static_cast<int64_t>(pieces.size()) < count; ++len) {
+    std::vector<int> digit(len, 0);
+    while (static_cast<int64_t>(pieces.size()) < count) {
+      std::string s(len, ' ');
+      for (size_t i = 0; i < len; ++i) s[i] = static_cast<char>(kFirst + digit[i]);
+      pieces.push_back(std::move(s));
+      size_t pos = len;
+      while (pos > 0 && ++digit[pos - 1] == kChars) digit[--pos] = 0;
+      if (pos == 0) break;  // every string of this length was written
+    }
+  }
+  return pieces;
+}
+
+void write_byte_level_tokenizer(const std::filesystem::path& dir,
+                                const std::vector<std::string>& special_tokens, int64_t vocab_size) {
   for (size_t i = 0; i < special_tokens.size(); ++i) {
     const std::string& s = special_tokens[i];
-    if (s.empty() || !utf8_is_valid(s)) LS_THROW << "write_byte_level_tokenizer: special token " << i << " is empty or not UTF-8";
+    if (s.empty() || !utf8_is_valid(s))
+      LS_THROW << "write_byte_level_tokenizer: special token " << i << " is empty or not UTF-8";
     for (size_t k = 0; k < i; ++k)
-      if (special_tokens[k] == s) LS_THROW << "write_byte_level_tokenizer: special token '" << s << "' given twice";
+      if (special_tokens[k] == s)
+        LS_THROW << "write_byte_level_tokenizer: special token '" << s << "' given twice";
     // A single-character special would shadow a byte token of the same spelling.
     if (utf8_length(s) == 1 && s.size() <= 2 && unicode_to_byte(utf8_next(s, 0).cp) >= 0)
       LS_THROW << "write_byte_level_tokenizer: special token '" << s << "' collides with a byte token";
@@ -102,14 +133,26 @@ void write_byte_level_tokenizer(const std::filesystem::path& dir, const std::vec
   Json added_decoder = Json::object();
   for (size_t i = 0; i < special_tokens.size(); ++i) {
     int id = 256 + static_cast<int>(i);
-    Json t = {{"id", id},          {"content", special_tokens[i]}, {"single_word", false}, {"lstrip", false},
-              {"rstrip", false},   {"normalized", false},          {"special", true}};
+    Json t = {{"id", id},        {"content", special_tokens[i]}, {"single_word", false}, {"lstrip", false},
+              {"rstrip", false}, {"normalized", false},          {"special", true}};
     added.push_back(t);
     Json d = t;
     d.erase("id");
     added_decoder[std::to_string(id)] = d;
+    // In the model's vocabulary too: `tokenizers` gives an added token the id
+    // its text has there, and otherwise the next id after the whole vocabulary
+    // (which the filler pieces below would move).
+    vocab[special_tokens[i]] = id;
   }
-  Json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
+  const int64_t first_filler = 256 + static_cast<int64_t>(special_tokens.size());
+  const std::vector<std::string> fillers = ascii_filler_pieces(vocab_size - first_filler);
+  for (size_t i = 0; i < fillers.size(); ++i) {
+    std::string spelled;
+    byte_level_encode(fillers[i], spelled);
+    vocab[spelled] = first_filler + static_cast<int64_t>(i);
+  }
+  Json byte_level = {
+      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
   Json tok = {
       {"version", "1.0"},
       {"truncation", nullptr},

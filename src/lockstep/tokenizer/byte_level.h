@@ -31,8 +31,21 @@ bool byte_level_decode(std::string_view text, std::string& out);
 // chat template; eos is <|im_end|> when present (else the last special), pad is
 // <|endoftext|> when present (else eos); no BOS. Creates `dir` if needed.
 // Both files load in Hugging Face `tokenizers`/`transformers` unchanged.
+//
+// With `vocab_size` larger than those ids, the ids after the specials up to
+// vocab_size - 1 are filled with multi-character pieces of printable ASCII
+// (every pair in order, then every triple, ...). No merge produces them, so
+// encoding a text is unchanged (bytes only), but every id a model of that
+// vocabulary samples decodes to text.
 void write_byte_level_tokenizer(const std::filesystem::path& dir,
-                                const std::vector<std::string>& special_tokens = {"<|endoftext|>", "<|im_start|>",
-                                                                                  "<|im_end|>"});
+                                const std::vector<std::string>& special_tokens = {"<|endoftext|>",
+                                                                                  "<|im_start|>",
+                                                                                  "<|im_end|>"},
+                                int64_t vocab_size = 0);
+
+// The filler pieces of write_byte_level_tokenizer: the first `count` strings of
+// printable ASCII (0x20..0x7E) of length 2, then 3, ..., each in lexicographic
+// order of the characters' codes. Plain bytes, not the byte-level spelling.
+std::vector<std::string> ascii_filler_pieces(int64_t count);
 
 }  // namespace lockstep::tokenizer
