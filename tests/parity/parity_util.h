@@ -175,7 +175,8 @@ inline ModelConfig random_v4_config(std::mt19937_64& g) {
   c.q_lora_rank = pick({4, 8, 12});
   c.o_lora_rank = pick({4, 6, 8});
   c.sliding_window = pick({2, 5, 8, 64});
-  for (int64_t l = 0; l < c.num_layers; ++l) c.compress_ratios.push_back(g() % 8 == 0 ? 128 : pick({0, 4, 4}));
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    c.compress_ratios.push_back(g() % 8 == 0 ? 128 : pick({0, 4, 4}));
   c.compress_rope_theta = 160000.0;
   if (g() % 2 == 0) c.rope_scaling = {"yarn", 4.0, 32, 32.0, 1.0};
   c.max_position_embeddings = 128;
@@ -312,8 +313,8 @@ inline std::vector<RequestResult> run_engine(const model::ModelWeights& w, const
   // master packed there (a copy of the f32 master, the same packed bits).
   std::unique_ptr<model::ModelWeights> on_device;
   if (v.gpu)
-    on_device = std::make_unique<model::ModelWeights>(ctx, w.layout(), const_cast<float*>(w.flat()), w.storage(),
-                                                      w.fp8_block());
+    on_device = std::make_unique<model::ModelWeights>(ctx, w.layout(), const_cast<float*>(w.flat()),
+                                                      w.storage(), w.fp8_block());
   rollout::Engine e(ctx, on_device ? on_device.get() : &w, v.engine);
   auto out = e.generate(cs.requests);
   if (preemptions) *preemptions = e.stats().preemptions;
@@ -325,11 +326,13 @@ inline std::vector<RequestResult> run_engine(const model::ModelWeights& w, const
 inline std::vector<std::vector<float>> trainer_logprobs(const Model& m, const Case& cs,
                                                         const std::vector<RequestResult>& results,
                                                         const Context& ctx, int64_t micro_batch_tokens,
-                                                        int kv_block_size, DType precision = DType::F32) {
+                                                        int kv_block_size, DType precision = DType::F32,
+                                                        int64_t logits_chunk = 0) {
   Buffer copy(m.layout.nbytes());
   std::memcpy(copy.data(), m.params.data(), m.layout.nbytes());
   train::TrainerConfig tc;
   tc.micro_batch_tokens = micro_batch_tokens;
+  tc.logits_chunk = logits_chunk;
   tc.kv_block_size = kv_block_size;
   tc.precision = precision;
   tc.fp8_block = 16;  // as Model::packed
@@ -488,16 +491,19 @@ inline CaseStats check_case(const Case& cs, ThreadPool* pool2, std::mt19937_64& 
                   << loc.missing_rows << " unmatched]";
   };
   const int64_t mb = 1 + int64_t(g() % 64);
-  for (auto [threads, micro, block] :
-       {std::tuple{1, int64_t(1 << 20), 16}, std::tuple{2, mb, int(1 + g() % 8)}}) {
-    const auto train =
-        trainer_logprobs(m, cs, base, threads == 2 ? Context{pool2, 0} : Context{}, micro, block, precision);
+  // The trainer takes its logits all at once, and in chunks of a few rows.
+  const int block2 = int(1 + g() % 8);
+  const int64_t chunk2 = 1 + int64_t(g() % 16);
+  for (auto [threads, micro, block, chunk] :
+       {std::tuple{1, int64_t(1 << 20), 16, int64_t(0)}, std::tuple{2, mb, block2, chunk2}}) {
+    const auto train = trainer_logprobs(m, cs, base, threads == 2 ? Context{pool2, 0} : Context{}, micro,
+                                        block, precision, chunk);
     const Gap gap = logprob_gap(base, train);
     if (gap.differing != 0 || gap.tokens == 0) {
       std::ostringstream os;
       os << "trainer (" << threads << " threads, micro-batch " << micro << " tokens, block " << block
-         << ") differs: " << gap.differing << " of " << gap.tokens << " tokens, max |diff| " << gap.max_abs
-         << "; first: " << gap.first_bad;
+         << ", logits chunk " << chunk << ") differs: " << gap.differing << " of " << gap.tokens
+         << " tokens, max |diff| " << gap.max_abs << "; first: " << gap.first_bad;
       report(vars[0], os.str());
       return st;
     }

@@ -167,7 +167,7 @@ RlBenchResult run_rl_bench(const RlBenchOptions& opt) {
     std::copy(params.as<float>(), params.as<float>() + layout.numel(), ref.as<float>());
     reference = std::make_shared<train::Scorer>(ctx, c, std::move(ref), cfg.trainer.micro_batch_tokens,
                                                 cfg.trainer.kv_block_size, cfg.trainer.precision,
-                                                cfg.trainer.fp8_block);
+                                                cfg.trainer.fp8_block, cfg.trainer.logits_chunk);
   }
   train::Trainer trainer(ctx, c, std::move(params), cfg.trainer);
   std::shared_ptr<rl::RolloutBackend> rollout;

@@ -8,21 +8,21 @@
 #include <sstream>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/file_util.h"
 #include "lockstep/cli/command.h"
 #include "lockstep/cli/mpi_launch.h"
+#include "lockstep/data/dataset.h"
 #include "lockstep/kernels/gpu/device.h"
 #include "lockstep/model/model_source.h"
-#include "lockstep/data/dataset.h"
 #include "lockstep/parallel/data_parallel.h"
 #include "lockstep/parallel/dist_config.h"
 #include "lockstep/parallel/parallel_trainer.h"
 #include "lockstep/parallel/role_comms.h"
-#include "lockstep/base/file_util.h"
-#include "lockstep/train/checkpoint.h"
 #include "lockstep/rl/dist_group.h"
 #include "lockstep/rl/loop.h"
 #include "lockstep/rl/mpi_rollout.h"
 #include "lockstep/rl/report_hook.h"
+#include "lockstep/train/checkpoint.h"
 
 namespace lockstep::cli {
 namespace {
@@ -44,14 +44,15 @@ std::string precision_summary(const rollout::RolloutSection& r) {
   return "rollout " + r.precision + ", trainer " + r.trainer_precision + " (fast mode)";
 }
 
-int run_trainer(const Args& args, const toml::table& root, const std::string& cfg_path, const rl::RlConfig& cfg,
-                const data::DataConfig& dc, parallel::RoleComms* rc) {
+int run_trainer(const Args& args, const toml::table& root, const std::string& cfg_path,
+                const rl::RlConfig& cfg, const data::DataConfig& dc, parallel::RoleComms* rc) {
   const bool writer = !rc || rc->roles.is_trainer_root();
   auto pool = make_pool(cfg.threads);
   Context ctx{pool.get(), 0};
   set_device(ctx, args, device_from_toml(root, cfg_path));
   LoadedModel m = load_model_from_config(root, cfg_path, ctx);
-  if (!m.tokenizer) LS_THROW << cfg_path << ": the model has no tokenizer.json (make one with `lockstep init`)";
+  if (!m.tokenizer)
+    LS_THROW << cfg_path << ": the model has no tokenizer.json (make one with `lockstep init`)";
   rl::RlInputs in;
   in.tok = &*m.tokenizer;
   in.train = data::load_prompts(dc.train_file, dc, *m.tokenizer);
@@ -67,9 +68,9 @@ int run_trainer(const Args& args, const toml::table& root, const std::string& cf
     const ParamLayout layout(m.config);
     Buffer ref = alloc_params(layout);
     std::copy(m.params.as<float>(), m.params.as<float>() + layout.numel(), ref.as<float>());
-    in.reference = std::make_shared<train::Scorer>(ctx, m.config, std::move(ref), cfg.trainer.micro_batch_tokens,
-                                                   cfg.trainer.kv_block_size, cfg.trainer.precision,
-                                                   cfg.trainer.fp8_block);
+    in.reference = std::make_shared<train::Scorer>(
+        ctx, m.config, std::move(ref), cfg.trainer.micro_batch_tokens, cfg.trainer.kv_block_size,
+        cfg.trainer.precision, cfg.trainer.fp8_block, cfg.trainer.logits_chunk);
   }
   if (writer) {
     if (!args.flag("resume")) train::refuse_existing_run(cfg.out_dir);  // before config.toml is replaced
@@ -82,11 +83,11 @@ int run_trainer(const Args& args, const toml::table& root, const std::string& cf
     }());
     rl::attach_reports(in, cfg);
     std::cout << "rl: " << in.train.size() << " prompts" << (in.eval.empty() ? "" : ", ")
-              << (in.eval.empty() ? "" : std::to_string(in.eval.size()) + " eval problems") << "; " << cfg.steps
-              << " steps of " << cfg.batch_size << " prompts x " << cfg.rollout.sampling.n << " samples ("
-              << rl::to_string(cfg.algo.advantage) << ", " << rl::to_string(cfg.algo.policy_loss) << ", "
-              << precision_summary(cfg.rollout) << "), " << ctx.threads() << " threads -> " << cfg.out_dir
-              << std::endl;
+              << (in.eval.empty() ? "" : std::to_string(in.eval.size()) + " eval problems") << "; "
+              << cfg.steps << " steps of " << cfg.batch_size << " prompts x " << cfg.rollout.sampling.n
+              << " samples (" << rl::to_string(cfg.algo.advantage) << ", "
+              << rl::to_string(cfg.algo.policy_loss) << ", " << precision_summary(cfg.rollout) << "), "
+              << ctx.threads() << " threads -> " << cfg.out_dir << std::endl;
     if (!rc && cfg.max_weight_staleness > 0) {
       const int64_t t = cfg.rollout_threads > 0 ? cfg.rollout_threads : ctx.threads();
       std::cout << "rl: rollout one step ahead of training on " << t << " thread" << (t == 1 ? "" : "s")
@@ -120,11 +121,13 @@ int run_trainer(const Args& args, const toml::table& root, const std::string& cf
                                   : "")
                 << ", "
                 << (r.colocated ? "colocated rollout (each trainer generates a share)"
-                                : std::to_string(r.rollout_ranks) + " rollout rank" + (r.rollout_ranks == 1 ? "" : "s"))
-                << (cfg.max_weight_staleness > 0 ? ", rollout one step ahead of training (max_weight_staleness = " +
-                                                       std::to_string(cfg.max_weight_staleness) +
-                                                       (cfg.max_weight_staleness > 1 ? ", runs as 1)" : ")")
-                                                 : std::string())
+                                : std::to_string(r.rollout_ranks) + " rollout rank" +
+                                      (r.rollout_ranks == 1 ? "" : "s"))
+                << (cfg.max_weight_staleness > 0
+                        ? ", rollout one step ahead of training (max_weight_staleness = " +
+                              std::to_string(cfg.max_weight_staleness) +
+                              (cfg.max_weight_staleness > 1 ? ", runs as 1)" : ")")
+                        : std::string())
                 << std::endl;
   }
   const rl::RlResult res = rl::run_rl(trainer, in, cfg, args.flag("resume"));
@@ -133,8 +136,8 @@ int run_trainer(const Args& args, const toml::table& root, const std::string& cf
   rl::finish_report(cfg);
   std::cout << "rl: done in " << res.seconds << " s; mean seconds per step:";
   for (const auto& [k, v] : res.phase_seconds) std::cout << " " << k << " " << v;
-  std::cout << "\nrl: checkpoints in " << cfg.out_dir << "/checkpoints/, report " << cfg.out_dir << "/report.html"
-            << std::endl;
+  std::cout << "\nrl: checkpoints in " << cfg.out_dir << "/checkpoints/, report " << cfg.out_dir
+            << "/report.html" << std::endl;
   return 0;
 }
 
@@ -143,13 +146,15 @@ int run_rollout_rank(const toml::table& root, const std::string& cfg_path, const
                      parallel::RoleComms& rc) {
   auto pool = make_pool(cfg.threads);
   Context ctx{pool.get(), 0};
-  ctx.gpu = kernels::device_backend(kernels::parse_device(device_from_toml(root, cfg_path), cfg_path + ": [model] device"));
+  ctx.gpu = kernels::device_backend(
+      kernels::parse_device(device_from_toml(root, cfg_path), cfg_path + ": [model] device"));
   LoadedModel m = load_model_from_config(root, cfg_path, ctx);
   const rl::ServeStats st =
       rl::serve_rollout(rc.weight_sync, ctx, m.config, m.params.as<float>(), cfg.rollout, cfg.seed);
   std::cout << "rl: " << parallel::describe(rc.roles) << ": served " << st.generate_calls << " rollouts ("
-            << st.requests << " prompts, " << st.generated_tokens << " tokens, " << st.generate_seconds << " s) and "
-            << st.syncs << " weight syncs (" << st.sync_seconds << " s), last version " << st.version << std::endl;
+            << st.requests << " prompts, " << st.generated_tokens << " tokens, " << st.generate_seconds
+            << " s) and " << st.syncs << " weight syncs (" << st.sync_seconds << " s), last version "
+            << st.version << std::endl;
   return 0;
 }
 
@@ -175,7 +180,8 @@ int run_rl_cmd(const Args& args) {
               << rl::to_string(cfg.algo.policy_loss) << ", " << rl::to_string(cfg.algo.loss_agg) << "; "
               << precision_summary(cfg.rollout) << "; out " << cfg.out_dir;
     if (has_dist)
-      std::cout << "; dist: " << (dcfg.trainer_ranks ? std::to_string(dcfg.trainer_ranks) : std::string("all other"))
+      std::cout << "; dist: "
+                << (dcfg.trainer_ranks ? std::to_string(dcfg.trainer_ranks) : std::string("all other"))
                 << " trainer + " << dcfg.rollout_ranks << " rollout ranks"
                 << (dcfg.max_weight_staleness > 0 ? ", rollout one step ahead" : "");
     std::cout << ")" << std::endl;
@@ -188,7 +194,8 @@ int run_rl_cmd(const Args& args) {
 }
 
 LS_REGISTER_COMMAND(Command{
-    "rl", "RL post-training (GRPO family) with rollout, rewards, eval and checkpoints",
+    "rl",
+    "RL post-training (GRPO family) with rollout, rewards, eval and checkpoints",
     "usage: lockstep rl --config FILE [--resume] [--out DIR] [--set section.key=value ...]\n"
     "       lockstep rl --check-config FILE [--set ...]   (validate the config, load nothing)\n"
     "       mpirun -np N lockstep rl --config FILE        (trainer and rollout ranks, [dist])\n\n"
@@ -214,7 +221,8 @@ LS_REGISTER_COMMAND(Command{
     "[model] trainer_precision = \"f32\" with a bf16/fp8 precision is fast mode.\n"
     "Sections: [model] [data] [rollout] [train] [algo] [reward] [eval] [log] [dist] [rl]; see\n"
     "docs/rl.md and docs/configuration.md. Recipes: configs/demo/rl.toml, configs/recipes/.\n",
-    {"resume"}, run_rl_cmd});
+    {"resume"},
+    run_rl_cmd});
 
 }  // namespace
 }  // namespace lockstep::cli

@@ -7,8 +7,8 @@
 #include "lockstep/base/error.h"
 #include "lockstep/base/timer.h"
 #include "lockstep/cli/command.h"
-#include "lockstep/model/model_source.h"
 #include "lockstep/data/jsonl.h"
+#include "lockstep/model/model_source.h"
 #include "lockstep/rollout/rollout_config.h"
 #include "lockstep/train/trainer.h"
 
@@ -16,8 +16,8 @@ namespace lockstep::cli {
 namespace {
 
 int run_score(const Args& args) {
-  args.check_known(
-      {"model", "input", "output", "temperature", "threads", "micro-batch-tokens", "entropy", "precision", "fp8-block", "mtp", "device"});
+  args.check_known({"model", "input", "output", "temperature", "threads", "micro-batch-tokens", "entropy",
+                    "precision", "fp8-block", "mtp", "device", "logits-chunk"});
   const std::string in = args.require("input"), out = args.require("output");
   auto pool = make_pool(args.get_int("threads", 0));
   Context ctx{pool.get(), 0};
@@ -34,9 +34,11 @@ int run_score(const Args& args) {
     auto response = data::require_ids(r, in, "response_ids");
     if (prompt.empty()) LS_THROW << in << ":" << r.line << ": prompt_ids is empty";
     for (int32_t id : prompt)
-      if (id >= m.config.vocab_size) LS_THROW << in << ":" << r.line << ": token id " << id << " >= vocab_size";
+      if (id >= m.config.vocab_size)
+        LS_THROW << in << ":" << r.line << ": token id " << id << " >= vocab_size";
     for (int32_t id : response)
-      if (id >= m.config.vocab_size) LS_THROW << in << ":" << r.line << ": token id " << id << " >= vocab_size";
+      if (id >= m.config.vocab_size)
+        LS_THROW << in << ":" << r.line << ": token id " << id << " >= vocab_size";
     s.tokens = prompt;
     s.tokens.insert(s.tokens.end(), response.begin(), response.end());
     s.prompt_len = int32_t(prompt.size());
@@ -45,11 +47,16 @@ int run_score(const Args& args) {
                << m.config.max_position_embeddings;
     seqs.push_back(std::move(s));
   }
-  train::TrainerConfig tc;
-  tc.precision = rollout::precision_dtype(args.get("precision", "f32"));  // as `generate --precision`
-  tc.fp8_block = args.get_int("fp8-block", 128);
-  tc.micro_batch_tokens = args.get_int("micro-batch-tokens", 8192);
-  train::Trainer trainer(ctx, m.config, std::move(m.params), tc);
+  const DType precision =
+      rollout::precision_dtype(args.get("precision", "f32"));  // as `generate --precision`
+  const int64_t logits_chunk = args.get_int("logits-chunk", train::TrainerConfig{}.logits_chunk);
+  if (logits_chunk < 0) LS_THROW << "--logits-chunk must be >= 0, got " << logits_chunk;
+  // A Scorer: the trainer's own pass on the loaded weights, without the
+  // gradients and AdamW moments a Trainer holds, and at f32 without a packed
+  // copy (the kernels read the master in place): the same bits.
+  train::Scorer trainer(ctx, m.config, std::move(m.params), args.get_int("micro-batch-tokens", 8192),
+                        train::TrainerConfig{}.kv_block_size, precision, args.get_int("fp8-block", 128),
+                        logits_chunk);
   train::ScoreOptions so;
   so.temperature = float(temperature);
   so.entropy = args.flag("entropy");
@@ -74,11 +81,12 @@ int run_score(const Args& args) {
 }
 
 LS_REGISTER_COMMAND(Command{
-    "score", "per-token logprobs of responses under a model (trainer forward)",
+    "score",
+    "per-token logprobs of responses under a model (trainer forward)",
     "usage: lockstep score --model DIR --input IN.jsonl --output OUT.jsonl [--temperature T]\n"
     "                      [--entropy] [--threads N] [--micro-batch-tokens N]\n"
     "                      [--precision f32|bf16|fp8] [--fp8-block 128] [--mtp]\n"
-    "                      [--device cpu|interpret|cuda|hip]\n\n"
+    "                      [--logits-chunk N] [--device cpu|interpret|cuda|hip]\n\n"
     "Each input line holds prompt_ids and response_ids (token id arrays); the output repeats\n"
     "each line with `logprobs`: the log-probability of every response token under the model\n"
     "at temperature T (default 1), computed by the trainer's forward. `lockstep generate`\n"
@@ -86,9 +94,13 @@ LS_REGISTER_COMMAND(Command{
     "--precision runs the forward with the weights in that precision (fp8: power-of-two\n"
     "scales per --fp8-block square); with the same --precision as `generate`, every logprob\n"
     "equals the rollout's bit for bit.\n"
+    "--logits-chunk N (default 1024) computes the logits and logprobs N rows at a time, so\n"
+    "a long response never holds all its (tokens x vocabulary) logits; every value gives the\n"
+    "same bits, 0 takes all rows at once.\n"
     "--mtp (DeepSeek-V4 with MTP blocks) adds `mtp_logprobs`: MTP block 0's log-probability\n"
     "of the token two places on, for every response position that has one.\n",
-    {"entropy", "mtp"}, run_score});
+    {"entropy", "mtp"},
+    run_score});
 
 }  // namespace
 }  // namespace lockstep::cli

@@ -23,14 +23,17 @@ namespace lockstep::model {
 
 namespace k = lockstep::kernels;
 
-float attention_scale(const ModelConfig& c) { return static_cast<float>(1.0 / std::sqrt(double(c.head_dim))); }
+float attention_scale(const ModelConfig& c) {
+  return static_cast<float>(1.0 / std::sqrt(double(c.head_dim)));
+}
 
 int32_t RaggedBatch::add_sequence(const int32_t* new_tokens, int32_t n_new_tokens, int32_t n_ctx_tokens,
                                   const int32_t* blocks, int32_t n_blocks) {
-  LS_CHECK(n_new_tokens >= 0 && n_ctx_tokens >= 0) << "add_sequence: n_new " << n_new_tokens << ", n_ctx "
-                                                   << n_ctx_tokens << " (must be >= 0)";
+  LS_CHECK(n_new_tokens >= 0 && n_ctx_tokens >= 0)
+      << "add_sequence: n_new " << n_new_tokens << ", n_ctx " << n_ctx_tokens << " (must be >= 0)";
   LS_CHECK(n_blocks >= 0 && n_blocks <= max_blocks)
-      << "add_sequence: " << n_blocks << " blocks, the table rows hold " << max_blocks << " (set max_blocks first)";
+      << "add_sequence: " << n_blocks << " blocks, the table rows hold " << max_blocks
+      << " (set max_blocks first)";
   const int32_t row0 = static_cast<int32_t>(tokens.size());
   tokens.insert(tokens.end(), new_tokens, new_tokens + n_new_tokens);
   n_ctx.push_back(n_ctx_tokens);
@@ -52,18 +55,21 @@ void RaggedBatch::validate(const ModelConfig& c, const KvCache& kv) const {
     if (n_new[i] < 0 || n_ctx[i] < 0) LS_THROW << "batch: sequence " << i << " has negative n_new/n_ctx";
     t += n_new[i];
     if (int64_t(n_ctx[i]) + n_new[i] > int64_t(max_blocks) * kv.block_size())
-      LS_THROW << "batch: sequence " << i << " needs " << n_ctx[i] + n_new[i] << " positions, its block table holds "
-               << int64_t(max_blocks) * kv.block_size();
+      LS_THROW << "batch: sequence " << i << " needs " << n_ctx[i] + n_new[i]
+               << " positions, its block table holds " << int64_t(max_blocks) * kv.block_size();
     if (int64_t(n_ctx[i]) + n_new[i] > c.max_position_embeddings)
       LS_THROW << "batch: sequence " << i << " reaches position " << n_ctx[i] + n_new[i]
                << ", beyond max_position_embeddings " << c.max_position_embeddings;
   }
-  if (t != num_tokens()) LS_THROW << "batch: sum(n_new) = " << t << " but " << num_tokens() << " tokens given";
+  if (t != num_tokens())
+    LS_THROW << "batch: sum(n_new) = " << t << " but " << num_tokens() << " tokens given";
   for (int32_t tok : tokens)
-    if (tok < 0 || tok >= c.vocab_size) LS_THROW << "batch: token id " << tok << " outside [0, " << c.vocab_size << ")";
+    if (tok < 0 || tok >= c.vocab_size)
+      LS_THROW << "batch: token id " << tok << " outside [0, " << c.vocab_size << ")";
   for (size_t r = 0; r < logit_rows.size(); ++r) {
     if (logit_rows[r] < 0 || logit_rows[r] >= t || (r > 0 && logit_rows[r] <= logit_rows[r - 1]))
-      LS_THROW << "batch: logit_rows must be ascending rows of [0, " << t << "), got " << logit_rows[r] << " at " << r;
+      LS_THROW << "batch: logit_rows must be ascending rows of [0, " << t << "), got " << logit_rows[r]
+               << " at " << r;
   }
 }
 
@@ -126,10 +132,20 @@ using LA = LayerActivations;
 // What every layer of one forward call shares. qkv, kn, vn and ffn are
 // workspace buffers no layer's backward reads.
 struct LayerEnv {
-  LayerEnv(const Context& ctx, const ModelWeights& weights, const KvCache& kv, Workspace& ws, const BatchTensors& bt,
-           const k::AttentionBatch& ab, const CapturePoints& capture, const ForwardOptions& opt, ForwardResult* result)
-      : ctx(ctx), c(weights.config()), weights(weights), kv(kv), ws(ws), bt(bt), ab(ab), capture(capture), opt(opt),
-        result(result), T(bt.positions_t.view().dim(0)) {
+  LayerEnv(const Context& ctx, const ModelWeights& weights, const KvCache& kv, Workspace& ws,
+           const BatchTensors& bt, const k::AttentionBatch& ab, const CapturePoints& capture,
+           const ForwardOptions& opt, ForwardResult* result)
+      : ctx(ctx),
+        c(weights.config()),
+        weights(weights),
+        kv(kv),
+        ws(ws),
+        bt(bt),
+        ab(ab),
+        capture(capture),
+        opt(opt),
+        result(result),
+        T(bt.positions_t.view().dim(0)) {
     const int64_t Hkv = c.num_kv_heads, Dh = c.head_dim;
     qkv = ws.get(kSlotQkv, DType::F32, {T, (c.num_heads + 2 * Hkv) * Dh});
     kn = ws.get(kSlotK, DType::F32, {T, Hkv, Dh});
@@ -172,7 +188,8 @@ void split_heads(const LayerEnv& env, const LayerParams& p, const LayerBuffers& 
   Tensor rstd_k = out.get(&LA::rstd_k, kSlotRstdK, f32, {T * Hkv});
   split_qkv(env.ctx, q_pre, k_pre, env.vn, env.qkv);
   k::rmsnorm_forward(env.ctx, q.reshape({T * H, Dh}), rstd_q, q_pre.reshape({T * H, Dh}), p.q_norm, eps);
-  k::rmsnorm_forward(env.ctx, env.kn.reshape({T * Hkv, Dh}), rstd_k, k_pre.reshape({T * Hkv, Dh}), p.k_norm, eps);
+  k::rmsnorm_forward(env.ctx, env.kn.reshape({T * Hkv, Dh}), rstd_k, k_pre.reshape({T * Hkv, Dh}), p.k_norm,
+                     eps);
 }
 
 struct AttentionOut {
@@ -209,7 +226,8 @@ AttentionOut attention_block(const LayerEnv& env, int64_t l, const Tensor& x, co
   if (write_kv) k::kv_cache_write(ctx, env.kv.k(l), env.kv.v(l), env.kn, env.vn, env.ab);
   Tensor attn = out.get(&LA::attn, kSlotAttn, f32, {T, H * Dh});
   Tensor lse = out.saved_only(&LA::lse, f32, {T, H});
-  k::attention_forward(ctx, attn.reshape({T, H, Dh}), lse, q, env.kv.k(l), env.kv.v(l), env.ab, attention_scale(c));
+  k::attention_forward(ctx, attn.reshape({T, H, Dh}), lse, q, env.kv.k(l), env.kv.v(l), env.ab,
+                       attention_scale(c));
   env.capture("attn", l, attn);
   // h = x + attn·Woᵀ, then normed2 = rmsnorm(h).
   project(ctx, env.ffn, attn, w.wo);
@@ -226,8 +244,8 @@ AttentionOut attention_block(const LayerEnv& env, int64_t l, const Tensor& x, co
 // env.ffn = SwiGLU(normed2) of a dense layer.
 void dense_ffn(const LayerEnv& env, int64_t l, const Tensor& normed2, const LayerBuffers& out) {
   const int64_t T = env.T, F = env.c.intermediate_size;
-  out.drop({&LA::scores, &LA::topk_idx, &LA::topk_w, &LA::xe, &LA::gu_e, &LA::act_e, &LA::ye, &LA::gu_s, &LA::act_s,
-            &LA::ys, &LA::sgate});
+  out.drop({&LA::scores, &LA::topk_idx, &LA::topk_w, &LA::xe, &LA::gu_e, &LA::act_e, &LA::ye, &LA::gu_s,
+            &LA::act_s, &LA::ys, &LA::sgate});
   out.drop_routing();
   mlp_forward(env.ctx, env.ffn, out.get(&LA::gu, kSlotGu, DType::F32, {T, 2 * F}),
               out.get(&LA::act, kSlotAct, DType::F32, {T, F}), normed2, env.weights.layer(l).mlp, false);
@@ -268,7 +286,8 @@ Routing route_rows(const LayerEnv& env, int64_t l, int64_t moe_index, const Tens
 // ye (T*K, D) = each routed row through its expert, all experts on this rank.
 void local_experts(const LayerEnv& env, int64_t l, const Tensor& normed2, const LayerBuffers& out,
                    const k::MoeDispatch& plan, Tensor ye) {
-  const int64_t T = env.T, D = env.c.hidden_size, K = env.c.num_experts_per_tok, Fe = env.c.moe_intermediate_size;
+  const int64_t T = env.T, D = env.c.hidden_size, K = env.c.num_experts_per_tok,
+                Fe = env.c.moe_intermediate_size;
   const DType f32 = DType::F32;
   const PackedLayer& w = env.weights.layer(l);
   Tensor xe = out.get(&LA::xe, kSlotXe, f32, {T * K, D});
@@ -289,7 +308,8 @@ void parallel_experts(const LayerEnv& env, int64_t l, const Tensor& normed2, con
                       const k::MoeDispatch& plan, Tensor ye) {
   const Context& ctx = env.ctx;
   ExpertComm& comm = *env.opt.experts;
-  const int64_t T = env.T, D = env.c.hidden_size, K = env.c.num_experts_per_tok, Fe = env.c.moe_intermediate_size;
+  const int64_t T = env.T, D = env.c.hidden_size, K = env.c.num_experts_per_tok,
+                Fe = env.c.moe_intermediate_size;
   const DType f32 = DType::F32;
   const PackedLayer& w = env.weights.layer(l);
   ExpertRoute local_route;
@@ -339,7 +359,8 @@ void shared_expert(const LayerEnv& env, int64_t l, const Tensor& normed2, const 
 
 // env.ffn = the MoE FFN of normed2: routed experts' weighted sum, plus the
 // shared expert.
-void moe_ffn(const LayerEnv& env, int64_t l, int64_t moe_index, const Tensor& normed2, const LayerBuffers& out) {
+void moe_ffn(const LayerEnv& env, int64_t l, int64_t moe_index, const Tensor& normed2,
+             const LayerBuffers& out) {
   const int64_t T = env.T, D = env.c.hidden_size, K = env.c.num_experts_per_tok;
   out.drop({&LA::gu, &LA::act});
   const Routing r = route_rows(env, l, moe_index, normed2, out);
@@ -373,9 +394,9 @@ Tensor run_layer(const LayerEnv& env, int64_t l, const Tensor& x, LayerActivatio
 
 // Every saved field of a layer but its input x_in.
 std::vector<OwnedTensor*> recomputed_fields(LayerActivations& a) {
-  return {&a.rstd1, &a.normed1, &a.q_pre, &a.k_pre, &a.rstd_q, &a.rstd_k, &a.q, &a.attn, &a.lse,
-          &a.h, &a.rstd2, &a.normed2, &a.gu, &a.act, &a.scores, &a.topk_idx, &a.topk_w, &a.xe,
-          &a.gu_e, &a.act_e, &a.ye, &a.gu_s, &a.act_s, &a.ys, &a.sgate};
+  return {&a.rstd1, &a.normed1, &a.q_pre,   &a.k_pre, &a.rstd_q, &a.rstd_k, &a.q,        &a.attn,   &a.lse,
+          &a.h,     &a.rstd2,   &a.normed2, &a.gu,    &a.act,    &a.scores, &a.topk_idx, &a.topk_w, &a.xe,
+          &a.gu_e,  &a.act_e,   &a.ye,      &a.gu_s,  &a.act_s,  &a.ys,     &a.sgate};
 }
 
 // Checks the options against the batch and the weights.
@@ -383,21 +404,25 @@ void check_options(const ModelWeights& weights, const RaggedBatch& batch, const 
                    const Activations* saved) {
   const ModelConfig& c = weights.config();
   LS_CHECK(!opt.save_activations || saved != nullptr) << "save_activations needs an Activations";
+  LS_CHECK(opt.lm_head || (!opt.save_activations && opt.capture == nullptr))
+      << "lm_head = false is for a forward without save_activations or capture";
   const int64_t T = batch.num_tokens(), n_moe = c.num_moe_layers(), K = c.num_experts_per_tok;
   if (opt.replay_experts != nullptr) {
     LS_CHECK(static_cast<int64_t>(opt.replay_experts->size()) == T * n_moe * K)
-        << "replay_experts has " << opt.replay_experts->size() << " entries, expected T*L_moe*K = " << T << "*"
-        << n_moe << "*" << K;
+        << "replay_experts has " << opt.replay_experts->size() << " entries, expected T*L_moe*K = " << T
+        << "*" << n_moe << "*" << K;
   }
   if (n_moe > 0) {
-    const ExpertShard want = opt.experts ? ExpertShard::of_rank(c.num_experts, opt.experts->size(),
-                                                                opt.experts->rank())
-                                         : ExpertShard{};
+    const ExpertShard want =
+        opt.experts ? ExpertShard::of_rank(c.num_experts, opt.experts->size(), opt.experts->rank())
+                    : ExpertShard{};
     LS_CHECK(weights.experts() == want)
         << "forward: the weights hold experts [" << weights.experts().first << ", "
         << weights.experts().first + weights.experts().count << ") (count -1: all), "
-        << (opt.experts ? "this rank's expert-parallel shard is [" : "a forward without expert parallelism needs all")
-        << (opt.experts ? std::to_string(want.first) + ", " + std::to_string(want.first + want.count) + ")" : "");
+        << (opt.experts ? "this rank's expert-parallel shard is ["
+                        : "a forward without expert parallelism needs all")
+        << (opt.experts ? std::to_string(want.first) + ", " + std::to_string(want.first + want.count) + ")"
+                        : "");
   }
 }
 
@@ -432,8 +457,8 @@ void recompute_layer(const Context& ctx, const ModelWeights& weights, const KvCa
 // Buffers: what backward needs is computed straight into the saved
 // Activations (activation_buffer), the rest into workspace slots, so a warm
 // call allocates nothing and no activation is copied.
-void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, Workspace& ws, const RaggedBatch& batch,
-             const ForwardOptions& opt, ForwardResult* result, Activations* saved) {
+void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, Workspace& ws,
+             const RaggedBatch& batch, const ForwardOptions& opt, ForwardResult* result, Activations* saved) {
   const ModelConfig& c = weights.config();
   if (c.is_v4()) {
     v4_forward(ctx, weights, kv, batch, opt, result, saved);
@@ -462,7 +487,8 @@ void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, Works
   const DType f32 = DType::F32;
 
   // Residual stream entering layer 0: saved as its x_in.
-  Tensor x = LayerBuffers(c.num_layers > 0 ? layer_saved(0) : nullptr, ws).get(&LA::x_in, kSlotX, f32, {T, D});
+  Tensor x =
+      LayerBuffers(c.num_layers > 0 ? layer_saved(0) : nullptr, ws).get(&LA::x_in, kSlotX, f32, {T, D});
   k::embedding_forward(ctx, x, weights.params().embed, bt.tokens.view());
   capture("embed", -1, x);
 
@@ -490,13 +516,23 @@ void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, Works
   // Final norm on the wanted rows only, then the vocabulary projection.
   Tensor rows = activation_buffer(save ? &saved->x_final : nullptr, ws, kSlotRows, f32, {R, D});
   gather_rows(ctx, rows, x, batch.logit_rows);
-  Tensor rows_normed = activation_buffer(save ? &saved->normed_rows : nullptr, ws, kSlotRowsNormed, f32, {R, D});
+  Tensor rows_normed =
+      activation_buffer(save ? &saved->normed_rows : nullptr, ws, kSlotRowsNormed, f32, {R, D});
   Tensor rstd_f = activation_buffer(save ? &saved->rstd_f : nullptr, ws, kSlotRstdF, f32, {R});
   k::rmsnorm_forward(ctx, rows_normed, rstd_f, rows, weights.params().final_norm, float(c.rms_norm_eps));
   capture("final_norm", c.num_layers, rows_normed, true);
+  if (!opt.lm_head) {
+    keep_head_input(ctx, *result, rows_normed);
+    return;
+  }
   Tensor logits = reuse(ctx, result->logits, f32, {R, c.vocab_size});
   if (R > 0) project(ctx, logits, rows_normed, weights.lm_head());
   capture("logits", c.num_layers, logits, true);
+}
+
+void lm_head_forward(const Context& ctx, const ModelWeights& weights, Tensor logits, const Tensor& rows) {
+  check_shape(logits, {rows.dim(0), weights.config().vocab_size}, "lm_head_forward: logits");
+  if (rows.dim(0) > 0) project(ctx, logits, rows, weights.lm_head());
 }
 
 }  // namespace lockstep::model

@@ -29,7 +29,7 @@ struct RaggedBatch {
   std::vector<int32_t> n_new;        // (S)
   std::vector<int32_t> block_table;  // (S, max_blocks): physical KV block of each logical block
   int32_t max_blocks = 0;
-  std::vector<int32_t> logit_rows;   // rows of T whose logits are wanted, ascending
+  std::vector<int32_t> logit_rows;  // rows of T whose logits are wanted, ascending
 
   RaggedBatch() = default;
   // An empty batch whose block-table rows hold max_blocks entries (the most
@@ -87,7 +87,7 @@ struct ForwardOptions {
   // the rest one layer at a time (activation memory of one layer instead of
   // all of them, for one more forward's work). The same bits either way.
   bool recompute = false;
-  bool record_experts = false;    // fill ForwardResult::routed_experts
+  bool record_experts = false;  // fill ForwardResult::routed_experts
   // Routing replay (R3): (T, L_moe, K) experts to use instead of this router's
   // top-k; gate weights are still computed from this router's scores.
   const std::vector<int32_t>* replay_experts = nullptr;
@@ -103,6 +103,12 @@ struct ForwardOptions {
   // (docs/deepseek-v4.md) in each CSA layer: ForwardResult::indexer_kl, and
   // what backward needs for its gradient, saved with the activations.
   bool indexer_loss = false;
+  // false: stop before the vocabulary projection. ForwardResult::logits is
+  // left untouched and ForwardResult::head_input holds the (R, D) rows it
+  // would project, so the caller can take logits a few rows at a time
+  // (lm_head_forward) and never hold all (R, V) at once. Forward only (no
+  // save_activations), and not with capture (the "logits" point is never reached).
+  bool lm_head = true;
   // Debug hook: called with every named intermediate (Captured). Null (the
   // default) costs one pointer test per capture point.
   const CaptureFn* capture = nullptr;
@@ -117,7 +123,11 @@ struct ForwardOptions {
 };
 
 struct ForwardResult {
-  OwnedTensor logits;                   // (R, V), R = logit_rows.size()
+  OwnedTensor logits;  // (R, V), R = logit_rows.size()
+  // ForwardOptions::lm_head == false: (R, D) the final-normed logit rows,
+  // the vocabulary projection's input (a copy: the forward's own buffers
+  // may not outlive the call).
+  OwnedTensor head_input;
   std::vector<int32_t> routed_experts;  // (T, L_moe, K) when record_experts
   // DeepSeek-V4, when record_indexer: (T, L_csa, KI) the compressed entries
   // (block indices, ascending, -1 padding) each token attended to in each CSA
@@ -173,8 +183,8 @@ struct LayerActivations {
 struct Activations {
   std::vector<LayerActivations> layers;  // only x_in is kept when `recompute`
   bool recompute = false;
-  std::vector<int32_t> replay;     // the forward's replay_experts, for the recompute
-  ExpertComm* experts = nullptr;   // the forward's ForwardOptions::experts, for backward
+  std::vector<int32_t> replay;    // the forward's replay_experts, for the recompute
+  ExpertComm* experts = nullptr;  // the forward's ForwardOptions::experts, for backward
   // With `experts`: when set, backward takes each routed expert's weight
   // gradient per source rank of its rows (the rows of one source micro-batch,
   // from zero gradients) and calls this after each with the expert's
@@ -186,10 +196,10 @@ struct Activations {
   // DeepSeek-V4 with ForwardOptions::indexer_loss: the factor d(loss)/d(sum of
   // the rows' KL) that backward takes the indexer's gradient with (0: none).
   double indexer_loss_scale = 0;
-  std::vector<int32_t> positions;  // (T)
-  OwnedTensor x_final;             // (T, D)
-  OwnedTensor rstd_f;              // (T)
-  OwnedTensor normed_rows;         // (R, D) final-normed rows fed to lm_head
+  std::vector<int32_t> positions;     // (T)
+  OwnedTensor x_final;                // (T, D)
+  OwnedTensor rstd_f;                 // (T)
+  OwnedTensor normed_rows;            // (R, D) final-normed rows fed to lm_head
   std::shared_ptr<V4Activations> v4;  // DeepSeek-V4 models: everything else above is unused
 };
 
@@ -197,8 +207,14 @@ struct Activations {
 // batch's table names) before attention reads them; temporaries live in `ws`,
 // whose contents mean nothing after the call. `saved` must be non-null when
 // options.save_activations is set.
-void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, Workspace& ws, const RaggedBatch& batch,
-             const ForwardOptions& options, ForwardResult* result, Activations* saved = nullptr);
+void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, Workspace& ws,
+             const RaggedBatch& batch, const ForwardOptions& options, ForwardResult* result,
+             Activations* saved = nullptr);
+
+// logits (n, V) = the vocabulary projection of rows (n, D) of
+// ForwardResult::head_input. Each output row depends on its input row alone,
+// so taking the rows in chunks gives the bits of forward's own (R, V) logits.
+void lm_head_forward(const Context& ctx, const ModelWeights& weights, Tensor logits, const Tensor& rows);
 
 // Backward of forward() for a batch whose n_ctx are all 0 (the training case).
 // With expert parallelism (saved.experts) every rank of the EP group must

@@ -9,6 +9,7 @@
 #include "lockstep/base/error.h"
 #include "lockstep/kernels/cpu/fp8_quant.h"
 #include "lockstep/kernels/cpu/simd.h"
+#include "lockstep/kernels/gpu/backend.h"
 
 namespace lockstep::model {
 
@@ -16,7 +17,9 @@ namespace {
 // Rows per thread task for a row-wise pass over rows of `width` floats: a
 // task should move at least ~256 KB, else waking a second thread (tens of
 // microseconds) costs more than it saves (decode batches are a few rows).
-int64_t row_grain(int64_t width) { return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, width)); }
+int64_t row_grain(int64_t width) {
+  return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, width));
+}
 }  // namespace
 
 BatchTensors::BatchTensors(const RaggedBatch& b, int bs, const Allocator& memory) : block_size(bs) {
@@ -71,8 +74,9 @@ void for_each_expert(const Context& ctx, const kernels::MoeDispatch& plan,
     // Longest rows first onto the least loaded thread (ties: lower expert,
     // lower thread): a pure function of the plan.
     std::vector<int64_t> order = active;
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int64_t a, int64_t b) { return plan.expert_rows(int(a)) > plan.expert_rows(int(b)); });
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      return plan.expert_rows(int(a)) > plan.expert_rows(int(b));
+    });
     std::vector<std::vector<int64_t>> bins(static_cast<size_t>(P));
     std::vector<int64_t> load(static_cast<size_t>(P), 0);
     for (int64_t e : order) {
@@ -114,11 +118,13 @@ OwnedTensor copy_of(const Tensor& t) {
   if (t.is_contiguous()) {
     std::memcpy(o.view().data, t.data, t.nbytes());
   } else {
-    LS_CHECK(t.ndim == 2 && t.stride[1] == 1) << "copy_of supports contiguous or row-strided 2-D, got " << t.shape_str();
+    LS_CHECK(t.ndim == 2 && t.stride[1] == 1)
+        << "copy_of supports contiguous or row-strided 2-D, got " << t.shape_str();
     const size_t row = static_cast<size_t>(t.shape[1]) * dtype_size(t.dtype);
     for (int64_t r = 0; r < t.shape[0]; ++r)
-      std::memcpy(static_cast<char*>(o.view().data) + r * row,
-                  static_cast<const char*>(t.data) + static_cast<size_t>(r * t.stride[0]) * dtype_size(t.dtype), row);
+      std::memcpy(
+          static_cast<char*>(o.view().data) + r * row,
+          static_cast<const char*>(t.data) + static_cast<size_t>(r * t.stride[0]) * dtype_size(t.dtype), row);
   }
   return o;
 }
@@ -129,10 +135,13 @@ void add_row_bias(const Context& ctx, Tensor y, const Tensor& b) {
   const float* bp = b.f32();
   float* yp = y.f32();
   const int64_t ys = y.stride[0];
-  ctx.parallel_for(T, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t)
-      for (int64_t n = 0; n < N; ++n) yp[t * ys + n] = yp[t * ys + n] + bp[n];
-  }, row_grain(N));
+  ctx.parallel_for(
+      T,
+      [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t)
+          for (int64_t n = 0; n < N; ++n) yp[t * ys + n] = yp[t * ys + n] + bp[n];
+      },
+      row_grain(N));
 }
 
 void add_column_sums(const Context& ctx, Tensor db, const Tensor& dy) {
@@ -166,13 +175,16 @@ void split_qkv(const Context& ctx, Tensor q, Tensor k, Tensor v, const Tensor& q
   const float* src = qkv.f32();
   float *qp = q.f32(), *kp = k.f32(), *vp = v.f32();
   const int64_t s = qkv.stride[0];
-  ctx.parallel_for(T, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      std::memcpy(qp + t * nq, src + t * s, size_t(nq) * 4);
-      std::memcpy(kp + t * nk, src + t * s + nq, size_t(nk) * 4);
-      std::memcpy(vp + t * nk, src + t * s + nq + nk, size_t(nk) * 4);
-    }
-  }, row_grain(nq + 2 * nk));
+  ctx.parallel_for(
+      T,
+      [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+          std::memcpy(qp + t * nq, src + t * s, size_t(nq) * 4);
+          std::memcpy(kp + t * nk, src + t * s + nq, size_t(nk) * 4);
+          std::memcpy(vp + t * nk, src + t * s + nq + nk, size_t(nk) * 4);
+        }
+      },
+      row_grain(nq + 2 * nk));
 }
 
 void join_qkv(const Context& ctx, Tensor qkv, const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -182,13 +194,16 @@ void join_qkv(const Context& ctx, Tensor qkv, const Tensor& q, const Tensor& k, 
   float* dst = qkv.f32();
   const float *qp = q.f32(), *kp = k.f32(), *vp = v.f32();
   const int64_t s = qkv.stride[0];
-  ctx.parallel_for(T, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      std::memcpy(dst + t * s, qp + t * nq, size_t(nq) * 4);
-      std::memcpy(dst + t * s + nq, kp + t * nk, size_t(nk) * 4);
-      std::memcpy(dst + t * s + nq + nk, vp + t * nk, size_t(nk) * 4);
-    }
-  }, row_grain(nq + 2 * nk));
+  ctx.parallel_for(
+      T,
+      [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+          std::memcpy(dst + t * s, qp + t * nq, size_t(nq) * 4);
+          std::memcpy(dst + t * s + nq, kp + t * nk, size_t(nk) * 4);
+          std::memcpy(dst + t * s + nq + nk, vp + t * nk, size_t(nk) * 4);
+        }
+      },
+      row_grain(nq + 2 * nk));
 }
 
 void add_into(const Context& ctx, Tensor out, const Tensor& a, const Tensor& b) {
@@ -197,11 +212,14 @@ void add_into(const Context& ctx, Tensor out, const Tensor& a, const Tensor& b) 
   check_shape(b, {T, N}, "add_into b");
   float* o = out.f32();
   const float *ap = a.f32(), *bp = b.f32();
-  ctx.parallel_for(T, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t)
-      for (int64_t n = 0; n < N; ++n)
-        o[t * out.stride[0] + n] = ap[t * a.stride[0] + n] + bp[t * b.stride[0] + n];
-  }, row_grain(N));
+  ctx.parallel_for(
+      T,
+      [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t)
+          for (int64_t n = 0; n < N; ++n)
+            o[t * out.stride[0] + n] = ap[t * a.stride[0] + n] + bp[t * b.stride[0] + n];
+      },
+      row_grain(N));
 }
 
 void gather_rows(Tensor out, const Tensor& x, const std::vector<int32_t>& rows) {
@@ -211,31 +229,38 @@ void gather_rows(Tensor out, const Tensor& x, const std::vector<int32_t>& rows) 
 void gather_rows(const Context& ctx, Tensor out, const Tensor& x, const std::vector<int32_t>& rows) {
   const int64_t D = x.dim(1);
   check_shape(out, {static_cast<int64_t>(rows.size()), D}, "gathered rows");
-  ctx.parallel_for(static_cast<int64_t>(rows.size()), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      std::memcpy(out.f32() + r * out.stride[0], x.f32() + rows[size_t(r)] * x.stride[0], size_t(D) * 4);
-  }, row_grain(D));
+  ctx.parallel_for(
+      static_cast<int64_t>(rows.size()),
+      [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r)
+          std::memcpy(out.f32() + r * out.stride[0], x.f32() + rows[size_t(r)] * x.stride[0], size_t(D) * 4);
+      },
+      row_grain(D));
 }
 
 void scatter_rows(const Context& ctx, Tensor out, const Tensor& src, const std::vector<int32_t>& rows) {
   const int64_t T = out.dim(0), D = out.dim(1);
   check_shape(src, {static_cast<int64_t>(rows.size()), D}, "scattered rows");
   // Rows are ascending: walk out's rows once, copying or zeroing each.
-  ctx.parallel_for(T, [&](int64_t t0, int64_t t1) {
-    size_t r = size_t(std::lower_bound(rows.begin(), rows.end(), int32_t(t0)) - rows.begin());
-    for (int64_t t = t0; t < t1; ++t) {
-      float* dst = out.f32() + t * out.stride[0];
-      if (r < rows.size() && rows[r] == t) {
-        std::memcpy(dst, src.f32() + int64_t(r) * src.stride[0], size_t(D) * 4);
-        ++r;
-      } else {
-        std::memset(dst, 0, size_t(D) * 4);
-      }
-    }
-  }, row_grain(D));
+  ctx.parallel_for(
+      T,
+      [&](int64_t t0, int64_t t1) {
+        size_t r = size_t(std::lower_bound(rows.begin(), rows.end(), int32_t(t0)) - rows.begin());
+        for (int64_t t = t0; t < t1; ++t) {
+          float* dst = out.f32() + t * out.stride[0];
+          if (r < rows.size() && rows[r] == t) {
+            std::memcpy(dst, src.f32() + int64_t(r) * src.stride[0], size_t(D) * 4);
+            ++r;
+          } else {
+            std::memset(dst, 0, size_t(D) * 4);
+          }
+        }
+      },
+      row_grain(D));
 }
 
-void gather_layer_experts(Tensor out, const std::vector<int32_t>& all, int64_t layer, int64_t n_moe, int64_t k) {
+void gather_layer_experts(Tensor out, const std::vector<int32_t>& all, int64_t layer, int64_t n_moe,
+                          int64_t k) {
   const int64_t T = out.dim(0);
   int32_t* o = out.i32();
   for (int64_t t = 0; t < T; ++t)
@@ -262,10 +287,14 @@ void add_shared_expert(const Context& ctx, Tensor ffn, const Tensor& ys, const T
   float* f = ffn.f32();
   const float* y = ys.f32();
   const float* g = sgate.data ? sgate.f32() : nullptr;
-  ctx.parallel_for(T, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t)
-      for (int64_t d = 0; d < D; ++d) f[t * D + d] = f[t * D + d] + (g ? y[t * D + d] * g[t] : y[t * D + d]);
-  }, row_grain(D));
+  ctx.parallel_for(
+      T,
+      [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t)
+          for (int64_t d = 0; d < D; ++d)
+            f[t * D + d] = f[t * D + d] + (g ? y[t * D + d] * g[t] : y[t * D + d]);
+      },
+      row_grain(D));
 }
 
 // Group width of the fp8 activation scales (DeepSeek's 1 x 128 tiles).
@@ -277,7 +306,8 @@ OwnedTensor fp8_quantized_input(const Context& ctx, const Tensor& x) {
   const int64_t M = x.dim(0), K = x.dim(1);
   OwnedTensor xq(DType::F32, {M, K});  // (M, K)
   for (int64_t m = 0; m < M; ++m)
-    std::memcpy(xq.f32() + m * K, static_cast<const float*>(x.data) + m * x.stride[0], size_t(K) * sizeof(float));
+    std::memcpy(xq.f32() + m * K, static_cast<const float*>(x.data) + m * x.stride[0],
+                size_t(K) * sizeof(float));
   kernels::fp8_quantize_rows(ctx, xq.view(), kFp8ActivationGroup);
   return xq;
 }
@@ -291,7 +321,8 @@ void project(const Context& ctx, Tensor y, const Tensor& x, const kernels::Packe
   kernels::gemm_xwt(ctx, y, fp8_quantized_input(ctx, x).view(), w, accumulate);
 }
 
-void project_dw(const Context& ctx, Tensor dw, const Tensor& dy, const Tensor& x, const kernels::PackedWeight& w) {
+void project_dw(const Context& ctx, Tensor dw, const Tensor& dy, const Tensor& x,
+                const kernels::PackedWeight& w) {
   if (w.storage != DType::FP8E4M3 || x.dim(0) == 0) {
     kernels::gemm_dytx(ctx, dw, dy, x);
     return;
@@ -299,7 +330,15 @@ void project_dw(const Context& ctx, Tensor dw, const Tensor& dy, const Tensor& x
   kernels::gemm_dytx(ctx, dw, dy, fp8_quantized_input(ctx, x).view());
 }
 
-CapturePoints::CapturePoints(const ForwardOptions& o, const RaggedBatch& b, const std::vector<int32_t>& positions)
+void keep_head_input(const Context& ctx, ForwardResult& result, const Tensor& rows) {
+  const int64_t R = rows.dim(0), D = rows.dim(1);
+  LS_CHECK(rows.stride[0] == D) << "keep_head_input: rows must be contiguous";
+  Tensor out = reuse(ctx, result.head_input, DType::F32, {R, D});
+  if (R > 0) kernels::device_memory(ctx).copy(out.data, rows.data, size_t(R * D) * sizeof(float));
+}
+
+CapturePoints::CapturePoints(const ForwardOptions& o, const RaggedBatch& b,
+                             const std::vector<int32_t>& positions)
     : fn_(o.capture), ids_(o.capture_ids) {
   if (fn_ == nullptr) return;
   LS_CHECK(ids_ == nullptr || static_cast<int64_t>(ids_->size()) == b.num_seqs())

@@ -93,7 +93,6 @@ enum WorkspaceSlot : size_t {
   kSlotDxr,      // (N, D)
 };
 
-
 // Runs fn(e, ectx) for every expert e with rows in the dispatch plan. When
 // the pool has several threads and the experts' rows can be shared out
 // evenly, whole experts go to threads (fn then gets a single-threaded ectx:
@@ -111,13 +110,19 @@ kernels::RouterConfig router_config(const ModelConfig& c);
 // channels, power-of-two scales (kernels::fp8_quantize_rows), on a copy, so
 // the caller's x (saved for backward, read by the router) stays f32. Both
 // engines call this, so they multiply the same quantized activations.
-void project(const Context& ctx, Tensor y, const Tensor& x, const kernels::PackedWeight& w, bool accumulate = false);
+void project(const Context& ctx, Tensor y, const Tensor& x, const kernels::PackedWeight& w,
+             bool accumulate = false);
 // dw (N, K) += dy (M, N)ᵀ · x (M, K) for a projection the forward ran through
 // project(w): with fp8 weights x is quantized first exactly as project()
 // quantized it, so dw is the weight gradient of the product the forward
 // computed (the weight quantizer itself is straight-through: dw lands on the
 // f32 master). Otherwise kernels::gemm_dytx.
-void project_dw(const Context& ctx, Tensor dw, const Tensor& dy, const Tensor& x, const kernels::PackedWeight& w);
+void project_dw(const Context& ctx, Tensor dw, const Tensor& dy, const Tensor& x,
+                const kernels::PackedWeight& w);
+
+// ForwardOptions::lm_head == false: copies the final-normed rows (R, D) into
+// result.head_input (through the allocator: they may be device memory).
+void keep_head_input(const Context& ctx, ForwardResult& result, const Tensor& rows);
 
 // The capture hook of one forward call (ForwardOptions::capture). Without a
 // hook it holds nothing and each capture point is one pointer test.
@@ -155,7 +160,8 @@ void gather_rows(const Context& ctx, Tensor out, const Tensor& x, const std::vec
 // out (T, D): rows[r] = src[r], every other row 0.
 void scatter_rows(const Context& ctx, Tensor out, const Tensor& src, const std::vector<int32_t>& rows);
 // Routing tables (T, L_moe, K) <-> one layer's (T, K).
-void gather_layer_experts(Tensor out, const std::vector<int32_t>& all, int64_t layer, int64_t n_moe, int64_t k);
+void gather_layer_experts(Tensor out, const std::vector<int32_t>& all, int64_t layer, int64_t n_moe,
+                          int64_t k);
 void scatter_layer_experts(std::vector<int32_t>& all, const Tensor& layer_idx, int64_t layer, int64_t n_moe,
                            int64_t k);
 // Qwen2-MoE shared-expert gate: sgate (T) = sigmoid(x · w), w packed (1, D).

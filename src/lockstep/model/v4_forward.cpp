@@ -36,7 +36,9 @@ int64_t csa_index(const ModelConfig& c, int64_t layer) {
   return n;
 }
 
-int64_t num_csa_layers(const ModelConfig& c) { return csa_index(c, c.num_layers); }
+int64_t num_csa_layers(const ModelConfig& c) {
+  return csa_index(c, c.num_layers);
+}
 
 namespace {
 
@@ -75,11 +77,12 @@ void query(const V4Env& env, int64_t l, V4LayerActivations& a) {
   const LayerParams& p = block_params(env.weights.params(), l);
   const PackedLayer& w = env.weights.layer(l);
   project(env.ctx, reuse(env.ctx, a.qa, f32, {T, Rq}), a.a.view(), w.wq_a);
-  k::rmsnorm_forward(env.ctx, reuse(env.ctx, a.qr, f32, {T, Rq}), reuse(env.ctx, a.rstd_qa, f32, {T}), a.qa.view(), p.q_a_norm, eps);
+  k::rmsnorm_forward(env.ctx, reuse(env.ctx, a.qr, f32, {T, Rq}), reuse(env.ctx, a.rstd_qa, f32, {T}),
+                     a.qa.view(), p.q_a_norm, eps);
   project(env.ctx, reuse(env.ctx, a.q_pre, f32, {T, H, Dh}).reshape({T, H * Dh}), a.qr.view(), w.wq_b);
   Tensor q = reuse(env.ctx, a.q, f32, {T, H, Dh});
-  k::rmsnorm_forward(env.ctx, q.reshape({T * H, Dh}), reuse(env.ctx, a.rstd_q, f32, {T * H}), a.q_pre.view().reshape({T * H, Dh}),
-                     env.weights.ones(), eps);
+  k::rmsnorm_forward(env.ctx, q.reshape({T * H, Dh}), reuse(env.ctx, a.rstd_q, f32, {T * H}),
+                     a.q_pre.view().reshape({T * H, Dh}), env.weights.ones(), eps);
   k::rope_interleaved_forward(env.ctx, rope_tail(q, c.qk_rope_head_dim), env.vb.positions.view(),
                               env.weights.rope_of_layer(l));
   env.capture("q", l, q);
@@ -92,8 +95,8 @@ void window_kv(const V4Env& env, int64_t l, V4LayerActivations& a) {
   const LayerParams& p = block_params(env.weights.params(), l);
   project(env.ctx, reuse(env.ctx, a.kv_pre, f32, {T, Dh}), a.a.view(), env.weights.layer(l).wkv);
   OwnedTensor kvn(f32, {T, 1, Dh});
-  k::rmsnorm_forward(env.ctx, kvn.view().reshape({T, Dh}), reuse(env.ctx, a.rstd_kv, f32, {T}), a.kv_pre.view(), p.kv_norm,
-                     float(c.rms_norm_eps));
+  k::rmsnorm_forward(env.ctx, kvn.view().reshape({T, Dh}), reuse(env.ctx, a.rstd_kv, f32, {T}),
+                     a.kv_pre.view(), p.kv_norm, float(c.rms_norm_eps));
   k::rope_interleaved_forward(env.ctx, rope_tail(kvn.view(), c.qk_rope_head_dim), env.vb.positions.view(),
                               env.weights.rope_of_layer(l));
   env.capture("k", l, kvn.view());
@@ -120,10 +123,11 @@ void compress_main(const V4Env& env, int64_t l, V4LayerActivations& a) {
     const Tensor rows_t(const_cast<int32_t*>(rows.data()), DType::I32, {Ne, kappa * ratio});
     k::compress_forward(env.ctx, pre, env.kv.cz_store(l), rows_t, p.cmp_ape, int(ratio), ratio == 4);
   }
-  k::rmsnorm_forward(env.ctx, out.view().reshape({Ne, Dh}), reuse(env.ctx, a.rstd_entry, f32, {Ne}), pre, p.cmp_norm,
-                     float(c.rms_norm_eps));
+  k::rmsnorm_forward(env.ctx, out.view().reshape({Ne, Dh}), reuse(env.ctx, a.rstd_entry, f32, {Ne}), pre,
+                     p.cmp_norm, float(c.rms_norm_eps));
   const Tensor pos(const_cast<int32_t*>(a.entries.pos.data()), DType::I32, {Ne});
-  k::rope_interleaved_forward(env.ctx, rope_tail(out.view(), c.qk_rope_head_dim), pos, env.weights.rope_of_layer(l));
+  k::rope_interleaved_forward(env.ctx, rope_tail(out.view(), c.qk_rope_head_dim), pos,
+                              env.weights.rope_of_layer(l));
   store_rows(env.kv.kv_store(l), out.view().reshape({Ne, Dh}), a.entries.slot, 2, 1);
 }
 
@@ -145,7 +149,8 @@ void compress_index_keys(const V4Env& env, int64_t l, const Tensor& a) {
   k::rmsnorm_forward(env.ctx, out.view().reshape({Ne, DI}), rstd.view(), pre.view(), p.idx_cmp_norm,
                      float(c.rms_norm_eps));
   const Tensor pos(const_cast<int32_t*>(e.pos.data()), DType::I32, {Ne});
-  k::rope_interleaved_forward(env.ctx, rope_tail(out.view(), c.qk_rope_head_dim), pos, env.weights.rope_of_layer(l));
+  k::rope_interleaved_forward(env.ctx, rope_tail(out.view(), c.qk_rope_head_dim), pos,
+                              env.weights.rope_of_layer(l));
   store_rows(env.kv.index_keys(l), out.view().reshape({Ne, DI}), e.slot, 1, 0);
 }
 
@@ -174,7 +179,8 @@ std::vector<int32_t> indexer_choice(const V4Env& env, int64_t l, const V4LayerAc
   if (env.opt.replay_indexer != nullptr) {
     const int64_t L_csa = num_csa_layers(c), j = csa_index(c, l);
     for (int64_t t = 0; t < T; ++t)
-      for (int64_t s = 0; s < KI; ++s) chosen[size_t(t * KI + s)] = (*env.opt.replay_indexer)[size_t((t * L_csa + j) * KI + s)];
+      for (int64_t s = 0; s < KI; ++s)
+        chosen[size_t(t * KI + s)] = (*env.opt.replay_indexer)[size_t((t * L_csa + j) * KI + s)];
     check_replayed_entries(chosen, env.vb, 4, KI, l);
     return chosen;
   }
@@ -182,7 +188,8 @@ std::vector<int32_t> indexer_choice(const V4Env& env, int64_t l, const V4LayerAc
   indexer_queries(env, l, a, qi.view(), wt.view());
   const VisibleEntries vis = visible_entries(env.batch, env.vb, 4);
   OwnedTensor sel(DType::I32, {T, KI});
-  k::indexer_select(env.ctx, sel.view(), Tensor(), qi.view(), wt.view(), env.kv.index_keys(l), vis.rows_tensor());
+  k::indexer_select(env.ctx, sel.view(), Tensor(), qi.view(), wt.view(), env.kv.index_keys(l),
+                    vis.rows_tensor());
   std::memcpy(chosen.data(), sel.view().data, chosen.size() * sizeof(int32_t));
   return chosen;
 }
@@ -282,11 +289,12 @@ double indexer_kl(const V4Env& env, int64_t l, V4LayerActivations& a) {
 // Layer l's attention on the pre-mixed input: f_attn (T, D).
 void attention(const V4Env& env, int64_t l, V4LayerActivations& a) {
   const ModelConfig& c = env.c;
-  const int64_t T = env.T, D = c.hidden_size, H = c.num_heads, Dh = c.head_dim, G = c.o_groups, Ro = c.o_lora_rank;
+  const int64_t T = env.T, D = c.hidden_size, H = c.num_heads, Dh = c.head_dim, G = c.o_groups,
+                Ro = c.o_lora_rank;
   const LayerParams& p = block_params(env.weights.params(), l);
   const PackedLayer& w = env.weights.layer(l);
-  k::rmsnorm_forward(env.ctx, reuse(env.ctx, a.a, f32, {T, D}), reuse(env.ctx, a.rstd_attn, f32, {T}), a.u_attn.view(), p.attn_norm,
-                     float(c.rms_norm_eps));
+  k::rmsnorm_forward(env.ctx, reuse(env.ctx, a.a, f32, {T, D}), reuse(env.ctx, a.rstd_attn, f32, {T}),
+                     a.u_attn.view(), p.attn_norm, float(c.rms_norm_eps));
   env.capture("attn_norm", l, a.a.view());
   query(env, l, a);
   window_kv(env, l, a);
@@ -295,13 +303,13 @@ void attention(const V4Env& env, int64_t l, V4LayerActivations& a) {
   if (ratio == 4) compress_index_keys(env, l, a.a.view());
   candidates(env, l, a);
   Tensor attn = reuse(env.ctx, a.attn, f32, {T, H, Dh});
-  k::sparse_attention_forward(env.ctx, attn, reuse(env.ctx, a.lse, f32, {T, H}), a.q.view(), env.kv.kv_store(l),
-                              a.cand.view(), p.attn_sink, attention_scale(c));
+  k::sparse_attention_forward(env.ctx, attn, reuse(env.ctx, a.lse, f32, {T, H}), a.q.view(),
+                              env.kv.kv_store(l), a.cand.view(), p.attn_sink, attention_scale(c));
   if (env.opt.indexer_loss && c.compress_ratio(l) == 4) env.result->indexer_kl += indexer_kl(env, l, a);
   Tensor o = reuse(env.ctx, a.o, f32, {T, H * Dh});
   std::memcpy(o.data, attn.data, attn.nbytes());
-  k::rope_interleaved_inverse(env.ctx, rope_tail(o.reshape({T, H, Dh}), c.qk_rope_head_dim), env.vb.positions.view(),
-                              env.weights.rope_of_layer(l));
+  k::rope_interleaved_inverse(env.ctx, rope_tail(o.reshape({T, H, Dh}), c.qk_rope_head_dim),
+                              env.vb.positions.view(), env.weights.rope_of_layer(l));
   env.capture("attn", l, o);
   // Grouped low-rank output: group g's heads through wo_a[g], then wo_b.
   const int64_t per_group = H * Dh / G;
@@ -331,7 +339,8 @@ void route(const V4Env& env, int64_t l, V4LayerActivations& a) {
     gather_layer_experts(replay.view(), *env.opt.replay_experts, l, c.num_moe_layers(), K);
   }
   k::moe_route(env.ctx, reuse(env.ctx, a.topk_idx, DType::I32, {T, K}), reuse(env.ctx, a.topk_w, f32, {T, K}),
-               reuse(env.ctx, a.scores, f32, {T, E}), logits.view(), p.router_bias, replay.view(), router_config(c));
+               reuse(env.ctx, a.scores, f32, {T, E}), logits.view(), p.router_bias, replay.view(),
+               router_config(c));
   env.capture("experts", l, a.topk_idx.view());
   env.capture("expert_weights", l, a.topk_w.view());
   if (env.opt.record_experts && main_layer)
@@ -339,7 +348,8 @@ void route(const V4Env& env, int64_t l, V4LayerActivations& a) {
 }
 
 // The first half of an expert on rows x: gu = x · w_gate_upᵀ, act = the clamped SwiGLU.
-void expert_act(const Context& ctx, const ModelConfig& c, Tensor gu, Tensor act, const Tensor& x, const PackedMlp& w) {
+void expert_act(const Context& ctx, const ModelConfig& c, Tensor gu, Tensor act, const Tensor& x,
+                const PackedMlp& w) {
   const int64_t F = act.dim(1);
   project(ctx, gu, x, w.gate_up);
   swiglu_v4(ctx, act, gu.slice_cols(0, F), gu.slice_cols(F, 2 * F), c.swiglu_limit);
@@ -406,8 +416,8 @@ void moe(const V4Env& env, int64_t l, V4LayerActivations& a) {
   const int64_t T = env.T, D = c.hidden_size, K = c.num_experts_per_tok, Fe = c.moe_intermediate_size;
   const LayerParams& p = block_params(env.weights.params(), l);
   const PackedLayer& w = env.weights.layer(l);
-  k::rmsnorm_forward(ctx, reuse(env.ctx, a.z, f32, {T, D}), reuse(env.ctx, a.rstd_ffn, f32, {T}), a.u_ffn.view(), p.mlp_norm,
-                     float(c.rms_norm_eps));
+  k::rmsnorm_forward(ctx, reuse(env.ctx, a.z, f32, {T, D}), reuse(env.ctx, a.rstd_ffn, f32, {T}),
+                     a.u_ffn.view(), p.mlp_norm, float(c.rms_norm_eps));
   env.capture("ffn_norm", l, a.z.view());
   route(env, l, a);
   a.plan = k::moe_plan(a.topk_idx.view(), int(c.num_experts));
@@ -418,7 +428,8 @@ void moe(const V4Env& env, int64_t l, V4LayerActivations& a) {
   env.capture("moe_out", l, f);
   // The shared expert: the same clamp, no routing weight.
   OwnedTensor ys(f32, {T, D});
-  expert_act(ctx, c, reuse(env.ctx, a.gu_s, f32, {T, 2 * Fe}), reuse(env.ctx, a.act_s, f32, {T, Fe}), a.z.view(), w.shared);
+  expert_act(ctx, c, reuse(env.ctx, a.gu_s, f32, {T, 2 * Fe}), reuse(env.ctx, a.act_s, f32, {T, Fe}),
+             a.z.view(), w.shared);
   project(ctx, ys.view(), a.act_s.view(), w.shared.down);
   env.capture("shared_out", l, ys.view());
   add_into(ctx, f, f, ys.view());
@@ -450,6 +461,8 @@ void check_v4_options(const ModelWeights& weights, const RaggedBatch& batch, con
                       const Activations* saved) {
   const ModelConfig& c = weights.config();
   LS_CHECK(!opt.save_activations || saved != nullptr) << "save_activations needs an Activations";
+  LS_CHECK(opt.lm_head || (!opt.save_activations && opt.capture == nullptr))
+      << "lm_head = false is for a forward without save_activations or capture";
   if (opt.indexer_loss) {
     LS_CHECK(opt.save_activations) << "ForwardOptions::indexer_loss needs save_activations";
     for (int32_t n_ctx : batch.n_ctx)
@@ -457,35 +470,42 @@ void check_v4_options(const ModelWeights& weights, const RaggedBatch& batch, con
   }
   if (opt.mtp) {
     LS_CHECK(c.num_nextn_predict_layers > 0) << "ForwardOptions::mtp: the model has no MTP block";
-    for (int32_t n_ctx : batch.n_ctx) LS_CHECK(n_ctx == 0) << "ForwardOptions::mtp needs every token new (n_ctx == 0)";
+    for (int32_t n_ctx : batch.n_ctx)
+      LS_CHECK(n_ctx == 0) << "ForwardOptions::mtp needs every token new (n_ctx == 0)";
   }
   const int64_t T = batch.num_tokens();
   if (opt.replay_experts != nullptr) {
     LS_CHECK(int64_t(opt.replay_experts->size()) == T * c.num_moe_layers() * c.num_experts_per_tok)
-        << "replay_experts has " << opt.replay_experts->size() << " entries, expected T*L_moe*K = " << T << "*"
-        << c.num_moe_layers() << "*" << c.num_experts_per_tok;
+        << "replay_experts has " << opt.replay_experts->size() << " entries, expected T*L_moe*K = " << T
+        << "*" << c.num_moe_layers() << "*" << c.num_experts_per_tok;
   }
   if (opt.replay_indexer != nullptr) {
     LS_CHECK(int64_t(opt.replay_indexer->size()) == T * num_csa_layers(c) * c.index_topk)
-        << "replay_indexer has " << opt.replay_indexer->size() << " entries, expected T*L_csa*KI = " << T << "*"
-        << num_csa_layers(c) << "*" << c.index_topk;
+        << "replay_indexer has " << opt.replay_indexer->size() << " entries, expected T*L_csa*KI = " << T
+        << "*" << num_csa_layers(c) << "*" << c.index_topk;
   }
 }
 
 // A head on the logit rows of streams x: hc_head mix (fn, base, scale), norm,
 // vocabulary projection into logits (R, V).
-void head_forward(const V4Env& env, const Tensor& x, V4HeadActivations& s, const Tensor& fn, const Tensor& base,
-                  const Tensor& scale, const Tensor& norm, OwnedTensor& logits_out, int64_t layer) {
+void head_forward(const V4Env& env, const Tensor& x, V4HeadActivations& s, const Tensor& fn,
+                  const Tensor& base, const Tensor& scale, const Tensor& norm, OwnedTensor& logits_out,
+                  int64_t layer) {
   const ModelConfig& c = env.c;
   const int64_t R = int64_t(env.batch.logit_rows.size()), D = c.hidden_size, n = c.hc_mult;
   Tensor rows = reuse(env.ctx, s.x_rows, f32, {R, n * D});
   gather_rows(env.ctx, rows, x, env.batch.logit_rows);
   Tensor h = reuse(env.ctx, s.h_rows, f32, {R, D});
-  k::mhc_head_forward(env.ctx, h, reuse(env.ctx, s.head_w, f32, {R, n}), reuse(env.ctx, s.head_raw, f32, {R, n}),
-                      reuse(env.ctx, s.head_rstd, f32, {R}), rows, fn, base, scale, mhc_config(c));
+  k::mhc_head_forward(env.ctx, h, reuse(env.ctx, s.head_w, f32, {R, n}),
+                      reuse(env.ctx, s.head_raw, f32, {R, n}), reuse(env.ctx, s.head_rstd, f32, {R}), rows,
+                      fn, base, scale, mhc_config(c));
   Tensor normed = reuse(env.ctx, s.normed_rows, f32, {R, D});
   k::rmsnorm_forward(env.ctx, normed, reuse(env.ctx, s.rstd_f, f32, {R}), h, norm, float(c.rms_norm_eps));
   env.capture("final_norm", layer, normed, true);
+  if (!env.opt.lm_head && layer == c.num_layers) {  // the main head; MTP heads project as always
+    keep_head_input(env.ctx, *env.result, normed);
+    return;
+  }
   Tensor logits = reuse(env.ctx, logits_out, f32, {R, c.vocab_size});
   if (R > 0) project(env.ctx, logits, normed, env.weights.lm_head());
   env.capture("logits", layer, logits, true);
@@ -510,11 +530,12 @@ void mtp_forward(const V4Env& env, const Tensor& x, V4Activations& s) {
     reuse(env.ctx, m.next_t, DType::I32, {T});
     if (T > 0) std::memcpy(m.next_t.view().data, m.next.data(), size_t(T) * sizeof(int32_t));
     k::embedding_forward(ctx, reuse(env.ctx, m.e, f32, {T, D}), env.weights.params().embed, m.next_t.view());
-    k::rmsnorm_forward(ctx, reuse(env.ctx, m.en, f32, {T, D}), reuse(env.ctx, m.rstd_e, f32, {T}), m.e.view(), p.enorm, eps);
+    k::rmsnorm_forward(ctx, reuse(env.ctx, m.en, f32, {T, D}), reuse(env.ctx, m.rstd_e, f32, {T}), m.e.view(),
+                       p.enorm, eps);
     Tensor h_in = reuse(env.ctx, m.h_in, f32, {T, n * D});
     if (T > 0) std::memcpy(h_in.data, h.data, h_in.nbytes());
-    k::rmsnorm_forward(ctx, reuse(env.ctx, m.hn, f32, {T * n, D}), reuse(env.ctx, m.rstd_h, f32, {T * n}), h_in.reshape({T * n, D}),
-                       p.hnorm, eps);
+    k::rmsnorm_forward(ctx, reuse(env.ctx, m.hn, f32, {T * n, D}), reuse(env.ctx, m.rstd_h, f32, {T * n}),
+                       h_in.reshape({T * n, D}), p.hnorm, eps);
     OwnedTensor pe(f32, {T, D});
     project(ctx, pe.view(), m.en.view(), w.e_proj);
     Tensor x0 = reuse(env.ctx, m.block.x_in, f32, {T, n * D});
@@ -576,7 +597,7 @@ void v4_forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, co
   for (int64_t l = 0; l < c.num_layers; ++l) {
     V4LayerActivations& a = layer_acts(l);
     const bool final_layer = l + 1 == c.num_layers;
-    Tensor out = final_layer             ? last.view()
+    Tensor out = final_layer            ? last.view()
                  : opt.save_activations ? reuse(env.ctx, s.layers[size_t(l) + 1].x_in, f32, {T, n * D})
                                         : reuse(env.ctx, next, f32, {T, n * D});
     run_layer(env, l, a, out);

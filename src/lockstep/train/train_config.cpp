@@ -16,6 +16,7 @@ TrainSection train_section_from_toml(TomlSection& s) {
   o.weight_decay = s.get_double("weight_decay", 0.0, 0.0, 10.0);
   o.grad_clip = s.get_double("grad_clip", 1.0, 0.0);
   t.trainer.micro_batch_tokens = s.get_int("micro_batch_tokens", 4096, 1);
+  t.trainer.logits_chunk = s.get_int("logits_chunk", TrainerConfig{}.logits_chunk, 0);
   t.trainer.recompute_activations = s.get_bool("recompute_activations", false);
   t.trainer.mtp_loss_coef = s.get_double("mtp_loss_coef", 0.0, 0.0, 100.0);
   t.trainer.indexer_loss_coef = s.get_double("indexer_loss_coef", 0.0, 0.0, 100.0);

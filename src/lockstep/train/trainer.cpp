@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <limits>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <numeric>
 #include <string>
 
@@ -32,6 +32,7 @@ struct RunBuffers {
   model::Activations acts;
   model::ForwardResult fr;
   OwnedTensor logp, ent, tgt, dlogp, dent;  // (R)
+  OwnedTensor chunk_logits;                 // (logits_chunk, V) when scoring in chunks
 };
 
 Trainer::Trainer(const Context& ctx, const ModelConfig& config, Buffer params, TrainerConfig cfg)
@@ -43,19 +44,22 @@ Trainer::Trainer(const Context& ctx, const ModelConfig& config, Buffer params, T
       grad_views_(bind(layout_, grads_.as<float>())),
       cfg_(cfg),
       optimizer_(layout_, cfg.optim, nullptr, kernels::device_memory(ctx)) {
-  LS_CHECK(params_.size() >= layout_.nbytes()) << "parameter buffer of " << params_.size() << " bytes, model needs "
-                                               << layout_.nbytes();
+  LS_CHECK(params_.size() >= layout_.nbytes())
+      << "parameter buffer of " << params_.size() << " bytes, model needs " << layout_.nbytes();
   LS_CHECK(cfg_.micro_batch_tokens >= 1) << "micro_batch_tokens must be >= 1";
+  LS_CHECK(cfg_.logits_chunk >= 0) << "logits_chunk must be >= 0";
   LS_CHECK(cfg_.mtp_loss_coef == 0 || config.num_nextn_predict_layers > 0)
-      << "[train] mtp_loss_coef = " << cfg_.mtp_loss_coef << " needs a model with MTP blocks (num_nextn_predict_layers > 0)";
+      << "[train] mtp_loss_coef = " << cfg_.mtp_loss_coef
+      << " needs a model with MTP blocks (num_nextn_predict_layers > 0)";
   if (cfg_.world_invariant && cfg_.mtp_loss_coef != 0)
     LS_THROW << "[dist] world_invariant = true does not cover the MTP loss ([train] mtp_loss_coef = "
              << cfg_.mtp_loss_coef << "): set one of them off";
   if (!(cfg_.indexer_loss_coef >= 0))
     LS_THROW << "[train] indexer_loss_coef must be >= 0, got " << cfg_.indexer_loss_coef;
   if (cfg_.indexer_loss_coef > 0 && (!config.is_v4() || model::num_csa_layers(config) == 0))
-    LS_THROW << "[train] indexer_loss_coef = " << cfg_.indexer_loss_coef
-             << " needs a DeepSeek-V4 model with CSA layers (compress_ratios of 4): this model has no indexer";
+    LS_THROW
+        << "[train] indexer_loss_coef = " << cfg_.indexer_loss_coef
+        << " needs a DeepSeek-V4 model with CSA layers (compress_ratios of 4): this model has no indexer";
   if (cfg_.world_invariant && cfg_.indexer_loss_coef > 0)
     LS_THROW << "[dist] world_invariant = true does not cover the indexer loss ([train] indexer_loss_coef = "
              << cfg_.indexer_loss_coef << "): set one of them off";
@@ -65,7 +69,9 @@ Trainer::Trainer(const Context& ctx, const ModelConfig& config, Buffer params, T
                                                    cfg_.in_place_weights);
 }
 
-void Trainer::params_changed(uint64_t version) { weights_->refresh(ctx_, version); }
+void Trainer::params_changed(uint64_t version) {
+  weights_->refresh(ctx_, version);
+}
 
 namespace {
 // Adjacent (offset, n) ranges merged.
@@ -76,7 +82,8 @@ void add_range(std::vector<std::pair<int64_t, int64_t>>& r, int64_t offset, int6
     r.emplace_back(offset, n);
 }
 
-std::vector<kernels::FloatSegment> segments(const std::vector<std::pair<int64_t, int64_t>>& r, const float* base) {
+std::vector<kernels::FloatSegment> segments(const std::vector<std::pair<int64_t, int64_t>>& r,
+                                            const float* base) {
   std::vector<kernels::FloatSegment> out;
   for (auto [o, n] : r) out.push_back({const_cast<float*>(base) + o, n});
   return out;
@@ -86,11 +93,13 @@ std::vector<kernels::FloatSegment> segments(const std::vector<std::pair<int64_t,
 
 void Trainer::set_expert_comm(model::ExpertComm* comm) {
   const ModelConfig& c = config();
-  LS_CHECK(optimizer_.steps_done() == 0) << "set_expert_comm after optimizer steps would lose the optimizer state";
+  LS_CHECK(optimizer_.steps_done() == 0)
+      << "set_expert_comm after optimizer steps would lose the optimizer state";
   LS_CHECK(layout_.all_experts() || comm == experts_)
       << "set_expert_comm: this trainer already holds only some experts; build it again from the whole model";
   model::ExpertShard shard;
-  if (comm != nullptr && c.num_experts > 0) shard = model::ExpertShard::of_rank(c.num_experts, comm->size(), comm->rank());
+  if (comm != nullptr && c.num_experts > 0)
+    shard = model::ExpertShard::of_rank(c.num_experts, comm->size(), comm->rank());
   experts_ = shard.all() ? nullptr : comm;
   if (!shard.all()) {
     // Keep this rank's tensors only: the other experts' parameters go.
@@ -187,7 +196,8 @@ void Trainer::assemble(const float* local, bool all, const std::function<void(co
     const ExpertBlocks& whole = model_layout_.expert_blocks(p.layer);
     const bool gate_up = p.offset == whole.gate_up.offset;
     if (!gate_up && p.offset != whole.down.offset) continue;
-    const ParamRange& mine = gate_up ? layout_.expert_blocks(p.layer).gate_up : layout_.expert_blocks(p.layer).down;
+    const ParamRange& mine =
+        gate_up ? layout_.expert_blocks(p.layer).gate_up : layout_.expert_blocks(p.layer).down;
     const int64_t n = gate_up ? whole.gate_up.numel : whole.down.numel;
     LS_CHECK(n == mine.numel * experts_->size()) << "expert shards of unequal size";
     const size_t bytes = size_t(mine.numel) * sizeof(float);
@@ -237,7 +247,8 @@ void Trainer::prepare_checkpoint(bool writer, const std::string& scratch) {
   gather_model(root ? model_params_.as<float>() : nullptr, false);
   if (root) std::filesystem::create_directories(std::filesystem::path(scratch).parent_path());
   std::unique_ptr<OptimizerStateWriter> out;
-  if (root) out = std::make_unique<OptimizerStateWriter>(scratch, optimizer_.steps_done(), model_layout_.numel());
+  if (root)
+    out = std::make_unique<OptimizerStateWriter>(scratch, optimizer_.steps_done(), model_layout_.numel());
   for (const float* moment : {optimizer_.m(), optimizer_.v()})
     assemble(moment, false, [&](const float* d, int64_t n) { out->write(d, n); });
   if (out) {
@@ -248,7 +259,8 @@ void Trainer::prepare_checkpoint(bool writer, const std::string& scratch) {
 
 void Trainer::save_optimizer(const std::string& path) {
   if (experts_ == nullptr) return optimizer_.save(path);
-  LS_CHECK(!gathered_optimizer_.empty()) << "save_optimizer: prepare_checkpoint(true, ...) first (expert parallelism)";
+  LS_CHECK(!gathered_optimizer_.empty())
+      << "save_optimizer: prepare_checkpoint(true, ...) first (expert parallelism)";
   std::filesystem::rename(gathered_optimizer_, path);
   gathered_optimizer_.clear();
   model_params_ = Buffer();  // the model was saved before (save_checkpoint)
@@ -256,8 +268,8 @@ void Trainer::save_optimizer(const std::string& path) {
 
 int64_t TrainSequence::num_loss_targets() const {
   if (loss_mask.empty()) return num_targets();
-  LS_CHECK(int64_t(loss_mask.size()) == num_targets())
-      << "TrainSequence: loss_mask has " << loss_mask.size() << " entries for " << num_targets() << " targets";
+  LS_CHECK(int64_t(loss_mask.size()) == num_targets()) << "TrainSequence: loss_mask has " << loss_mask.size()
+                                                       << " entries for " << num_targets() << " targets";
   int64_t n = 0;
   for (uint8_t m : loss_mask) n += m ? 1 : 0;
   return n;
@@ -294,6 +306,7 @@ struct RunSpec {
   const model::ModelWeights& weights;
   int64_t micro_batch_tokens;
   int kv_block_size;
+  int64_t logits_chunk = 0;  // TrainerConfig::logits_chunk (0: all rows at once)
   bool recompute = false;
   model::ExpertComm* experts = nullptr;
   const ModelParams* grads = nullptr;  // null: forward only (the loss must be null too)
@@ -331,8 +344,9 @@ int64_t mtp_targets(const std::vector<TrainSequence>& seqs, int64_t j) {
 }
 
 // TokenScores::mtp_logp of the micro-batch's sequences from MTP block 0's logits.
-void mtp_scores(const RunSpec& r, const model::ForwardResult& fr, const std::vector<TrainSequence>& seqs, size_t b0,
-                size_t b1, const std::vector<int64_t>& first_row, std::vector<TokenScores>& scores) {
+void mtp_scores(const RunSpec& r, const model::ForwardResult& fr, const std::vector<TrainSequence>& seqs,
+                size_t b0, size_t b1, const std::vector<int64_t>& first_row,
+                std::vector<TokenScores>& scores) {
   const Tensor logits = fr.mtp_logits.at(0).view();
   const int64_t R = logits.dim(0);
   OwnedTensor tgt(DType::I32, {R}), lp(DType::F32, {R});
@@ -393,7 +407,8 @@ void check_sequences(const RunSpec& r, const std::vector<TrainSequence>& seqs, c
   for (size_t i = 0; i < seqs.size(); ++i) {
     const auto& s = seqs[i];
     if (s.prompt_len < 1 || s.prompt_len > int64_t(s.tokens.size()))
-      LS_THROW << "sequence " << i << ": prompt_len " << s.prompt_len << " outside [1, " << s.tokens.size() << "]";
+      LS_THROW << "sequence " << i << ": prompt_len " << s.prompt_len << " outside [1, " << s.tokens.size()
+               << "]";
     if (!opt.replay) continue;
     if (s.routed_experts.size() != s.tokens.size() * route_row)
       LS_THROW << "sequence " << i << ": routing replay needs " << s.tokens.size() * route_row
@@ -412,7 +427,9 @@ struct ReplayRows {
 };
 
 // KV blocks a sequence of the trainer's batch takes (every token new).
-int32_t blocks_of(const TrainSequence& s, int bs) { return int32_t((s.tokens.size() + size_t(bs) - 1) / size_t(bs)); }
+int32_t blocks_of(const TrainSequence& s, int bs) {
+  return int32_t((s.tokens.size() + size_t(bs) - 1) / size_t(bs));
+}
 
 // Every token new, sequences [b0, b1) on consecutive KV blocks from block 0; the logit
 // rows and targets of their response tokens, and each sequence's first row.
@@ -430,8 +447,8 @@ model::RaggedBatch build_batch(const std::vector<TrainSequence>& seqs, size_t b0
     blocks.resize(size_t(blocks_of(s, bs)));
     std::iota(blocks.begin(), blocks.end(), next_block);
     next_block += int32_t(blocks.size());
-    const int32_t row0 =
-        batch.add_sequence(s.tokens.data(), int32_t(s.tokens.size()), 0, blocks.data(), int32_t(blocks.size()));
+    const int32_t row0 = batch.add_sequence(s.tokens.data(), int32_t(s.tokens.size()), 0, blocks.data(),
+                                            int32_t(blocks.size()));
     first_row[i - b0] = int64_t(batch.logit_rows.size());
     for (size_t p = size_t(s.prompt_len) - 1; p + 1 < s.tokens.size(); ++p) {
       batch.logit_rows.push_back(row0 + int32_t(p));
@@ -443,6 +460,25 @@ model::RaggedBatch build_batch(const std::vector<TrainSequence>& seqs, size_t b0
     }
   }
   return batch;
+}
+
+// Scoring without a loss, in chunks of `chunk` logit rows: the vocabulary
+// projection and the token logprobs (and entropy) of rows [r0, r0 + chunk)
+// at a time, from the forward's head_input, so that at most (chunk, V)
+// logits exist at once. Each row's logits and reductions are its own, so
+// every logprob has the bits of the unchunked pass.
+void chunked_token_logprobs(const RunSpec& r, RunBuffers& rb, int64_t R, int64_t chunk,
+                            const ScoreOptions& opt) {
+  const int64_t V = r.weights.config().vocab_size;
+  const Tensor whole = model::reuse(r.ctx, rb.chunk_logits, DType::F32, {chunk, V});
+  for (int64_t r0 = 0; r0 < R; r0 += chunk) {
+    const int64_t r1 = std::min(R, r0 + chunk);
+    const Tensor logits = whole.slice_rows(0, r1 - r0);
+    model::lm_head_forward(r.ctx, r.weights, logits, rb.fr.head_input.view().slice_rows(r0, r1));
+    kernels::token_logprob_forward(r.ctx, rb.logp.view().slice_rows(r0, r1),
+                                   opt.entropy ? rb.ent.view().slice_rows(r0, r1) : Tensor(), Tensor(),
+                                   logits, rb.tgt.view().slice_rows(r0, r1), opt.temperature);
+  }
 }
 
 // The one scoring and training pass of Trainer and Scorer: micro-batch by
@@ -457,14 +493,16 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
   auto mbs = micro_batches(seqs, r.micro_batch_tokens);
   // Expert parallelism: the group's ranks exchange rows in every MoE layer of
   // every micro-batch, so all run as many as the largest (empty ones too).
-  if (r.experts != nullptr) mbs.resize(size_t(r.experts->max(int64_t(mbs.size()))), {seqs.size(), seqs.size()});
+  if (r.experts != nullptr)
+    mbs.resize(size_t(r.experts->max(int64_t(mbs.size()))), {seqs.size(), seqs.size()});
   int64_t max_blocks_total = 1;
   for (auto [b0, b1] : mbs) {
     int64_t nb = 0;
     for (size_t i = b0; i < b1; ++i) nb += blocks_of(seqs[i], bs);
     max_blocks_total = std::max(max_blocks_total, nb);
   }
-  if (rb.kv.num_blocks() < max_blocks_total || rb.kv.block_size() != bs) rb.kv = model::KvCache(c, max_blocks_total, bs, DType::F32, rb.memory);
+  if (rb.kv.num_blocks() < max_blocks_total || rb.kv.block_size() != bs)
+    rb.kv = model::KvCache(c, max_blocks_total, bs, DType::F32, rb.memory);
   OwnedTensor &logp = rb.logp, &ent = rb.ent, &tgt = rb.tgt, &dlogp = rb.dlogp, &dent = rb.dent;
   const bool mtp = loss != nullptr && r.mtp_loss_coef > 0;
   std::vector<int64_t> mtp_norm;
@@ -486,14 +524,23 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
     fo.experts = r.experts;
     fo.mtp = mtp || (opt.mtp && scores != nullptr);
     fo.indexer_loss = indexer_loss && indexer_rows > 0;
+    // Scoring only: the logits in chunks (training keeps all rows, which
+    // backward's lm_head gradient needs at once).
+    const bool chunked = loss == nullptr && r.logits_chunk > 0 && R > r.logits_chunk;
+    fo.lm_head = !chunked;
     model::forward(r.ctx, r.weights, rb.kv, rb.ws, batch, fo, &rb.fr, loss ? &rb.acts : nullptr);
 
     model::reuse(r.ctx, logp, DType::F32, {R});
     model::reuse(r.ctx, ent, DType::F32, {R});
     model::reuse(r.ctx, tgt, DType::I32, {R});
     rb.memory.copy_in(tgt.view().data, targets.data(), size_t(R) * 4);
-    kernels::token_logprob_forward(r.ctx, logp.view(), opt.entropy ? ent.view() : Tensor(), Tensor(),
-                                   rb.fr.logits.view(), tgt.view(), opt.temperature);
+    if (chunked) {
+      model::drop(rb.fr.logits);  // a training pass's (R, V) logits would stay beside the chunks
+      chunked_token_logprobs(r, rb, R, r.logits_chunk, opt);
+    } else {
+      kernels::token_logprob_forward(r.ctx, logp.view(), opt.entropy ? ent.view() : Tensor(), Tensor(),
+                                     rb.fr.logits.view(), tgt.view(), opt.temperature);
+    }
     // Zeroed: a loss may leave the gradient of tokens it ignores unwritten.
     std::memset(model::reuse(r.ctx, dlogp, DType::F32, {R}).data, 0, size_t(R) * 4);
     std::memset(model::reuse(r.ctx, dent, DType::F32, {R}).data, 0, size_t(R) * 4);
@@ -514,8 +561,8 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
     // The logits are not needed once their gradient is known: the kernel
     // writes dlogits over them (it allows the aliasing), saving an (R, V) buffer.
     Tensor dlogits = rb.fr.logits.view();
-    kernels::token_logprob_backward(r.ctx, dlogits, dlogp.view(), opt.entropy ? dent.view() : Tensor(), dlogits,
-                                    tgt.view(), opt.temperature);
+    kernels::token_logprob_backward(r.ctx, dlogits, dlogp.view(), opt.entropy ? dent.view() : Tensor(),
+                                    dlogits, tgt.view(), opt.temperature);
     std::vector<Tensor> dmtp;
     if (mtp) total += mtp_loss(r, rb.fr, seqs, b0, b1, first_row, mtp_norm, dmtp);
     rb.acts.fold_expert_grads = r.fold_expert_grads ? *r.fold_expert_grads : nullptr;
@@ -538,15 +585,15 @@ std::vector<TokenScores> Trainer::score(const std::vector<TrainSequence>& seqs, 
   return out;
 }
 
-double Trainer::accumulate(const std::vector<TrainSequence>& seqs, const LossFn& loss, const ScoreOptions& opt,
-                           std::vector<TokenScores>* scores) {
+double Trainer::accumulate(const std::vector<TrainSequence>& seqs, const LossFn& loss,
+                           const ScoreOptions& opt, std::vector<TokenScores>* scores) {
   return run(seqs, &loss, opt, scores);
 }
 
 double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, const ScoreOptions& opt,
                     std::vector<TokenScores>* scores) {
   if (!buffers_) buffers_ = std::make_shared<RunBuffers>(kernels::device_memory(ctx_));
-  RunSpec r{ctx_, *weights_, cfg_.micro_batch_tokens, cfg_.kv_block_size};
+  RunSpec r{ctx_, *weights_, cfg_.micro_batch_tokens, cfg_.kv_block_size, cfg_.logits_chunk};
   r.recompute = cfg_.recompute_activations;
   r.experts = experts_;
   r.grads = &grad_views_;
@@ -628,11 +675,13 @@ void Trainer::finish_exact_sum() {
   if (cfg_.exact_reduce) cfg_.exact_reduce(acc, size_t(n + 2));
   const int64_t folds = int64_t(acc[n]), refused = int64_t(acc[n + 1]);
   if (folds > comm::kFixedMaxTerms)
-    LS_THROW << "[dist] world_invariant: " << folds << " micro-batches in one optimizer step; the exact gradient sum "
+    LS_THROW << "[dist] world_invariant: " << folds
+             << " micro-batches in one optimizer step; the exact gradient sum "
              << "holds at most " << comm::kFixedMaxTerms << " (raise [train] micro_batch_tokens)";
   float* g = grads_.as<float>();
   ctx_.parallel_for(
-      n, [&](int64_t b0, int64_t b1) { comm::unfold_into(acc + b0, g + b0, size_t(b1 - b0)); }, int64_t{1} << 16);
+      n, [&](int64_t b0, int64_t b1) { comm::unfold_into(acc + b0, g + b0, size_t(b1 - b0)); },
+      int64_t{1} << 16);
   if (refused > 0) std::fill(g, g + n, std::numeric_limits<float>::quiet_NaN());
 }
 
@@ -643,15 +692,16 @@ void Trainer::zero_grad() {
 }
 
 Scorer::Scorer(const Context& ctx, const ModelConfig& config, Buffer params, int64_t micro_batch_tokens,
-               int kv_block_size, DType precision, int64_t fp8_block)
+               int kv_block_size, DType precision, int64_t fp8_block, int64_t logits_chunk)
     : ctx_(ctx),
       layout_(config),
       params_(std::move(params)),
       micro_batch_tokens_(micro_batch_tokens),
       kv_block_size_(kv_block_size),
+      logits_chunk_(logits_chunk),
       buffers_(std::make_shared<RunBuffers>(kernels::device_memory(ctx))) {
-  LS_CHECK(params_.size() >= layout_.nbytes()) << "parameter buffer of " << params_.size() << " bytes, model needs "
-                                               << layout_.nbytes();
+  LS_CHECK(params_.size() >= layout_.nbytes())
+      << "parameter buffer of " << params_.size() << " bytes, model needs " << layout_.nbytes();
   LS_CHECK(micro_batch_tokens_ >= 1) << "micro_batch_tokens must be >= 1";
   // Nothing else reads a scorer's weights: the kernels read its f32 master in place.
   weights_ =
@@ -661,7 +711,8 @@ Scorer::Scorer(const Context& ctx, const ModelConfig& config, Buffer params, int
 
 std::vector<TokenScores> Scorer::score(const std::vector<TrainSequence>& seqs, const ScoreOptions& opt) {
   std::vector<TokenScores> out;
-  run_pass(RunSpec{ctx_, *weights_, micro_batch_tokens_, kv_block_size_}, *buffers_, seqs, nullptr, opt, &out);
+  run_pass(RunSpec{ctx_, *weights_, micro_batch_tokens_, kv_block_size_, logits_chunk_}, *buffers_, seqs,
+           nullptr, opt, &out);
   return out;
 }
 
@@ -680,7 +731,8 @@ OptimizerStats Trainer::step() {
   // memory bandwidth on a buffer of hundreds of MB.
   char* g = static_cast<char*>(grads_.data());
   const int64_t n = int64_t(layout_.nbytes());
-  ctx_.parallel_for(n, [&](int64_t b0, int64_t b1) { std::memset(g + b0, 0, size_t(b1 - b0)); }, int64_t{1} << 20);
+  ctx_.parallel_for(
+      n, [&](int64_t b0, int64_t b1) { std::memset(g + b0, 0, size_t(b1 - b0)); }, int64_t{1} << 20);
   if (!s.skipped) weights_->refresh(ctx_, weights_->version() + 1);
   return s;
 }

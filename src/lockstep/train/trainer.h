@@ -55,12 +55,17 @@ struct TokenScores {
 // Per-sequence loss: given the response tokens' logp (and entropy, or null),
 // writes dloss/dlogp (and dloss/dentropy when entropy is non-null) and
 // returns the sequence's loss contribution.
-using LossFn = std::function<double(size_t seq, const float* logp, const float* entropy, int64_t n, float* dlogp,
-                                    float* dentropy)>;
+using LossFn = std::function<double(size_t seq, const float* logp, const float* entropy, int64_t n,
+                                    float* dlogp, float* dentropy)>;
 
 struct TrainerConfig {
   OptimizerConfig optim;
   int64_t micro_batch_tokens = 4096;  // token budget of one forward/backward
+  // Scoring (no loss): the vocabulary projection and logprobs of at most this
+  // many logit rows at once, so a long sequence never holds its whole (T, V)
+  // logits (at V = 151,936, 608 KB per row). The same bits at every value;
+  // 0 takes all rows at once. Training passes still take all rows.
+  int64_t logits_chunk = 1024;
   // Keep only each layer's input during the forward and recompute the rest in
   // backward, one layer at a time: activation memory of one layer instead of
   // all, for about one more forward's work. Gradients have the same bits.
@@ -263,7 +268,8 @@ class Scorer {
   // precision / fp8_block as TrainerConfig's: the reference scores in the
   // policy's precision.
   Scorer(const Context& ctx, const ModelConfig& config, Buffer params, int64_t micro_batch_tokens,
-         int kv_block_size = TrainerConfig{}.kv_block_size, DType precision = DType::F32, int64_t fp8_block = 128);
+         int kv_block_size = TrainerConfig{}.kv_block_size, DType precision = DType::F32,
+         int64_t fp8_block = 128, int64_t logits_chunk = TrainerConfig{}.logits_chunk);
 
   std::vector<TokenScores> score(const std::vector<TrainSequence>& seqs, const ScoreOptions& opt);
   const model::ModelWeights& weights() const { return *weights_; }
@@ -274,6 +280,7 @@ class Scorer {
   Buffer params_;
   int64_t micro_batch_tokens_;
   int kv_block_size_;
+  int64_t logits_chunk_;
   std::unique_ptr<model::ModelWeights> weights_;
   std::shared_ptr<RunBuffers> buffers_;  // as Trainer's: kept from call to call
 };
