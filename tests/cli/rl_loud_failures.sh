@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `lockstep rl` fails loudly and reads verl's data as it is:
-#  1. a dataset with "answer" instead of "label" is refused by --check-config
-#     and by rl, naming the file, the line and data.label_key;
+#  1. a dataset with "answer" instead of "label" is refused by --check-config,
+#     rl and eval, naming the file, the line and data.label_key (and sft's
+#     step line counts step N/TOTAL);
 #  2. a Python reward that starts returning the string "1.0" stops the run
 #     with the reason; the metrics and checkpoints written before are kept,
 #     the samples carry each failure's reason, the step line shows it;
@@ -16,6 +17,7 @@ PY=/usr/bin/python3
 
 "$BIN" demo --out "$T/d" --sft-steps 2 --rl-steps 0 --threads 2 > "$T/demo.log" 2>&1 || { cat "$T/demo.log"; exit 1; }
 head -n 8 "$T/d/data/train.jsonl" > "$T/train.jsonl"
+grep -q "^step 2/2 | loss .* | elapsed .*, left 0s" "$T/demo.log" || { cat "$T/demo.log"; exit 1; }  # sft's line
 cat > "$T/base.toml" <<EOF
 [model]
 path = "$T/d/sft/checkpoints/latest"
@@ -52,6 +54,10 @@ for mode in --check-config --config; do
     "$T/a.err" || { cat "$T/a.err"; exit 1; }
 done
 test ! -e "$T/run"
+rc=0
+"$BIN" eval --model "$T/d/sft/checkpoints/latest" --data "$T/answer.jsonl" --n 1 > "$T/e.out" 2> "$T/e.err" || rc=$?
+[ "$rc" != 0 ] || { cat "$T/e.out" "$T/e.err"; echo "eval accepted rows without a label"; exit 1; }
+grep -q "answer.jsonl:1: missing field 'label' (chosen by data.label_key" "$T/e.err" || { cat "$T/e.err"; exit 1; }
 "$BIN" rl --check-config "$T/base.toml" | grep -q ": OK (.*data: 8 rows in $T/train.jsonl"
 
 # 2. A reward that returns a string from the second step on (4 samples a step).
