@@ -67,6 +67,15 @@ class Hangs : public reward::Reward {
   std::string type() const override { return "hangs"; }
 };
 
+// Fails every sample, as a reward file that returns a string does.
+class AlwaysFails : public reward::Reward {
+ public:
+  reward::RewardResult evaluate(const reward::RewardRequest&) const override {
+    return reward::RewardResult::failure_result("bad_return: score returned str");
+  }
+  std::string type() const override { return "always-fails"; }
+};
+
 struct Fixture {
   static constexpr int64_t kMicroBatchTokens = 64;  // several micro-batches per step
 
@@ -519,6 +528,38 @@ TEST(RlLoop, AHangingRewardTimesOutAndIsCountedNotTrained) {
   int nulls = 0;
   for (const auto& r : samples) nulls += r.value["reward"].is_null() ? 1 : 0;
   EXPECT_GT(nulls, 0);
+}
+
+// A step whose rewards all fail stops the run with the first failure's
+// reason, before any update; its metrics line (without a reward mean) and its
+// samples (each with its reward_failure) are written first.
+TEST(RlLoop, EveryRewardFailingStopsTheRunWithTheReason) {
+  Fixture f;
+  RlConfig c = f.config(f.dir.str("allfail"));
+  c.steps = 3;
+  c.eval.interval = 0;
+  f.eval.clear();
+  auto t = f.trainer(c);
+  try {
+    run_rl(*t, f.inputs(std::make_shared<AlwaysFails>()), c, false);
+    ADD_FAILURE() << "a run whose rewards all failed went on";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("rl step 1: every reward failed"), std::string::npos) << what;
+    EXPECT_NE(what.find("the first failure: bad_return: score returned str"), std::string::npos) << what;
+  }
+  EXPECT_EQ(t->version(), 0u);  // nothing trained on failures
+  const auto m = metrics_of(c.out_dir);
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_FALSE(m[0].contains("rollout/reward_mean")) << m[0].dump();
+  EXPECT_EQ(m[0]["rollout/reward_failures"], m[0]["rollout/num_samples"]);
+  const auto samples = data::read_jsonl(c.out_dir + "/samples/step_000001.jsonl");
+  ASSERT_FALSE(samples.empty());
+  for (const auto& r : samples) {
+    EXPECT_TRUE(r.value["reward"].is_null());
+    EXPECT_TRUE(r.value.contains("label"));
+    EXPECT_EQ(r.value.value("reward_failure", ""), "bad_return: score returned str");
+  }
 }
 
 // A verl-style Python reward in the loop: its dict's extra keys become

@@ -206,8 +206,9 @@ LoadedModel load_eval_model(const Args& args, const EvalInputs& in, const Contex
 }
 
 // Bad lines fail here, before any generation (file:line in the message).
-std::vector<data::PromptExample> load_problems(const data::DataConfig& dc, const LoadedModel& m) {
-  auto problems = data::load_prompts(dc.eval_file, dc, *m.tokenizer);
+std::vector<data::PromptExample> load_problems(const data::DataConfig& dc, const LoadedModel& m,
+                                               const reward::RewardOptions& reward) {
+  auto problems = data::load_prompts(dc.eval_file, dc, *m.tokenizer, eval::prompt_needs(reward));
   for (const auto& p : problems)
     if (int64_t(p.prompt_ids.size()) >= m.config.max_position_embeddings)
       LS_THROW << dc.eval_file << ":" << p.line << ": the prompt has " << p.prompt_ids.size()
@@ -250,7 +251,7 @@ int run_eval(const Args& args) {
   Context ctx{pool.get(), 0};
   set_device(ctx, args, in.root.contains("model") ? device_from_toml(in.root, in.source) : "cpu");
   LoadedModel m = load_eval_model(args, in, ctx);
-  auto problems = load_problems(in.dc, m);
+  auto problems = load_problems(in.dc, m, ec.reward);
 
   ParamLayout layout(m.config);
   // The policy's precision: --precision, else the config's [model] precision.

@@ -12,6 +12,7 @@
 #include "lockstep/cli/command.h"
 #include "lockstep/cli/mpi_launch.h"
 #include "lockstep/data/dataset.h"
+#include "lockstep/eval/eval_config.h"
 #include "lockstep/kernels/gpu/device.h"
 #include "lockstep/model/model_source.h"
 #include "lockstep/parallel/data_parallel.h"
@@ -37,6 +38,28 @@ parallel::DistConfig read_dist(const toml::table& root, const std::string& path,
   return d;
 }
 
+// What each row needs: the reward's label, unless a multi-turn environment
+// may score the episodes itself.
+data::PromptNeeds rl_prompt_needs(const rl::RlConfig& cfg) {
+  return cfg.env.enabled() ? data::PromptNeeds{} : eval::prompt_needs(cfg.reward);
+}
+
+// --check-config reads the data files' rows (no tokenizer: fields and labels
+// only); a file that is not there yet is said, not an error.
+std::string check_data(const data::DataConfig& dc, const rl::RlConfig& cfg) {
+  std::string out;
+  for (const std::string* f : {&dc.train_file, &dc.eval_file}) {
+    if (f->empty()) continue;
+    if (!out.empty()) out += ", ";
+    if (!std::filesystem::exists(*f)) {
+      out += *f + " not found, not checked";
+      continue;
+    }
+    out += std::to_string(data::check_prompt_rows(*f, dc, rl_prompt_needs(cfg))) + " rows in " + *f;
+  }
+  return out;
+}
+
 // The trainer side; rc is null in a single-process run.
 // "bf16 (aligned)" or "rollout bf16, trainer f32 (fast mode)".
 std::string precision_summary(const rollout::RolloutSection& r) {
@@ -55,8 +78,9 @@ int run_trainer(const Args& args, const toml::table& root, const std::string& cf
     LS_THROW << cfg_path << ": the model has no tokenizer.json (make one with `lockstep init`)";
   rl::RlInputs in;
   in.tok = &*m.tokenizer;
-  in.train = data::load_prompts(dc.train_file, dc, *m.tokenizer);
-  if (!dc.eval_file.empty()) in.eval = data::load_prompts(dc.eval_file, dc, *m.tokenizer);
+  const data::PromptNeeds needs = rl_prompt_needs(cfg);
+  in.train = data::load_prompts(dc.train_file, dc, *m.tokenizer, needs);
+  if (!dc.eval_file.empty()) in.eval = data::load_prompts(dc.eval_file, dc, *m.tokenizer, needs);
   in.tokenizer_dir = m.dir;
   const int64_t ctx_len = m.config.max_position_embeddings;
   for (const auto& p : in.train)
@@ -174,11 +198,12 @@ int run_rl_cmd(const Args& args) {
   data_s.finish();
   if (dc.train_file.empty()) LS_THROW << cfg_path << ": [data] train_file is required";
   if (args.has("out")) cfg.out_dir = args.get("out", cfg.out_dir);
-  if (check_only) {  // every section but the model's weights, which are not loaded
+  if (check_only) {  // every section and the data's rows, but not the model, which is not loaded
+    const std::string data_summary = check_data(dc, cfg);
     std::cout << cfg_path << ": OK (" << cfg.steps << " steps of " << cfg.batch_size << " prompts x "
               << cfg.rollout.sampling.n << " samples; " << rl::to_string(cfg.algo.advantage) << ", "
               << rl::to_string(cfg.algo.policy_loss) << ", " << rl::to_string(cfg.algo.loss_agg) << "; "
-              << precision_summary(cfg.rollout) << "; out " << cfg.out_dir;
+              << precision_summary(cfg.rollout) << "; data: " << data_summary << "; out " << cfg.out_dir;
     if (has_dist)
       std::cout << "; dist: "
                 << (dcfg.trainer_ranks ? std::to_string(dcfg.trainer_ranks) : std::string("all other"))
@@ -197,7 +222,8 @@ LS_REGISTER_COMMAND(Command{
     "rl",
     "RL post-training (GRPO family) with rollout, rewards, eval and checkpoints",
     "usage: lockstep rl --config FILE [--resume] [--out DIR] [--set section.key=value ...]\n"
-    "       lockstep rl --check-config FILE [--set ...]   (validate the config, load nothing)\n"
+    "       lockstep rl --check-config FILE [--set ...]   (validate the config and the data's rows; no "
+    "model)\n"
     "       mpirun -np N lockstep rl --config FILE        (trainer and rollout ranks, [dist])\n\n"
     "Each step draws [rollout] batch_size prompts from [data] train_file, samples [rollout] n\n"
     "responses to each with the rollout engine, scores them with the [reward] verifier,\n"

@@ -2,6 +2,7 @@
 #include "lockstep/data/dataset.h"
 
 #include "lockstep/base/error.h"
+#include "lockstep/data/fields.h"
 #include "lockstep/data/jsonl.h"
 
 namespace lockstep::data {
@@ -24,27 +25,22 @@ DataConfig data_config_from_toml(TomlSection& s) {
 
 namespace {
 
-std::vector<tokenizer::ChatMessage> parse_messages(const JsonlRecord& r, const std::string& path,
-                                                   const std::string& key) {
-  const auto& v = require_field(r, path, key);
-  if (!v.is_array() || v.empty())
-    LS_THROW << path << ":" << r.line << ": field '" << key << "' must be a non-empty list of messages";
-  std::vector<tokenizer::ChatMessage> out;
-  for (const auto& m : v) {
-    if (!m.is_object() || !m.contains("role") || !m.contains("content") || !m["role"].is_string() ||
-        !m["content"].is_string())
-      LS_THROW << path << ":" << r.line << ": each message of '" << key << "' needs string 'role' and 'content'";
-    out.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
-  }
-  return out;
-}
-
 std::vector<int32_t> encode_prompt(const tokenizer::Tokenizer& tok, const DataConfig& cfg,
                                    std::vector<tokenizer::ChatMessage> msgs, std::string* text) {
   if (!cfg.system_prompt.empty() && (msgs.empty() || msgs.front().role != "system"))
     msgs.insert(msgs.begin(), {"system", cfg.system_prompt});
   *text = tok.apply_chat_template(msgs, true);
   return tok.encode_chat(msgs, true);
+}
+
+// A prompt given as text goes through the chat template as a user message
+// unless apply_chat_template is off; messages always do.
+std::vector<int32_t> encode_source(const tokenizer::Tokenizer& tok, const DataConfig& cfg, PromptSource src,
+                                   std::string* text) {
+  if (!src.text) return encode_prompt(tok, cfg, std::move(src.messages), text);
+  if (cfg.apply_chat_template) return encode_prompt(tok, cfg, {{"user", *src.text}}, text);
+  *text = *src.text;
+  return tok.encode(*src.text, true);
 }
 
 }  // namespace
@@ -57,35 +53,33 @@ int32_t end_of_turn_id(const tokenizer::Tokenizer& tok) {
 }
 
 std::vector<PromptExample> load_prompts(const std::string& path, const DataConfig& cfg,
-                                        const tokenizer::Tokenizer& tok) {
+                                        const tokenizer::Tokenizer& tok, const PromptNeeds& needs) {
   std::vector<PromptExample> out;
   for (const auto& r : read_jsonl(path)) {
+    PromptFields f = prompt_fields(r, path, cfg, needs);
     PromptExample ex;
     ex.line = r.line;
-    if (r.value.contains(cfg.messages_key)) {
-      ex.prompt_ids = encode_prompt(tok, cfg, parse_messages(r, path, cfg.messages_key), &ex.prompt_text);
-    } else if (r.value.contains(cfg.prompt_key)) {
-      std::string p = require_string(r, path, cfg.prompt_key);
-      if (cfg.apply_chat_template) {
-        ex.prompt_ids = encode_prompt(tok, cfg, {{"user", p}}, &ex.prompt_text);
-      } else {
-        ex.prompt_text = p;
-        ex.prompt_ids = tok.encode(p, true);
-      }
-    } else {
-      LS_THROW << path << ":" << r.line << ": missing field '" << cfg.prompt_key << "' (or '" << cfg.messages_key
-               << "')";
-    }
+    ex.prompt_ids = encode_source(tok, cfg, std::move(f.prompt), &ex.prompt_text);
     if (int64_t(ex.prompt_ids.size()) > cfg.max_prompt_len)
       LS_THROW << path << ":" << r.line << ": prompt has " << ex.prompt_ids.size()
                << " tokens, more than data.max_prompt_len = " << cfg.max_prompt_len;
     if (ex.prompt_ids.empty()) LS_THROW << path << ":" << r.line << ": prompt encodes to no tokens";
-    if (auto it = r.value.find(cfg.label_key); it != r.value.end()) ex.label = *it;
-    if (auto it = r.value.find(cfg.metadata_key); it != r.value.end()) ex.metadata = *it;
+    ex.label = std::move(f.label);
+    ex.metadata = std::move(f.metadata);
     out.push_back(std::move(ex));
   }
   if (out.empty()) LS_THROW << path << ": no examples";
   return out;
+}
+
+int64_t check_prompt_rows(const std::string& path, const DataConfig& cfg, const PromptNeeds& needs) {
+  int64_t n = 0;
+  for (const auto& r : read_jsonl(path)) {
+    prompt_fields(r, path, cfg, needs);
+    ++n;
+  }
+  if (n == 0) LS_THROW << path << ": no examples";
+  return n;
 }
 
 std::vector<SftExample> load_sft_examples(const std::string& path, const DataConfig& cfg,
@@ -93,23 +87,12 @@ std::vector<SftExample> load_sft_examples(const std::string& path, const DataCon
   const int32_t eot = end_of_turn_id(tok);
   std::vector<SftExample> out;
   for (const auto& r : read_jsonl(path)) {
+    SftFields f = sft_fields(r, path, cfg);
     SftExample ex;
     ex.line = r.line;
-    std::string text, response;
-    if (r.value.contains(cfg.messages_key)) {
-      auto msgs = parse_messages(r, path, cfg.messages_key);
-      if (msgs.size() < 2 || msgs.back().role != "assistant")
-        LS_THROW << path << ":" << r.line << ": '" << cfg.messages_key
-                 << "' must end with an assistant message (the response)";
-      response = msgs.back().content;
-      msgs.pop_back();
-      ex.prompt_ids = encode_prompt(tok, cfg, msgs, &text);
-    } else {
-      std::string p = require_string(r, path, cfg.prompt_key);
-      response = require_string(r, path, cfg.response_key);
-      ex.prompt_ids = cfg.apply_chat_template ? encode_prompt(tok, cfg, {{"user", p}}, &text) : tok.encode(p, true);
-    }
-    ex.response_ids = tok.encode(response, false);
+    std::string text;
+    ex.prompt_ids = encode_source(tok, cfg, std::move(f.prompt), &text);
+    ex.response_ids = tok.encode(f.response, false);
     ex.response_ids.push_back(eot);
     if (ex.prompt_ids.empty()) LS_THROW << path << ":" << r.line << ": prompt encodes to no tokens";
     if (int64_t(ex.prompt_ids.size() + ex.response_ids.size()) > cfg.max_len)

@@ -4,10 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "lockstep/base/toml_section.h"
 #include "lockstep/tokenizer/tokenizer.h"
@@ -30,12 +29,21 @@ struct DataConfig {
 
 DataConfig data_config_from_toml(TomlSection& s);
 
+// What the rows must hold besides a prompt, decided by the reward that
+// scores them (eval::prompt_needs): a row that lacks it is refused at load
+// time, naming the file, line, field and the [data] key that chose it.
+struct PromptNeeds {
+  bool label = false;               // a row without label_key (or with a null one) is an error
+  bool metadata_for_label = false;  // ... unless it has metadata_key (countdown's puzzle)
+  std::string why;                  // said in the error: "this reward needs a label"
+};
+
 struct PromptExample {
   int64_t line = 0;
   std::string prompt_text;  // as rendered (chat template applied)
   std::vector<int32_t> prompt_ids;
   nlohmann::json label;     // null when absent
-  nlohmann::json metadata;  // null when absent
+  nlohmann::json metadata;  // null when absent; top-level data_source / extra_info are added
 };
 
 struct SftExample {
@@ -44,13 +52,19 @@ struct SftExample {
   std::vector<int32_t> response_ids;  // ends with the end-of-turn token
 };
 
-// Each line holds `prompt_key` (string) or `messages_key` (a list of
-// {role, content}); label and metadata are optional.
+// Each line holds `prompt_key` (a string, or a list of {role, content}) or
+// `messages_key` (a list of {role, content}); label and metadata are optional
+// unless `needs` says otherwise. Keys may name nested fields with dots
+// (data/fields.h).
 std::vector<PromptExample> load_prompts(const std::string& path, const DataConfig& cfg,
-                                        const tokenizer::Tokenizer& tok);
+                                        const tokenizer::Tokenizer& tok, const PromptNeeds& needs = {});
 
-// Each line holds prompt_key + response_key, or messages_key whose last
-// message (from the assistant) is the response.
+// The checks of load_prompts that need no tokenizer (fields, labels), over
+// every line of `path`; returns the number of rows. For `rl --check-config`.
+int64_t check_prompt_rows(const std::string& path, const DataConfig& cfg, const PromptNeeds& needs);
+
+// Each line holds prompt_key (text or messages) + response_key, or
+// messages_key whose last message (from the assistant) is the response.
 std::vector<SftExample> load_sft_examples(const std::string& path, const DataConfig& cfg,
                                           const tokenizer::Tokenizer& tok);
 

@@ -85,4 +85,17 @@ reward::RewardOptions reward_options_from_toml(const toml::table* reward, const 
   }
 }
 
+data::PromptNeeds prompt_needs(const reward::RewardOptions& reward) {
+  data::PromptNeeds needs;
+  if (reward.type == "math" || reward.type == "exact") {
+    needs.label = true;
+    needs.why = "the " + reward.type + " reward needs a label";
+  } else if (reward.type == "countdown") {
+    needs.label = true;
+    needs.metadata_for_label = true;
+    needs.why = "the countdown reward needs a label, or the puzzle in data.metadata_key";
+  }
+  return needs;
+}
+
 }  // namespace lockstep::eval

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "lockstep/base/toml_section.h"
+#include "lockstep/data/dataset.h"
 #include "lockstep/eval/evaluator.h"
 #include "lockstep/reward/reward.h"
 
@@ -29,6 +30,12 @@ EvalSection eval_section_from_toml(TomlSection& s);
 // [reward] as RewardOptions (keys as RewardOptions::from_json); a missing
 // section gives the defaults. Errors name `source` and the section.
 reward::RewardOptions reward_options_from_toml(const toml::table* reward, const std::string& source);
+
+// What a dataset row must hold for this reward: math and exact compare with
+// a label; countdown reads its puzzle from the label or, without one, the
+// metadata; python and remote rewards may score without one (ground_truth
+// None / "label": null), so they need none.
+data::PromptNeeds prompt_needs(const reward::RewardOptions& reward);
 
 // A TOML value as JSON (tables become objects, arrays arrays; dates and
 // times become their TOML text).

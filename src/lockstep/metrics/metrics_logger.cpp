@@ -88,8 +88,13 @@ void MetricsLogger::append(const char* data, size_t n) {
 }
 
 std::string format_console_line(int64_t step, const std::vector<std::pair<std::string, double>>& fields) {
+  return format_console_line("step " + std::to_string(step), fields);
+}
+
+std::string format_console_line(const std::string& head,
+                                const std::vector<std::pair<std::string, double>>& fields) {
   std::ostringstream os;
-  os << "step " << step;
+  os << head;
   char buf[64];
   for (const auto& [k, v] : fields) {
     std::snprintf(buf, sizeof buf, "%.4g", v);

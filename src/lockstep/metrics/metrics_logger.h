@@ -44,5 +44,8 @@ std::vector<nlohmann::json> read_metrics(const std::string& path, int* bad_lines
 
 // One compact console line: "step 12 | loss 1.234 | grad_norm 0.5 | ...".
 std::string format_console_line(int64_t step, const std::vector<std::pair<std::string, double>>& fields);
+// The same after another head ("step 12/100").
+std::string format_console_line(const std::string& head,
+                                const std::vector<std::pair<std::string, double>>& fields);
 
 }  // namespace lockstep::metrics

@@ -20,7 +20,9 @@ namespace lockstep::reward {
 // The keyword arguments of one call: data_source = metadata["data_source"]
 // (else None), solution_str = the response, ground_truth = the label,
 // extra_info = metadata["extra_info"] when metadata holds that key, else
-// the metadata itself (None when absent).
+// the metadata itself (None when absent). A verl row's top-level
+// data_source and extra_info are put into the metadata when the dataset is
+// read (data/fields.h).
 nlohmann::json verl_kwargs(const RewardRequest& request);
 
 // min(4, hardware threads): the default of reward.workers.

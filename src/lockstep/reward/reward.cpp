@@ -116,10 +116,14 @@ RewardOptions RewardOptions::from_json(const nlohmann::json& j) {
       o.workers = get_int(key, v);
     } else if (key == "python") {
       o.python = get_string(key, v);
+    } else if (key == "max_failure_rate") {
+      o.max_failure_rate = get_number(key, v);
     } else {
-      LS_THROW << "reward: unknown option '" << excerpt(key)
-               << "' (known: type, extractors, tolerance, correct_reward, incorrect_reward, format_reward, strip, "
-                  "casefold, url, timeout_s, request_timeout_s, retries, backoff_s, max_concurrency, threads, path, function, workers, python)";
+      LS_THROW
+          << "reward: unknown option '" << excerpt(key)
+          << "' (known: type, extractors, tolerance, correct_reward, incorrect_reward, format_reward, strip, "
+             "casefold, url, timeout_s, request_timeout_s, retries, backoff_s, max_concurrency, threads, "
+             "path, function, workers, python, max_failure_rate)";
     }
   }
   o.validate();
@@ -147,6 +151,7 @@ nlohmann::json RewardOptions::to_json() const {
   j["function"] = function;
   j["workers"] = workers;
   j["python"] = python;
+  j["max_failure_rate"] = max_failure_rate;
   return j;
 }
 
@@ -171,6 +176,8 @@ void RewardOptions::validate() const {
   if (max_concurrency < 1 || max_concurrency > 4096)
     LS_THROW << "reward.max_concurrency: must be in [1, 4096], got " << max_concurrency;
   if (threads < 0 || threads > 4096) LS_THROW << "reward.threads: must be in [0, 4096], got " << threads;
+  if (!(max_failure_rate >= 0 && max_failure_rate <= 1))
+    LS_THROW << "reward.max_failure_rate: must be in [0, 1], got " << max_failure_rate;
   if (workers < 0 || workers > 256) LS_THROW << "reward.workers: must be in [0, 256], got " << workers;
   if (type == "python") {
     if (path.empty()) LS_THROW << "reward.path: required for type 'python' (a .py file with " << excerpt(function) << ")";

@@ -74,6 +74,9 @@ struct RewardOptions {
   std::string function = "compute_score";  // python: the function called per sample
   int workers = 0;                      // python: worker processes (0: min(4, hardware threads))
   std::string python = "python3";       // python: the interpreter (PATH is searched)
+  // rl: the run stops when more than this share of a step's rewards fail for
+  // 3 steps in a row (a step where every reward fails stops it at once).
+  double max_failure_rate = 0.5;
 
   // Builds options from a JSON object; unknown keys and wrong value types
   // throw lockstep::Error naming the key. Calls validate().

@@ -20,22 +20,25 @@
 #include "lockstep/base/log.h"
 #include "lockstep/base/progress.h"
 #include "lockstep/base/rng.h"
+#include "lockstep/base/step_clock.h"
 #include "lockstep/base/timer.h"
 #include "lockstep/data/jsonl.h"
 #include "lockstep/eval/eval_output.h"
 #include "lockstep/metrics/metrics_logger.h"
 #include "lockstep/model/weights.h"
 #include "lockstep/reward/batch.h"
-#include "lockstep/rollout/engine.h"
-#include "lockstep/train/checkpoint.h"
-#include "lockstep/train/data_order.h"
-#include "lockstep/train/mismatch.h"
 #include "lockstep/rl/episode_eval.h"
-#include "lockstep/rl/overlap_rollout.h"
 #include "lockstep/rl/gap_check.h"
 #include "lockstep/rl/group_scoring.h"
 #include "lockstep/rl/invariant_update.h"
 #include "lockstep/rl/multi_turn.h"
+#include "lockstep/rl/overlap_rollout.h"
+#include "lockstep/rl/reward_watch.h"
+#include "lockstep/rl/step_line.h"
+#include "lockstep/rollout/engine.h"
+#include "lockstep/train/checkpoint.h"
+#include "lockstep/train/data_order.h"
+#include "lockstep/train/mismatch.h"
 
 namespace lockstep::rl {
 
@@ -65,6 +68,7 @@ struct Sample {
   std::vector<int32_t> routed_experts;
   std::vector<int32_t> indexer_topk;  // DeepSeek-V4
   std::string finish_reason, response;
+  std::string reward_failure;  // why scoring failed ("" when it did not)
   double reward = 0, score = 0, advantage = 0;
   bool correct = false, failed = false;
   uint64_t version = 0, version_end = 0;
@@ -193,7 +197,12 @@ std::shared_ptr<RolloutBackend> default_rollout(train::Trainer& trainer, const R
 class Runner {
  public:
   Runner(train::Trainer& trainer, const RlInputs& in, const RlConfig& cfg)
-      : trainer_(trainer), in_(in), cfg_(cfg), group_(*in.group), stream_(in.train.size(), cfg.seed, cfg.shuffle) {
+      : trainer_(trainer),
+        in_(in),
+        cfg_(cfg),
+        group_(*in.group),
+        stream_(in.train.size(), cfg.seed, cfg.shuffle),
+        watch_(cfg.reward.max_failure_rate) {
     LS_CHECK(in.tok) << "rl: no tokenizer";
     LS_CHECK(!in.train.empty()) << "rl: no training prompts";
     rollout_ = in.rollout ? in.rollout : default_rollout(trainer, cfg);
@@ -239,6 +248,10 @@ class Runner {
   RlResult run(bool resume);
 
  private:
+  // The samples the reward scored this step and its failures.
+  static RewardTally tally_rewards(const StepSamples& ss);
+  [[noreturn]] void stop_run(int64_t step, const StepSamples& ss, nlohmann::json& m,
+                             metrics::MetricsLogger* log, const RewardTally& tally, const std::string& why);
   // Rollout.
   std::vector<Group> draw(int64_t count, std::vector<rollout::Request>& reqs);
   void fill(std::vector<Group>& groups, std::vector<rollout::RequestResult> results);
@@ -259,7 +272,7 @@ class Runner {
   void sync_step(bool eval_now);
   void perf_metrics(nlohmann::json& m) const;
   void record_step(const nlohmann::json& m, double step_core, RlResult& result);
-  void log_console(int64_t step, const nlohmann::json& m, bool last) const;
+  void log_console(int64_t step, const nlohmann::json& m, const RewardTally& tally, bool last) const;
   void save_step(int64_t step, bool last);
   // The phases of one update (update).
   nlohmann::json update(std::vector<Group>& groups);
@@ -314,6 +327,9 @@ class Runner {
   // counted in steps, whatever the optimizer steps per batch.
   std::map<uint64_t, int64_t> version_step_;
   StepPerf perf_;  // of the current step
+  RewardWatch watch_;               // reward failures: the warning and the stop rule
+  std::optional<StepClock> clock_;  // the console line's step N/TOTAL and time left
+  std::string skipped_;             // why the current step made no update ("": it did)
   // train_minibatches' progress over the update's sequences.
   int64_t trained_seqs_ = 0, trained_tokens_ = 0;
 };
@@ -495,6 +511,9 @@ void Runner::score_groups(std::vector<Group>& groups) {
       }
       const auto& r = results[k++];
       s.failed = r.failed() || s.finish_reason == "abort";
+      s.reward_failure = r.failed() ? r.failure
+                         : s.failed ? std::string("the rollout aborted the sample (finish_reason abort)")
+                                    : std::string();
       s.correct = r.correct;
       s.reward_extra = r.extra;
       s.score = r.failed() ? 0.0 : r.reward;
@@ -926,6 +945,7 @@ void Runner::write_samples(int64_t step, const std::vector<Group>& groups) {
                        {"finish_reason", s.finish_reason},
                        {"response_len", int64_t(s.output_ids.size())},
                        {"advantage", s.advantage}});
+      if (!s.reward_failure.empty()) lines.back()["reward_failure"] = s.reward_failure;
       if (multi_) {
         lines.back()["turns"] = s.turns;
         if (s.env_failed) lines.back()["env_error"] = s.env_error;
@@ -960,6 +980,7 @@ RlResult Runner::run(bool resume) {
   RlResult result;
   Timer total;
   const int64_t start = begin_run(resume);
+  clock_.emplace(start + 1, cfg_.steps);
   std::unique_ptr<metrics::MetricsLogger> log;
   // Resumed: the lines of the steps written again go (the step-0 eval too,
   // when there is no checkpoint to resume from).
@@ -989,6 +1010,11 @@ void Runner::run_step(int64_t step, metrics::MetricsLogger* log, RlResult& resul
   StepSamples ss = collect_samples(step);
   rollout_metrics(ss, m);
   m["rollout/weight_staleness"] = staleness(ss.groups.empty() ? ss.all : ss.groups, step);
+  const RewardTally tally = tally_rewards(ss);
+  if (const std::string why = watch_.observe(step, tally); !why.empty()) {
+    m["perf/step_time_s"] = step_timer.seconds();
+    stop_run(step, ss, m, log, tally, why);
+  }
   // 4-5. Advantages and update(s).
   train_step(step, ss, m);
   // 6. Weight sync.
@@ -1005,7 +1031,7 @@ void Runner::run_step(int64_t step, metrics::MetricsLogger* log, RlResult& resul
   record_step(m, step_core, result);
   if (log) log->log(step, m);
   ++result.steps_run;
-  log_console(step, m, last);
+  log_console(step, m, tally, last);
   if (in_.on_step) in_.on_step(step, m);
   save_step(step, last);
   if (writer_ && in_.after_step) in_.after_step(step);
@@ -1079,9 +1105,11 @@ void Runner::rollout_metrics(const StepSamples& ss, nlohmann::json& m) const {
       }
     }
   for (const auto& [key, sn] : extra) m["reward/extra/" + key] = sn.first / double(sn.second);
-  m["rollout/reward_mean"] = mean_of(rewards);
-  m["rollout/reward_std"] = std_of(rewards);
-  m["rollout/score_mean"] = mean_of(scores);
+  if (!rewards.empty()) {  // no sample scored: no mean (a 0 would read as "all wrong")
+    m["rollout/reward_mean"] = mean_of(rewards);
+    m["rollout/reward_std"] = std_of(rewards);
+    m["rollout/score_mean"] = mean_of(scores);
+  }
   m["rollout/accuracy"] = double(correct) / double(std::max<int64_t>(n_samples, 1));
   m["rollout/response_len_mean"] = mean_of(lens);
   m["rollout/response_len_max"] = lens.empty() ? 0.0 : *std::max_element(lens.begin(), lens.end());
@@ -1099,12 +1127,17 @@ void Runner::rollout_metrics(const StepSamples& ss, nlohmann::json& m) const {
 }
 
 void Runner::train_step(int64_t step, StepSamples& ss, nlohmann::json& m) {
+  skipped_.clear();
   if (ss.groups.empty()) {
+    skipped_ = "all groups filtered (rewards all agree)";
     LS_LOG(Warn) << "rl step " << step << ": every group was filtered (rewards all agree) after " << ss.tries
                  << " tries; no update this step";
     m["train/skipped"] = 1;
   } else {
     m.update(update(ss.groups));
+    if (m.value("train/skipped", int64_t(0)) > 0)
+      skipped_ = m.contains("train/grad_norm") ? "non-finite loss or gradient"
+                                               : "no sample to train on (failed rewards, groups of one)";
   }
   version_step_[trainer_.version()] = step;
   if (version_step_.size() > 64) version_step_.erase(version_step_.begin());  // versions only grow
@@ -1157,18 +1190,33 @@ void Runner::record_step(const nlohmann::json& m, double step_core, RlResult& re
   phase_total_["other"] += step_core - (p.rollout + p.reward + p.old_logprob + p.ref_logprob + p.train + sync);
 }
 
-void Runner::log_console(int64_t step, const nlohmann::json& m, bool last) const {
+void Runner::log_console(int64_t step, const nlohmann::json& m, const RewardTally& tally, bool last) const {
   if (!writer_ || cfg_.log_interval <= 0 || (step % cfg_.log_interval != 0 && !last)) return;
-  auto get = [&](const char* k) { return m.contains(k) && m[k].is_number() ? m[k].get<double>() : 0.0; };
-  std::cout << metrics::format_console_line(step, {{"reward", get("rollout/reward_mean")},
-                                                   {"acc", get("rollout/accuracy")},
-                                                   {"len", get("rollout/response_len_mean")},
-                                                   {"trunc", get("rollout/truncated_ratio")},
-                                                   {"pg_loss", get("train/pg_loss")},
-                                                   {"gap", get("train/train_rollout_logprob_abs_diff")},
-                                                   {"grad_norm", get("train/grad_norm")},
-                                                   {"s", get("perf/step_time_s")}})
-            << std::endl;
+  std::cout << format_step_line(clock_->head(step), m, tally, skipped_, clock_->timing(step)) << std::endl;
+}
+
+RewardTally Runner::tally_rewards(const StepSamples& ss) {
+  RewardTally t;
+  for (const auto& g : ss.all)
+    for (const auto& s : g.samples) {
+      if (s.env_reward || s.env_failed) continue;  // the environment's verdict
+      ++t.scored;
+      if (!s.failed) continue;
+      if (t.failed++ == 0) t.first_failure = s.reward_failure;
+    }
+  return t;
+}
+
+// The step's metrics line, samples and console line are written (so the
+// failures can be read), then the run ends with an Error; the checkpoints
+// and metrics of the steps before stay as they are.
+void Runner::stop_run(int64_t step, const StepSamples& ss, nlohmann::json& m, metrics::MetricsLogger* log,
+                      const RewardTally& tally, const std::string& why) {
+  if (log) log->log(step, m);
+  if (writer_ && cfg_.log.samples_interval > 0) write_samples(step, ss.all);
+  skipped_ = "the run stops";
+  log_console(step, m, tally, true);
+  LS_THROW << why;
 }
 
 void Runner::save_step(int64_t step, bool last) {

@@ -2,14 +2,15 @@
 #include "lockstep/train/sft.h"
 
 #include <cmath>
-#include <iostream>
-#include <numeric>
 #include <cstring>
+#include <iostream>
 #include <memory>
+#include <numeric>
 
 #include "lockstep/base/error.h"
 #include "lockstep/base/log.h"
 #include "lockstep/base/rng.h"
+#include "lockstep/base/step_clock.h"
 #include "lockstep/base/timer.h"
 #include "lockstep/metrics/metrics_logger.h"
 #include "lockstep/train/checkpoint.h"
@@ -92,6 +93,7 @@ void run_sft(Trainer& trainer, const std::vector<TrainSequence>& data, const std
   std::unique_ptr<metrics::MetricsLogger> log;
   if (writer) log = std::make_unique<metrics::MetricsLogger>(run_dir + "/metrics.jsonl",
                                                        resume ? start : metrics::MetricsLogger::kAppend);
+  const StepClock clock(start + 1, cfg.steps);
   for (int64_t step = start + 1; step <= cfg.steps; ++step) {
     std::vector<TrainSequence> batch;
     for (size_t i : sft_batch_indices(data.size(), cfg.batch_size, step, cfg.seed, cfg.shuffle)) batch.push_back(data[i]);
@@ -108,11 +110,12 @@ void run_sft(Trainer& trainer, const std::vector<TrainSequence>& data, const std
                      {"perf/train_tokens_per_s", st.tokens_per_s},
                      {"train/tokens", st.tokens}});
       if (cfg.log_interval > 0 && (step % cfg.log_interval == 0 || step == cfg.steps)) {
-        std::cout << metrics::format_console_line(step, {{"loss", st.loss},
-                                                         {"grad_norm", st.grad_norm},
-                                                         {"lr", st.lr},
-                                                         {"tok/s", st.tokens_per_s}})
-                  << (st.skipped ? " | SKIPPED (non-finite)" : "") << std::endl;
+        std::cout << metrics::format_console_line(clock.head(step), {{"loss", st.loss},
+                                                                     {"grad_norm", st.grad_norm},
+                                                                     {"lr", st.lr},
+                                                                     {"tok/s", st.tokens_per_s}})
+                  << (st.skipped ? " | SKIPPED (non-finite)" : "") << " | " << clock.timing(step)
+                  << std::endl;
       }
     }
     if (on_step) on_step(st);
