@@ -431,10 +431,10 @@ TEST(RlLoop, LogSectionGivesVerlNamesAndTensorBoard) {
   ASSERT_GE(m.size(), 2u);
   for (const auto& s : m) EXPECT_TRUE(s.contains("time")) << s.dump();
   const auto& s = m[1];
-  for (const char* k : {"actor/pg_loss", "actor/entropy", "actor/grad_norm", "critic/score/mean",
-                        "critic/rewards/mean", "critic/advantages/mean", "response_length/mean",
-                        "response_length/clip_ratio", "timing_s/gen", "timing_s/step", "rollout/accuracy",
-                        "train/train_rollout_logprob_abs_diff"})
+  for (const char* k :
+       {"actor/pg_loss", "actor/entropy", "actor/grad_norm", "critic/score/mean", "critic/rewards/mean",
+        "critic/advantages/mean", "response_length/mean", "response_length/clip_ratio", "timing_s/gen",
+        "timing_s/step", "rollout/accuracy", "train/train_rollout_logprob_abs_diff"})
     EXPECT_TRUE(s.contains(k)) << "step 1 lacks " << k;
   for (const char* k : {"train/pg_loss", "rollout/reward_mean", "perf/rollout_time_s"})
     EXPECT_FALSE(s.contains(k)) << "step 1 still has " << k;

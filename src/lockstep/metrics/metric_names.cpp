@@ -35,7 +35,7 @@ const char* to_string(MetricNames n) {
 }
 
 const std::vector<std::pair<std::string_view, std::string_view>>& verl_metric_names() {
-  static const std::vector<std::pair<std::string_view, std::string_view>> kNames = {
+  static const std::vector<std::pair<std::string_view, std::string_view>> table = {
       {"train/pg_loss", "actor/pg_loss"},
       {"train/entropy", "actor/entropy"},
       {"train/pg_clipfrac", "actor/pg_clipfrac"},
@@ -57,20 +57,20 @@ const std::vector<std::pair<std::string_view, std::string_view>>& verl_metric_na
       {"perf/train_time_s", "timing_s/update_actor"},
       {"perf/eval_time_s", "timing_s/testing"},
   };
-  return kNames;
+  return table;
 }
 
 std::string exported_name(const std::string& name, MetricNames names) {
   if (names == MetricNames::Lockstep) return name;
-  static const NameMap kToVerl = build_map(true);
-  auto it = kToVerl.find(name);
-  return it == kToVerl.end() ? name : it->second;
+  static const NameMap to_verl = build_map(true);
+  auto it = to_verl.find(name);
+  return it == to_verl.end() ? name : it->second;
 }
 
 std::string lockstep_name(const std::string& name) {
-  static const NameMap kFromVerl = build_map(false);
-  auto it = kFromVerl.find(name);
-  return it == kFromVerl.end() ? name : it->second;
+  static const NameMap from_verl = build_map(false);
+  auto it = from_verl.find(name);
+  return it == from_verl.end() ? name : it->second;
 }
 
 }  // namespace lockstep::metrics
