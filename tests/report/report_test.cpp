@@ -412,6 +412,7 @@ TEST(Report, AccuracyAndEveryRewardExtraAreCharted) {
   EXPECT_FALSE(is_nodata(acc));
   EXPECT_EQ(count(acc, "class=\"series line\""), 2);
   EXPECT_NE(acc.find("data-points=\"3\""), std::string::npos);
+  EXPECT_NE(html.find("at step 3\">accuracy<b>0.6</b>"), std::string::npos);  // at a glance: the latest
   for (const char* key : {"acc", "format_ok", "len"}) {
     const std::string svg = chart_svg(html, std::string("reward_extra/") + key);
     ASSERT_FALSE(svg.empty()) << key;

@@ -141,6 +141,7 @@ std::string glance(const MetricTable& m) {
        "</b></div>";
   std::vector<std::pair<std::string, std::string>> picks = {
       {"rollout/reward_mean", "reward mean"},
+      {"rollout/accuracy", "accuracy"},
       {"train/train_rollout_logprob_abs_diff", "mean |Δ logp|"},
       {"train/loss", "loss"},
       {"perf/step_time_s", "step time (s)"}};
