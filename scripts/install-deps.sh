@@ -25,6 +25,7 @@ PACKAGES=(
   openmpi-bin libopenmpi-dev  # scale-out (comm/)
   python3               # small helper scripts in tests
   python3-numpy         # the float64 DeepSeek-V4 reference model (tests/v4ref)
+  protobuf-compiler python3-protobuf  # TensorBoard event files read independently (tests/cli/tensorboard_events.sh)
   chromium fonts-dejavu-core  # headless browser test of the HTML run report (tests/cli/report_chromium.sh)
   clang-format-14 clang-tidy-14  # make lint (scripts/lint.py)
 )

@@ -35,7 +35,7 @@ def load(run):
     for line in open(f"{t}/{run}/metrics.jsonl"):
         m = json.loads(line)
         out.append({k: v for k, v in m.items() if not k.startswith("perf/") and not k.endswith("time_s")
-                    and k != "eval/test/tokens_per_s"})
+                    and k != "eval/test/tokens_per_s" and k != "time"})
     return out
 a, b = load("a"), load("b")
 assert [m["step"] for m in a] == [0, 1, 2, 3, 4], [m["step"] for m in a]

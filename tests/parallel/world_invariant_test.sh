@@ -128,9 +128,9 @@ import run_files
 t, steps = sys.argv[1], int(sys.argv[2])
 
 def timing(k):
-    # Seconds and rates measure the machine, not the run: perf/*, and eval's
-    # eval/NAME/time_s and eval/NAME/tokens_per_s.
-    return k.startswith("perf/") or k.endswith("/time_s") or k.endswith("_per_s")
+    # Seconds and rates measure the machine, not the run: perf/*, eval's
+    # eval/NAME/time_s and eval/NAME/tokens_per_s, and each line's wall-clock time.
+    return k.startswith("perf/") or k.endswith("/time_s") or k.endswith("_per_s") or k == "time"
 
 def rows(run):
     return [{k: v for k, v in m.items() if not timing(k)} for m in run_files.metrics(f"{t}/{run}")]

@@ -375,16 +375,127 @@ TEST(Report, MultiTurnRunsAddATurnsChart) {
   make_full_run(run);
   EXPECT_TRUE(chart_svg(read(write_report(run.string(), "").path), "turns").empty())
       << "a single-turn run has no turns chart";
-  write(run / "metrics.jsonl",
-        "{\"step\": 0, \"eval/test/turns_mean\": 1.5}\n"
-        "{\"step\": 1, \"rollout/turns_mean\": 1.2, \"rollout/env_failures\": 0, \"rollout/env_time_s\": 0.1}\n"
-        "{\"step\": 2, \"rollout/turns_mean\": 1.9, \"rollout/env_failures\": 1, \"rollout/env_time_s\": 0.2, "
-        "\"eval/test/turns_mean\": 1.9}\n");
+  write(
+      run / "metrics.jsonl",
+      "{\"step\": 0, \"eval/test/turns_mean\": 1.5}\n"
+      "{\"step\": 1, \"rollout/turns_mean\": 1.2, \"rollout/env_failures\": 0, \"rollout/env_time_s\": 0.1}\n"
+      "{\"step\": 2, \"rollout/turns_mean\": 1.9, \"rollout/env_failures\": 1, \"rollout/env_time_s\": 0.2, "
+      "\"eval/test/turns_mean\": 1.9}\n");
   const std::string svg = chart_svg(read(write_report(run.string(), "").path), "turns");
   ASSERT_FALSE(svg.empty());
   EXPECT_FALSE(is_nodata(svg));
   EXPECT_NE(svg.find("data-points=\"2\""), std::string::npos);
   EXPECT_NE(svg.find("eval test turns"), std::string::npos);
+}
+
+// A run that logs the verifier's verdicts gets an accuracy chart, and one
+// chart per reward/extra/<key>.
+TEST(Report, AccuracyAndEveryRewardExtraAreCharted) {
+  TempDir tmp;
+  const fs::path run = tmp.path() / "run";
+  make_full_run(run);
+  const std::string before = read(write_report(run.string(), "").path);
+  EXPECT_TRUE(chart_svg(before, "accuracy").empty()) << "no rollout/accuracy, no accuracy chart";
+  EXPECT_EQ(before.find("reward_extra/"), std::string::npos);
+  std::string m;
+  for (int s = 1; s <= 3; ++s)
+    m += "{\"step\": " + std::to_string(s) + ", \"rollout/accuracy\": " + std::to_string(0.2 * s) +
+         ", \"rollout/score_mean\": " + std::to_string(0.2 * s) +
+         ", \"reward/extra/acc\": " + std::to_string(0.1 * s) +
+         ", \"reward/extra/format_ok\": 1, \"reward/extra/len\": " + std::to_string(40 + s) + "}\n";
+  write(run / "metrics.jsonl", m);
+  const ReportResult r = write_report(run.string(), "");
+  EXPECT_EQ(r.charts, kCharts + 4);
+  const std::string html = read(r.path);
+  const std::string acc = chart_svg(html, "accuracy");
+  ASSERT_FALSE(acc.empty());
+  EXPECT_FALSE(is_nodata(acc));
+  EXPECT_EQ(count(acc, "class=\"series line\""), 2);
+  EXPECT_NE(acc.find("data-points=\"3\""), std::string::npos);
+  EXPECT_NE(html.find("at step 3\">accuracy<b>0.6</b>"), std::string::npos);  // at a glance: the latest
+  for (const char* key : {"acc", "format_ok", "len"}) {
+    const std::string svg = chart_svg(html, std::string("reward_extra/") + key);
+    ASSERT_FALSE(svg.empty()) << key;
+    EXPECT_FALSE(is_nodata(svg)) << key;
+    EXPECT_EQ(count(svg, "class=\"series line\""), 1) << key;
+    EXPECT_NE(svg.find(std::string("Reward extra: ") + key), std::string::npos) << key;
+  }
+}
+
+// A run logged with [log] metric_names = "verl" charts like one logged with
+// lockstep's names; each line's "time" is not a metric but the logged span.
+TEST(Report, VerlNamesAndTimestampsAreUnderstood) {
+  TempDir tmp;
+  const fs::path run = tmp.path() / "run";
+  make_full_run(run);
+  std::string m;
+  for (int s = 1; s <= 3; ++s)
+    m += "{\"step\": " + std::to_string(s) + ", \"time\": " + std::to_string(1700000000 + 50 * (s - 1)) +
+         ".25, \"critic/rewards/mean\": " + std::to_string(0.1 * s) +
+         ", \"rollout/reward_std\": 0.1, \"actor/pg_loss\": -0.5, \"actor/grad_norm\": 2, \"actor/lr\": 1e-6"
+         ", \"response_length/mean\": 30, \"response_length/clip_ratio\": 0.5, \"timing_s/gen\": 1.5"
+         ", \"timing_s/step\": 2.5}\n";
+  write(run / "metrics.jsonl", m);
+  const ReportResult r = write_report(run.string(), "");
+  EXPECT_TRUE(r.warnings.empty()) << joined(r.warnings);
+  const std::string html = read(r.path);
+  for (const char* id : {"reward", "loss", "grad_norm", "lr", "response_len", "truncation", "step_time"})
+    EXPECT_FALSE(is_nodata(chart_svg(html, id))) << id;
+  EXPECT_EQ(count(chart_svg(html, "reward"), "class=\"series band\""), 1);
+  EXPECT_NE(html.find("<td>train/pg_loss</td>"), std::string::npos);  // the metrics table: lockstep's names
+  EXPECT_EQ(html.find("<td>actor/pg_loss</td>"), std::string::npos);
+  EXPECT_EQ(html.find("<td>time</td>"), std::string::npos);
+  EXPECT_NE(html.find("logged 2023-11-14 22:13:20 UTC – 2023-11-14 22:15:00 UTC (0 h 01 min 40 s)"),
+            std::string::npos);
+
+  const MetricTable t = load_metrics((run / "metrics.jsonl").string(), nullptr);
+  EXPECT_FALSE(t.has("time"));
+  EXPECT_TRUE(t.has("perf/rollout_time_s"));
+  EXPECT_EQ(t.first_time, 1700000000.25);
+  EXPECT_EQ(t.last_time, 1700000100.25);
+}
+
+// The samples table's label, correct and failure columns; a sample without
+// them (an older run) leaves the cells empty.
+TEST(Report, SamplesShowLabelVerdictAndFailure) {
+  TempDir tmp;
+  const fs::path run = tmp.path() / "run";
+  make_full_run(run);
+  write(run / "samples" / "step_10.jsonl",
+        "{\"prompt\": \"P0\", \"response\": \"R0\", \"label\": \"42<x>\", \"correct\": true, \"reward\": 1}\n"
+        "{\"prompt\": \"P1\", \"response\": \"R1\", \"label\": [\"7\", \"8\"], \"correct\": false, "
+        "\"reward\": 0,"
+        " \"reward_failure\": null}\n"
+        "{\"prompt\": \"P2\", \"response\": \"R2\", \"label\": \"9\", \"correct\": false, \"reward\": null,"
+        " \"reward_failure\": \"timeout after 5 s <verifier>\"}\n"
+        "{\"prompt\": \"P3\", \"response\": \"R3\"}\n");
+  const std::string html = read(write_report(run.string(), "").path);
+  EXPECT_NE(html.find("<th>label</th><th>failure</th>"), std::string::npos);
+  auto row = [&](const std::string& prompt) {
+    const size_t at = html.find(">" + prompt + "<");
+    return html.substr(html.rfind("<tr>", at), html.find("</tr>", at) - html.rfind("<tr>", at));
+  };
+  EXPECT_NE(row("P0").find("<td class=\"text\">42&lt;x&gt;</td>"), std::string::npos) << row("P0");
+  EXPECT_NE(row("P0").find("title=\"correct\">✓</td>"), std::string::npos) << row("P0");
+  EXPECT_NE(row("P0").find("<td class=\"text failure\"></td>"), std::string::npos) << row("P0");
+  EXPECT_NE(row("P1").find("[&quot;7&quot;,&quot;8&quot;]"), std::string::npos) << row("P1");
+  EXPECT_NE(row("P1").find("title=\"not correct\">✗</td>"), std::string::npos) << row("P1");
+  EXPECT_NE(row("P1").find("<td class=\"text failure\"></td>"), std::string::npos) << row("P1");
+  EXPECT_NE(row("P2").find("<td class=\"text failure\">timeout after 5 s &lt;verifier&gt;</td>"),
+            std::string::npos)
+      << row("P2");
+  EXPECT_NE(row("P3").find("<td></td>"), std::string::npos) << row("P3");  // no verdict
+  EXPECT_NE(row("P3").find("<td class=\"text\"></td><td class=\"text failure\"></td>"), std::string::npos)
+      << row("P3");
+
+  const auto rows = read_samples({10, (run / "samples" / "step_10.jsonl").string()}, 10, nullptr);
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(rows[0].correct, 1);
+  EXPECT_EQ(rows[1].correct, 0);
+  EXPECT_EQ(rows[3].correct, -1);
+  EXPECT_EQ(rows[2].failure, "timeout after 5 s <verifier>");
+  EXPECT_EQ(rows[1].failure, "");
+  EXPECT_EQ(rows[1].label, "[\"7\",\"8\"]");
 }
 
 TEST(Report, AtomicWriteToOutPath) {

@@ -422,6 +422,38 @@ TEST(RlLoop, ResumeWithoutACheckpointWritesStepZeroOnce) {
   EXPECT_EQ(steps, (std::vector<int64_t>{0, 1}));
 }
 
+// [log] metric_names = "verl" and tensorboard = true, read from TOML and
+// applied: verl's names where they exist (lockstep's elsewhere), every line
+// timed, and one TensorBoard events file beside metrics.jsonl.
+TEST(RlLoop, LogSectionGivesVerlNamesAndTensorBoard) {
+  const toml::table t =
+      parse_toml_with_overrides("[log]\ntensorboard = true\nmetric_names = \"verl\"\n", "x.toml", {});
+  const RlConfig parsed = rl_config_from_toml(t, "x.toml");
+  EXPECT_TRUE(parsed.log.metrics.tensorboard);
+  EXPECT_EQ(parsed.log.metrics.names, metrics::MetricNames::Verl);
+  Fixture f;
+  RlConfig c = f.config(f.dir.str("verl"));
+  c.log.metrics = parsed.log.metrics;
+  auto tr = f.trainer(c);
+  run_rl(*tr, f.inputs(), c, false);
+  const auto m = metrics_of(c.out_dir);
+  ASSERT_GE(m.size(), 2u);
+  for (const auto& s : m) EXPECT_TRUE(s.contains("time")) << s.dump();
+  const auto& s = m[1];
+  for (const char* k :
+       {"actor/pg_loss", "actor/entropy", "actor/grad_norm", "critic/score/mean", "critic/rewards/mean",
+        "critic/advantages/mean", "response_length/mean", "response_length/clip_ratio", "timing_s/gen",
+        "timing_s/step", "rollout/accuracy", "train/train_rollout_logprob_abs_diff"})
+    EXPECT_TRUE(s.contains(k)) << "step 1 lacks " << k;
+  for (const char* k : {"train/pg_loss", "rollout/reward_mean", "perf/rollout_time_s"})
+    EXPECT_FALSE(s.contains(k)) << "step 1 still has " << k;
+  std::vector<fs::path> events;
+  for (const auto& e : fs::directory_iterator(c.out_dir + "/tensorboard")) events.push_back(e.path());
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].filename().string().rfind("events.out.tfevents.", 0), 0u);
+  EXPECT_GT(fs::file_size(events[0]), 100u);
+}
+
 TEST(RlLoop, FastModeReportsTheGapAndAppliesTis) {
   Fixture f;
   RlConfig c = f.config(f.dir.str("bf16"));

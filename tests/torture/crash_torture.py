@@ -71,6 +71,7 @@ POINTS = ("atomic.write", "atomic.rename", "metrics.line", "metrics.torn", "chec
           "checkpoint.discard")
 TIMED_SHARE = 0.2  # of the kills land at a random time instead
 STRIP_PREFIXES = ("perf/",)
+STRIP_KEYS = ("time",)  # each line's wall-clock time
 STRIP_SUBSTRINGS = ("time_s", "tokens_per_s")
 
 
@@ -437,7 +438,8 @@ def check_run_dir(run, cfg, after_kill):
 
 def stripped(rows):
     return [{k: v for k, v in r.items()
-             if not k.startswith(STRIP_PREFIXES) and not any(s in k for s in STRIP_SUBSTRINGS)} for r in rows]
+             if not k.startswith(STRIP_PREFIXES) and not any(s in k for s in STRIP_SUBSTRINGS)
+             and k not in STRIP_KEYS} for r in rows]
 
 
 def read_bytes(path):

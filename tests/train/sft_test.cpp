@@ -158,6 +158,29 @@ TEST(Sft, ResumeReproducesTheUninterruptedRunBitForBit) {
   fs::remove_all(part_dir);
 }
 
+// [log] tensorboard = true: one events file beside metrics.jsonl, and every
+// line carries its wall-clock time.
+TEST(Sft, TensorBoardEventsBesideTheMetrics) {
+  Context ctx{};
+  auto data = dataset(6, 2);
+  SftConfig cfg;
+  cfg.steps = 2;
+  cfg.batch_size = 2;
+  cfg.log_interval = 0;
+  cfg.log.tensorboard = true;
+  const std::string dir = temp_dir("tensorboard");
+  run_sft(*make_trainer(tiny_moe(), ctx), data, dir, cfg, false, "");
+  std::vector<fs::path> events;
+  for (const auto& e : fs::directory_iterator(dir + "/tensorboard")) events.push_back(e.path());
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].filename().string().rfind("events.out.tfevents.", 0), 0u);
+  // The version record and one event per step, each a few dozen bytes at least.
+  EXPECT_GT(fs::file_size(events[0]), 100u);
+  for (const auto& l : metrics::read_metrics(dir + "/metrics.jsonl"))
+    EXPECT_TRUE(l.contains("time")) << l.dump();
+  fs::remove_all(dir);
+}
+
 // A fresh run (no resume) into a directory that holds a run is refused and
 // leaves its metrics as they were; it used to append its own steps to them.
 TEST(Sft, AFreshRunIntoAnotherRunsDirectoryIsRefused) {

@@ -10,6 +10,7 @@
 #include "lockstep/model/model_source.h"
 #include "lockstep/cli/mpi_launch.h"
 #include "lockstep/data/dataset.h"
+#include "lockstep/metrics/metrics_logger.h"
 #include "lockstep/parallel/data_parallel.h"
 #include "lockstep/parallel/dist_config.h"
 #include "lockstep/parallel/parallel_trainer.h"
@@ -118,6 +119,7 @@ int run_sft_cmd(const Args& args) {
   data::DataConfig dc = data::data_config_from_toml(data_s);
   data_s.finish();
   TomlSection log_s(root["log"].as_table(), cfg_path, "log");
+  ts.sft.log = metrics::read_logger_options(log_s, /*with_names=*/false);
   log_s.finish();
   if (dc.train_file.empty()) LS_THROW << cfg_path << ": [data] train_file is required";
   if (args.has("out")) ts.out_dir = args.get("out", ts.out_dir);

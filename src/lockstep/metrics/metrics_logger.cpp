@@ -1,10 +1,13 @@
-// MetricsLogger implementation (POSIX write + fdatasync per line).
+// MetricsLogger implementation (POSIX write + fdatasync per line; the
+// TensorBoard record after the line).
 #include "lockstep/metrics/metrics_logger.h"
 
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -15,8 +18,39 @@
 #include "lockstep/base/error.h"
 #include "lockstep/base/file_util.h"
 #include "lockstep/base/pause_point.h"
+#include "lockstep/base/toml_section.h"
+#include "lockstep/metrics/tensorboard_writer.h"
 
 namespace lockstep::metrics {
+namespace {
+
+double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// A metric's value as a TensorBoard scalar: numbers and booleans (null is a
+// NaN the JSON cannot hold); false for anything else (a string, an object).
+bool scalar_value(const nlohmann::json& v, float* out) {
+  if (v.is_number() || v.is_boolean()) {
+    *out = v.is_boolean() ? (v.get<bool>() ? 1.0f : 0.0f) : float(v.get<double>());
+    return true;
+  }
+  if (v.is_null()) {
+    *out = std::nanf("");
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+LoggerOptions read_logger_options(TomlSection& s, bool with_names) {
+  LoggerOptions o;
+  o.tensorboard = s.get_bool("tensorboard", o.tensorboard);
+  if (with_names)
+    o.names = parse_metric_names(s.get_enum("metric_names", to_string(o.names), {"lockstep", "verl"}));
+  return o;
+}
 
 std::vector<nlohmann::json> read_metrics(const std::string& path, int* bad_lines) {
   std::vector<nlohmann::json> out;
@@ -35,7 +69,8 @@ std::vector<nlohmann::json> read_metrics(const std::string& path, int* bad_lines
   return out;
 }
 
-MetricsLogger::MetricsLogger(const std::string& path, int64_t keep_through) : path_(path) {
+MetricsLogger::MetricsLogger(const std::string& path, int64_t keep_through, const LoggerOptions& options)
+    : path_(path), options_(options) {
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
   if (keep_through != kAppend && std::filesystem::exists(path)) {
@@ -53,26 +88,48 @@ MetricsLogger::MetricsLogger(const std::string& path, int64_t keep_through) : pa
   }
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd_ < 0) LS_THROW << path << ": cannot open for writing: " << std::strerror(errno);
+  if (options_.tensorboard) {
+    const std::string dir =
+        (parent.empty() ? std::filesystem::path("tensorboard") : parent / "tensorboard").string();
+    tensorboard_ = std::make_unique<TensorBoardWriter>(dir, unix_seconds(),
+                                                       keep_through == kAppend ? -1 : keep_through + 1);
+  }
 }
 
 MetricsLogger::~MetricsLogger() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+std::string MetricsLogger::tensorboard_path() const {
+  return tensorboard_ ? tensorboard_->path() : std::string();
+}
+
 void MetricsLogger::log(int64_t step, const nlohmann::json& metrics) {
-  nlohmann::json j = {{"step", step}};
-  for (auto it = metrics.begin(); it != metrics.end(); ++it) j[it.key()] = it.value();
-  const std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-  // One write() per line; a crash test's "metrics.torn" pause splits it to
-  // leave a torn last line, as a full disk or a power cut can.
+  const double now = unix_seconds();
+  nlohmann::json j = {{"step", step}, {"time", now}};
+  std::vector<std::pair<std::string, float>> scalars;
+  for (auto it = metrics.begin(); it != metrics.end(); ++it) {
+    const std::string name = exported_name(it.key(), options_.names);
+    j[name] = it.value();
+    float v = 0;
+    if (tensorboard_ && scalar_value(it.value(), &v)) scalars.emplace_back(name, v);
+  }
+  write_line(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  if (tensorboard_) tensorboard_->write_scalars(step, now, scalars);
+  pause_point("metrics.line", path_);  // the step's line is in, its checkpoint not yet
+}
+
+// One write() per line; a crash test's "metrics.torn" pause splits it to
+// leave a torn last line, as a full disk or a power cut can.
+void MetricsLogger::write_line(const std::string& line) {
   const size_t half = pause_point_armed("metrics.torn") ? line.size() / 2 : line.size();
   append(line.data(), half);
   if (half < line.size()) {
     pause_point("metrics.torn", path_);
     append(line.data() + half, line.size() - half);
   }
-  if (::fdatasync(fd_) != 0 && errno != EINVAL) LS_THROW << path_ << ": fdatasync failed: " << std::strerror(errno);
-  pause_point("metrics.line", path_);  // the step's line is in, its checkpoint not yet
+  if (::fdatasync(fd_) != 0 && errno != EINVAL)
+    LS_THROW << path_ << ": fdatasync failed: " << std::strerror(errno);
 }
 
 void MetricsLogger::append(const char* data, size_t n) {

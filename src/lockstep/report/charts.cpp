@@ -135,13 +135,34 @@ void add_rollout_charts(const MetricTable& m, std::vector<Chart>& charts) {
   // Only in multi-turn runs ([rollout] env): model turns per episode, in
   // training and held-out episodes, and the environment's failures and time.
   if (m.has("rollout/turns_mean")) {
-    Chart c = chart("turns", "Multi-turn episodes", "turns / episodes / seconds",
-                    {"rollout/turns_mean", "eval/<set>/turns_mean", "rollout/env_failures", "rollout/env_time_s"});
+    Chart c =
+        chart("turns", "Multi-turn episodes", "turns / episodes / seconds",
+              {"rollout/turns_mean", "eval/<set>/turns_mean", "rollout/env_failures", "rollout/env_time_s"});
     c.lines.push_back(line(m, "rollout/turns_mean", "turns per episode"));
     for (const auto& [set, name] : eval_sets_with(m, "turns_mean"))
       c.lines.push_back(line(m, name, "eval " + set + " turns"));
     c.lines.push_back(line(m, "rollout/env_failures", "env failures", true));
     c.lines.push_back(line(m, "rollout/env_time_s", "env time (s)", true));
+    charts.push_back(std::move(c));
+  }
+}
+
+// What the verifier said, in runs that log it: the fraction judged correct
+// (with the score before penalties), and one chart per reward/extra/<key>
+// (a Python reward's further keys, each on its own scale).
+void add_verifier_charts(const MetricTable& m, std::vector<Chart>& charts) {
+  if (m.has("rollout/accuracy")) {
+    Chart c = chart("accuracy", "Accuracy (rollout)", "fraction / score",
+                    {"rollout/accuracy", "rollout/score_mean"});
+    c.lines.push_back(line(m, "rollout/accuracy", "judged correct"));
+    c.lines.push_back(line(m, "rollout/score_mean", "verifier score mean", true));
+    charts.push_back(std::move(c));
+  }
+  const std::string prefix = "reward/extra/";
+  for (const auto& name : m.names_with_prefix(prefix)) {
+    const std::string key = name.substr(prefix.size());
+    Chart c = chart("reward_extra/" + key, "Reward extra: " + key, key, {name});
+    c.lines.push_back(line(m, name, key));
     charts.push_back(std::move(c));
   }
 }
@@ -241,6 +262,7 @@ void add_perf_charts(const MetricTable& m, std::vector<Chart>& charts) {
 std::vector<Chart> build_charts(const MetricTable& m, const MetricTable* sft) {
   std::vector<Chart> charts;
   add_rollout_charts(m, charts);
+  add_verifier_charts(m, charts);
   add_train_charts(m, charts);
   add_perf_charts(m, charts);
   if (sft) {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -96,13 +97,23 @@ std::string read_text(const std::string& path, size_t max_bytes, bool* cut) {
   return s;
 }
 
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
+std::string utc_time(std::time_t t) {
   std::tm tm{};
   gmtime_r(&t, &tm);
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm);
   return buf;
+}
+
+// " · logged FIRST – LAST (DURATION)" from the lines' "time", or "" without it.
+std::string logged_span(const MetricTable& m) {
+  if (m.first_time <= 0) return "";
+  const auto secs = int64_t(m.last_time - m.first_time);
+  char dur[48];
+  std::snprintf(dur, sizeof dur, "%lld h %02lld min %02lld s", (long long)(secs / 3600),
+                (long long)(secs / 60 % 60), (long long)(secs % 60));
+  return " · logged " + utc_time(std::time_t(m.first_time)) + " – " + utc_time(std::time_t(m.last_time)) +
+         " (" + dur + ")";
 }
 
 std::string td_num(double v) {
@@ -130,6 +141,7 @@ std::string glance(const MetricTable& m) {
        "</b></div>";
   std::vector<std::pair<std::string, std::string>> picks = {
       {"rollout/reward_mean", "reward mean"},
+      {"rollout/accuracy", "accuracy"},
       {"train/train_rollout_logprob_abs_diff", "mean |Δ logp|"},
       {"train/loss", "loss"},
       {"perf/step_time_s", "step time (s)"}};
@@ -195,6 +207,24 @@ std::string sample_text(const std::string& text) {
   return s;
 }
 
+// One samples table row; an absent field is an empty cell (or "—" for numbers).
+std::string sample_row(const SampleRow& r) {
+  std::string s = "<tr><td class=\"num\">" + std::to_string(r.step) + "</td>";
+  s += r.has_reward ? td_num(r.reward) : "<td class=\"num\">—</td>";
+  s += r.correct < 0    ? "<td></td>"
+       : r.correct == 1 ? "<td class=\"up\" title=\"correct\">✓</td>"
+                        : "<td class=\"down\" title=\"not correct\">✗</td>";
+  s += r.has_advantage ? td_num(r.advantage) : "<td class=\"num\">—</td>";
+  s += "<td>" + html_escape(r.finish_reason) + "</td>";
+  s += "<td class=\"num\">" + (r.response_len >= 0 ? std::to_string(r.response_len) : std::string("—")) +
+       "</td>";
+  s += "<td class=\"text\">" + sample_text(r.label) + "</td>";
+  s += "<td class=\"text failure\">" + sample_text(r.failure) + "</td>";
+  s += "<td class=\"text\">" + sample_text(r.prompt) + "</td>";
+  s += "<td class=\"text\">" + sample_text(r.response) + "</td></tr>";
+  return s;
+}
+
 std::string samples_section(const std::string& run_dir, std::vector<std::string>* warnings) {
   const auto files = list_samples_files(run_dir);
   if (files.empty()) return "<p class=\"meta\">No samples/step_N.jsonl files.</p>";
@@ -207,19 +237,10 @@ std::string samples_section(const std::string& run_dir, std::vector<std::string>
                   (files.size() == 1 ? "" : "s") + "; up to " + std::to_string(kSamplesPerFile) +
                   " samples from the first" + (files.size() > 1 ? " and from the last" : "") + ".</p>";
   if (rows.empty()) return s + "<p class=\"meta\">The samples files hold no readable samples.</p>";
-  s +=
-      "<table class=\"samples\"><tr><th>step</th><th>reward</th><th>advantage</th><th>finish</th><th>len</th>"
-      "<th>prompt</th><th>response</th></tr>";
-  for (const auto& r : rows) {
-    s += "<tr><td class=\"num\">" + std::to_string(r.step) + "</td>";
-    s += r.has_reward ? td_num(r.reward) : "<td class=\"num\">—</td>";
-    s += r.has_advantage ? td_num(r.advantage) : "<td class=\"num\">—</td>";
-    s += "<td>" + html_escape(r.finish_reason) + "</td>";
-    s += "<td class=\"num\">" + (r.response_len >= 0 ? std::to_string(r.response_len) : std::string("—")) +
-         "</td>";
-    s += "<td class=\"text\">" + sample_text(r.prompt) + "</td>";
-    s += "<td class=\"text\">" + sample_text(r.response) + "</td></tr>";
-  }
+  s += "<table "
+       "class=\"samples\"><tr><th>step</th><th>reward</th><th>correct</th><th>advantage</th><th>finish</th>"
+       "<th>len</th><th>label</th><th>failure</th><th>prompt</th><th>response</th></tr>";
+  for (const auto& r : rows) s += sample_row(r);
   return s + "</table>";
 }
 
@@ -348,7 +369,8 @@ std::string render_report(const std::string& run_dir, ReportResult* result) {
        html_escape(name) + "</title><style>" + kCss + "</style></head><body>\n";
   h += "<h1>lockstep run report: " + html_escape(name) + "</h1>";
   h += "<p class=\"meta\">run directory <code>" + html_escape(run_dir) + "</code> · " +
-       std::to_string(metrics.rows) + " metric lines · generated " + utc_now() + "</p>";
+       std::to_string(metrics.rows) + " metric lines" + logged_span(metrics) + " · generated " +
+       utc_time(std::time(nullptr)) + "</p>";
   h += glance(metrics);
   if (!warnings.empty()) {
     h += "<div class=\"warnings\" id=\"warnings\"><b>Warnings</b><ul>";

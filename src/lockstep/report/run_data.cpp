@@ -11,6 +11,7 @@
 #include <regex>
 
 #include "lockstep/base/error.h"
+#include "lockstep/metrics/metric_names.h"
 #include "lockstep/metrics/metrics_logger.h"
 
 namespace lockstep::report {
@@ -62,6 +63,12 @@ bool step_of(const nlohmann::json& row, int64_t* step) {
     return true;
   }
   return false;
+}
+
+void note_time(MetricTable& t, double v) {
+  if (!std::isfinite(v) || v <= 0) return;
+  t.first_time = t.first_time > 0 ? std::min(t.first_time, v) : v;
+  t.last_time = std::max(t.last_time, v);
 }
 
 std::string plural(int64_t n, const char* one, const char* many) {
@@ -118,10 +125,15 @@ MetricTable load_metrics(const std::string& path, std::vector<std::string>* warn
       if (it.key() == "step") continue;
       double v = 0;
       if (!metric_value(it.value(), &v)) continue;
+      if (it.key() == "time") {
+        note_time(t, v);
+        continue;
+      }
+      const std::string name = metrics::lockstep_name(it.key());
       if (!std::isfinite(v) && non_finite++ == 0)
-        non_finite_example = it.key() + " = " + format_value(v) + " at step " + std::to_string(step);
+        non_finite_example = name + " = " + format_value(v) + " at step " + std::to_string(step);
       // A step logged twice (a resumed run): the later line wins.
-      t.series[it.key()][step] = v;
+      t.series[name][step] = v;
     }
   }
   if (warnings) {
@@ -191,6 +203,10 @@ std::vector<SampleRow> read_samples(const SamplesFile& file, size_t max_rows,
     r.has_advantage = j.contains("advantage") && metric_value(j["advantage"], &r.advantage);
     if (auto it = j.find("response_len"); it != j.end() && it->is_number())
       r.response_len = it->get<int64_t>();
+    r.label = text("label");
+    if (auto it = j.find("correct"); it != j.end() && (it->is_boolean() || it->is_number()))
+      r.correct = (it->is_boolean() ? it->get<bool>() : it->get<double>() != 0) ? 1 : 0;
+    r.failure = text("reward_failure");
     out.push_back(std::move(r));
   }
   return out;

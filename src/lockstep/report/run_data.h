@@ -12,14 +12,18 @@
 
 namespace lockstep::report {
 
-// Every numeric metric of a metrics.jsonl, by name and step. A value the run
-// logged as non-finite (null, "nan", "inf") is kept as NaN/inf: charts skip
-// it, tables show it.
+// Every numeric metric of a metrics.jsonl, by lockstep name (a run logged
+// with verl's names reads as if logged with lockstep's) and step. A value the
+// run logged as non-finite (null, "nan", "inf") is kept as NaN/inf: charts
+// skip it, tables show it. The wall-clock "time" of a line is not a metric:
+// it is kept apart.
 struct MetricTable {
   std::map<std::string, std::map<int64_t, double>> series;  // name -> step -> value
   int64_t rows = 0;                                         // lines read, with a step
   int64_t first_step = 0;
   int64_t last_step = -1;  // < first_step: no rows
+  double first_time = 0;   // the earliest and latest "time" (unix seconds) of a line;
+  double last_time = 0;    // both 0 when no line has one
 
   bool has(const std::string& name) const { return series.count(name) > 0; }
   // (step, value) pairs of `name`, in step order; empty if absent.
@@ -53,6 +57,9 @@ struct SampleRow {
   int64_t response_len = -1;  // -1: absent
   bool has_reward = false;
   bool has_advantage = false;
+  std::string label;    // the prompt's label (a list or object as JSON); "" if absent
+  int correct = -1;     // the verifier's verdict: 1 correct, 0 not, -1 absent
+  std::string failure;  // "reward_failure": why scoring failed; "" if absent or null
 };
 
 // Up to max_rows rows from the start of one samples file (it is not read

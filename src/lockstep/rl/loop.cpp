@@ -986,8 +986,9 @@ RlResult Runner::run(bool resume) {
   // when there is no checkpoint to resume from).
   const bool eval_zero = start == 0 && evaluator_;
   if (writer_)
-    log = std::make_unique<metrics::MetricsLogger>(cfg_.out_dir + "/metrics.jsonl",
-                                                   resume ? (eval_zero ? -1 : start) : metrics::MetricsLogger::kAppend);
+    log = std::make_unique<metrics::MetricsLogger>(
+        cfg_.out_dir + "/metrics.jsonl", resume ? (eval_zero ? -1 : start) : metrics::MetricsLogger::kAppend,
+        cfg_.log.metrics);
   if (eval_zero) {
     nlohmann::json m = nlohmann::json::object();
     run_eval(0, m, result);

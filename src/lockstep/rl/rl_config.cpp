@@ -71,6 +71,7 @@ LogConfig read_log(const toml::table& root, const std::string& source) {
   l.samples_interval = s.get_int("samples_interval", l.samples_interval, 0);
   l.samples_per_step = s.get_int("samples_per_step", l.samples_per_step, 0);
   l.progress = s.get_bool("progress", l.progress);
+  l.metrics = metrics::read_logger_options(s, /*with_names=*/true);
   s.finish();
   return l;
 }

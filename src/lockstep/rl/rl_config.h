@@ -8,6 +8,7 @@
 #include <toml++/toml.h>
 
 #include "lockstep/eval/eval_config.h"
+#include "lockstep/metrics/metrics_logger.h"
 #include "lockstep/reward/reward.h"
 #include "lockstep/rl/algo.h"
 #include "lockstep/rl/env.h"
@@ -22,6 +23,8 @@ struct LogConfig {
   int64_t samples_interval = 1;   // write samples/step_N.jsonl every N steps (0: never)
   int64_t samples_per_step = 16;  // samples written each time (the first groups of the step)
   bool progress = true;           // progress bars on a terminal
+  // tensorboard, metric_names
+  metrics::LoggerOptions metrics;
 };
 
 struct RlConfig {

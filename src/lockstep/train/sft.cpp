@@ -91,8 +91,9 @@ void run_sft(Trainer& trainer, const std::vector<TrainSequence>& data, const std
     }
   }
   std::unique_ptr<metrics::MetricsLogger> log;
-  if (writer) log = std::make_unique<metrics::MetricsLogger>(run_dir + "/metrics.jsonl",
-                                                       resume ? start : metrics::MetricsLogger::kAppend);
+  if (writer)
+    log = std::make_unique<metrics::MetricsLogger>(run_dir + "/metrics.jsonl",
+                                                   resume ? start : metrics::MetricsLogger::kAppend, cfg.log);
   const StepClock clock(start + 1, cfg.steps);
   for (int64_t step = start + 1; step <= cfg.steps; ++step) {
     std::vector<TrainSequence> batch;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/metrics/metrics_logger.h"
 #include "lockstep/train/trainer.h"
 
 namespace lockstep::train {
@@ -20,6 +21,7 @@ struct SftConfig {
   int64_t save_interval = 0;   // 0: only at the end
   int keep_last = 2;           // checkpoints kept
   int64_t log_interval = 1;    // console line every N steps
+  metrics::LoggerOptions log;  // [log] tensorboard
 };
 
 struct SftStepStats {
