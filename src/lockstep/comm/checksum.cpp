@@ -118,7 +118,7 @@ uint64_t checksum64(const void* data, size_t bytes, uint64_t seed) {
 }
 
 std::string checksum_hex(uint64_t h) {
-  static const char kDigits[] = "0123456789abcdef";
+  constexpr char kDigits[] = "0123456789abcdef";
   std::string s(16, '0');
   for (int i = 15; i >= 0; --i, h >>= 4) s[size_t(i)] = kDigits[h & 15];
   return s;
