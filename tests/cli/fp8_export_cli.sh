@@ -51,7 +51,13 @@ for name, e in json.loads(raw[8:8 + n]).items():
         vals = struct.unpack(f"<{(b - a) // 4}f", raw[a:b])
         f = 1024.0 if name.endswith("k_proj.weight") else 1.0 / 1024.0
         raw[a:b] = struct.pack(f"<{len(vals)}f", *(f * v for v in vals))
-open(path, "wb").write(raw)
+# Edited outside lockstep, the file goes without lockstep's tensor checksums
+# (which no longer hold), as another tool would write it.
+h = json.loads(raw[8:8 + n])
+h["__metadata__"] = {k: v for k, v in h["__metadata__"].items() if not k.startswith("lockstep.xxh64.")}
+hb = json.dumps(h).encode()
+hb += b" " * ((8 - len(hb) % 8) % 8)
+open(path, "wb").write(struct.pack("<Q", len(hb)) + hb + bytes(raw[8 + n:]))
 with open(f"{t}/sft.jsonl", "w") as f:
     for a in range(16):
         f.write(json.dumps({"prompt": f"{a}+{a}=", "response": str(2 * a)}) + "\n")

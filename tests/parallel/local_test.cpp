@@ -27,6 +27,28 @@ TEST(Checksum, Xxh64Vectors) {
   EXPECT_EQ(comm::checksum64("abc", 3), 0x44BC2CF5AD770999ull);
 }
 
+// Xxh64 fed in pieces of every size gives the one-shot value, which is the
+// reference's (libxxhash's XXH64) for inputs past one 32-byte stripe too.
+TEST(Checksum, StreamingEqualsOneShot) {
+  const std::string s = "Nobody inspects the spammish repetition";
+  EXPECT_EQ(comm::checksum64(s.data(), s.size()), 0xFBCEA83C8A378BF1ull);
+  std::vector<unsigned char> buf(301);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<unsigned char>(i * 37 + 11);
+  const uint64_t whole = comm::checksum64(buf.data(), buf.size());
+  EXPECT_EQ(whole, 0x51A95C085D01840Aull);
+  for (size_t piece = 1; piece <= 70; ++piece) {
+    comm::Xxh64 x;
+    for (size_t i = 0; i < buf.size(); i += piece) x.update(buf.data() + i, std::min(piece, buf.size() - i));
+    ASSERT_EQ(x.digest(), whole) << "pieces of " << piece;
+  }
+  uint64_t back = 0;
+  EXPECT_EQ(comm::checksum_hex(whole), "51a95c085d01840a");
+  ASSERT_TRUE(comm::parse_checksum_hex("51a95c085d01840a", &back));
+  EXPECT_EQ(back, whole);
+  EXPECT_FALSE(comm::parse_checksum_hex("51A95C085D01840A", &back));
+  EXPECT_FALSE(comm::parse_checksum_hex("51a95c085d01840", &back));
+}
+
 TEST(Checksum, EverySingleBitFlipIsDetected) {
   std::vector<unsigned char> buf(301);
   for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<unsigned char>(i * 37 + 11);

@@ -96,10 +96,11 @@ int run_trainer(const Args& args, const toml::table& root, const std::string& cf
         ctx, m.config, std::move(ref), cfg.trainer.micro_batch_tokens, cfg.trainer.kv_block_size,
         cfg.trainer.precision, cfg.trainer.fp8_block, cfg.trainer.logits_chunk);
   }
+  const bool resume = args.flag("resume") || args.has("resume-from");  // --resume-from implies --resume
   if (writer) {
-    if (!args.flag("resume")) train::refuse_existing_run(cfg.out_dir);  // before config.toml is replaced
+    if (!resume) train::refuse_existing_run(cfg.out_dir);  // before config.toml is replaced
     std::filesystem::create_directories(cfg.out_dir);
-    if (args.flag("resume")) train::remove_crash_leftovers(cfg.out_dir);  // what a killed run left behind
+    if (resume) train::remove_crash_leftovers(cfg.out_dir);  // what a killed run left behind
     write_file_atomic(cfg.out_dir + "/config.toml", [&] {
       std::ostringstream os;
       os << root;
@@ -154,7 +155,8 @@ int run_trainer(const Args& args, const toml::table& root, const std::string& cf
                         : std::string())
                 << std::endl;
   }
-  const rl::RlResult res = rl::run_rl(trainer, in, cfg, args.flag("resume"));
+  in.resume_from = args.get("resume-from", "");
+  const rl::RlResult res = rl::run_rl(trainer, in, cfg, resume);
   if (remote) remote->shutdown();
   if (!writer) return 0;
   rl::finish_report(cfg);
@@ -183,7 +185,7 @@ int run_rollout_rank(const toml::table& root, const std::string& cfg_path, const
 }
 
 int run_rl_cmd(const Args& args) {
-  args.check_known({"config", "resume", "out", "check-config"});
+  args.check_known({"config", "resume", "resume-from", "out", "check-config"});
   const bool check_only = args.has("check-config");
   const std::string cfg_path = check_only ? args.require("check-config") : args.require("config");
   toml::table root = load_toml_with_overrides(cfg_path, args.sets());
@@ -219,9 +221,9 @@ int run_rl_cmd(const Args& args) {
 }
 
 LS_REGISTER_COMMAND(Command{
-    "rl",
-    "RL post-training (GRPO family) with rollout, rewards, eval and checkpoints",
-    "usage: lockstep rl --config FILE [--resume] [--out DIR] [--set section.key=value ...]\n"
+    "rl", "RL post-training (GRPO family) with rollout, rewards, eval and checkpoints",
+    "usage: lockstep rl --config FILE [--resume | --resume-from step_N] [--out DIR]\n"
+    "                   [--set section.key=value ...]\n"
     "       lockstep rl --check-config FILE [--set ...]   (validate the config and the data's rows; no "
     "model)\n"
     "       mpirun -np N lockstep rl --config FILE        (trainer and rollout ranks, [dist])\n\n"
@@ -235,6 +237,10 @@ LS_REGISTER_COMMAND(Command{
     "OUT/checkpoints/step_N (Hugging Face layout + optimizer state) and OUT/report.html.\n"
     "--resume continues from OUT/checkpoints/latest (metrics lines after it are dropped), also\n"
     "after a kill -9 (docs/rl.md, \"Crash safety\"; it first removes what a killed run left behind).\n"
+    "Every checkpoint is verified first (tensor and file checksums, truncation, missing files):\n"
+    "when latest is not intact, --resume says why and falls back to the newest intact one that\n"
+    "[train] keep_last kept. --resume-from step_N (or N, or a checkpoint directory) resumes from\n"
+    "exactly that checkpoint, and is an error if it is not intact.\n"
     "Under mpirun/srun, [dist] trainer_ranks / rollout_ranks split the ranks into data-parallel\n"
     "trainers and rollout ranks that receive the weights after every step (docs/distributed.md);\n"
     "[dist] max_weight_staleness = 1 lets the rollout generate one step ahead of training (on the\n"

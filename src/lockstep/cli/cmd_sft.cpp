@@ -56,10 +56,11 @@ int train_sft(const Args& args, const toml::table& root, const std::string& cfg_
                << " tokens exceed the model's max_position_embeddings";
     seqs.push_back(std::move(s));
   }
+  const bool resume = args.flag("resume") || args.has("resume-from");  // --resume-from implies --resume
   if (writer) {
-    if (!args.flag("resume")) train::refuse_existing_run(ts.out_dir);  // before config.toml is replaced
+    if (!resume) train::refuse_existing_run(ts.out_dir);  // before config.toml is replaced
     std::filesystem::create_directories(ts.out_dir);
-    if (args.flag("resume")) train::remove_crash_leftovers(ts.out_dir);  // what a killed run left behind
+    if (resume) train::remove_crash_leftovers(ts.out_dir);  // what a killed run left behind
     write_file_atomic(ts.out_dir + "/config.toml", [&] {
       std::ostringstream os;
       os << root;
@@ -95,13 +96,13 @@ int train_sft(const Args& args, const toml::table& root, const std::string& cfg_
                         : "; each step's batch is split over them by tokens")
                 << std::endl;
   }
-  train::run_sft(trainer, seqs, ts.out_dir, ts.sft, args.flag("resume"), m.dir, {}, ranks);
+  train::run_sft(trainer, seqs, ts.out_dir, ts.sft, resume, m.dir, {}, ranks, args.get("resume-from", ""));
   if (writer) std::cout << "sft: done; final checkpoint in " << ts.out_dir << "/checkpoints/" << std::endl;
   return 0;
 }
 
 int run_sft_cmd(const Args& args) {
-  args.check_known({"config", "resume", "out"});
+  args.check_known({"config", "resume", "resume-from", "out"});
   const std::string cfg_path = args.require("config");
   toml::table root = load_toml_with_overrides(cfg_path, args.sets());
   for (const auto& [k, v] : root) {
@@ -131,12 +132,16 @@ int run_sft_cmd(const Args& args) {
 
 LS_REGISTER_COMMAND(Command{
     "sft", "supervised fine-tuning on prompt/response JSONL",
-    "usage: lockstep sft --config FILE [--resume] [--out DIR] [--set section.key=value ...]\n\n"
+    "usage: lockstep sft --config FILE [--resume | --resume-from step_N] [--out DIR]\n"
+    "                    [--set section.key=value ...]\n\n"
     "Trains with token cross-entropy on the response tokens of [data] train_file (lines with\n"
     "prompt + response, or messages ending with the assistant's reply). Writes\n"
     "OUT/metrics.jsonl, OUT/config.toml (resolved) and OUT/checkpoints/step_N (Hugging Face\n"
     "layout + optimizer state). --resume continues from OUT/checkpoints/latest, also after a kill -9\n"
-    "(docs/rl.md, \"Crash safety\"; it first removes what a killed run left behind).\n"
+    "(docs/rl.md, \"Crash safety\"; it first removes what a killed run left behind). A checkpoint\n"
+    "that fails verification (checksums, truncation, missing files) is never resumed from:\n"
+    "--resume falls back to the newest intact one, saying why; --resume-from step_N (or N, or a\n"
+    "checkpoint directory) picks one, and is an error if it is not intact.\n"
     "Sections: [model] (path = HF dir, or an inline architecture), [data], [train], [log],\n"
     "[dist]; see docs/configuration.md.\n\n"
     "Under mpirun (or with a [dist] section) every rank trains: each step's batch is split\n"

@@ -414,6 +414,7 @@ void load_planned(const LoadPlan& plan, const ParamInfo& p, float* dst) {
     case Storage::Mxfp4: {
       std::vector<float> scale(static_cast<size_t>(plan.scale.entry->numel));
       plan.scale.file->read_f32(*plan.scale.entry, scale.data());
+      f.verify(*plan.data.entry);
       const uint8_t* q = f.data(*plan.data.entry);  // bytes: no alignment needed
       if (plan.storage == Storage::Fp8)
         fp8_block_dequantize(q, scale.data(), p.shape[0], p.shape[1], dst);

@@ -1,6 +1,7 @@
-// safetensors reading (mmap + header validation + dtype conversion) and
-// writing (F32/BF16 or pre-encoded bytes, 8-byte-aligned header, atomic
-// files, shards + index).
+// safetensors reading (mmap + header validation + dtype conversion, tensor
+// checksums verified on the way) and writing (F32/BF16 or pre-encoded bytes,
+// per-tensor XXH64 in __metadata__, 8-byte-aligned header, atomic files,
+// shards + index).
 #include "lockstep/model/safetensors.h"
 
 #include <fcntl.h>
@@ -19,6 +20,7 @@
 #include "lockstep/base/error.h"
 #include "lockstep/base/excerpt.h"
 #include "lockstep/base/file_util.h"
+#include "lockstep/comm/checksum.h"
 #include "lockstep/model/hf_quant.h"
 
 namespace lockstep {
@@ -172,14 +174,39 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       e.end = data_start + en;
       entries_.push_back(std::move(e));
     }
+    std::sort(entries_.begin(), entries_.end(),
+              [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.begin < b.begin; });
+    for (size_t i = 0; i < entries_.size(); ++i) index_[entries_[i].name] = i;
+    parse_checksums();
   } catch (...) {
     ::munmap(const_cast<uint8_t*>(base_), size_);
     base_ = nullptr;
     throw;
   }
-  std::sort(entries_.begin(), entries_.end(),
-            [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.begin < b.begin; });
-  for (size_t i = 0; i < entries_.size(); ++i) index_[entries_[i].name] = i;
+}
+
+void SafetensorsFile::parse_checksums() {
+  const std::string prefix = kChecksumKeyPrefix;
+  size_t found = 0;
+  for (const auto& [key, value] : metadata_) {
+    if (key.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string name = key.substr(prefix.size());
+    auto it = index_.find(name);
+    if (it == index_.end())
+      LS_THROW << path_ << ": __metadata__ key '" << excerpt(key) << "' gives the checksum of tensor '"
+               << excerpt(name) << "', which the file does not hold (file corrupt)";
+    SafetensorsEntry& e = entries_[it->second];
+    if (!comm::parse_checksum_hex(value, &e.checksum))
+      LS_THROW << path_ << ": __metadata__ key '" << excerpt(key) << "' = '" << excerpt(value)
+               << "' is not 16 lowercase hex digits (file corrupt)";
+    e.has_checksum = true;
+    ++found;
+  }
+  if (found == 0 || found == entries_.size()) return;
+  for (const auto& e : entries_)
+    if (!e.has_checksum)
+      LS_THROW << path_ << ": tensor '" << excerpt(e.name)
+               << "' has no checksum while the file's other tensors have one (file corrupt)";
 }
 
 SafetensorsFile::~SafetensorsFile() {
@@ -191,28 +218,59 @@ const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
   return it == index_.end() ? nullptr : &entries_[it->second];
 }
 
+namespace {
+// Elements per chunk of a verified read: about 1 MiB of stored bytes.
+constexpr size_t kScanBytes = size_t{1} << 20;
+}  // namespace
+
+template <typename F>
+void SafetensorsFile::scan(const SafetensorsEntry& e, size_t esize, F&& convert) const {
+  const size_t n = static_cast<size_t>(e.numel);
+  const size_t chunk = std::max<size_t>(1, kScanBytes / esize);
+  comm::Xxh64 hash;
+  for (size_t i = 0; i < n; i += chunk) {
+    const size_t m = std::min(chunk, n - i);
+    if (e.has_checksum) hash.update(data(e) + i * esize, m * esize);
+    convert(i, m);
+  }
+  if (e.has_checksum && hash.digest() != e.checksum)
+    LS_THROW << path_ << ": tensor '" << excerpt(e.name) << "' fails its checksum (file corrupt)";
+}
+
+void SafetensorsFile::verify(const SafetensorsEntry& e) const {
+  if (e.has_checksum && comm::checksum64(data(e), e.end - e.begin) != e.checksum)
+    LS_THROW << path_ << ": tensor '" << excerpt(e.name) << "' fails its checksum (file corrupt)";
+}
+
 void SafetensorsFile::read_f32(const SafetensorsEntry& e, float* dst) const {
   const uint8_t* src = data(e);
-  const size_t n = static_cast<size_t>(e.numel);
   // Data offsets need not be aligned: copy through memcpy.
   if (e.dtype == "F32") {
-    if (n > 0) std::memcpy(dst, src, n * 4);  // dst may be null for an empty tensor
+    scan(e, 4, [&](size_t i, size_t m) { std::memcpy(dst + i, src + 4 * i, m * 4); });
   } else if (e.dtype == "BF16") {
-    for (size_t i = 0; i < n; ++i) {
-      uint16_t h;
-      std::memcpy(&h, src + 2 * i, 2);
-      dst[i] = bf16_to_f32(h);
-    }
+    scan(e, 2, [&](size_t i0, size_t m) {
+      for (size_t i = i0; i < i0 + m; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        dst[i] = bf16_to_f32(h);
+      }
+    });
   } else if (e.dtype == "F16") {
-    for (size_t i = 0; i < n; ++i) {
-      uint16_t h;
-      std::memcpy(&h, src + 2 * i, 2);
-      dst[i] = f16_to_f32(h);
-    }
+    scan(e, 2, [&](size_t i0, size_t m) {
+      for (size_t i = i0; i < i0 + m; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        dst[i] = f16_to_f32(h);
+      }
+    });
   } else if (e.dtype == "F8_E4M3") {
-    for (size_t i = 0; i < n; ++i) dst[i] = fp8_to_f32(src[i]);
+    scan(e, 1, [&](size_t i0, size_t m) {
+      for (size_t i = i0; i < i0 + m; ++i) dst[i] = fp8_to_f32(src[i]);
+    });
   } else if (e.dtype == "F8_E8M0") {
-    for (size_t i = 0; i < n; ++i) dst[i] = e8m0_to_f32(src[i]);
+    scan(e, 1, [&](size_t i0, size_t m) {
+      for (size_t i = i0; i < i0 + m; ++i) dst[i] = e8m0_to_f32(src[i]);
+    });
   } else {
     LS_THROW << path_ << ": tensor '" << excerpt(e.name) << "' has dtype " << e.dtype
              << "; lockstep reads floats from F32, BF16, F16, F8_E4M3 and F8_E8M0";
@@ -221,21 +279,24 @@ void SafetensorsFile::read_f32(const SafetensorsEntry& e, float* dst) const {
 
 void SafetensorsFile::read_i64(const SafetensorsEntry& e, int64_t* dst) const {
   const uint8_t* src = data(e);
-  const size_t n = static_cast<size_t>(e.numel);
+  auto widen = [&](auto tag) {
+    using T = decltype(tag);
+    scan(e, sizeof(T), [&](size_t i, size_t m) { widen_ints<T>(src + sizeof(T) * i, dst + i, m); });
+  };
   if (e.dtype == "I64") {
-    if (n > 0) std::memcpy(dst, src, n * 8);  // dst may be null for an empty tensor
+    scan(e, 8, [&](size_t i, size_t m) { std::memcpy(dst + i, src + 8 * i, m * 8); });
   } else if (e.dtype == "I32") {
-    widen_ints<int32_t>(src, dst, n);
+    widen(int32_t{});
   } else if (e.dtype == "I16") {
-    widen_ints<int16_t>(src, dst, n);
+    widen(int16_t{});
   } else if (e.dtype == "I8") {
-    widen_ints<int8_t>(src, dst, n);
+    widen(int8_t{});
   } else if (e.dtype == "U32") {
-    widen_ints<uint32_t>(src, dst, n);
+    widen(uint32_t{});
   } else if (e.dtype == "U16") {
-    widen_ints<uint16_t>(src, dst, n);
+    widen(uint16_t{});
   } else if (e.dtype == "U8") {
-    widen_ints<uint8_t>(src, dst, n);
+    widen(uint8_t{});
   } else {
     LS_THROW << path_ << ": tensor '" << excerpt(e.name) << "' has dtype " << e.dtype
              << "; lockstep reads integers from I8, I16, I32, I64, U8, U16 and U32";
@@ -243,7 +304,9 @@ void SafetensorsFile::read_i64(const SafetensorsEntry& e, int64_t* dst) const {
 }
 
 void SafetensorsFile::read_bytes(const SafetensorsEntry& e, void* dst) const {
-  if (e.end > e.begin) std::memcpy(dst, data(e), e.end - e.begin);
+  const size_t esize = safetensors_dtype_size(e.dtype);
+  auto* out = static_cast<uint8_t*>(dst);
+  scan(e, esize, [&](size_t i, size_t m) { std::memcpy(out + i * esize, data(e) + i * esize, m * esize); });
 }
 
 // ---- checkpoint (single or sharded) ----
@@ -350,6 +413,24 @@ std::string stored_dtype(const SafetensorsTensor& t, DType dtype) {
     LS_THROW << "tensor '" << t.name << "': unknown safetensors dtype '" << t.raw_dtype << "'";
   return t.raw_dtype;
 }
+// XXH64 of the bytes a tensor is stored as: of the values themselves for
+// F32 and raw tensors, of their bf16 rounding (made chunk by chunk, as the
+// writer makes it again) for BF16.
+uint64_t stored_checksum(const SafetensorsTensor& t, DType dtype, uint64_t nbytes) {
+  LS_CHECK(t.data != nullptr || t.raw != nullptr || nbytes == 0) << "tensor " << t.name << " has no data";
+  if (t.raw) return comm::checksum64(t.raw, nbytes);
+  if (dtype == DType::F32) return comm::checksum64(t.data, nbytes);
+  const size_t numel = nbytes / 2;
+  constexpr size_t kChunk = size_t{1} << 20;
+  std::vector<bf16_t> scratch(std::min(numel, kChunk));
+  comm::Xxh64 hash;
+  for (size_t i = 0; i < numel; i += kChunk) {
+    const size_t m = std::min(kChunk, numel - i);
+    convert_f32_to_bf16(t.data + i, scratch.data(), m);
+    hash.update(scratch.data(), m * 2);
+  }
+  return hash.digest();
+}
 }  // namespace
 
 uint64_t safetensors_nbytes(const SafetensorsTensor& t, DType dtype) {
@@ -361,15 +442,17 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
   if (dtype != DType::F32 && dtype != DType::BF16)
     LS_THROW << path << ": safetensors are written as F32 or BF16, not " << dtype_name(dtype);
   json h = json::object();
-  h["__metadata__"] = {{"format", "pt"}};
+  json meta = {{"format", "pt"}};
   uint64_t off = 0;
   for (const auto& t : tensors) {
     if (t.name == "__metadata__" || h.contains(t.name))
       LS_THROW << path << ": duplicate or reserved tensor name '" << t.name << "'";
     const uint64_t nb = safetensors_nbytes(t, dtype);
     h[t.name] = {{"dtype", stored_dtype(t, dtype)}, {"shape", t.shape}, {"data_offsets", {off, off + nb}}};
+    meta[kChecksumKeyPrefix + t.name] = comm::checksum_hex(stored_checksum(t, dtype, nb));
     off += nb;
   }
+  h["__metadata__"] = std::move(meta);
   std::string header = h.dump();
   // Pad so the data starts 8-byte aligned, as the reference writer does.
   header.append((8 - header.size() % 8) % 8, ' ');

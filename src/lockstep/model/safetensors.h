@@ -5,7 +5,10 @@
 // F8_E8M0, I8, I64, ...), atomically, as one file or a sharded set.
 // File layout: u64 little-endian header length N, N bytes of JSON header
 // {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {...}},
-// then the data; offsets are relative to the first data byte.
+// then the data; offsets are relative to the first data byte. lockstep's
+// writer puts each tensor's XXH64 in __metadata__ ("lockstep.xxh64.<name>":
+// 16 hex digits, string values as the format wants) and its reader verifies
+// them while it reads; files without them (from elsewhere) load unverified.
 #pragma once
 
 #include <cstdint>
@@ -25,13 +28,21 @@ struct SafetensorsEntry {
   int64_t numel = 0;
   uint64_t begin = 0;  // absolute byte offsets of the data within the file
   uint64_t end = 0;
+  bool has_checksum = false;  // the file's __metadata__ gives its XXH64
+  uint64_t checksum = 0;      // of the bytes [begin, end)
 };
+
+// The __metadata__ key holding a tensor's checksum: this prefix + its name.
+inline constexpr const char* kChecksumKeyPrefix = "lockstep.xxh64.";
 
 // A read-only mapping of one .safetensors file. The constructor validates the
 // whole header: file long enough for the 8-byte length, header length sane
 // (<= 100 MB) and within the file, JSON that parses to an object, for every
 // tensor a known element size, data_offsets inside the file (else: "truncated")
-// and end - begin == numel × element size. Every Error names the file.
+// and end - begin == numel × element size; checksum keys in __metadata__
+// that are 16 hex digits and name a tensor of the file, and then one for
+// every tensor (a damaged key cannot leave a tensor unchecked). Every Error
+// names the file.
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path);
@@ -44,6 +55,9 @@ class SafetensorsFile {
   const SafetensorsEntry* find(const std::string& name) const;               // nullptr if absent
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const uint8_t* data(const SafetensorsEntry& e) const { return base_ + e.begin; }
+  // The read_* calls verify a tensor's checksum, if it has one, while they
+  // copy it: Error "<file>: tensor '<name>' fails its checksum (file
+  // corrupt)" (dst holds its bytes then, which the caller must not use).
   // Converts F32, BF16, F16, F8_E4M3 (e4m3fn) or F8_E8M0 (2^(e-127)) data to
   // f32, exactly (dst has e.numel floats). F8 values come out unscaled: block
   // scales are the caller's (hf_quant.h). Other dtypes throw Error naming the
@@ -54,8 +68,19 @@ class SafetensorsFile {
   void read_i64(const SafetensorsEntry& e, int64_t* dst) const;
   // Copies the tensor's bytes as stored (e.end - e.begin of them, little-endian).
   void read_bytes(const SafetensorsEntry& e, void* dst) const;
+  // The same check for a caller that reads data(e) itself; nothing for a
+  // tensor without a checksum.
+  void verify(const SafetensorsEntry& e) const;
+  bool has_checksums() const { return !entries_.empty() && entries_.front().has_checksum; }
 
  private:
+  void parse_checksums();
+  // Calls convert(first element, count) over the tensor in chunks of about
+  // 1 MiB, hashing each chunk just before it is converted (one pass over the
+  // bytes), then checks the checksum.
+  template <typename F>
+  void scan(const SafetensorsEntry& e, size_t esize, F&& convert) const;
+
   std::string path_;
   const uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
@@ -109,7 +134,8 @@ struct SafetensorsTensor {
 // Bytes one tensor takes in a file whose f32 values are stored as `dtype`.
 uint64_t safetensors_nbytes(const SafetensorsTensor& t, DType dtype);
 
-// Writes one file: header with `__metadata__` {"format": "pt"}, padded with
+// Writes one file: header with `__metadata__` {"format": "pt"} and the XXH64
+// of each tensor's stored bytes ("lockstep.xxh64.<name>"), padded with
 // spaces to a multiple of 8 bytes (as the reference writer does), data in the
 // given order. f32 values are stored as dtype F32 or BF16 (round to nearest
 // even); raw tensors as their raw_dtype. Written to a temporary file and

@@ -37,6 +37,7 @@
 #include "lockstep/rl/step_line.h"
 #include "lockstep/rollout/engine.h"
 #include "lockstep/train/checkpoint.h"
+#include "lockstep/train/checkpoint_integrity.h"
 #include "lockstep/train/data_order.h"
 #include "lockstep/train/mismatch.h"
 
@@ -962,7 +963,7 @@ int64_t Runner::begin_run(bool resume) {
   int64_t start = 0;
   if (writer_ && !resume) train::refuse_existing_run(cfg_.out_dir);
   if (resume) {
-    if (auto info = train::find_latest_checkpoint(cfg_.out_dir)) {
+    if (auto info = train::find_resume_checkpoint(cfg_.out_dir, in_.resume_from, writer_)) {
       train::load_checkpoint(*info, trainer_);
       start = info->step;
       cursor_ = info->state.value("prompt_cursor", uint64_t(0));

@@ -31,6 +31,9 @@ struct RlInputs {
   std::vector<data::PromptExample> train;  // prompts with labels
   std::vector<data::PromptExample> eval;   // held-out problems (may be empty)
   std::string tokenizer_dir;               // tokenizer files copied into checkpoints
+  // With resume: the checkpoint to continue from ("step_N", "N" or a
+  // directory; train::find_resume_checkpoint); empty: the latest intact one.
+  std::string resume_from;
   // The frozen reference for the KL term (the trainer's model config);
   // required when algo.kl_coef > 0.
   std::shared_ptr<train::Scorer> reference;
@@ -56,8 +59,9 @@ struct RlResult {
   std::vector<std::pair<std::string, double>> phase_seconds;
 };
 
-// Runs steps [start + 1, cfg.steps] where start is 0, or the step of the
-// latest checkpoint in cfg.out_dir when `resume`.
+// Runs steps [start + 1, cfg.steps] where start is 0, or when `resume` the
+// step of the checkpoint in cfg.out_dir it resumes from (the latest intact
+// one, or in.resume_from).
 RlResult run_rl(train::Trainer& trainer, const RlInputs& in, const RlConfig& cfg, bool resume);
 
 // Prompt order: position c of the stream is prompt order_index(c): epochs of

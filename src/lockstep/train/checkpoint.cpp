@@ -10,6 +10,7 @@
 #include "lockstep/base/file_util.h"
 #include "lockstep/base/pause_point.h"
 #include "lockstep/model/pretrained.h"
+#include "lockstep/train/checkpoint_integrity.h"
 
 namespace fs = std::filesystem;
 
@@ -24,19 +25,6 @@ void copy_tokenizer(const std::string& from, const std::string& to) {
   for (const char* f : kTokenizerFiles) {
     fs::path src = fs::path(from) / f;
     if (fs::exists(src)) fs::copy_file(src, fs::path(to) / f, fs::copy_options::overwrite_existing);
-  }
-}
-
-// The N of a published checkpoint directory's name "step_N"; -1 for anything
-// else (step_N.tmp being written, step_N.old being removed, latest, ...).
-int64_t checkpoint_step_of(const std::string& name) {
-  if (name.rfind("step_", 0) != 0 || name.size() == 5) return -1;
-  for (size_t i = 5; i < name.size(); ++i)
-    if (name[i] < '0' || name[i] > '9') return -1;
-  try {
-    return std::stoll(name.substr(5));
-  } catch (const std::exception&) {
-    return -1;
   }
 }
 
@@ -81,6 +69,17 @@ void prune_checkpoints(const fs::path& root, int64_t step, int keep_last) {
 
 }  // namespace
 
+int64_t checkpoint_step_of(const std::string& name) {
+  if (name.rfind("step_", 0) != 0 || name.size() == 5) return -1;
+  for (size_t i = 5; i < name.size(); ++i)
+    if (name[i] < '0' || name[i] > '9') return -1;
+  try {
+    return std::stoll(name.substr(5));
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
 std::string save_checkpoint(const std::string& run_dir, int64_t step, Trainer& trainer, nlohmann::json state,
                             const std::string& tokenizer_dir, int keep_last) {
   const fs::path root = fs::path(run_dir) / "checkpoints";
@@ -96,6 +95,7 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, Trainer& t
   state["weight_version"] = trainer.version();
   state["optimizer_steps"] = trainer.optimizer().steps_done();
   write_file_atomic((tmp_dir / "trainer_state.json").string(), state.dump(2) + "\n");
+  write_checksum_manifest(tmp_dir.string());  // last: it covers every other file but the weights
   sync_directory(tmp_dir.string());
   // A step_N of an earlier attempt (crashed before `latest` named it): never
   // the checkpoint `latest` names, which is older than any step saved again.

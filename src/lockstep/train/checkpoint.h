@@ -1,6 +1,8 @@
 // Training checkpoints: checkpoints/step_N/ holds the model in Hugging Face
 // layout (config.json + safetensors, plus tokenizer files copied from the
-// source model), optimizer.bin and trainer_state.json. A checkpoint is
+// source model), optimizer.bin, trainer_state.json and checksums.json (the
+// XXH64 of every file but the weights, whose tensors carry their own:
+// checkpoint_integrity.h). A checkpoint is
 // written into step_N.tmp/ and renamed, and checkpoints/latest is replaced
 // atomically afterwards, so "latest" never names a half-written checkpoint;
 // a checkpoint is removed by renaming it to step_N.old first, so none is
@@ -23,6 +25,10 @@ struct CheckpointInfo {
   nlohmann::json state;  // trainer_state.json (step, data position, rng, user fields)
 };
 
+// The N of a published checkpoint directory's name "step_N"; -1 for anything
+// else (step_N.tmp being written, step_N.old being removed, latest, ...).
+int64_t checkpoint_step_of(const std::string& name);
+
 // Writes checkpoints/step_<step>/ under run_dir and points `latest` at it.
 // `state` is stored as trainer_state.json (its "step" is set here);
 // `tokenizer_dir`, if not empty, is where tokenizer files are copied from.
@@ -43,7 +49,8 @@ void remove_crash_leftovers(const std::string& run_dir);
 void refuse_existing_run(const std::string& run_dir);
 
 // The checkpoint `latest` names, if any (Error if it names a missing or
-// incomplete checkpoint).
+// incomplete checkpoint). It is not verified: a resume goes through
+// find_resume_checkpoint (checkpoint_integrity.h), which is.
 std::optional<CheckpointInfo> find_latest_checkpoint(const std::string& run_dir);
 
 // Loads parameters and optimizer state of a checkpoint into the trainer

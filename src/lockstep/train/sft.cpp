@@ -14,6 +14,7 @@
 #include "lockstep/base/timer.h"
 #include "lockstep/metrics/metrics_logger.h"
 #include "lockstep/train/checkpoint.h"
+#include "lockstep/train/checkpoint_integrity.h"
 #include "lockstep/train/data_order.h"
 
 namespace lockstep::train {
@@ -77,13 +78,14 @@ SftStepStats sft_step(Trainer& trainer, const std::vector<TrainSequence>& batch)
 
 void run_sft(Trainer& trainer, const std::vector<TrainSequence>& data, const std::string& run_dir,
              const SftConfig& cfg, bool resume, const std::string& tokenizer_dir,
-             const std::function<void(const SftStepStats&)>& on_step, const SftRanks& ranks) {
+             const std::function<void(const SftStepStats&)>& on_step, const SftRanks& ranks,
+             const std::string& resume_from) {
   if (data.empty()) LS_THROW << "SFT dataset is empty";
   const bool writer = ranks.writer;
   if (writer && !resume) refuse_existing_run(run_dir);  // a fresh run never appends to another's metrics
   int64_t start = 0;
   if (resume) {
-    if (auto info = find_latest_checkpoint(run_dir)) {
+    if (auto info = find_resume_checkpoint(run_dir, resume_from, writer)) {
       load_checkpoint(*info, trainer);
       start = info->step;
     } else {

@@ -50,10 +50,12 @@ struct SftRanks {
 };
 
 // Runs steps [start_step + 1, cfg.steps], writing run_dir/metrics.jsonl and
-// checkpoints. resume: continue from run_dir's latest checkpoint if any.
-// on_step (may be empty) sees every step's stats.
+// checkpoints. resume: continue from run_dir's latest intact checkpoint if
+// any, or from `resume_from` ("step_N", "N" or a directory) when it is set
+// (find_resume_checkpoint). on_step (may be empty) sees every step's stats.
 void run_sft(Trainer& trainer, const std::vector<TrainSequence>& data, const std::string& run_dir,
              const SftConfig& cfg, bool resume, const std::string& tokenizer_dir,
-             const std::function<void(const SftStepStats&)>& on_step = {}, const SftRanks& ranks = {});
+             const std::function<void(const SftStepStats&)>& on_step = {}, const SftRanks& ranks = {},
+             const std::string& resume_from = "");
 
 }  // namespace lockstep::train
