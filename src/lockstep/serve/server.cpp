@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <sstream>
+#include <utility>
 
 #include "lockstep/base/error.h"
 #include "lockstep/base/excerpt.h"
@@ -157,6 +158,7 @@ void ApiServer::Impl::install_routes() {
   http.set_keep_alive_max_count(1000);
   http.set_keep_alive_timeout(opt.keep_alive_timeout_s);
   http.set_request_timeout(opt.request_timeout_s);
+  http.set_header_timeout(opt.header_timeout_s);
   // Errors httplib produces itself (404, 413, 400 on a malformed request,
   // 408 when that was a request past its deadline)
   // get the same JSON body as ours.
@@ -322,7 +324,7 @@ void ApiServer::Impl::handle_update_weights(const httplib::Request& req, httplib
   if (path.empty()) throw HttpError(400, "missing model_path");
   if (!std::filesystem::is_directory(path)) throw HttpError(400, "model_path " + path + ": not a directory");
 
-  std::lock_guard<std::mutex> lock(weights_mu);
+  std::lock_guard<std::mutex> lock(update_mu);
   Timer timer;
   const uint64_t old_version = engine->weight_version();
   const uint64_t new_version = version.value_or(old_version + 1);
@@ -342,7 +344,12 @@ void ApiServer::Impl::handle_update_weights(const httplib::Request& req, httplib
   // The engine switches between steps; once it reports the new version no step
   // reads the old weights any more (steps run under the lock weight_version takes).
   while (engine->weight_version() != new_version) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  current = std::move(next);  // frees the old weights
+  std::unique_ptr<WeightSet> old;
+  {
+    std::lock_guard<std::mutex> l(weights_mu);
+    old = std::exchange(current, std::move(next));
+  }
+  old.reset();  // frees the old weights, outside the lock readers take
   LS_LOG(Info) << "serve: weights from " << path << " are version " << new_version << " (" << timer.seconds()
                << " s)";
   set_json(res, 200,
