@@ -1175,6 +1175,43 @@ TEST_F(ServeTest, DisconnectedClientsStopGenerating) {
   EXPECT_EQ(s.terminate(20), 0);
 }
 
+// /abort_request ends one request by its rid (the other runs on), then
+// abort_all ends the rest; both answer with finish reason abort.
+TEST_F(ServeTest, AbortRequestEndsRequestsByRidOrAll) {
+  ServerProcess s({"--model", (dir_ / "long").string()});
+  const int port = s.port();
+  json keep_body = long_body(2), drop_body = long_body(2);
+  keep_body["rid"] = "keep-1";
+  drop_body["rid"] = "drop-1";
+  LongRequest keep(port, keep_body), drop(port, drop_body);
+  ASSERT_TRUE(wait_until([&] { return metric(port, "num_running_reqs") >= 4; }));
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(30, 0);
+  auto abort = [&](const json& body, int expect) {
+    auto r = c.Post("/abort_request", body.dump(), "application/json");
+    EXPECT_TRUE(r);
+    if (!r) return json();
+    EXPECT_EQ(r->status, expect) << r->body;
+    return json::parse(r->body, nullptr, false);
+  };
+  EXPECT_EQ(abort({{"rid", "drop-1"}}, 200)["aborted"], 1);
+  int status = 0;
+  const json dropped = drop.answer(&status);
+  EXPECT_EQ(status, 200);
+  for (const std::string& r : finish_types(dropped)) EXPECT_EQ(r, "abort");
+  EXPECT_FALSE(keep.done()) << "aborting one request ended the other";
+  EXPECT_EQ(abort({{"rid", "no-such-request"}}, 200)["aborted"], 0);
+  abort({{"rid", 5}}, 400);
+  abort({{"request", "keep-1"}}, 400);
+  abort(json::object(), 400);
+  EXPECT_EQ(abort({{"abort_all", true}}, 200)["aborted"], 1);
+  const json kept = keep.answer(&status);
+  EXPECT_EQ(status, 200);
+  for (const std::string& r : finish_types(kept)) EXPECT_EQ(r, "abort");
+  EXPECT_EQ(kept[0]["meta_info"]["id"], "keep-1-0");
+  EXPECT_EQ(s.terminate(20), 0);
+}
+
 // SIGTERM lets the long request run on (--shutdown-timeout 30); a second
 // SIGTERM aborts it, and the process exits well within 2 s of it, after
 // answering the request with finish reason abort.
@@ -1188,6 +1225,22 @@ TEST_F(ServeTest, SecondSigtermAbortsAndExitsAtOnce) {
   const auto t = std::chrono::steady_clock::now();
   const int code = s.terminate(2.0);  // the second SIGTERM
   EXPECT_EQ(code, 0) << "not exited " << seconds_since(t) << " s after the second SIGTERM";
+  int status = 0;
+  const json answer = big.answer(&status);
+  EXPECT_EQ(status, 200);
+  for (const std::string& r : finish_types(answer)) EXPECT_EQ(r, "abort");
+}
+
+// With --shutdown-timeout 1, one SIGTERM lets the long request run for a
+// second, then aborts it; the process exits soon after.
+TEST_F(ServeTest, ShutdownTimeoutAbortsTheRequestsStillRunning) {
+  ServerProcess s({"--model", (dir_ / "long").string(), "--shutdown-timeout", "1"});
+  LongRequest big(s.port(), long_body());
+  ASSERT_TRUE(wait_until([&] { return metric(s.port(), "generation_tokens_total") >= 16 * 3; }));
+  const auto t = std::chrono::steady_clock::now();
+  const int code = s.terminate(3.0);
+  EXPECT_EQ(code, 0) << "not exited " << seconds_since(t) << " s after SIGTERM";
+  EXPECT_GE(seconds_since(t), 0.9) << "the request did not get its shutdown timeout";
   int status = 0;
   const json answer = big.answer(&status);
   EXPECT_EQ(status, 200);

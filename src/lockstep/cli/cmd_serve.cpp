@@ -155,6 +155,7 @@ LS_REGISTER_COMMAND(Command{
     "  GET  /health  /health_generate  liveness / one-token generation check\n"
     "  GET  /get_model_info  /v1/models  /metrics (Prometheus)\n"
     "  POST /update_weights_from_disk  {\"model_path\": DIR}: new weights, same architecture\n"
+    "  POST /abort_request             {\"rid\": ID} or {\"abort_all\": true}: abort generation requests\n"
     "  POST /flush_cache               drop the prefix cache\n"
     "Binds 127.0.0.1 unless --host says otherwise; --port 0 picks a free port (printed).\n"
     "With --api-key, every endpoint except /health, /health_generate and /metrics needs\n"

@@ -75,9 +75,10 @@ bool Inflight::all_ready() const {
   return true;
 }
 
-std::shared_ptr<Inflight> ApiServer::Impl::submit(const GenJob& job) {
+std::shared_ptr<Inflight> ApiServer::Impl::submit(const GenJob& job, const std::string& rid) {
   auto f = std::make_shared<Inflight>();
   f->streaming = job.stream;
+  f->rid = rid;
   const size_t P = job.prompts.size();
   f->ids.assign(P, 0);
   f->abort_sent.assign(P, false);
@@ -165,7 +166,7 @@ void ApiServer::Impl::handle_generation(Api api, const httplib::Request& req, ht
                                          : parse_chat(body, tok(), lim);
   ResponseInfo info{next_id(id_prefix(api)), unix_now()};
   if (!job.rid.empty()) info.id = job.rid;
-  std::shared_ptr<Inflight> f = submit(job);
+  std::shared_ptr<Inflight> f = submit(job, info.id);
   auto forget = [this, f] {
     std::lock_guard<std::mutex> l(inflight_mu);
     inflight.erase(f);

@@ -53,6 +53,7 @@ struct Inflight {
   std::condition_variable cv;
   std::vector<uint64_t> ids;  // per prompt; 0 until submitted
   std::vector<bool> abort_sent;
+  std::string rid;  // the response's id (the client's rid when it gave one): /abort_request names it
   bool streaming = false;
   std::deque<TokenEvent> events;  // streaming only
   std::vector<std::future<rollout::RequestResult>> futures;
@@ -75,10 +76,11 @@ struct ApiServer::Impl {
   void handle_health_generate(httplib::Response& res);
   void handle_model_info(httplib::Response& res);
   void handle_update_weights(const httplib::Request& req, httplib::Response& res);
+  void handle_abort_request(const httplib::Request& req, httplib::Response& res);
   void handle_metrics(httplib::Response& res);
 
   // --- generation helpers (generate.cpp)
-  std::shared_ptr<Inflight> submit(const GenJob& job);
+  std::shared_ptr<Inflight> submit(const GenJob& job, const std::string& rid = "");
   // Waits for every prompt's result; aborts them once f.abort_wanted is set
   // or `client_gone` (polled) says the client left.
   std::vector<rollout::RequestResult> wait_all(Inflight& f, const std::function<bool()>& client_gone = {});
