@@ -97,7 +97,7 @@ TEST(EngineBackground, ARequestJoinsARunningGenerationAndAnAbortStopsIt) {
   EXPECT_EQ(q.samples[0].finish_reason, "length");
   // One prefill step and three decodes, plus the steps taken while this
   // thread was descheduled on a busy machine: far fewer than the long one's 2000.
-  EXPECT_LE(steps_after - steps_before, 50) << "the short request waited for the long one";
+  EXPECT_LE(steps_after - steps_before, 200) << "the short request waited for the long one";
   EXPECT_NE(big.wait_for(0s), std::future_status::ready);
   EXPECT_LT(e.stats().generated_tokens, 16 * 1000);
 

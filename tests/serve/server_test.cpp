@@ -1111,7 +1111,7 @@ TEST_F(ServeTest, ShortRequestsAndEndpointsDoNotWaitForALongGeneration) {
   EXPECT_EQ(ids(json::parse(small->body)).size(), 4u);
   // A prefill step and three decodes, plus the steps the long request takes
   // while the HTTP requests travel: far fewer than its 2000.
-  EXPECT_LE(steps_after - steps_before, 150) << "the short request waited for the long one";
+  EXPECT_LE(steps_after - steps_before, 400) << "the short request waited for the long one";
   EXPECT_FALSE(big.done()) << "the long request finished before the short one";
   EXPECT_LT(metric(port, "generation_tokens_total"), 16 * 1000);
 
