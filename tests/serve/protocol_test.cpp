@@ -126,6 +126,24 @@ TEST(ServeProtocol, RangeErrorsNameTheKeyTheClientSent) {
   EXPECT_EQ(min_tokens.find("min_new_tokens"), std::string::npos) << min_tokens;
 }
 
+// A number past float's range became inf before the range check, which then
+// reported "got inf": the message quotes the value the client sent.
+TEST(ServeProtocol, NumbersPastFloatRangeAreQuotedAsSent) {
+  auto message = [](const json& body, auto parse) { return std::string(parse_error(body, parse).what()); };
+  const std::string sglang =
+      message(json{{"input_ids", {1}}, {"sampling_params", {{"temperature", 1e39}}}}, parse_generate);
+  EXPECT_NE(sglang.find("sampling_params.temperature"), std::string::npos) << sglang;
+  EXPECT_NE(sglang.find("got 1e+39"), std::string::npos) << sglang;
+  EXPECT_EQ(sglang.find("inf"), std::string::npos) << sglang;
+  const std::string openai = message(json{{"prompt", {1, 2}}, {"top_p", -5e38}}, parse_completions);
+  EXPECT_NE(openai.find("top_p"), std::string::npos) << openai;
+  EXPECT_NE(openai.find("got -5e+38"), std::string::npos) << openai;
+  // Within float's range the usual range check answers, with the value.
+  const std::string in_range =
+      message(json{{"input_ids", {1}}, {"sampling_params", {{"temperature", -2.5}}}}, parse_generate);
+  EXPECT_NE(in_range.find("got -2.5"), std::string::npos) << in_range;
+}
+
 // 4096 prompts x n = 1024 was accepted: four million samples in one
 // request, gigabytes of engine state and answer (found by the soak test).
 TEST(ServeProtocol, SamplesPerRequestAreCapped) {

@@ -148,6 +148,11 @@ init_std = 0.5
     const std::string bin = lockstep_bin(), cfg = (dir_ / "tiny.toml").string();
     run_ok(bin + " init --config " + cfg + " --out " + (dir_ / "m1").string() + " --seed 1 > /dev/null");
     run_ok(bin + " init --config " + cfg + " --out " + (dir_ / "m2").string() + " --seed 2 > /dev/null");
+    // A long context for generations that run for thousands of steps.
+    run_ok(bin + " init --config " + cfg + " --set model.max_position_embeddings=4096 --out " +
+           (dir_ / "long").string() + " --seed 1 > /dev/null");
+    run_ok(bin + " init --config " + cfg + " --set model.max_position_embeddings=4096 --out " +
+           (dir_ / "long2").string() + " --seed 2 > /dev/null");
     // A different architecture (wider) that an update must refuse.
     run_ok(bin + " init --config " + cfg + " --set model.hidden_size=96 --out " + (dir_ / "wide").string() +
            " > /dev/null");
@@ -992,3 +997,299 @@ TEST_F(ServeTest, SigtermFinishesRequestsInFlight) {
 }
 
 }  // namespace
+// --- Under load: a long generation must not hold the other requests up.
+
+// A Prometheus counter or gauge of /metrics (-1 when absent or unanswered).
+double metric(int port, const std::string& name) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(10, 0);
+  auto r = c.Get("/metrics");
+  if (!r) return -1;
+  const std::string key = "\nlockstep_" + name + " ";
+  const size_t at = r->body.find(key);
+  return at == std::string::npos ? -1 : std::atof(r->body.c_str() + at + key.size());
+}
+
+// Polls until pred() or `seconds`; false on timeout.
+template <class Pred>
+bool wait_until(Pred pred, double seconds = 60) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// n=16 samples of 2000 tokens: thousands of engine steps on the tiny model.
+json long_body(int64_t n = 16) {
+  return {{"input_ids", {1, 2, 3}},
+          {"sampling_params", {{"max_new_tokens", 2000}, {"ignore_eos", true}, {"n", n}}}};
+}
+
+// The finish reasons of a /generate answer (one item, or a list of them).
+std::vector<std::string> finish_types(const json& answer) {
+  std::vector<std::string> out;
+  for (const json& item : answer.is_array() ? answer : json::array({answer}))
+    out.push_back(item["meta_info"]["finish_reason"]["type"].get<std::string>());
+  return out;
+}
+
+// A long request in a thread of its own: its answer, once there.
+class LongRequest {
+ public:
+  LongRequest(int port, const json& body) {
+    thread_ = std::thread([this, port, body] {
+      httplib::Client c("127.0.0.1", port);
+      c.set_read_timeout(300, 0);
+      auto r = c.Post("/generate", body.dump(), "application/json");
+      std::lock_guard<std::mutex> l(mu_);
+      if (r) {
+        status_ = r->status;
+        body_ = r->body;
+      }
+      done_ = true;
+    });
+  }
+  ~LongRequest() {
+    if (thread_.joinable()) thread_.join();
+  }
+  bool done() {
+    std::lock_guard<std::mutex> l(mu_);
+    return done_;
+  }
+  // Joins the thread; the answer's JSON (null when none came).
+  json answer(int* status) {
+    thread_.join();
+    *status = status_;
+    return json::parse(body_, nullptr, false);
+  }
+
+ private:
+  std::thread thread_;
+  std::mutex mu_;
+  bool done_ = false;
+  int status_ = 0;
+  std::string body_;
+};
+
+// While a n=16, 2000-token request generates, a 4-token request joins the
+// running batch (answered a few engine steps later, the long one still far
+// from done), and every other endpoint answers at once. abort_all_requests
+// in a weight update ends the long request with "abort", and the next
+// request runs on the new weights.
+TEST_F(ServeTest, ShortRequestsAndEndpointsDoNotWaitForALongGeneration) {
+  ServerProcess s({"--model", (dir_ / "long").string(), "--seed", "3"});
+  const int port = s.port();
+  LongRequest big(port, long_body());
+  ASSERT_TRUE(wait_until([&] { return metric(port, "generation_tokens_total") >= 16 * 3; }));
+
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(60, 0);
+  for (const char* path : {"/health", "/metrics", "/get_model_info", "/health_generate", "/v1/models"}) {
+    const auto t = std::chrono::steady_clock::now();
+    auto r = c.Get(path);
+    ASSERT_TRUE(r) << path;
+    EXPECT_EQ(r->status, 200) << path;
+    EXPECT_LT(seconds_since(t), 2.0) << path << " waited for the long generation";
+  }
+  const auto t_flush = std::chrono::steady_clock::now();
+  auto flushed = c.Post("/flush_cache");
+  ASSERT_TRUE(flushed);
+  EXPECT_EQ(flushed->status, 200);
+  EXPECT_LT(seconds_since(t_flush), 2.0) << "/flush_cache waited for the long generation";
+
+  const double steps_before = metric(port, "engine_steps_total");
+  auto small = c.Post("/generate", greedy_body(4).dump(), "application/json");
+  const double steps_after = metric(port, "engine_steps_total");
+  ASSERT_TRUE(small);
+  ASSERT_EQ(small->status, 200) << small->body;
+  EXPECT_EQ(ids(json::parse(small->body)).size(), 4u);
+  // A prefill step and three decodes, plus the steps the long request takes
+  // while the HTTP requests travel: far fewer than its 2000.
+  EXPECT_LE(steps_after - steps_before, 400) << "the short request waited for the long one";
+  EXPECT_FALSE(big.done()) << "the long request finished before the short one";
+  EXPECT_LT(metric(port, "generation_tokens_total"), 16 * 1000);
+
+  const auto t_update = std::chrono::steady_clock::now();
+  auto u = c.Post("/update_weights_from_disk",
+                  json({{"model_path", (dir_ / "long2").string()}, {"abort_all_requests", true}}).dump(),
+                  "application/json");
+  ASSERT_TRUE(u);
+  ASSERT_EQ(u->status, 200) << u->body;
+  EXPECT_LT(seconds_since(t_update), 20.0);
+  int status = 0;
+  const json answer = big.answer(&status);
+  EXPECT_EQ(status, 200);
+  const std::vector<std::string> reasons = finish_types(answer);
+  ASSERT_EQ(reasons.size(), 16u) << answer.dump().substr(0, 300);
+  for (const std::string& r : reasons) EXPECT_EQ(r, "abort");
+  const json next = json::parse(c.Post("/generate", greedy_body(2).dump(), "application/json")->body);
+  EXPECT_EQ(next["meta_info"]["weight_version"], json::parse(u->body)["weight_version"]);
+  EXPECT_EQ(s.terminate(20), 0);
+}
+
+// A client that disconnects (streaming or not) ends its samples: the
+// engine's token counter stops moving, far short of what they asked for.
+TEST_F(ServeTest, DisconnectedClientsStopGenerating) {
+  ServerProcess s({"--model", (dir_ / "long").string()});
+  const int port = s.port();
+  auto settles = [&](const char* what) {
+    ASSERT_TRUE(wait_until([&] { return metric(port, "num_http_requests_in_flight") == 0; }, 10))
+        << what << ": the server did not notice the disconnect";
+    ASSERT_TRUE(wait_until([&] { return metric(port, "num_running_reqs") == 0; }, 5)) << what;
+    const double tokens = metric(port, "generation_tokens_total");
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(metric(port, "generation_tokens_total"), tokens) << what << ": tokens after the disconnect";
+    EXPECT_LT(tokens, 16 * 2000) << what;
+  };
+  {
+    // Not streaming: the client gives up after a second.
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(1, 0);
+    EXPECT_FALSE(c.Post("/generate", long_body().dump(), "application/json"));
+  }
+  settles("non-streaming");
+  const double after_first = metric(port, "generation_tokens_total");
+  {
+    httplib::Client c("127.0.0.1", port);
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/generate";
+    json body = long_body();
+    body["stream"] = true;
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    int chunks = 0;
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 20; };  // hang up
+    c.send(req);
+    EXPECT_GE(chunks, 1);
+  }
+  settles("streaming");
+  EXPECT_LT(metric(port, "generation_tokens_total") - after_first, 16 * 2000);
+  EXPECT_GE(metric(port, "samples_aborted_total"), 32);
+  EXPECT_EQ(s.terminate(20), 0);
+}
+
+// /abort_request ends one request by its rid (the other runs on), then
+// abort_all ends the rest; both answer with finish reason abort.
+TEST_F(ServeTest, AbortRequestEndsRequestsByRidOrAll) {
+  ServerProcess s({"--model", (dir_ / "long").string()});
+  const int port = s.port();
+  json keep_body = long_body(2), drop_body = long_body(2);
+  keep_body["rid"] = "keep-1";
+  drop_body["rid"] = "drop-1";
+  LongRequest keep(port, keep_body), drop(port, drop_body);
+  ASSERT_TRUE(wait_until([&] { return metric(port, "num_running_reqs") >= 4; }));
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(30, 0);
+  auto abort = [&](const json& body, int expect) {
+    auto r = c.Post("/abort_request", body.dump(), "application/json");
+    EXPECT_TRUE(r);
+    if (!r) return json();
+    EXPECT_EQ(r->status, expect) << r->body;
+    return json::parse(r->body, nullptr, false);
+  };
+  EXPECT_EQ(abort({{"rid", "drop-1"}}, 200)["aborted"], 1);
+  int status = 0;
+  const json dropped = drop.answer(&status);
+  EXPECT_EQ(status, 200);
+  for (const std::string& r : finish_types(dropped)) EXPECT_EQ(r, "abort");
+  EXPECT_FALSE(keep.done()) << "aborting one request ended the other";
+  EXPECT_EQ(abort({{"rid", "no-such-request"}}, 200)["aborted"], 0);
+  abort({{"rid", 5}}, 400);
+  abort({{"request", "keep-1"}}, 400);
+  abort(json::object(), 400);
+  EXPECT_EQ(abort({{"abort_all", true}}, 200)["aborted"], 1);
+  const json kept = keep.answer(&status);
+  EXPECT_EQ(status, 200);
+  for (const std::string& r : finish_types(kept)) EXPECT_EQ(r, "abort");
+  EXPECT_EQ(kept[0]["meta_info"]["id"], "keep-1-0");
+  EXPECT_EQ(s.terminate(20), 0);
+}
+
+// SIGTERM lets the long request run on (--shutdown-timeout 30); a second
+// SIGTERM aborts it, and the process exits well within 2 s of it, after
+// answering the request with finish reason abort.
+TEST_F(ServeTest, SecondSigtermAbortsAndExitsAtOnce) {
+  ServerProcess s({"--model", (dir_ / "long").string(), "--shutdown-timeout", "30"});
+  LongRequest big(s.port(), long_body());
+  ASSERT_TRUE(wait_until([&] { return metric(s.port(), "generation_tokens_total") >= 16 * 3; }));
+  kill(s.pid(), SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_FALSE(big.done()) << "the first SIGTERM did not let the request run on";
+  const auto t = std::chrono::steady_clock::now();
+  const int code = s.terminate(2.0);  // the second SIGTERM
+  EXPECT_EQ(code, 0) << "not exited " << seconds_since(t) << " s after the second SIGTERM";
+  int status = 0;
+  const json answer = big.answer(&status);
+  EXPECT_EQ(status, 200);
+  for (const std::string& r : finish_types(answer)) EXPECT_EQ(r, "abort");
+}
+
+// With --shutdown-timeout 1, one SIGTERM lets the long request run for a
+// second, then aborts it; the process exits soon after.
+TEST_F(ServeTest, ShutdownTimeoutAbortsTheRequestsStillRunning) {
+  ServerProcess s({"--model", (dir_ / "long").string(), "--shutdown-timeout", "1"});
+  LongRequest big(s.port(), long_body());
+  ASSERT_TRUE(wait_until([&] { return metric(s.port(), "generation_tokens_total") >= 16 * 3; }));
+  const auto t = std::chrono::steady_clock::now();
+  const int code = s.terminate(3.0);
+  EXPECT_EQ(code, 0) << "not exited " << seconds_since(t) << " s after SIGTERM";
+  EXPECT_GE(seconds_since(t), 0.9) << "the request did not get its shutdown timeout";
+  int status = 0;
+  const json answer = big.answer(&status);
+  EXPECT_EQ(status, 200);
+  for (const std::string& r : finish_types(answer)) EXPECT_EQ(r, "abort");
+}
+
+// 200 clients that send half a request and stop hold every worker; while
+// others wait, each gives its worker up within a fraction of a second, so a
+// valid request is answered in under 2 s (the header timeout is 3 s, and the
+// plain request timeout 30 s). Alone, a half-sent request gets its 408 at the
+// header timeout.
+TEST_F(ServeTest, HalfSentRequestsDoNotStarveTheServer) {
+  ServerProcess s({"--model", (dir_ / "m1").string(), "--header-timeout", "3"});
+  std::vector<int> fds;
+  const std::string half = "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n";
+  for (int i = 0; i < 200; ++i) {
+    const int fd = connect_loopback(s.port());
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(send(fd, half.data(), half.size(), MSG_NOSIGNAL), ssize_t(half.size()));
+    fds.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  httplib::Client c("127.0.0.1", s.port());
+  c.set_read_timeout(30, 0);
+  const auto t = std::chrono::steady_clock::now();
+  auto r = c.Post("/generate", greedy_body(2).dump(), "application/json");
+  const double took = seconds_since(t);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_LT(took, 2.0) << "a valid request waited behind 200 half-sent ones";
+  for (int fd : fds) close(fd);
+
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the workers are free again
+  const int fd = connect_loopback(s.port());
+  ASSERT_GE(fd, 0);
+  const auto t_alone = std::chrono::steady_clock::now();
+  ASSERT_EQ(send(fd, half.data(), half.size(), MSG_NOSIGNAL), ssize_t(half.size()));
+  std::string got;
+  char buf[1024];
+  pollfd p{fd, POLLIN, 0};
+  while (poll(&p, 1, 10000) > 0) {
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got.append(buf, size_t(n));
+  }
+  const double alone = seconds_since(t_alone);
+  close(fd);
+  EXPECT_EQ(got.rfind("HTTP/1.1 408", 0), 0u) << got;
+  EXPECT_NE(got.find("--header-timeout"), std::string::npos) << got;
+  EXPECT_GT(alone, 2.5);
+  EXPECT_LT(alone, 8.0);
+}

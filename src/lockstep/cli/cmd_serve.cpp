@@ -37,6 +37,7 @@ int run_serve(const Args& args) {
                     "chat-template",
                     "max-body-bytes",
                     "request-timeout",
+                    "header-timeout",
                     "keep-alive-timeout",
                     "max-samples",
                     "shutdown-timeout",
@@ -61,6 +62,9 @@ int run_serve(const Args& args) {
     LS_THROW << "--max-samples must be >= 1, got " << o.max_samples_per_request;
   if (!(o.request_timeout_s > 0 && o.request_timeout_s <= 86400))
     LS_THROW << "--request-timeout must be in (0, 86400] seconds, got " << o.request_timeout_s;
+  o.header_timeout_s = args.get_double("header-timeout", o.header_timeout_s);
+  if (!(o.header_timeout_s > 0 && o.header_timeout_s <= 86400))
+    LS_THROW << "--header-timeout must be in (0, 86400] seconds, got " << o.header_timeout_s;
   const int64_t keep_alive = args.get_int("keep-alive-timeout", o.keep_alive_timeout_s);
   if (keep_alive < 1 || keep_alive > 3600)
     LS_THROW << "--keep-alive-timeout must be in [1, 3600] seconds, got " << keep_alive;
@@ -141,7 +145,8 @@ LS_REGISTER_COMMAND(Command{
     "                      [--max-batch-tokens 2048] [--max-running 256] [--max-prefill-chunk 512]\n"
     "                      [--no-prefix-cache] [--seed 0] [--served-model-name NAME]\n"
     "                      [--chat-template auto|chatml|llama3|deepseek|raw] [--max-body-bytes 16777216]\n"
-    "                      [--request-timeout 30] [--keep-alive-timeout 5] [--max-samples 65536]\n"
+    "                      [--request-timeout 30] [--header-timeout 5] [--keep-alive-timeout 5]\n"
+    "                      [--max-samples 65536]\n"
     "                      [--shutdown-timeout 30] [--update-policy finish|abort]\n"
     "                      [--precision f32|bf16|fp8] [--fp8-block 128]\n\n"
     "Serves the Hugging Face model directory DIR (config.json, safetensors, tokenizer.json):\n"
@@ -150,11 +155,14 @@ LS_REGISTER_COMMAND(Command{
     "  GET  /health  /health_generate  liveness / one-token generation check\n"
     "  GET  /get_model_info  /v1/models  /metrics (Prometheus)\n"
     "  POST /update_weights_from_disk  {\"model_path\": DIR}: new weights, same architecture\n"
+    "  POST /abort_request             {\"rid\": ID} or {\"abort_all\": true}: abort generation requests\n"
     "  POST /flush_cache               drop the prefix cache\n"
     "Binds 127.0.0.1 unless --host says otherwise; --port 0 picks a free port (printed).\n"
     "With --api-key, every endpoint except /health, /health_generate and /metrics needs\n"
     "'Authorization: Bearer KEY'. Bodies past --max-body-bytes get 413; a request not whole\n"
-    "--request-timeout seconds after its first byte gets 408 and its connection is closed;\n"
+    "--request-timeout seconds after its first byte gets 408 and its connection is closed,\n"
+    "as does one whose headers are not whole after --header-timeout seconds (or that sends\n"
+    "nothing for 0.25 s of its headers while other connections wait for a worker);\n"
     "an idle keep-alive connection is closed after --keep-alive-timeout seconds, or after\n"
     "0.25 s while other connections wait for one of the --http-threads workers;\n"
     "more than --max-samples samples (prompts x n) in one request get 400.\n"

@@ -7,6 +7,7 @@
 #include "lockstep/rollout/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -131,8 +132,15 @@ Engine::~Engine() { stop_background(); }
 
 const ModelConfig& Engine::model_config() const { return weights_->config(); }
 
+std::unique_lock<std::mutex> Engine::lock_between_steps() const {
+  lock_waiters_.fetch_add(1);
+  std::unique_lock<std::mutex> l(mu_);
+  lock_waiters_.fetch_sub(1);
+  return l;
+}
+
 uint64_t Engine::weight_version() const {
-  std::lock_guard<std::mutex> l(mu_);
+  const auto l = lock_between_steps();
   return weights_->version();
 }
 
@@ -168,7 +176,7 @@ uint64_t Engine::submit_impl(Request req, TokenCallback on_token, std::promise<R
     g->prompt_lp.assign(size_t(len), std::numeric_limits<float>::quiet_NaN());
     g->prompt_top.assign(size_t(len), {});
   }
-  std::lock_guard<std::mutex> l(mu_);
+  const auto l = lock_between_steps();
   g->id = next_id_++;
   g->seed = g->req.params.seed >= 0 ? uint64_t(g->req.params.seed) : mix_seed(config_.seed, g->id);
   auto s = std::make_unique<Sequence>();
@@ -183,7 +191,7 @@ uint64_t Engine::submit_impl(Request req, TokenCallback on_token, std::promise<R
 }
 
 void Engine::abort(uint64_t id) {
-  std::lock_guard<std::mutex> l(mu_);
+  const auto l = lock_between_steps();
   for (auto& g : waiting_)
     if (g->id == id) g->aborted = true;
   for (auto& g : active_)
@@ -205,18 +213,18 @@ void Engine::update_weights(const model::ModelWeights* w) {
   LS_CHECK(w != nullptr) << "null weights";
   LS_CHECK(ParamLayout(w->config()).same_as(ParamLayout(weights_->config())))
       << "update_weights: the new weights have a different architecture";
-  std::lock_guard<std::mutex> l(mu_);
+  const auto l = lock_between_steps();
   pending_weights_ = w;
   cv_.notify_all();
 }
 
 void Engine::flush_cache() {
-  std::lock_guard<std::mutex> l(mu_);
+  const auto l = lock_between_steps();
   flush_requested_ = true;
 }
 
 EngineStats Engine::stats() const {
-  std::lock_guard<std::mutex> l(mu_);
+  const auto l = lock_between_steps();
   EngineStats s = stats_;
   s.free_blocks = blocks_.available();
   s.waiting = 0;
@@ -263,7 +271,11 @@ void Engine::publish_generated(const Sequence& s) {
 void Engine::apply_pending_weights() {
   if (pending_weights_ != nullptr) {
     if (config_.update_policy == EngineConfig::UpdatePolicy::Abort) {
+      // In flight: every active group, and a queued one that has drawn tokens
+      // already (preempted as a whole); queued fresh requests start on the new weights.
       for (auto& g : active_) g->aborted = true;
+      for (auto& g : waiting_)
+        for (const auto& q : g->seqs) g->aborted = g->aborted || q->t_first >= 0;
     }
     weights_ = pending_weights_;
     pending_weights_ = nullptr;
@@ -949,31 +961,43 @@ void Engine::start_background() {
   if (background_) return;
   background_ = true;
   stop_ = false;
-  loop_ = std::thread([this] {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!stop_) {
-      if (waiting_.empty() && active_.empty() && pending_weights_ == nullptr) {
-        cv_.wait(lock, [&] { return stop_ || !waiting_.empty() || !active_.empty() || pending_weights_; });
-        continue;
-      }
-      try {
-        step();
-      } catch (const std::exception& e) {
-        // A failing step must not take the server down silently: abort everything in flight.
-        LS_LOG(Error) << "rollout engine step failed: " << e.what();
-        for (auto& g : active_) {
-          g->aborted = true;
-          for (auto& q : g->seqs) finish_sample(*q, "abort");
-        }
-        complete_finished_groups();
-      }
+  loop_ = std::thread([this] { loop(); });
+}
+
+// The background loop: one step under the lock, then the lock goes to the
+// callers waiting for it (lock_between_steps) before the next step. An idle
+// engine sleeps until a submission, a weight update or stop.
+void Engine::loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    if (waiting_.empty() && active_.empty() && pending_weights_ == nullptr) {
+      cv_.wait(lock, [&] { return stop_ || !waiting_.empty() || !active_.empty() || pending_weights_; });
+      continue;
     }
-  });
+    try {
+      step();
+    } catch (const std::exception& e) {
+      // A failing step must not take the server down silently: abort everything in flight.
+      LS_LOG(Error) << "rollout engine step failed: " << e.what();
+      for (auto& g : active_) {
+        g->aborted = true;
+        for (auto& q : g->seqs) finish_sample(*q, "abort");
+      }
+      complete_finished_groups();
+    }
+    if (lock_waiters_.load() == 0) continue;
+    lock.unlock();
+    // Each waiter holds the lock for a moment; a steady stream of them cannot
+    // hold the engine up for more than a few milliseconds.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(5);
+    while (lock_waiters_.load() > 0 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    lock.lock();
+  }
 }
 
 void Engine::stop_background() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    const auto l = lock_between_steps();
     if (!background_) return;
     stop_ = true;
   }
@@ -983,10 +1007,11 @@ void Engine::stop_background() {
   background_ = false;
 }
 
-std::future<RequestResult> Engine::submit_async(Request request, TokenCallback on_token) {
+std::future<RequestResult> Engine::submit_async(Request request, TokenCallback on_token, uint64_t* id) {
   std::promise<RequestResult> p;
   auto fut = p.get_future();
-  submit_impl(std::move(request), std::move(on_token), &p);
+  const uint64_t got = submit_impl(std::move(request), std::move(on_token), &p);
+  if (id) *id = got;
   return fut;
 }
 

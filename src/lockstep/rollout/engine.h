@@ -140,12 +140,18 @@ class Engine {
   std::vector<RequestResult> generate(std::vector<Request> requests);
 
   // Background mode: a loop thread serves submissions; the future completes
-  // when the request finishes.
+  // when the request finishes. The loop holds the engine's lock for one step
+  // at a time: submit, abort, stats, flush_cache and update_weights called
+  // from other threads take it between two steps (a caller waits one step at
+  // most), and a request submitted meanwhile joins the next step.
   void start_background();
   void stop_background();
-  std::future<RequestResult> submit_async(Request request, TokenCallback on_token = {});
+  // `id`, when given, receives the request's id (for abort()).
+  std::future<RequestResult> submit_async(Request request, TokenCallback on_token = {},
+                                          uint64_t* id = nullptr);
 
-  // Marks a request aborted; its samples finish with reason "abort".
+  // Marks a request aborted; at the start of the next step its samples finish
+  // with reason "abort", free their KV blocks and draw no further token.
   void abort(uint64_t id);
   // New weights take effect between steps. Policy Finish: in-flight samples
   // continue on the new weights (their weight_version_end tells); Abort: they
@@ -169,6 +175,10 @@ class Engine {
   struct Chunk;  // one sequence's tokens fed in a step
   struct Draw;   // one token sampled in a step
   uint64_t submit_impl(Request request, TokenCallback on_token, std::promise<RequestResult>* promise);
+  // The engine's lock for a caller outside the loop thread: the loop hands it
+  // over after its current step (see loop()).
+  std::unique_lock<std::mutex> lock_between_steps() const;
+  void loop();
   void apply_pending_weights();
   void admit();
   std::vector<int32_t> prefix_hits(const Sequence& s);
@@ -207,6 +217,9 @@ class Engine {
 
   mutable std::mutex mu_;  // guards everything below when a loop thread runs
   std::condition_variable cv_;
+  // Callers waiting for mu_ (lock_between_steps): the loop lets them in after
+  // each step instead of re-taking the lock at once (std::mutex is not fair).
+  mutable std::atomic<int> lock_waiters_{0};
   std::deque<std::unique_ptr<Group>> waiting_;
   std::vector<std::unique_ptr<Group>> active_;
   std::map<uint64_t, RequestResult> finished_;

@@ -75,9 +75,10 @@ bool Inflight::all_ready() const {
   return true;
 }
 
-std::shared_ptr<Inflight> ApiServer::Impl::submit(const GenJob& job) {
+std::shared_ptr<Inflight> ApiServer::Impl::submit(const GenJob& job, const std::string& rid) {
   auto f = std::make_shared<Inflight>();
   f->streaming = job.stream;
+  f->rid = rid;
   const size_t P = job.prompts.size();
   f->ids.assign(P, 0);
   f->abort_sent.assign(P, false);
@@ -96,18 +97,19 @@ std::shared_ptr<Inflight> ApiServer::Impl::submit(const GenJob& job) {
       r.return_experts = job.return_experts || job.return_indexer;
       if (!job.params.stop.empty() && tok())
         r.stop_checker = make_stop_checker(*tok(), job.params.stop, job.skip_special_tokens);
-      // Runs on the engine thread under its lock: record and hand over, nothing more.
-      auto on_token = [f, p](uint64_t id, int sample, int32_t token, float logprob,
-                             const rollout::TopLogprobs& top) {
-        std::lock_guard<std::mutex> l(f->mu);
-        f->ids[p] = id;
-        if (f->streaming) {
+      // Runs on the engine thread under its lock: hand over, nothing more.
+      rollout::TokenCallback on_token;
+      if (f->streaming)
+        on_token = [f, p](uint64_t, int sample, int32_t token, float logprob,
+                          const rollout::TopLogprobs& top) {
+          std::lock_guard<std::mutex> l(f->mu);
           f->events.push_back({int(p), sample, token, logprob, top});
           f->cv.notify_all();
-        }
-      };
-      auto fut = engine->submit_async(std::move(r), std::move(on_token));
+        };
+      uint64_t id = 0;
+      auto fut = engine->submit_async(std::move(r), std::move(on_token), &id);
       std::lock_guard<std::mutex> l(f->mu);
+      f->ids[p] = id;
       f->futures.push_back(std::move(fut));
     }
   } catch (const Error& e) {
@@ -123,7 +125,8 @@ std::shared_ptr<Inflight> ApiServer::Impl::submit(const GenJob& job) {
   return f;
 }
 
-std::vector<rollout::RequestResult> ApiServer::Impl::wait_all(Inflight& f) {
+std::vector<rollout::RequestResult> ApiServer::Impl::wait_all(Inflight& f,
+                                                              const std::function<bool()>& client_gone) {
   std::vector<rollout::RequestResult> out;
   for (size_t i = 0;; ++i) {
     std::future<rollout::RequestResult>* fut = nullptr;
@@ -134,9 +137,14 @@ std::vector<rollout::RequestResult> ApiServer::Impl::wait_all(Inflight& f) {
     }
     if (!fut->valid()) continue;
     // Poll so that an abort wanted meanwhile (client gone, shutdown) reaches
-    // ids the engine reports only later.
-    while (fut->wait_for(std::chrono::milliseconds(20)) != std::future_status::ready)
+    // prompts submitted later too.
+    while (fut->wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) {
+      if (!f.abort_wanted && client_gone && client_gone()) {
+        LS_LOG(Info) << "serve: a client disconnected before its answer; aborting its requests";
+        f.abort_wanted = true;
+      }
       if (f.abort_wanted) abort_sweep(f);
+    }
     out.push_back(fut->get());
   }
   return out;
@@ -158,7 +166,7 @@ void ApiServer::Impl::handle_generation(Api api, const httplib::Request& req, ht
                                          : parse_chat(body, tok(), lim);
   ResponseInfo info{next_id(id_prefix(api)), unix_now()};
   if (!job.rid.empty()) info.id = job.rid;
-  std::shared_ptr<Inflight> f = submit(job);
+  std::shared_ptr<Inflight> f = submit(job, info.id);
   auto forget = [this, f] {
     std::lock_guard<std::mutex> l(inflight_mu);
     inflight.erase(f);
@@ -166,7 +174,7 @@ void ApiServer::Impl::handle_generation(Api api, const httplib::Request& req, ht
   if (!job.stream) {
     std::vector<rollout::RequestResult> results;
     try {
-      results = wait_all(*f);
+      results = wait_all(*f, [] { return HttpServer::client_gone(); });
     } catch (...) {
       forget();
       throw;
@@ -286,7 +294,8 @@ bool ApiServer::Impl::stream(const GenJob& job, const std::shared_ptr<Inflight>&
   if (gone) {
     LS_LOG(Info) << "serve: client of " << info.id << " disconnected; aborting its requests";
     f->abort_wanted = true;
-    wait_all(*f);
+    for (const auto& r : wait_all(*f))
+      for (const auto& smp : r.samples) requests_aborted += smp.finish_reason == "abort" ? 1 : 0;
     return false;
   }
 

@@ -55,32 +55,53 @@ double seconds(time_t sec, time_t usec) {
   return double(sec) + double(usec) * 1e-6;
 }
 
+// Which deadline cut a request off.
+enum class Cutoff { None, Request, Header };
+
+// What the stream needs to know about the server: whether it still listens
+// (a stopping server does not wait for slow clients) and how many accepted
+// connections wait for a worker.
+struct ServerState {
+  const std::atomic<socket_t>* listening = nullptr;
+  const std::atomic<int64_t>* waiting = nullptr;
+};
+
 // A connected socket as httplib's Stream. Reads are buffered (httplib reads
 // the request line and headers a byte at a time) and fail once the current
-// request's deadline has passed; each single read or write waits read_s or
-// write_s at most.
+// request's deadline has passed (its header deadline, until the blank line
+// that ends the headers has been read); each single read or write waits
+// read_s or write_s at most.
 class DeadlineStream : public httplib::Stream {
  public:
-  DeadlineStream(socket_t sock, double read_s, double write_s, double request_s)
-      : sock_(sock), read_s_(read_s), write_s_(write_s), request_s_(request_s) {}
+  struct Timeouts {
+    double read_s, write_s, request_s, header_s;
+  };
+  DeadlineStream(socket_t sock, Timeouts t, ServerState server) : sock_(sock), t_(t), server_(server) {}
 
-  // The next request begins now: it has request_s to arrive.
+  // The next request begins now: it has request_s to arrive, header_s for its headers.
   void start_request() {
-    timed_out_ = false;
-    deadline_ = Clock::now() + std::chrono::milliseconds(to_ms(request_s_));
+    cutoff_ = Cutoff::None;
+    start_ = Clock::now();
+    deadline_ = start_ + std::chrono::milliseconds(to_ms(t_.request_s));
+    header_deadline_ = start_ + std::chrono::milliseconds(to_ms(std::min(t_.header_s, t_.request_s)));
+    headers_done_ = false;
+    tail_ = 0;
   }
-  bool timed_out() const { return timed_out_; }
+  bool timed_out() const { return cutoff_ != Cutoff::None; }
+  Cutoff cutoff() const { return cutoff_; }
   bool has_buffered() const { return off_ < len_; }
 
   bool is_readable() const override { return has_buffered() || wait_readable() > 0; }
   bool is_writable() const override {
-    if (wait_for(sock_, POLLOUT, to_ms(write_s_)) <= 0) return false;
-    // A peer that has closed its end reads as end of file: nobody to write to.
-    if (wait_for(sock_, POLLIN, 0) > 0) {
-      char c;
-      if (::recv(sock_, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0) return false;
-    }
-    return true;
+    if (wait_for(sock_, POLLOUT, to_ms(t_.write_s)) <= 0) return false;
+    return !peer_closed();
+  }
+  // A peer that has closed its end reads as end of file: nobody to write to.
+  bool peer_closed() const {
+    if (wait_for(sock_, POLLIN, 0) == 0) return false;
+    char c;
+    const ssize_t n = ::recv(sock_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
   }
 
   ssize_t read(char* ptr, size_t size) override {
@@ -96,12 +117,13 @@ class DeadlineStream : public httplib::Stream {
     }
     const size_t k = std::min(size, len_ - off_);
     std::memcpy(ptr, buf_ + off_, k);
+    note_header_bytes(buf_ + off_, k);
     off_ += k;
     return ssize_t(k);
   }
 
   ssize_t write(const char* ptr, size_t size) override {
-    if (wait_for(sock_, POLLOUT, to_ms(write_s_)) <= 0) return -1;
+    if (wait_for(sock_, POLLOUT, to_ms(t_.write_s)) <= 0) return -1;
     ssize_t n;
     do {
       n = ::send(sock_, ptr, size, MSG_NOSIGNAL);
@@ -118,25 +140,65 @@ class DeadlineStream : public httplib::Stream {
   socket_t socket() const override { return sock_; }
 
  private:
-  // Waits for data until the sooner of read_s and the request's deadline.
-  int wait_readable() const {
-    const double left = std::chrono::duration<double>(deadline_ - Clock::now()).count();
-    if (left <= 0) {
-      timed_out_ = true;
-      return 0;
+  // The headers end at the first empty line ("\r\n\r\n", or "\n\n"): bytes
+  // handed to httplib are scanned until then (the body is not).
+  void note_header_bytes(const char* p, size_t n) {
+    for (size_t i = 0; i < n && !headers_done_; ++i) {
+      const char c = p[i];
+      if (c == '\n') {
+        headers_done_ = tail_ == 1;  // only "\r" (or nothing) since the last newline
+        tail_ = 1;
+      } else if (c == '\r' && tail_ == 1) {
+        tail_ = 1;
+      } else {
+        tail_ = 2;
+      }
     }
-    // A wait cut short by the deadline (not by read_s) has timed out the
-    // request, however many microseconds the rounding to poll's ms left.
-    const bool deadline_first = left <= read_s_;
-    const int r = wait_for(sock_, POLLIN, to_ms(deadline_first ? left : read_s_));
-    if (r == 0 && deadline_first) timed_out_ = true;
-    return r;
+  }
+
+  // Waits for data until the soonest of read_s, the request's deadline and,
+  // while the headers are incomplete, the header deadline (and, while
+  // connections wait for a worker, kHeaderStallUnderLoadS). Polls in short slices so that a stopping
+  // server or a queue of waiting connections is noticed.
+  int wait_readable() const {
+    const auto begin = Clock::now();
+    const auto read_until = begin + std::chrono::milliseconds(to_ms(t_.read_s));
+    for (;;) {
+      const auto now = Clock::now();
+      auto until = deadline_;
+      Cutoff reason = Cutoff::Request;
+      if (!headers_done_ && header_deadline_ < until) {
+        until = header_deadline_;
+        reason = Cutoff::Header;
+      }
+      if (!headers_done_ && server_.waiting->load() > 0) {
+        const auto stall = begin + std::chrono::milliseconds(to_ms(HttpServer::kHeaderStallUnderLoadS));
+        if (stall < until) {
+          until = stall;
+          reason = Cutoff::Header;
+        }
+      }
+      if (now >= until) {
+        cutoff_ = reason;
+        return 0;
+      }
+      if (now >= read_until) return 0;
+      if (server_.listening->load() == INVALID_SOCKET) return -1;  // stopping: no more waiting
+      const auto next = std::min({until, read_until, now + std::chrono::milliseconds(50)});
+      const int ms =
+          std::max(1, int(std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count()));
+      const int r = wait_for(sock_, POLLIN, ms);
+      if (r != 0) return r;
+    }
   }
 
   socket_t sock_;
-  double read_s_, write_s_, request_s_;
-  Clock::time_point deadline_ = Clock::now();
-  mutable bool timed_out_ = false;
+  Timeouts t_;
+  ServerState server_;
+  Clock::time_point start_ = Clock::now(), deadline_ = start_, header_deadline_ = start_;
+  mutable Cutoff cutoff_ = Cutoff::None;
+  bool headers_done_ = false;
+  int tail_ = 0;  // header scan: 1 right after a newline (a "\r" may follow), else 2
   char buf_[4096];
   size_t off_ = 0, len_ = 0;
 };
@@ -196,16 +258,28 @@ bool HttpServer::request_timed_out() {
   return tl_stream != nullptr && tl_stream->timed_out();
 }
 
+bool HttpServer::client_gone() {
+  return tl_stream != nullptr && tl_stream->peer_closed();
+}
+
 std::string HttpServer::timeout_message() const {
   std::ostringstream os;
-  os << "the request did not arrive whole within " << request_timeout_s_
-     << " s of its first byte (see --request-timeout)";
+  if (tl_stream != nullptr && tl_stream->cutoff() == Cutoff::Header) {
+    os << "the request line and headers did not arrive in time (--header-timeout " << header_timeout_s_
+       << " s from the first byte; " << kHeaderStallUnderLoadS
+       << " s without a byte while other connections wait for a worker)";
+  } else {
+    os << "the request did not arrive whole within " << request_timeout_s_
+       << " s of its first byte (see --request-timeout)";
+  }
   return os.str();
 }
 
 bool HttpServer::process_and_close_socket(socket_t sock) {
-  DeadlineStream strm(sock, seconds(read_timeout_sec_, read_timeout_usec_),
-                      seconds(write_timeout_sec_, write_timeout_usec_), request_timeout_s_);
+  const DeadlineStream::Timeouts timeouts{seconds(read_timeout_sec_, read_timeout_usec_),
+                                          seconds(write_timeout_sec_, write_timeout_usec_),
+                                          request_timeout_s_, header_timeout_s_};
+  DeadlineStream strm(sock, timeouts, ServerState{&svr_sock_, waiting_.get()});
   tl_stream = &strm;
   bool ok = false;
   for (size_t left = std::max<size_t>(1, keep_alive_max_count_); left > 0; --left) {

@@ -21,6 +21,17 @@ class HttpServer : public httplib::Server {
   // (5 s) still bound each single wait, and its keep-alive timeout (5 s) the
   // wait for the next request.
   void set_request_timeout(double seconds) { request_timeout_s_ = seconds; }
+  // A request's line and headers must arrive within this many seconds of its
+  // first byte (within the request timeout), else 408 and the connection is
+  // closed. While accepted connections wait for a worker, a request whose
+  // headers are incomplete gives its worker up sooner, after
+  // kHeaderStallUnderLoadS without a byte: clients that send half a request
+  // and stop then delay the others by a fraction of a second for each round
+  // of workers they fill, not by the header timeout. (A client that keeps
+  // trickling bytes is bound by the header timeout only: a slow but live
+  // client is not cut off for the load others make.)
+  void set_header_timeout(double seconds) { header_timeout_s_ = seconds; }
+  static constexpr double kHeaderStallUnderLoadS = 0.25;
   // httplib 0.11 listens with a backlog of 5, so a burst of new connections
   // overflows it and clients wait for a SYN retransmit (1 s). listen() again
   // on the bound socket raises it to SOMAXCONN.
@@ -28,7 +39,10 @@ class HttpServer : public httplib::Server {
   // On an HTTP worker: whether the request being answered ran past its
   // deadline (httplib then answers 400; the server turns that into 408).
   static bool request_timed_out();
-  // What a 408 says.
+  // On an HTTP worker: whether the client of the request being answered has
+  // closed its end of the connection (a handler that waits long asks).
+  static bool client_gone();
+  // What a 408 says (on an HTTP worker: for the deadline that passed).
   std::string timeout_message() const;
   // The HTTP workers: `threads` of them, counting the accepted connections
   // that wait for one. Install it before listening:
@@ -54,6 +68,7 @@ class HttpServer : public httplib::Server {
   bool wait_next_request(socket_t sock, bool first) const;
 
   double request_timeout_s_ = 30;
+  double header_timeout_s_ = 5;
   // Accepted connections not yet on a worker (make_task_queue's queue).
   std::shared_ptr<std::atomic<int64_t>> waiting_ = std::make_shared<std::atomic<int64_t>>(0);
 };

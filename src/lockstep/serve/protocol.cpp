@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include "lockstep/base/error.h"
@@ -103,6 +104,10 @@ class Fields {
     if (!v->is_number()) bad(name(key) + " must be a number");
     double d = v->get<double>();
     if (!std::isfinite(d)) bad(name(key) + " must be finite");
+    // Every number parameter is used as a float: one past float's range would
+    // become inf and be reported as such, not as what the client sent.
+    if (std::fabs(d) > double(std::numeric_limits<float>::max()))
+      bad(name(key) + " is out of range, got " + fmt(d));
     return d;
   }
   int64_t get_int(const std::string& key, int64_t fallback) {

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <sstream>
+#include <utility>
 
 #include "lockstep/base/error.h"
 #include "lockstep/base/excerpt.h"
@@ -157,6 +158,7 @@ void ApiServer::Impl::install_routes() {
   http.set_keep_alive_max_count(1000);
   http.set_keep_alive_timeout(opt.keep_alive_timeout_s);
   http.set_request_timeout(opt.request_timeout_s);
+  http.set_header_timeout(opt.header_timeout_s);
   // Errors httplib produces itself (404, 413, 400 on a malformed request,
   // 408 when that was a request past its deadline)
   // get the same JSON body as ours.
@@ -222,6 +224,9 @@ void ApiServer::Impl::install_routes() {
     engine->flush_cache();
     set_json(res, 200, {{"success", true}, {"message", "cache flushed"}});
   });
+  http.Post("/abort_request", guarded([this](const httplib::Request& req, httplib::Response& res) {
+              handle_abort_request(req, res);
+            }));
   http.Post("/flush_cache", flush);
   http.Get("/flush_cache", flush);  // SGLang accepts both
 }
@@ -322,7 +327,7 @@ void ApiServer::Impl::handle_update_weights(const httplib::Request& req, httplib
   if (path.empty()) throw HttpError(400, "missing model_path");
   if (!std::filesystem::is_directory(path)) throw HttpError(400, "model_path " + path + ": not a directory");
 
-  std::lock_guard<std::mutex> lock(weights_mu);
+  std::lock_guard<std::mutex> lock(update_mu);
   Timer timer;
   const uint64_t old_version = engine->weight_version();
   const uint64_t new_version = version.value_or(old_version + 1);
@@ -342,7 +347,12 @@ void ApiServer::Impl::handle_update_weights(const httplib::Request& req, httplib
   // The engine switches between steps; once it reports the new version no step
   // reads the old weights any more (steps run under the lock weight_version takes).
   while (engine->weight_version() != new_version) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  current = std::move(next);  // frees the old weights
+  std::unique_ptr<WeightSet> old;
+  {
+    std::lock_guard<std::mutex> l(weights_mu);
+    old = std::exchange(current, std::move(next));
+  }
+  old.reset();  // frees the old weights, outside the lock readers take
   LS_LOG(Info) << "serve: weights from " << path << " are version " << new_version << " (" << timer.seconds()
                << " s)";
   set_json(res, 200,
@@ -351,6 +361,41 @@ void ApiServer::Impl::handle_update_weights(const httplib::Request& req, httplib
             {"weight_version", new_version},
             {"num_paused_requests", 0},
             {"seconds", timer.seconds()}});
+}
+
+// SGLang's /abort_request: {"rid": ID} aborts the generation request whose
+// response id is ID (the rid it gave, else the id its answer carries), and
+// {"abort_all": true} every one in flight. Aborted samples finish with reason
+// abort at the next engine step; an id matching nothing is no error (the
+// request may have just finished).
+void ApiServer::Impl::handle_abort_request(const httplib::Request& req, httplib::Response& res) {
+  json body = parse_body(req);
+  if (!body.is_object()) throw HttpError(400, "the request body must be a JSON object");
+  std::string rid;
+  bool all = false;
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    if (it.key() == "rid") {
+      if (!it.value().is_string()) throw HttpError(400, "rid must be a string");
+      rid = it.value().get<std::string>();
+    } else if (it.key() == "abort_all") {
+      if (!it.value().is_boolean()) throw HttpError(400, "abort_all must be a boolean");
+      all = it.value().get<bool>();
+    } else {
+      throw HttpError(400, "unknown parameter " + excerpt(it.key()) + " (accepted: rid, abort_all)");
+    }
+  }
+  if (rid.empty() && !all) throw HttpError(400, "give rid (a request's id) or \"abort_all\": true");
+  std::vector<std::shared_ptr<Inflight>> hit;
+  {
+    std::lock_guard<std::mutex> l(inflight_mu);
+    for (const auto& f : inflight)
+      if (all || f->rid == rid) hit.push_back(f);
+  }
+  for (auto& f : hit) {
+    f->abort_wanted = true;
+    abort_sweep(*f);
+  }
+  set_json(res, 200, {{"success", true}, {"aborted", hit.size()}});
 }
 
 void ApiServer::Impl::handle_metrics(httplib::Response& res) {

@@ -26,6 +26,10 @@ struct ServerOptions {
   // its first byte, else 408 and the connection is closed: a client trickling
   // bytes cannot hold an HTTP worker for longer.
   double request_timeout_s = 30;
+  // A request's line and headers must arrive within this many seconds of its
+  // first byte, else 408 and the connection is closed; sooner while other
+  // connections wait for a worker (HttpServer::set_header_timeout).
+  double header_timeout_s = 5;
   // A keep-alive connection is closed after this many idle seconds (and
   // sooner while other connections wait for a worker, HttpServer).
   int keep_alive_timeout_s = 5;

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -16,11 +17,11 @@
 #include <thread>
 #include <vector>
 
+#include "lockstep/model/params.h"
+#include "lockstep/model/weights.h"
 #include "lockstep/serve/http_server.h"
 #include "lockstep/serve/protocol.h"
 #include "lockstep/serve/server.h"
-#include "lockstep/model/params.h"
-#include "lockstep/model/weights.h"
 #include "lockstep/tokenizer/tokenizer.h"
 
 namespace lockstep::serve {
@@ -43,15 +44,16 @@ struct TokenEvent {
   rollout::TopLogprobs top;  // its alternatives, when the request asks
 };
 
-// The engine requests behind one HTTP request. The engine reports a request's
-// id only through its token callback, so ids are learnt at the first token;
-// aborting (client gone, shutdown) is a sweep that aborts every id known so
-// far and repeats until all futures are ready.
+// The engine requests behind one HTTP request. Aborting (client gone,
+// shutdown, abort_all_requests) is a sweep that aborts every id submitted so
+// far and repeats until all futures are ready (prompts of the request may
+// still be being submitted).
 struct Inflight {
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<uint64_t> ids;  // per prompt; 0 until its first token
+  std::vector<uint64_t> ids;  // per prompt; 0 until submitted
   std::vector<bool> abort_sent;
+  std::string rid;  // the response's id (the client's rid when it gave one): /abort_request names it
   bool streaming = false;
   std::deque<TokenEvent> events;  // streaming only
   std::vector<std::future<rollout::RequestResult>> futures;
@@ -74,11 +76,14 @@ struct ApiServer::Impl {
   void handle_health_generate(httplib::Response& res);
   void handle_model_info(httplib::Response& res);
   void handle_update_weights(const httplib::Request& req, httplib::Response& res);
+  void handle_abort_request(const httplib::Request& req, httplib::Response& res);
   void handle_metrics(httplib::Response& res);
 
   // --- generation helpers (generate.cpp)
-  std::shared_ptr<Inflight> submit(const GenJob& job);
-  std::vector<rollout::RequestResult> wait_all(Inflight& f);
+  std::shared_ptr<Inflight> submit(const GenJob& job, const std::string& rid = "");
+  // Waits for every prompt's result; aborts them once f.abort_wanted is set
+  // or `client_gone` (polled) says the client left.
+  std::vector<rollout::RequestResult> wait_all(Inflight& f, const std::function<bool()>& client_gone = {});
   std::vector<SampleOutput> outputs_of(const GenJob& job,
                                        const std::vector<rollout::RequestResult>& results) const;
   // Writes the whole event stream; false when the client went away.
@@ -95,7 +100,8 @@ struct ApiServer::Impl {
   std::vector<int32_t> eos_ids;
   ModelConfig config;  // architecture of the served model (updates must match)
 
-  std::mutex weights_mu;  // serialises weight updates; guards current/current_path
+  std::mutex update_mu;   // serialises weight updates (held while one loads)
+  std::mutex weights_mu;  // guards current (held for a moment: readers never wait for a load)
   std::unique_ptr<WeightSet> current;
   std::unique_ptr<rollout::Engine> engine;
 
