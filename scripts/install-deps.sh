@@ -19,6 +19,8 @@ PACKAGES=(
   libopenblas-dev       # the GEMM baseline in bench/
   libpcre2-dev          # tokenizer split patterns
   nlohmann-json3-dev    # JSON (HF configs, JSONL, HTTP bodies)
+  libsnappy-dev libzstd-dev  # parquet datasets' page codecs (zlib1g-dev below gives GZIP)
+  zstd                  # ZSTD-compressed parquet test files (tests/data/parquet_writers)
   libtomlplusplus-dev   # TOML configs
   libcpp-httplib-dev    # HTTP server and client
   libssl-dev zlib1g-dev libbrotli-dev  # cpp-httplib's link dependencies
@@ -51,18 +53,23 @@ else
   echo "install-deps: done"
 fi
 
-# The JavaScript test client (tests/cli/openai_client.sh): the official openai
-# npm package at the version package-lock.json pins, from the npm registry,
-# only where node and npm exist (without node that test skips). Skipped when
-# node_modules already matches the lock.
-CLIENT="$(cd "$(dirname "$0")/.." && pwd)/tests/serve/openai_client"
+# The JavaScript test packages, at the versions each package-lock.json pins,
+# from the npm registry, only where node and npm exist (without node those
+# tests skip); a folder whose node_modules already matches its lock is left
+# alone:
+#   tests/serve/openai_client    the official openai client (tests/cli/openai_client.sh)
+#   tests/data/parquet_writers   hyparquet-writer and parquetjs, two independent
+#                                parquet writers (tests/cli/parquet_data.sh)
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 if command -v node >/dev/null && command -v npm >/dev/null; then
-  if [ ! -f "$CLIENT/node_modules/.package-lock.json" ] ||
-     ! cmp -s <(sed -n '/"node_modules\//,$p' "$CLIENT/package-lock.json") \
-               <(sed -n '/"node_modules\//,$p' "$CLIENT/node_modules/.package-lock.json"); then
-    echo "install-deps: npm ci in tests/serve/openai_client"
-    (cd "$CLIENT" && npm ci --no-audit --no-fund --loglevel=error)
-  fi
+  for CLIENT in "$ROOT/tests/serve/openai_client" "$ROOT/tests/data/parquet_writers"; do
+    if [ ! -f "$CLIENT/node_modules/.package-lock.json" ] ||
+       ! cmp -s <(sed -n '/"node_modules\//,$p' "$CLIENT/package-lock.json") \
+                 <(sed -n '/"node_modules\//,$p' "$CLIENT/node_modules/.package-lock.json"); then
+      echo "install-deps: npm ci in ${CLIENT#"$ROOT"/}"
+      (cd "$CLIENT" && npm ci --no-audit --no-fund --loglevel=error)
+    fi
+  done
 else
-  echo "install-deps: node/npm not found; the openai npm client test will skip"
+  echo "install-deps: node/npm not found; the npm client and parquet writer tests will skip"
 fi

@@ -3,6 +3,7 @@
 
 #include "lockstep/base/error.h"
 #include "lockstep/data/jsonl.h"
+#include "lockstep/data/rows.h"
 
 namespace lockstep::data {
 
@@ -59,7 +60,7 @@ int32_t end_of_turn_id(const tokenizer::Tokenizer& tok) {
 std::vector<PromptExample> load_prompts(const std::string& path, const DataConfig& cfg,
                                         const tokenizer::Tokenizer& tok) {
   std::vector<PromptExample> out;
-  for (const auto& r : read_jsonl(path)) {
+  for (const auto& r : read_rows(path)) {
     PromptExample ex;
     ex.line = r.line;
     if (r.value.contains(cfg.messages_key)) {
@@ -92,7 +93,7 @@ std::vector<SftExample> load_sft_examples(const std::string& path, const DataCon
                                           const tokenizer::Tokenizer& tok) {
   const int32_t eot = end_of_turn_id(tok);
   std::vector<SftExample> out;
-  for (const auto& r : read_jsonl(path)) {
+  for (const auto& r : read_rows(path)) {
     SftExample ex;
     ex.line = r.line;
     std::string text, response;
