@@ -24,6 +24,7 @@
 #include "lockstep/data/rows.h"
 #include "lockstep/data/thrift_compact.h"
 #include "lockstep/tokenizer/byte_level.h"
+#include "parquet_builder.h"
 
 namespace lockstep::data {
 namespace {
@@ -288,6 +289,67 @@ TEST(Parquet, BadFilesAreErrorsNamingTheFile) {
     column_errors += e.find("column '") != std::string::npos;
   }
   EXPECT_GT(column_errors, 0);
+}
+
+// `ids`, a legacy 2-level LIST (a repeated int32 under the LIST group), rows
+// [1, 2], [] and null: repetition levels 0 1 0 0, definition levels 2 2 1 0.
+testing::ColumnSpec two_level_list() {
+  testing::ColumnSpec c;
+  c.schema = {{"ids", -1, parquet::kOptional, 1, parquet::kList},
+              {"array", parquet::kInt32, parquet::kRepeated}};
+  c.path = {"ids", "array"};
+  c.type = parquet::kInt32;
+  c.page_values = 4;
+  c.num_rows = 3;
+  const char body[] = {2, 0, 0, 0, 0x03, 0x02,            // rep levels: one bit-packed group, 0 1 0 0
+                       3, 0, 0, 0, 0x03, 0x1a, 0x00,      // def levels at width 2: 2 2 1 0
+                       1, 0, 0, 0, 2,    0,    0,    0};  // PLAIN int32 values 1, 2
+  c.body.assign(body, sizeof(body));
+  return c;
+}
+
+TEST(ParquetBuilt, LegacyTwoLevelList) {
+  const auto rows = parse_parquet(testing::build_parquet(two_level_list()), "two_level.parquet");
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0], json::parse(R"({"ids": [1, 2]})"));
+  EXPECT_EQ(rows[1], json::parse(R"({"ids": []})"));
+  EXPECT_EQ(rows[2], json::parse(R"({"ids": null})"));
+}
+
+TEST(ParquetBuilt, FaultsNameTheFileAndColumn) {
+  auto expect = [](const testing::ColumnSpec& c, const std::string& needle) {
+    const std::string e = error_of([&] { parse_parquet(testing::build_parquet(c), "built.parquet"); });
+    EXPECT_EQ(e.rfind("built.parquet: ", 0), 0u) << e;
+    EXPECT_NE(e.find(needle), std::string::npos) << e;
+  };
+  auto c = two_level_list();
+  c.chunk_values = 5;
+  expect(c,
+         "column 'ids.array' (row group 0): value count mismatch: the column chunk says 5 values, its pages "
+         "hold 4");
+  c.chunk_values = 1000000000;
+  expect(c, "column 'ids.array' claims 1000000000 values, more than a file of");
+  c = two_level_list();
+  c.codec = 4;
+  expect(c, "column 'ids.array' (row group 0): unsupported compression codec BROTLI");
+  c = two_level_list();
+  c.encoding = 5;
+  expect(c, "column 'ids.array' (row group 0): unsupported encoding DELTA_BINARY_PACKED");
+  c = two_level_list();
+  c.num_rows = 4;
+  expect(c, "row group 0: column 'ids.array': fewer values than the rows need");
+  c = two_level_list();
+  c.body[11] = 0x1b;  // a definition level of 3, above the column's maximum 2
+  expect(c, "level 3 above the column's maximum 2");
+
+  testing::ColumnSpec ts;
+  ts.schema = {{"ts", parquet::kInt96, parquet::kRequired}};
+  ts.path = {"ts"};
+  ts.type = parquet::kInt96;
+  ts.page_values = 1;
+  ts.num_rows = 1;
+  ts.body = std::string(12, '\0');
+  expect(ts, "column 'ts' (row group 0): INT96 values (legacy timestamps) are not supported");
 }
 
 }  // namespace

@@ -40,6 +40,19 @@ void check_row_group(const RowGroup& g, const Schema& schema, const std::string&
   if (g.num_rows < 0) LS_THROW << name << ": row group " << index << " has a negative row count";
 }
 
+void check_value_counts(const FileMeta& meta, size_t size, const std::string& name) {
+  const int64_t bound = kMaxValuesPerFileByte * int64_t(size) + kMinValuesBound;
+  int64_t total = 0;
+  for (const RowGroup& g : meta.row_groups) {
+    for (const ColumnMeta& c : g.columns) {
+      if (c.num_values < 0 || c.num_values > bound - total)
+        LS_THROW << name << ": column '" << excerpt(join_path(c.path)) << "' claims " << c.num_values
+                 << " values, more than a file of " << size << " bytes holds";
+      total += c.num_values;
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<nlohmann::json> parse_parquet(const std::string& bytes, const std::string& name) {
@@ -56,6 +69,7 @@ std::vector<nlohmann::json> parse_parquet(const std::string& bytes, const std::s
   const size_t footer = size - kMagicSize - 4 - footer_len;
   const FileMeta meta = parse_file_meta(data + footer, footer_len, name);
   const Schema schema = build_schema(meta.schema, name);
+  check_value_counts(meta, size, name);
   std::vector<nlohmann::json> rows;
   for (size_t g = 0; g < meta.row_groups.size(); ++g) {
     const RowGroup& group = meta.row_groups[g];
@@ -65,7 +79,7 @@ std::vector<nlohmann::json> parse_parquet(const std::string& bytes, const std::s
     for (size_t c = 0; c < group.columns.size(); ++c)
       columns.push_back(
           read_column_chunk(data, footer, group.columns[c], schema.nodes[schema.leaves[c]], name, int(g)));
-    assemble_rows(schema, columns, group.num_rows, name, int(g), &rows);
+    assemble_rows(schema, &columns, group.num_rows, name, int(g), &rows);
   }
   return rows;
 }

@@ -15,7 +15,7 @@ using nlohmann::json;
 
 class Assembler {
  public:
-  Assembler(const Schema& schema, const std::vector<ColumnData>& columns)
+  Assembler(const Schema& schema, std::vector<ColumnData>& columns)
       : schema_(schema), columns_(columns), pos_(columns.size(), 0), vpos_(columns.size(), 0) {}
 
   json row();
@@ -33,9 +33,9 @@ class Assembler {
   }
 
   const Schema& schema_;
-  const std::vector<ColumnData>& columns_;
-  std::vector<size_t> pos_;   // next entry of each leaf
-  std::vector<size_t> vpos_;  // next value of each leaf
+  std::vector<ColumnData>& columns_;  // values are moved out into the rows
+  std::vector<size_t> pos_;           // next entry of each leaf
+  std::vector<size_t> vpos_;          // next value of each leaf
 };
 
 const ColumnData& Assembler::leaf_column(int leaf, size_t* at) const {
@@ -89,7 +89,7 @@ json Assembler::node_value(int n, bool as_item) {
     if (c.def[at] != node.def_level) fail(node.leaf_begin, "a required value is missing");
     if (vpos_[node.leaf_begin] >= c.values.size()) fail(node.leaf_begin, "fewer values than its levels say");
     ++pos_[node.leaf_begin];
-    return c.values[vpos_[node.leaf_begin]++];
+    return std::move(columns_[node.leaf_begin].values[vpos_[node.leaf_begin]++]);
   }
   if (node.is_list) return node_value(node.children[0], false);
   if (node.is_map) {
@@ -137,9 +137,9 @@ void Assembler::check_consumed() const {
 
 }  // namespace
 
-void assemble_rows(const Schema& schema, const std::vector<ColumnData>& columns, int64_t num_rows,
+void assemble_rows(const Schema& schema, std::vector<ColumnData>* columns, int64_t num_rows,
                    const std::string& file, int row_group, std::vector<nlohmann::json>* out) {
-  Assembler a(schema, columns);
+  Assembler a(schema, *columns);
   try {
     for (int64_t r = 0; r < num_rows; ++r) out->push_back(a.row());
     a.check_consumed();

@@ -12,10 +12,11 @@
 
 namespace lockstep::data::parquet {
 
-// Appends `num_rows` rows assembled from `columns` (one per schema leaf) to
-// *out. Errors name `file` and the row group when the levels disagree with
-// each other, with the schema or with the row count.
-void assemble_rows(const Schema& schema, const std::vector<ColumnData>& columns, int64_t num_rows,
+// Appends `num_rows` rows assembled from `*columns` (one per schema leaf; their
+// values are moved into the rows) to *out. Errors name `file` and the row
+// group when the levels disagree with each other, with the schema or with the
+// row count.
+void assemble_rows(const Schema& schema, std::vector<ColumnData>* columns, int64_t num_rows,
                    const std::string& file, int row_group, std::vector<nlohmann::json>* out);
 
 }  // namespace lockstep::data::parquet

@@ -23,6 +23,14 @@ struct ColumnData {
 // compress to almost nothing, so the bytes alone do not bound the count.
 constexpr int64_t kMaxPageValues = int64_t(1) << 24;
 
+// Nor may a file's column chunks together claim more than this many entries
+// per byte of the file (plus kMinValuesBound): runs of one repeated value cost
+// a few bytes however long, but a real dataset's rows cost bytes in some
+// column, and the bound keeps a small corrupt file from expanding into a huge
+// row count.
+constexpr int64_t kMaxValuesPerFileByte = 64;
+constexpr int64_t kMinValuesBound = 4096;
+
 // Reads the chunk described by `meta` from file bytes [data, data + limit)
 // (limit: where the footer starts). Errors name `file`, the column's path and
 // the row group.
