@@ -5,7 +5,8 @@
 # schema, a MAP, dictionary and plain encodings, data pages v1 and v2, several
 # row groups and pages, UNCOMPRESSED / SNAPPY / GZIP / ZSTD. Each file's rows
 # must equal, value for value and type for type, the JSONL the writer script
-# wrote beside it. Also: --rows, JSONL input, an unsupported encoding, and
+# wrote beside it. Also: --rows, JSONL input, an unsupported encoding,
+# `generate` on a parquet prompt file (the same samples as from the JSONL), and
 # truncated or corrupted files (exit 2 with the file named, never a crash).
 # Skips (exit 77) without node or without the installed packages.
 set -euo pipefail
@@ -71,6 +72,28 @@ python3 "$T/same.py" "$T/three.jsonl" "$T/three_want.jsonl"
 "$BIN" data "$T/files/parquetjs_v2_gzip.jsonl" > "$T/from_jsonl.jsonl"
 python3 "$T/same.py" "$T/from_jsonl.jsonl" "$T/files/parquetjs_v2_gzip.jsonl"
 "$BIN" data --help | grep -q "usage: lockstep data FILE"
+
+# A command reading a prompt file: `generate` samples the same from the
+# parquet file as from the JSONL holding the same rows.
+cat > "$T/model.toml" <<'TOML'
+[model]
+vocab_size = 300
+hidden_size = 64
+num_layers = 2
+num_heads = 4
+num_kv_heads = 2
+head_dim = 16
+intermediate_size = 128
+max_position_embeddings = 256
+init_std = 0.2
+TOML
+"$BIN" init --config "$T/model.toml" --out "$T/m" --seed 5 > /dev/null
+for ext in parquet jsonl; do
+  "$BIN" generate --model "$T/m" --input "$T/files/hyparquet_chat.$ext" --output "$T/gen_$ext.jsonl" \
+    --n 2 --max-new-tokens 6 --seed 9 --threads 1 2> /dev/null
+done
+[ "$(wc -l < "$T/gen_parquet.jsonl")" -eq 6 ] || { echo "FAIL: generate wrote $(wc -l < "$T/gen_parquet.jsonl") samples" >&2; exit 1; }
+cmp "$T/gen_parquet.jsonl" "$T/gen_jsonl.jsonl" || { echo "FAIL: generate differs between parquet and JSONL input" >&2; exit 1; }
 
 # Truncated and corrupted files: exit 2 with an error naming the file, or (for
 # a flip that leaves the file readable) exit 0; any other exit is a crash.

@@ -259,7 +259,8 @@ TEST(Parquet, LoadsAsAPromptDataset) {
   // Errors name the file and the row.
   cfg.messages_key = "messages";
   const std::string e = error_of([&] { load_prompts(fixture_path(), cfg, tok); });
-  EXPECT_NE(e.find("verl_small.parquet:1: field 'prompt' must be a string"), std::string::npos) << e;
+  EXPECT_NE(e.find("verl_small.parquet:1: "), std::string::npos) << e;
+  EXPECT_NE(e.find("'prompt'"), std::string::npos) << e;
   fs::remove_all(dir);
 }
 

@@ -171,6 +171,24 @@ for (const codec of codecs) {
   writeExpected(name, verlExpected)
 }
 
+// ---- chat prompts for `lockstep generate` (parquet and JSONL must give the same samples) ----
+const chats = ['2+2=', 'hello', 'Name a prime.'].map((q, i) => ({
+  messages: [...(i === 1 ? [{ role: 'system', content: 'Be brief.' }] : []), { role: 'user', content: q }],
+}))
+parquetWriteFile({
+  filename: path.join(out, 'hyparquet_chat.parquet'),
+  schema: [
+    { name: 'root', num_children: 1 },
+    { name: 'messages', repetition_type: 'REQUIRED', converted_type: 'LIST', num_children: 1 },
+    { name: 'list', repetition_type: 'REPEATED', num_children: 1 },
+    { name: 'element', repetition_type: 'REQUIRED', num_children: 2 },
+    { name: 'role', type: 'BYTE_ARRAY', converted_type: 'UTF8', repetition_type: 'REQUIRED' },
+    { name: 'content', type: 'BYTE_ARRAY', converted_type: 'UTF8', repetition_type: 'REQUIRED' },
+  ],
+  columnData: [{ name: 'messages', data: chats.map(c => c.messages) }],
+})
+writeExpected('hyparquet_chat', chats)
+
 // ---- an encoding lockstep does not read: NAME.error holds what the error names ----
 parquetWriteFile({
   filename: path.join(out, 'hyparquet_delta.parquet'),
