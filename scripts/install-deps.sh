@@ -60,6 +60,8 @@ fi
 #   tests/serve/openai_client    the official openai client (tests/cli/openai_client.sh)
 #   tests/data/parquet_writers   hyparquet-writer and parquetjs, two independent
 #                                parquet writers (tests/cli/parquet_data.sh)
+# No install scripts run (--ignore-scripts): none of these needs one, and
+# parquetjs's optional LZO codec would otherwise compile a native addon.
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 if command -v node >/dev/null && command -v npm >/dev/null; then
   for CLIENT in "$ROOT/tests/serve/openai_client" "$ROOT/tests/data/parquet_writers"; do
@@ -67,7 +69,7 @@ if command -v node >/dev/null && command -v npm >/dev/null; then
        ! cmp -s <(sed -n '/"node_modules\//,$p' "$CLIENT/package-lock.json") \
                  <(sed -n '/"node_modules\//,$p' "$CLIENT/node_modules/.package-lock.json"); then
       echo "install-deps: npm ci in ${CLIENT#"$ROOT"/}"
-      (cd "$CLIENT" && npm ci --no-audit --no-fund --loglevel=error)
+      (cd "$CLIENT" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
     fi
   done
 else
