@@ -10,7 +10,7 @@
 namespace lockstep::cli {
 namespace {
 
-const char* const kHelp =
+constexpr const char* kHelp =
     "usage: lockstep data FILE [--rows N]\n"
     "\n"
     "Prints the rows of a dataset file as `sft`, `rl`, `eval` and `generate` read them:\n"

@@ -183,7 +183,7 @@ PageHeader parse_page_header(const uint8_t* data, size_t size, const std::string
 }
 
 const char* encoding_name(int32_t encoding) {
-  static const char* const kNames[] = {
+  static constexpr const char* kNames[] = {
       "PLAIN",          "GROUP_VAR_INT",       "PLAIN_DICTIONARY",        "RLE",
       "BIT_PACKED",     "DELTA_BINARY_PACKED", "DELTA_LENGTH_BYTE_ARRAY", "DELTA_BYTE_ARRAY",
       "RLE_DICTIONARY", "BYTE_STREAM_SPLIT"};
@@ -192,8 +192,8 @@ const char* encoding_name(int32_t encoding) {
 }
 
 const char* codec_name(int32_t codec) {
-  static const char* const kNames[] = {"UNCOMPRESSED", "SNAPPY", "GZIP", "LZO",
-                                       "BROTLI",       "LZ4",    "ZSTD", "LZ4_RAW"};
+  static constexpr const char* kNames[] = {"UNCOMPRESSED", "SNAPPY", "GZIP", "LZO",
+                                           "BROTLI",       "LZ4",    "ZSTD", "LZ4_RAW"};
   if (codec < 0 || codec >= int32_t(std::size(kNames))) return "unknown";
   return kNames[codec];
 }
