@@ -163,6 +163,11 @@ TEST(ParquetPlain, DecodesEachPhysicalType) {
   EXPECT_EQ(json(parquet::decode_plain(strings.data(), strings.size(), e, 2)), json::parse(R"(["hi", ""])"));
   EXPECT_NE(error_of([&] { parquet::decode_plain(strings.data(), 5, e, 1); }).find("past the end"),
             std::string::npos);
+  // Bytes that are not UTF-8 become U+FFFD, as a JSON string must be.
+  const std::vector<uint8_t> binary = {3, 0, 0, 0, 'a', 0xff, 'b'};
+  EXPECT_EQ(parquet::decode_plain(binary.data(), binary.size(), e, 1)[0],
+            "a\xef\xbf\xbd"
+            "b");
   e.type = parquet::kInt32;
   const std::vector<uint8_t> ints = {0xff, 0xff, 0xff, 0xff, 7, 0, 0, 0};
   EXPECT_EQ(json(parquet::decode_plain(ints.data(), ints.size(), e, 2)), json::parse("[-1, 7]"));

@@ -99,7 +99,9 @@ json Assembler::node_value(int n, bool as_item) {
     json obj = json::object();
     for (auto& entry : repeated(node.children[0])) {
       const json& key = entry[key_name];
-      obj[key.is_string() ? key.get<std::string>() : key.dump()] = std::move(entry[value_name]);
+      const std::string name =
+          key.is_string() ? key.get<std::string>() : key.dump(-1, ' ', false, json::error_handler_t::replace);
+      obj[name] = std::move(entry[value_name]);
     }
     return obj;
   }

@@ -9,10 +9,18 @@
 #include "lockstep/base/excerpt.h"
 #include "lockstep/data/parquet_codec.h"
 #include "lockstep/data/rle_hybrid.h"
+#include "lockstep/tokenizer/unicode.h"
 
 namespace lockstep::data::parquet {
 
 namespace {
+
+// Strings are UTF-8 in JSON: bytes that are not (a binary column's) become
+// U+FFFD, so that every later consumer sees what a JSONL file could hold.
+nlohmann::json text(const uint8_t* p, size_t n) {
+  const std::string_view s(reinterpret_cast<const char*>(p), n);
+  return tokenizer::utf8_is_valid(s) ? std::string(s) : tokenizer::utf8_sanitize(s);
+}
 
 template <typename V>
 V load_le(const uint8_t* p) {
@@ -47,7 +55,7 @@ nlohmann::json fixed_value(const SchemaElement& e, const uint8_t* p) {
       return is_unsigned(e) ? nlohmann::json(load_le<uint64_t>(p)) : nlohmann::json(load_le<int64_t>(p));
     case kFloat: return double(load_le<float>(p));
     case kDouble: return load_le<double>(p);
-    default: return std::string(reinterpret_cast<const char*>(p), size_t(e.type_length));
+    default: return text(p, size_t(e.type_length));
   }
 }
 
@@ -239,7 +247,7 @@ std::vector<nlohmann::json> decode_plain(const uint8_t* data, size_t size, const
       pos += 4;
       if (len > size - pos)
         LS_THROW << "PLAIN strings: value " << i << " of " << len << " bytes past the end";
-      out.emplace_back(std::string(reinterpret_cast<const char*>(data + pos), len));
+      out.push_back(text(data + pos, len));
       pos += len;
     }
     return out;
