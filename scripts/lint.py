@@ -58,6 +58,9 @@ def format_files():
     out = []
     for d in FORMAT_DIRS:
         for p in sorted((ROOT / d).rglob("*")):
+            # Not node_modules: npm packages the tests install (some carry C sources).
+            if "node_modules" in p.parts:
+                continue
             if p.suffix in FORMAT_SUFFIXES and p.is_file() and "/lint/" not in str(p):
                 out.append(p)
     return out

@@ -33,7 +33,7 @@ SEED="${FUZZ_SEED:-0}"
 JOBS="${FUZZ_JOBS:-2}"
 CXX="${FUZZ_CXX:-clang++-14}"
 BUILD="${FUZZ_BUILD:-build/fuzz}"
-ALL_TARGETS=(safetensors model_config toml tokenizer chat_template jsonl serve_protocol math countdown rollout_wire)
+ALL_TARGETS=(safetensors model_config toml tokenizer chat_template jsonl parquet serve_protocol math countdown rollout_wire)
 TARGETS=("$@")
 [ ${#TARGETS[@]} -eq 0 ] && TARGETS=("${ALL_TARGETS[@]}")
 

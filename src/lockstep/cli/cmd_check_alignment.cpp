@@ -9,12 +9,13 @@
 
 #include "lockstep/base/error.h"
 #include "lockstep/cli/command.h"
-#include "lockstep/kernels/gpu/backend.h"
-#include "lockstep/model/model_source.h"
-#include "lockstep/model/v4_forward.h"
 #include "lockstep/cli/rollout_flags.h"
 #include "lockstep/data/dataset.h"
 #include "lockstep/data/jsonl.h"
+#include "lockstep/data/rows.h"
+#include "lockstep/kernels/gpu/backend.h"
+#include "lockstep/model/model_source.h"
+#include "lockstep/model/v4_forward.h"
 #include "lockstep/rollout/localise.h"
 #include "lockstep/rollout/rollout_config.h"
 #include "lockstep/train/mismatch.h"
@@ -87,7 +88,7 @@ int run_check(const Args& args) {
 
   // Prompts: `prompt_ids`, or text through the tokenizer's chat template.
   std::vector<std::vector<int32_t>> prompts;
-  for (const auto& r : data::read_jsonl(data_path)) {
+  for (const auto& r : data::read_rows(data_path)) {
     prompts.push_back(prompt_ids_from_record(r, data_path, m.tokenizer ? &*m.tokenizer : nullptr, true));
     if (args.has("limit") && int64_t(prompts.size()) >= args.get_int("limit", 0)) break;
   }
@@ -195,7 +196,8 @@ LS_REGISTER_COMMAND(Command{
                 "comparing every intermediate with the trainer's and names the first that differs (layer,\n"
                 "point, sample, position). Exits 1 when the mean gap\n"
                 "exceeds --max-abs-diff (default 0 in aligned mode, no limit in fast mode).\n"
-                "Prompt lines hold prompt_ids, messages, or prompt/text (chat template applied).\n\nflags:\n") +
+                "Prompt lines hold prompt_ids, messages, or prompt/text (chat template applied); a PROMPTS\n"
+                "file ending in .parquet is read as parquet rows.\n\nflags:\n") +
         kRolloutFlagsHelp,
     {"replay", "ignore-eos", "no-prefix-cache", "localise"}, run_check});
 

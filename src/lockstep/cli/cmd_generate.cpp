@@ -10,6 +10,7 @@
 #include "lockstep/model/model_source.h"
 #include "lockstep/cli/rollout_flags.h"
 #include "lockstep/data/jsonl.h"
+#include "lockstep/data/rows.h"
 #include "lockstep/rollout/rollout_config.h"
 #include "lockstep/rollout/stop_strings.h"
 
@@ -33,7 +34,7 @@ int run_generate(const Args& args) {
   rollout::Engine engine(ctx, &weights, ec);
   const bool chat = args.flag("chat");
 
-  auto records = data::read_jsonl(in);
+  auto records = data::read_rows(in);
   std::vector<uint64_t> ids;
   std::vector<rollout::Request> reqs;
   for (const auto& r : records) {
@@ -103,7 +104,8 @@ LS_REGISTER_COMMAND(Command{
                 "logprobs (of the tempered, untruncated distribution), finish_reason (stop|length|abort),\n"
                 "weight_version, the decoded `response`, and routed_experts with --return-experts (and for\n"
                 "DeepSeek-V4 indexer_topk, the compressed entries each token chose in each CSA layer).\n"
-                "The output is valid input to `lockstep score`.\n\nflags:\n") +
+                "The output is valid input to `lockstep score`. A PROMPTS file ending in .parquet is read\n"
+                "as parquet, one row per prompt (`lockstep data` shows its rows).\n\nflags:\n") +
         kRolloutFlagsHelp + "  --chat                 apply the tokenizer's chat template to `text`\n"
                             "  --return-experts       include the MoE routing (and V4 indexer choices) of every token\n",
     {"chat", "return-experts", "ignore-eos", "no-prefix-cache"}, run_generate});

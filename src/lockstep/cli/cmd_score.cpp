@@ -8,6 +8,7 @@
 #include "lockstep/base/timer.h"
 #include "lockstep/cli/command.h"
 #include "lockstep/data/jsonl.h"
+#include "lockstep/data/rows.h"
 #include "lockstep/model/model_source.h"
 #include "lockstep/rollout/rollout_config.h"
 #include "lockstep/train/trainer.h"
@@ -26,7 +27,7 @@ int run_score(const Args& args) {
   const double temperature = args.get_double("temperature", 1.0);
   if (!(temperature > 0)) LS_THROW << "--temperature must be > 0";
 
-  auto records = data::read_jsonl(in);
+  auto records = data::read_rows(in);
   std::vector<train::TrainSequence> seqs;
   for (const auto& r : records) {
     train::TrainSequence s;
@@ -90,7 +91,8 @@ LS_REGISTER_COMMAND(Command{
     "Each input line holds prompt_ids and response_ids (token id arrays); the output repeats\n"
     "each line with `logprobs`: the log-probability of every response token under the model\n"
     "at temperature T (default 1), computed by the trainer's forward. `lockstep generate`\n"
-    "output is valid input. --entropy adds the entropy of each position's distribution.\n"
+    "output is valid input; an input ending in .parquet is read as parquet rows.\n"
+    "--entropy adds the entropy of each position's distribution.\n"
     "--precision runs the forward with the weights in that precision (fp8: power-of-two\n"
     "scales per --fp8-block square); with the same --precision as `generate`, every logprob\n"
     "equals the rollout's bit for bit.\n"

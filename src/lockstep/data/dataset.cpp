@@ -4,6 +4,7 @@
 #include "lockstep/base/error.h"
 #include "lockstep/data/fields.h"
 #include "lockstep/data/jsonl.h"
+#include "lockstep/data/rows.h"
 
 namespace lockstep::data {
 
@@ -55,7 +56,7 @@ int32_t end_of_turn_id(const tokenizer::Tokenizer& tok) {
 std::vector<PromptExample> load_prompts(const std::string& path, const DataConfig& cfg,
                                         const tokenizer::Tokenizer& tok, const PromptNeeds& needs) {
   std::vector<PromptExample> out;
-  for (const auto& r : read_jsonl(path)) {
+  for (const auto& r : read_rows(path)) {
     PromptFields f = prompt_fields(r, path, cfg, needs);
     PromptExample ex;
     ex.line = r.line;
@@ -74,7 +75,7 @@ std::vector<PromptExample> load_prompts(const std::string& path, const DataConfi
 
 int64_t check_prompt_rows(const std::string& path, const DataConfig& cfg, const PromptNeeds& needs) {
   int64_t n = 0;
-  for (const auto& r : read_jsonl(path)) {
+  for (const auto& r : read_rows(path)) {
     prompt_fields(r, path, cfg, needs);
     ++n;
   }
@@ -86,7 +87,7 @@ std::vector<SftExample> load_sft_examples(const std::string& path, const DataCon
                                           const tokenizer::Tokenizer& tok) {
   const int32_t eot = end_of_turn_id(tok);
   std::vector<SftExample> out;
-  for (const auto& r : read_jsonl(path)) {
+  for (const auto& r : read_rows(path)) {
     SftFields f = sft_fields(r, path, cfg);
     SftExample ex;
     ex.line = r.line;
