@@ -261,11 +261,12 @@ TEST(Parquet, LoadsAsAPromptDataset) {
   EXPECT_NE(examples[2].prompt_text.find("What is 2 + 4?"), std::string::npos);
   EXPECT_EQ(examples[2].label["ground_truth"], "6");
   EXPECT_EQ(examples[3].metadata["index"], 3);
-  // Errors name the file and the row.
+  // Errors name the file, the row and the field.
   cfg.messages_key = "messages";
+  cfg.prompt_key = "question";
   const std::string e = error_of([&] { load_prompts(fixture_path(), cfg, tok); });
   EXPECT_NE(e.find("verl_small.parquet:1: "), std::string::npos) << e;
-  EXPECT_NE(e.find("'prompt'"), std::string::npos) << e;
+  EXPECT_NE(e.find("'question'"), std::string::npos) << e;
   fs::remove_all(dir);
 }
 
