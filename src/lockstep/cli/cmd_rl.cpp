@@ -8,21 +8,23 @@
 #include <sstream>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/file_util.h"
+#include "lockstep/base/number_text.h"
 #include "lockstep/cli/command.h"
 #include "lockstep/cli/mpi_launch.h"
+#include "lockstep/cli/run_config.h"
+#include "lockstep/data/dataset.h"
 #include "lockstep/kernels/gpu/device.h"
 #include "lockstep/model/model_source.h"
-#include "lockstep/data/dataset.h"
 #include "lockstep/parallel/data_parallel.h"
 #include "lockstep/parallel/dist_config.h"
 #include "lockstep/parallel/parallel_trainer.h"
 #include "lockstep/parallel/role_comms.h"
-#include "lockstep/base/file_util.h"
-#include "lockstep/train/checkpoint.h"
 #include "lockstep/rl/dist_group.h"
 #include "lockstep/rl/loop.h"
 #include "lockstep/rl/mpi_rollout.h"
 #include "lockstep/rl/report_hook.h"
+#include "lockstep/train/checkpoint.h"
 
 namespace lockstep::cli {
 namespace {
@@ -44,14 +46,16 @@ std::string precision_summary(const rollout::RolloutSection& r) {
   return "rollout " + r.precision + ", trainer " + r.trainer_precision + " (fast mode)";
 }
 
-int run_trainer(const Args& args, const toml::table& root, const std::string& cfg_path, const rl::RlConfig& cfg,
-                const data::DataConfig& dc, parallel::RoleComms* rc) {
+int run_trainer(const Args& args, const toml::table& root, const std::string& cfg_path,
+                const rl::RlConfig& cfg, const data::DataConfig& dc, const TomlRecorder& rec,
+                parallel::RoleComms* rc) {
   const bool writer = !rc || rc->roles.is_trainer_root();
   auto pool = make_pool(cfg.threads);
   Context ctx{pool.get(), 0};
   set_device(ctx, args, device_from_toml(root, cfg_path));
   LoadedModel m = load_model_from_config(root, cfg_path, ctx);
-  if (!m.tokenizer) LS_THROW << cfg_path << ": the model has no tokenizer.json (make one with `lockstep init`)";
+  if (!m.tokenizer)
+    LS_THROW << cfg_path << ": the model has no tokenizer.json (make one with `lockstep init`)";
   rl::RlInputs in;
   in.tok = &*m.tokenizer;
   in.train = data::load_prompts(dc.train_file, dc, *m.tokenizer);
@@ -67,26 +71,23 @@ int run_trainer(const Args& args, const toml::table& root, const std::string& cf
     const ParamLayout layout(m.config);
     Buffer ref = alloc_params(layout);
     std::copy(m.params.as<float>(), m.params.as<float>() + layout.numel(), ref.as<float>());
-    in.reference = std::make_shared<train::Scorer>(ctx, m.config, std::move(ref), cfg.trainer.micro_batch_tokens,
-                                                   cfg.trainer.kv_block_size, cfg.trainer.precision,
-                                                   cfg.trainer.fp8_block);
+    in.reference = std::make_shared<train::Scorer>(ctx, m.config, std::move(ref),
+                                                   cfg.trainer.micro_batch_tokens, cfg.trainer.kv_block_size,
+                                                   cfg.trainer.precision, cfg.trainer.fp8_block);
   }
   if (writer) {
     if (!args.flag("resume")) train::refuse_existing_run(cfg.out_dir);  // before config.toml is replaced
     std::filesystem::create_directories(cfg.out_dir);
     if (args.flag("resume")) train::remove_crash_leftovers(cfg.out_dir);  // what a killed run left behind
-    write_file_atomic(cfg.out_dir + "/config.toml", [&] {
-      std::ostringstream os;
-      os << root;
-      return os.str() + "\n";
-    }());
+    const nlohmann::json reward = cfg.reward.to_json();
+    write_file_atomic(cfg.out_dir + "/config.toml", saved_config_text(root, rec, cfg.out_dir, &reward));
     rl::attach_reports(in, cfg);
-    std::cout << "rl: " << in.train.size() << " prompts" << (in.eval.empty() ? "" : ", ")
-              << (in.eval.empty() ? "" : std::to_string(in.eval.size()) + " eval problems") << "; " << cfg.steps
-              << " steps of " << cfg.batch_size << " prompts x " << cfg.rollout.sampling.n << " samples ("
-              << rl::to_string(cfg.algo.advantage) << ", " << rl::to_string(cfg.algo.policy_loss) << ", "
-              << precision_summary(cfg.rollout) << "), " << ctx.threads() << " threads -> " << cfg.out_dir
-              << std::endl;
+    std::cout << "rl: " << count_of(int64_t(in.train.size()), "prompt") << (in.eval.empty() ? "" : ", ")
+              << (in.eval.empty() ? "" : count_of(int64_t(in.eval.size()), "eval problem")) << "; "
+              << count_of(cfg.steps, "step") << " of " << count_of(cfg.batch_size, "prompt") << " x "
+              << count_of(cfg.rollout.sampling.n, "sample") << " (" << rl::to_string(cfg.algo.advantage)
+              << ", " << rl::to_string(cfg.algo.policy_loss) << ", " << precision_summary(cfg.rollout)
+              << "), " << count_of(ctx.threads(), "thread") << " -> " << cfg.out_dir << std::endl;
     if (!rc && cfg.max_weight_staleness > 0) {
       const int64_t t = cfg.rollout_threads > 0 ? cfg.rollout_threads : ctx.threads();
       std::cout << "rl: rollout one step ahead of training on " << t << " thread" << (t == 1 ? "" : "s")
@@ -120,11 +121,13 @@ int run_trainer(const Args& args, const toml::table& root, const std::string& cf
                                   : "")
                 << ", "
                 << (r.colocated ? "colocated rollout (each trainer generates a share)"
-                                : std::to_string(r.rollout_ranks) + " rollout rank" + (r.rollout_ranks == 1 ? "" : "s"))
-                << (cfg.max_weight_staleness > 0 ? ", rollout one step ahead of training (max_weight_staleness = " +
-                                                       std::to_string(cfg.max_weight_staleness) +
-                                                       (cfg.max_weight_staleness > 1 ? ", runs as 1)" : ")")
-                                                 : std::string())
+                                : std::to_string(r.rollout_ranks) + " rollout rank" +
+                                      (r.rollout_ranks == 1 ? "" : "s"))
+                << (cfg.max_weight_staleness > 0
+                        ? ", rollout one step ahead of training (max_weight_staleness = " +
+                              std::to_string(cfg.max_weight_staleness) +
+                              (cfg.max_weight_staleness > 1 ? ", runs as 1)" : ")")
+                        : std::string())
                 << std::endl;
   }
   const rl::RlResult res = rl::run_rl(trainer, in, cfg, args.flag("resume"));
@@ -133,8 +136,8 @@ int run_trainer(const Args& args, const toml::table& root, const std::string& cf
   rl::finish_report(cfg);
   std::cout << "rl: done in " << res.seconds << " s; mean seconds per step:";
   for (const auto& [k, v] : res.phase_seconds) std::cout << " " << k << " " << v;
-  std::cout << "\nrl: checkpoints in " << cfg.out_dir << "/checkpoints/, report " << cfg.out_dir << "/report.html"
-            << std::endl;
+  std::cout << "\nrl: checkpoints in " << cfg.out_dir << "/checkpoints/, report " << cfg.out_dir
+            << "/report.html" << std::endl;
   return 0;
 }
 
@@ -143,20 +146,23 @@ int run_rollout_rank(const toml::table& root, const std::string& cfg_path, const
                      parallel::RoleComms& rc) {
   auto pool = make_pool(cfg.threads);
   Context ctx{pool.get(), 0};
-  ctx.gpu = kernels::device_backend(kernels::parse_device(device_from_toml(root, cfg_path), cfg_path + ": [model] device"));
+  ctx.gpu = kernels::device_backend(
+      kernels::parse_device(device_from_toml(root, cfg_path), cfg_path + ": [model] device"));
   LoadedModel m = load_model_from_config(root, cfg_path, ctx);
   const rl::ServeStats st =
       rl::serve_rollout(rc.weight_sync, ctx, m.config, m.params.as<float>(), cfg.rollout, cfg.seed);
   std::cout << "rl: " << parallel::describe(rc.roles) << ": served " << st.generate_calls << " rollouts ("
-            << st.requests << " prompts, " << st.generated_tokens << " tokens, " << st.generate_seconds << " s) and "
-            << st.syncs << " weight syncs (" << st.sync_seconds << " s), last version " << st.version << std::endl;
+            << st.requests << " prompts, " << st.generated_tokens << " tokens, " << st.generate_seconds
+            << " s) and " << st.syncs << " weight syncs (" << st.sync_seconds << " s), last version "
+            << st.version << std::endl;
   return 0;
 }
 
 int run_rl_cmd(const Args& args) {
-  args.check_known({"config", "resume", "out", "check-config"});
+  args.check_known({"config", "resume", "out", "check-config", "threads"});
   const bool check_only = args.has("check-config");
   const std::string cfg_path = check_only ? args.require("check-config") : args.require("config");
+  TomlRecorder rec;  // every key's value, defaults included, for OUT/config.toml
   toml::table root = load_toml_with_overrides(cfg_path, args.sets());
   rl::RlConfig cfg = rl::rl_config_from_toml(root, cfg_path);
   bool has_dist = false;
@@ -169,13 +175,17 @@ int run_rl_cmd(const Args& args) {
   data_s.finish();
   if (dc.train_file.empty()) LS_THROW << cfg_path << ": [data] train_file is required";
   if (args.has("out")) cfg.out_dir = args.get("out", cfg.out_dir);
+  cfg.out_dir = absolute_path(cfg.out_dir);  // a default or --out: the current folder's
+  if (args.has("threads")) cfg.threads = threads_flag(args);
   if (check_only) {  // every section but the model's weights, which are not loaded
-    std::cout << cfg_path << ": OK (" << cfg.steps << " steps of " << cfg.batch_size << " prompts x "
-              << cfg.rollout.sampling.n << " samples; " << rl::to_string(cfg.algo.advantage) << ", "
-              << rl::to_string(cfg.algo.policy_loss) << ", " << rl::to_string(cfg.algo.loss_agg) << "; "
-              << precision_summary(cfg.rollout) << "; out " << cfg.out_dir;
+    std::cout << cfg_path << ": OK (" << count_of(cfg.steps, "step") << " of "
+              << count_of(cfg.batch_size, "prompt") << " x " << count_of(cfg.rollout.sampling.n, "sample")
+              << "; " << rl::to_string(cfg.algo.advantage) << ", " << rl::to_string(cfg.algo.policy_loss)
+              << ", " << rl::to_string(cfg.algo.loss_agg) << "; " << precision_summary(cfg.rollout)
+              << "; out " << cfg.out_dir;
     if (has_dist)
-      std::cout << "; dist: " << (dcfg.trainer_ranks ? std::to_string(dcfg.trainer_ranks) : std::string("all other"))
+      std::cout << "; dist: "
+                << (dcfg.trainer_ranks ? std::to_string(dcfg.trainer_ranks) : std::string("all other"))
                 << " trainer + " << dcfg.rollout_ranks << " rollout ranks"
                 << (dcfg.max_weight_staleness > 0 ? ", rollout one step ahead" : "");
     std::cout << ")" << std::endl;
@@ -183,13 +193,14 @@ int run_rl_cmd(const Args& args) {
   }
   return run_as_job("rl", dcfg, has_dist, [&](parallel::RoleComms* rc) {
     if (rc && rc->roles.is_rollout) return run_rollout_rank(root, cfg_path, cfg, *rc);
-    return run_trainer(args, root, cfg_path, cfg, dc, rc);
+    return run_trainer(args, root, cfg_path, cfg, dc, rec, rc);
   });
 }
 
 LS_REGISTER_COMMAND(Command{
-    "rl", "RL post-training (GRPO family) with rollout, rewards, eval and checkpoints",
-    "usage: lockstep rl --config FILE [--resume] [--out DIR] [--set section.key=value ...]\n"
+    "rl",
+    "RL post-training (GRPO family) with rollout, rewards, eval and checkpoints",
+    "usage: lockstep rl --config FILE [--resume] [--out DIR] [--threads N] [--set section.key=value ...]\n"
     "       lockstep rl --check-config FILE [--set ...]   (validate the config, load nothing)\n"
     "       mpirun -np N lockstep rl --config FILE        (trainer and rollout ranks, [dist])\n\n"
     "Each step draws [rollout] batch_size prompts from [data] train_file, samples [rollout] n\n"
@@ -198,7 +209,10 @@ LS_REGISTER_COMMAND(Command{
     "ppo-clip, gspo, cispo; KL, entropy, TIS/MIS, dynamic sampling, overlong penalty), then\n"
     "publishes the new weights to the engine. Every [eval] interval steps it evaluates\n"
     "[data] eval_file (pass@1, pass@k), and it checkpoints every [train] save_interval steps.\n"
-    "Writes OUT/config.toml (resolved), OUT/metrics.jsonl, OUT/samples/, OUT/eval/,\n"
+    "Paths in FILE are taken from FILE's folder, paths in --set and --out from the current one.\n"
+    "--threads N overrides [train] threads (0: all cores).\n"
+    "Writes OUT/config.toml (every key, defaults included, paths absolute), OUT/metrics.jsonl, OUT/samples/, "
+    "OUT/eval/,\n"
     "OUT/checkpoints/step_N (Hugging Face layout + optimizer state) and OUT/report.html.\n"
     "--resume continues from OUT/checkpoints/latest (metrics lines after it are dropped), also\n"
     "after a kill -9 (docs/rl.md, \"Crash safety\"; it first removes what a killed run left behind).\n"
@@ -214,7 +228,8 @@ LS_REGISTER_COMMAND(Command{
     "[model] trainer_precision = \"f32\" with a bf16/fp8 precision is fast mode.\n"
     "Sections: [model] [data] [rollout] [train] [algo] [reward] [eval] [log] [dist] [rl]; see\n"
     "docs/rl.md and docs/configuration.md. Recipes: configs/demo/rl.toml, configs/recipes/.\n",
-    {"resume"}, run_rl_cmd});
+    {"resume"},
+    run_rl_cmd});
 
 }  // namespace
 }  // namespace lockstep::cli
