@@ -63,6 +63,24 @@ void print_mismatch(const train::MismatchStats& ms, const std::string& precision
     std::printf("  %-44s %.6f\n", "indexer top-k disagreement, CSA layers", *ms.indexer_disagreement);
 }
 
+// The last line and the exit code: aligned mode promises exactly zero; fast
+// mode is checked only when asked (--max-abs-diff), else measured.
+int verdict(const Args& args, const train::MismatchStats& ms, bool aligned) {
+  const double limit =
+      args.has("max-abs-diff") ? args.get_double("max-abs-diff", 0.0) : (aligned ? 0.0 : INFINITY);
+  const std::string gap = shortest(ms.abs_diff_mean);
+  if (ms.abs_diff_mean > limit) {
+    std::printf("\nFAIL: mean |dlogp| %s exceeds %s\n", gap.c_str(), shortest(limit).c_str());
+    return 1;
+  }
+  if (std::isinf(limit))
+    std::printf("\nOK: mean |dlogp| %s (fast mode: measured, no limit without --max-abs-diff)\n",
+                gap.c_str());
+  else
+    std::printf("\nOK: mean |dlogp| %s <= %s\n", gap.c_str(), shortest(limit).c_str());
+  return 0;
+}
+
 // Its own defaults, shorter than generate's: enough tokens to compare, quickly.
 constexpr int64_t kDefaultN = 8;
 constexpr int64_t kDefaultMaxNewTokens = 64;
@@ -177,20 +195,7 @@ int run_check(const Args& args) {
     j["replay"] = replay;
     data::write_jsonl_atomic(args.get("json", ""), {j});
   }
-  // Aligned mode promises exactly zero; fast mode is checked only when asked.
-  const double limit =
-      args.has("max-abs-diff") ? args.get_double("max-abs-diff", 0.0) : (aligned ? 0.0 : INFINITY);
-  if (ms.abs_diff_mean > limit) {
-    std::printf("\nFAIL: mean |dlogp| %s exceeds %s\n", shortest(ms.abs_diff_mean).c_str(),
-                shortest(limit).c_str());
-    return 1;
-  }
-  if (std::isinf(limit))  // fast mode without --max-abs-diff: measured, not checked
-    std::printf("\nOK: mean |dlogp| %s (fast mode: no limit unless --max-abs-diff)\n",
-                shortest(ms.abs_diff_mean).c_str());
-  else
-    std::printf("\nOK: mean |dlogp| %s <= %s\n", shortest(ms.abs_diff_mean).c_str(), shortest(limit).c_str());
-  return 0;
+  return verdict(args, ms, aligned);
 }
 
 LS_REGISTER_COMMAND(Command{
