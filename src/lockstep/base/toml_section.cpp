@@ -177,17 +177,19 @@ toml::table TomlRecorder::complete(const toml::table& root,
     if (!present) out.insert(section, toml::table{});
     toml::table* t = out[section].as_table();
     if (!t) continue;  // not a section in `root`: its reader reported that already
-    for (const auto& [k, v] : *keys.as_table())
-      if (!t->contains(k.str())) v.visit([&](const auto& x) { t->insert(k.str(), x); });
+    for (const auto& [k, v] : *keys.as_table()) {
+      const std::string key(k.str());  // a copy: clang before 16 cannot capture a structured binding
+      if (!t->contains(key)) v.visit([&](const auto& x) { t->insert(key, x); });
+    }
   }
   return out;
 }
 
 const std::vector<std::string>& config_path_keys() {
-  static const std::vector<std::string> kKeys = {"model.path",    "data.train_file", "data.eval_file",
-                                                 "train.out_dir", "reward.path",     "rollout.env_path",
-                                                 "eval.output",   "eval.summary"};
-  return kKeys;
+  static const std::vector<std::string> keys = {"model.path",    "data.train_file", "data.eval_file",
+                                                "train.out_dir", "reward.path",     "rollout.env_path",
+                                                "eval.output",   "eval.summary"};
+  return keys;
 }
 
 namespace {

@@ -679,7 +679,7 @@ std::string token_key(const tokenizer::Tokenizer* tok, int32_t id, bool as_ids) 
   if (tokenizer::utf8_is_valid(b)) return token_text(tok, id);
   std::string key = "bytes:";
   for (unsigned char c : b) {
-    static const char* const kHex = "0123456789abcdef";
+    constexpr char kHex[] = "0123456789abcdef";
     key += "\\x";
     key += kHex[c >> 4];
     key += kHex[c & 15];
