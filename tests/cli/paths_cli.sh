@@ -88,6 +88,22 @@ for i in 1 2; do echo "{\"prompt\": \"$i+$i=\", \"response\": \"$((i + i))\"}"; 
 grep -q "1 thread -> $T/sft" sft.log || { cat sft.log; exit 1; }
 has "$T/sft/config.toml" train_file "$T/cfg/sub/data/sft.jsonl"
 
+# eval: the same rule for [model], [data] and [eval]'s output files.
+cat > "$T/cfg/sub/eval.toml" <<'TOML'
+[model]
+path = "../../model"
+[data]
+eval_file = "data/train.jsonl"
+apply_chat_template = false
+[eval]
+n = 2
+max_new_tokens = 4
+output = "out/problems.jsonl"
+TOML
+"$BIN" eval --config ../cfg/sub/eval.toml --threads 1 --summary sum.json > eval.log 2>&1 || { cat eval.log; exit 1; }
+test -s "$T/cfg/sub/out/problems.jsonl"
+test -s "$T/other/sum.json"  # a flag: the current folder's
+
 # 4. demo --out: a non-empty directory is refused (and left alone) unless --force.
 mkdir -p "$T/d" && echo keep > "$T/d/notes.txt"
 rc=0

@@ -200,11 +200,19 @@ std::vector<data::PromptExample> load_problems(const data::DataConfig& dc, const
   return problems;
 }
 
+// The folder of an output file, made if missing (as a run directory is).
+void make_parent(const std::string& file) {
+  const std::filesystem::path parent = std::filesystem::path(file).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+}
+
 // The per-problem JSONL and the summary JSON, when asked for.
 void write_outputs(const EvalInputs& in, const LoadedModel& m, const eval::EvalSummary& summary,
                    const std::vector<eval::EvalProblemResult>& per_problem) {
   const eval::EvalSection& es = in.es;
   const eval::EvalConfig& ec = es.config;
+  for (const std::string& f : {es.output, es.summary})
+    if (!f.empty()) make_parent(f);
   if (!es.output.empty()) {
     std::vector<nlohmann::json> lines;
     lines.reserve(per_problem.size());
@@ -249,7 +257,7 @@ int run_eval(const Args& args) {
   std::cerr << "eval " << ec.name << ": " << count_of(int64_t(problems.size()), "problem") << " x "
             << count_of(ec.n, "sample") << " from " << in.dc.eval_file << " (" << ec.reward.type
             << " reward, temperature " << ec.sampling.temperature << ", max_new_tokens "
-            << ec.sampling.max_new_tokens << ", " << ctx.threads() << " threads)" << std::endl;
+            << ec.sampling.max_new_tokens << ", " << count_of(ctx.threads(), "thread") << ")" << std::endl;
   std::vector<eval::EvalProblemResult> per_problem;
   eval::EvalSummary summary = evaluator.run(engine, *m.tokenizer, problems, &per_problem);
 
