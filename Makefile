@@ -32,7 +32,7 @@ test-fast: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L 'fast|gpu-interp' $(CTEST_ARGS)
 
 demo: build
-	./$(BUILD)/lockstep demo --out runs/demo
+	./$(BUILD)/lockstep demo --out runs/demo --force
 
 bench: build
 	bash scripts/run-bench.sh $(BUILD)

@@ -29,9 +29,9 @@ class Env:
         return {"observation": None, "reward": float(len(completion) % 3), "done": True}
 PY
 sed -e '/^\[eval\]/,/^$/d' -e 's|^eval_file.*||' \
-    -e "s|runs/demo/sft/checkpoints/latest|$T/d/sft/checkpoints/latest|" \
-    -e "s|runs/demo/data/train.jsonl|$T/d/data/train.jsonl|" \
-    -e "s|runs/demo-rl|$T/rl|" -e 's|^steps = 50|steps = 2|' -e 's|^batch_size = 64|batch_size = 4|' \
+    -e "s|\"../../runs/demo/sft/checkpoints/latest\"|\"$T/d/sft/checkpoints/latest\"|" \
+    -e "s|\"../../runs/demo/data/train.jsonl\"|\"$T/d/data/train.jsonl\"|" \
+    -e "s|\"../../runs/demo-rl\"|\"$T/rl\"|" -e 's|^steps = 50|steps = 2|' -e 's|^batch_size = 64|batch_size = 4|' \
     -e 's|^n = 8 .*|n = 4|' -e 's|^max_new_tokens = 16|max_new_tokens = 6|' \
     -e 's|^\[rollout\]|[rollout]\nenv = "python"\nenv_path = "env.py"\nenv_workers = 2\nmax_turns = 5\nmax_total_tokens = 200|' \
     "$SRC/configs/demo/rl.toml" > "$T/rl.toml"

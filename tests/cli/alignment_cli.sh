@@ -39,9 +39,13 @@ for a, b in zip(g, s):
     assert a["finish_reason"] in ("stop", "length")
 print("generate/score logprobs identical for", len(g), "samples")
 PY
-"$BIN" check-alignment --model "$T/m" --data "$T/p.jsonl" --n 4 --max-new-tokens 12 --json "$T/a.json" >/dev/null
+"$BIN" check-alignment --model "$T/m" --data "$T/p.jsonl" --n 4 --max-new-tokens 12 --json "$T/a.json" > "$T/a.txt"
+grep -qx "OK: mean |dlogp| 0 <= 0" "$T/a.txt" || { cat "$T/a.txt"; exit 1; }  # numbers at their shortest
 python3 -c "import json,sys; j=json.loads(open('$T/a.json').read()); assert j['train/train_rollout_logprob_abs_diff']==0 and j['train/train_rollout_logprob_bitwise_equal_frac']==1, j"
-"$BIN" check-alignment --model "$T/m" --data "$T/p.jsonl" --precision bf16 --trainer-precision f32 --n 4 --max-new-tokens 12 --json "$T/b.json" >/dev/null
+"$BIN" check-alignment --model "$T/m" --data "$T/p.jsonl" --precision bf16 --trainer-precision f32 --n 4 --max-new-tokens 12 --json "$T/b.json" > "$T/b.txt"
+# Fast mode without --max-abs-diff: the gap is measured, no "<= inf".
+grep -q "^OK: mean |dlogp| [0-9.e-]* (fast mode: measured, no limit" "$T/b.txt" || { cat "$T/b.txt"; exit 1; }
+if grep -q "<= inf" "$T/b.txt"; then cat "$T/b.txt"; exit 1; fi
 python3 -c "import json; j=json.loads(open('$T/b.json').read()); assert j['train/train_rollout_logprob_abs_diff']>0, j"
 # Penalties change what is sampled, not the logprobs: still a zero gap, and a note says so.
 out=$("$BIN" check-alignment --model "$T/m" --data "$T/p.jsonl" --n 2 --max-new-tokens 12 --repetition-penalty 1.5 \

@@ -15,17 +15,17 @@
 #include <optional>
 #include <thread>
 
+#include "../model/model_test_util.h"
 #include "lockstep/base/error.h"
 #include "lockstep/data/jsonl.h"
 #include "lockstep/metrics/metrics_logger.h"
-#include "lockstep/train/checkpoint.h"
 #include "lockstep/model/params.h"
 #include "lockstep/model/weights.h"
 #include "lockstep/reward/reward.h"
-#include "lockstep/rollout/engine.h"
 #include "lockstep/rl/rollout_backend.h"
+#include "lockstep/rollout/engine.h"
 #include "lockstep/tokenizer/byte_level.h"
-#include "../model/model_test_util.h"
+#include "lockstep/train/checkpoint.h"
 
 namespace lockstep::rl {
 namespace {
@@ -169,7 +169,9 @@ struct Fixture {
 class AheadRollout : public RolloutBackend {
  public:
   AheadRollout(train::Trainer& trainer, const RlConfig& c)
-      : ctx_(trainer.context()), layout_(trainer.config()), params_(alloc_params(layout_)),
+      : ctx_(trainer.context()),
+        layout_(trainer.config()),
+        params_(alloc_params(layout_)),
         weights_(ctx_, layout_, params_.as<float>()) {
     rollout::EngineConfig ec = c.rollout.engine;
     ec.seed = c.seed;
@@ -262,8 +264,8 @@ TEST(RlLoop, AlignedAtBf16AndFp8HasAGapOfZero) {
 class PlantedGapRollout : public RolloutBackend {
  public:
   PlantedGapRollout(train::Trainer& trainer, const RlConfig& c) : inner_(trainer, c.rollout, c.seed) {}
-  std::vector<rollout::RequestResult> generate(std::vector<rollout::Request> requests, const RolloutProgress& p,
-                                               int64_t* tokens) override {
+  std::vector<rollout::RequestResult> generate(std::vector<rollout::Request> requests,
+                                               const RolloutProgress& p, int64_t* tokens) override {
     auto out = inner_.generate(std::move(requests), p, tokens);
     auto& lp = out.at(0).samples.at(0).logprobs;
     if (lp.size() > 1) lp[1] = std::nextafter(lp[1], 0.0f);
@@ -290,9 +292,9 @@ TEST(RlLoop, APlantedGapAbortsTheStepBeforeTheOptimizerRuns) {
   RlInputs in = f.inputs();
   in.rollout = std::make_shared<PlantedGapRollout>(*t, c);
   test::expect_error([&] { run_rl(*t, in, c, false); },
-                     {"aligned mode", "sample 0 of the step's batch, response token 1", "before the optimizer ran",
-                      "on_gap", "replayed through the rollout engine's decode", "no intermediate differs",
-                      "rows compared", "arises after it"});
+                     {"aligned mode", "sample 0 of the step's batch, response token 1",
+                      "before the optimizer ran", "on_gap", "replayed through the rollout engine's decode",
+                      "no intermediate differs", "rows compared", "arises after it"});
   EXPECT_EQ(t->version(), 0u) << "the optimizer ran";
 
   // warn: the same difference is reported and training goes on.
@@ -333,11 +335,11 @@ TEST(RlLoop, AlignedRunWritesMetricsSamplesEvalAndCheckpoints) {
   for (size_t i = 1; i < m.size(); ++i) {
     const auto& s = m[i];
     EXPECT_EQ(s["step"], int64_t(i));
-    for (const char* k : {"rollout/reward_mean", "rollout/reward_std", "rollout/response_len_mean",
-                          "rollout/truncated_ratio", "train/pg_loss", "train/entropy", "train/grad_norm",
-                          "train/pg_clipfrac", "train/train_rollout_kl", "perf/step_time_s",
-                          "perf/rollout_time_s", "perf/train_time_s", "perf/weight_sync_s",
-                          "perf/rollout_tokens_per_s", "perf/train_tokens_per_s"})
+    for (const char* k :
+         {"rollout/reward_mean", "rollout/reward_std", "rollout/response_len_mean", "rollout/truncated_ratio",
+          "train/pg_loss", "train/entropy", "train/grad_norm", "train/pg_clipfrac", "train/train_rollout_kl",
+          "perf/step_time_s", "perf/rollout_time_s", "perf/train_time_s", "perf/weight_sync_s",
+          "perf/rollout_tokens_per_s", "perf/train_tokens_per_s"})
       EXPECT_TRUE(s.contains(k)) << "step " << i << " lacks " << k;
     // Aligned mode: the trainer's logprobs equal the rollout's bit for bit.
     EXPECT_EQ(s["train/train_rollout_logprob_abs_diff"].get<double>(), 0.0);
@@ -655,12 +657,12 @@ TEST(RlLoop, StaleRolloutGeneratesOneStepAheadAndSyncsAfterCollect) {
     in.rollout = backend;
     run_rl(*t, in, c, false);
     EXPECT_EQ(t->version(), 4u);
-    const std::vector<std::string> no_eval = {"sync 0",    "generate 0", "submit 0", "collect", "sync 1",
-                                              "submit 1",  "collect",    "sync 2",   "submit 2", "collect",
-                                              "sync 3"};
-    const std::vector<std::string> eval = {"sync 0",   "generate 0", "generate 0", "submit 0",   "collect",
-                                           "sync 1",   "submit 1",   "collect",    "sync 2",     "generate 2",
-                                           "submit 2", "collect",    "sync 3",     "sync 4",     "generate 4"};
+    const std::vector<std::string> no_eval = {"sync 0",   "generate 0", "submit 0", "collect",
+                                              "sync 1",   "submit 1",   "collect",  "sync 2",
+                                              "submit 2", "collect",    "sync 3"};
+    const std::vector<std::string> eval = {"sync 0",   "generate 0", "generate 0", "submit 0", "collect",
+                                           "sync 1",   "submit 1",   "collect",    "sync 2",   "generate 2",
+                                           "submit 2", "collect",    "sync 3",     "sync 4",   "generate 4"};
     EXPECT_EQ(backend->calls, with_eval ? eval : no_eval);
     auto m = metrics_of(c.out_dir);
     if (with_eval) m.erase(m.begin());  // step 0: eval only
@@ -744,7 +746,8 @@ TEST(RlLoop, StalenessNeedsARolloutThatCanOverlap) {
   c.max_weight_staleness = 1;
   auto t = f.trainer(c);
   RlInputs in = f.inputs();
-  in.rollout = std::make_shared<LocalRollout>(*t, c.rollout, c.seed);  // what each colocated trainer rank runs
+  in.rollout =
+      std::make_shared<LocalRollout>(*t, c.rollout, c.seed);  // what each colocated trainer rank runs
   test::expect_error([&] { run_rl(*t, in, c, false); },
                      {"max_weight_staleness = 1", "rollout_ranks > 0", "colocated"});
 }
@@ -771,9 +774,11 @@ TEST(RlLoop, OneProcessRolloutAheadRunsOnItsOwnThreadAndIsDeterministic) {
   ASSERT_EQ(ma.size(), mb.size());
   std::vector<double> stale;
   for (size_t i = 0; i < ma.size(); ++i) {
-    if (ma[i].contains("rollout/weight_staleness")) stale.push_back(ma[i]["rollout/weight_staleness"].get<double>());
+    if (ma[i].contains("rollout/weight_staleness"))
+      stale.push_back(ma[i]["rollout/weight_staleness"].get<double>());
     for (const auto& [k, v] : ma[i].items()) {
-      if (k.rfind("perf/", 0) == 0 || k == "time" || (k.size() > 2 && k.compare(k.size() - 2, 2, "_s") == 0)) continue;
+      if (k.rfind("perf/", 0) == 0 || k == "time" || (k.size() > 2 && k.compare(k.size() - 2, 2, "_s") == 0))
+        continue;
       EXPECT_EQ(v, mb[i][k]) << "line " << i << " " << k;
     }
   }
@@ -782,12 +787,16 @@ TEST(RlLoop, OneProcessRolloutAheadRunsOnItsOwnThreadAndIsDeterministic) {
 
 TEST(RlConfig, APythonRewardPathIsRelativeToTheConfigFile) {
   const std::string base = "[reward]\ntype = \"python\"\npath = \"rewards/r.py\"\n";
-  toml::table t = parse_toml_with_overrides(base, "/work/cfg/rl.toml", {});
+  toml::table t = parse_toml_with_overrides(base, "/work/cfg/rl.toml", {}, "/work/cfg");
   EXPECT_EQ(rl_config_from_toml(t, "/work/cfg/rl.toml").reward.path, "/work/cfg/rewards/r.py");
-  toml::table u = parse_toml_with_overrides(base, "/work/cfg/rl.toml", {"reward.path=\"/abs/r.py\""});
+  toml::table u =
+      parse_toml_with_overrides(base, "/work/cfg/rl.toml", {"reward.path=\"/abs/r.py\""}, "/work/cfg");
   EXPECT_EQ(rl_config_from_toml(u, "/work/cfg/rl.toml").reward.path, "/abs/r.py");
-  toml::table v = parse_toml_with_overrides(base, "rl.toml", {});  // in the current directory
-  EXPECT_EQ(rl_config_from_toml(v, "rl.toml").reward.path, "rewards/r.py");
+  // Given with --set: the current folder's.
+  toml::table v =
+      parse_toml_with_overrides(base, "/work/cfg/rl.toml", {"reward.path=\"r2.py\""}, "/work/cfg");
+  EXPECT_EQ(rl_config_from_toml(v, "/work/cfg/rl.toml").reward.path,
+            (std::filesystem::current_path() / "r2.py").string());
 }
 
 TEST(RlConfig, ReadsSectionsAndNamesBadKeys) {

@@ -19,6 +19,7 @@
 #include <optional>
 #include <thread>
 
+#include "../model/model_test_util.h"
 #include "lockstep/base/error.h"
 #include "lockstep/base/timer.h"
 #include "lockstep/data/jsonl.h"
@@ -30,7 +31,6 @@
 #include "lockstep/rl/rl_config.h"
 #include "lockstep/rl/rollout_backend.h"
 #include "lockstep/tokenizer/byte_level.h"
-#include "../model/model_test_util.h"
 
 namespace lockstep::rl {
 namespace {
@@ -153,8 +153,8 @@ void expect_gap_zero(train::Trainer& t, const Episode& e) {
   for (size_t k = 0; k < lp.size(); ++k) {
     if (!e.loss_mask[k]) continue;
     ++model_tokens;
-    EXPECT_EQ(bits(lp[k]), bits(e.logprobs[k])) << "output token " << k << ": trainer " << lp[k] << ", rollout "
-                                                << e.logprobs[k];
+    EXPECT_EQ(bits(lp[k]), bits(e.logprobs[k]))
+        << "output token " << k << ": trainer " << lp[k] << ", rollout " << e.logprobs[k];
   }
   EXPECT_GT(model_tokens, 0);
 }
@@ -229,7 +229,8 @@ TEST(MultiTurn, RaisingHangingAndMalformedEnvironmentsFailTheirSamplesOnly) {
   }
   for (int i : {4, 5}) {
     EXPECT_TRUE(eps[i].env_failed);
-    EXPECT_NE(eps[i].env_error.find("\"observation\" must be a string"), std::string::npos) << eps[i].env_error;
+    EXPECT_NE(eps[i].env_error.find("\"observation\" must be a string"), std::string::npos)
+        << eps[i].env_error;
   }
   // A hanging step is killed at the deadline: its samples fail (and any
   // other instance its worker held, which died with it).
@@ -307,7 +308,8 @@ class EnvServer {
         const int turn = ++turns_.at(session);
         if (!j.contains("sample") && j["completion"].get<std::string>() == j["messages"].back()["content"])
           out = turn >= 2 ? nlohmann::json{{"observation", nullptr}, {"reward", 0.5}, {"done", true}}
-                          : nlohmann::json{{"observation", "tool says " + std::to_string(turn)}, {"reward", 0.25},
+                          : nlohmann::json{{"observation", "tool says " + std::to_string(turn)},
+                                           {"reward", 0.25},
                                            {"done", false}};
         else
           out = {{"bogus", 1}};  // an unknown key fails the sample loudly
@@ -319,7 +321,8 @@ class EnvServer {
     });
     port_ = server_.bind_to_any_port("127.0.0.1");
     thread_ = std::thread([this] { server_.listen_after_bind(); });
-    for (int i = 0; i < 500 && !server_.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    for (int i = 0; i < 500 && !server_.is_running(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   ~EnvServer() {
     server_.stop();
@@ -495,7 +498,8 @@ TEST(MultiTurn, MaskedTokensHaveNoGradient) {
 
 TEST(MultiTurn, ObservationTextIsWhatTheTemplateAppends) {
   Fixture f;
-  const std::string t = observation_text(*f.tok, {{"user", "x"}, {"assistant", "y"}}, "tool", "42", "<|im_end|>");
+  const std::string t =
+      observation_text(*f.tok, {{"user", "x"}, {"assistant", "y"}}, "tool", "42", "<|im_end|>");
   EXPECT_EQ(t, "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n");
 }
 
@@ -506,11 +510,14 @@ TEST(MultiTurn, ExampleCalculatorEnvironment) {
   EnvConfig c;
   c.env = "python";
   // Tests run in the build directory; __FILE__ is relative to it or absolute.
-  c.path = (fs::path(__FILE__).parent_path() / "../../configs/examples/tool_math_env.py").lexically_normal().string();
+  c.path = (fs::path(__FILE__).parent_path() / "../../configs/examples/tool_math_env.py")
+               .lexically_normal()
+               .string();
   ASSERT_TRUE(fs::exists(c.path)) << c.path;
   c.workers = 1;
   auto env = make_environment(c);
-  const EnvReset r = env->reset(7, {{"prompt", "x"}, {"label", "56"}, {"metadata", {{"question", "What is 7*8?"}}}});
+  const EnvReset r =
+      env->reset(7, {{"prompt", "x"}, {"label", "56"}, {"metadata", {{"question", "What is 7*8?"}}}});
   ASSERT_TRUE(r.messages.has_value());
   EXPECT_EQ(r.messages->back().content, "What is 7*8?");
   EnvStep s = env->step(7, *r.messages, "let me compute <calc>7 * (4 + 4)</calc>");
@@ -528,12 +535,13 @@ TEST(MultiTurn, ExampleCalculatorEnvironment) {
 
 TEST(MultiTurn, ConfigKeysAndErrors) {
   auto parse = [](const std::string& rollout) {
-    const toml::table t = toml::parse("[rollout]\n" + rollout + "\n[algo]\nadvantage = \"reinforce++\"\n");
+    const toml::table t = parse_toml_with_overrides(
+        "[rollout]\n" + rollout + "\n[algo]\nadvantage = \"reinforce++\"\n", "/cfg/x.toml", {}, "/cfg");
     return rl_config_from_toml(t, "/cfg/x.toml");
   };
   const RlConfig c = parse("env = \"python\"\nenv_path = \"e.py\"\nmax_turns = 3\nmax_total_tokens = 99");
   EXPECT_TRUE(c.env.enabled());
-  EXPECT_EQ(c.env.path, "/cfg/e.py");  // next to the config
+  EXPECT_EQ(c.env.path, "/cfg/e.py");  // next to the config (the path rule)
   EXPECT_EQ(c.env.class_name, "Env");
   EXPECT_EQ(c.env.max_turns, 3);
   EXPECT_EQ(c.env.max_total_tokens, 99);
@@ -611,7 +619,8 @@ TEST(MultiTurn, StreamedEpisodesDoNotWaitForEachOtherAndEqualRounds) {
   ASSERT_TRUE(rollout.can_stream());
   RoundByRound rounds(rollout);
   auto env = make_environment(f.env);
-  MultiTurnRollout streamed(rollout, *env, *f.tok, f.env, f.sampling), stepped(rounds, *env, *f.tok, f.env, f.sampling);
+  MultiTurnRollout streamed(rollout, *env, *f.tok, f.env, f.sampling),
+      stepped(rounds, *env, *f.tok, f.env, f.sampling);
   MultiTurnStats a, b;
   const std::vector<Episode> x = streamed.run(f.prompts({"ok", "ok", "ok"}), &a);
   const std::vector<Episode> y = stepped.run(f.prompts({"ok", "ok", "ok"}), &b);
@@ -620,7 +629,8 @@ TEST(MultiTurn, StreamedEpisodesDoNotWaitForEachOtherAndEqualRounds) {
     EXPECT_EQ(x[i].output_ids, y[i].output_ids) << i;
     EXPECT_EQ(x[i].loss_mask, y[i].loss_mask) << i;
     ASSERT_EQ(x[i].logprobs.size(), y[i].logprobs.size());
-    for (size_t k = 0; k < x[i].logprobs.size(); ++k) EXPECT_EQ(bits(x[i].logprobs[k]), bits(y[i].logprobs[k]));
+    for (size_t k = 0; k < x[i].logprobs.size(); ++k)
+      EXPECT_EQ(bits(x[i].logprobs[k]), bits(y[i].logprobs[k]));
     EXPECT_EQ(x[i].env_reward, y[i].env_reward);
     EXPECT_EQ(x[i].turns, y[i].turns);
   }
@@ -702,7 +712,7 @@ TEST(MultiTurn, HeldOutEvalRunsEpisodes) {
   EXPECT_EQ(per[0].samples[0].turns, 3);
   EXPECT_NE(per[0].samples[0].response.find("obs 2"), std::string::npos) << per[0].samples[0].response;
   EXPECT_EQ(per[1].samples[1].response.substr(per[1].samples[1].response.size() - asked[1].response.size() -
-                                                  std::string("<|im_end|>").size()),
+                                              std::string("<|im_end|>").size()),
             asked[1].response + "<|im_end|>");
   std::vector<eval::EvalProblemResult> again;
   evaluate_episodes(mt, ec, score, *f.tok, problems, &again, nullptr);
@@ -756,7 +766,7 @@ TEST(MultiTurn, RlStepsWithAnEnvironment) {
     EXPECT_EQ(r.first_eval->turns_mean, 3.0);
     EXPECT_EQ(r.last_eval->num_samples, 8);
     EXPECT_EQ(r.last_eval->pass_at_1, 1.0);  // the environment's reward 6
-    ASSERT_EQ(metrics.size(), 3u);  // step 0 (the first eval) and the two steps
+    ASSERT_EQ(metrics.size(), 3u);           // step 0 (the first eval) and the two steps
     EXPECT_EQ(metrics[0]["eval/test/turns_mean"].get<double>(), 3.0);
     metrics.erase(metrics.begin());
     for (const auto& m : metrics) {

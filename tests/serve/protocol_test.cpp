@@ -1,13 +1,18 @@
 // serve/protocol linked directly (no server, no sockets): request parsing of
 // the three APIs with token-id prompts, the 400 errors that name the field,
 // context checks, stop-string search and hold-back, per-sample ids.
+#include "lockstep/serve/protocol.h"
+
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "lockstep/serve/protocol.h"
+#include "lockstep/tokenizer/byte_level.h"
+#include "lockstep/tokenizer/tokenizer.h"
 
 namespace lockstep::serve {
 namespace {
@@ -18,7 +23,7 @@ const ModelLimits kLimits{/*vocab_size=*/50, /*context=*/32, "tiny"};
 
 // The HttpError a parse throws, or a test failure when it throws none.
 HttpError parse_error(const json& body, GenJob (*parse)(const json&, const tokenizer::Tokenizer*,
-                                                       const ModelLimits&) = parse_generate) {
+                                                        const ModelLimits&) = parse_generate) {
   try {
     parse(body, nullptr, kLimits);
   } catch (const HttpError& e) {
@@ -83,7 +88,8 @@ TEST(ServeProtocol, BatchedIdsAndDefaultShortenedToContext) {
 }
 
 TEST(ServeProtocol, ErrorsNameTheField) {
-  EXPECT_NE(std::string(parse_error(json{{"input_ids", {1, 99}}}).what()).find("input_ids[1]"), std::string::npos);
+  EXPECT_NE(std::string(parse_error(json{{"input_ids", {1, 99}}}).what()).find("input_ids[1]"),
+            std::string::npos);
   EXPECT_NE(std::string(parse_error(json{{"input_ids", {1}}, {"bogus", 1}}).what()).find("bogus"),
             std::string::npos);
   EXPECT_NE(std::string(parse_error(json{{"input_ids", {1}}, {"sampling_params", {{"n", "x"}}}}).what())
@@ -231,7 +237,7 @@ TEST(ServeProtocol, SampleIdsAndErrorBody) {
 
 // The message of the 400 a parse throws.
 std::string error_of(const json& body, GenJob (*parse)(const json&, const tokenizer::Tokenizer*,
-                                                      const ModelLimits&) = parse_generate) {
+                                                       const ModelLimits&) = parse_generate) {
   return parse_error(body, parse).what();
 }
 
@@ -261,12 +267,13 @@ TEST(ServeProtocol, TopLogprobsAndPenaltiesAreParsedFromEveryApi) {
   EXPECT_EQ(zero.params.top_logprobs, 0);
   EXPECT_EQ(zero.logprob_start, -1);
 
-  const GenJob g = parse_generate(json{{"input_ids", {1, 2, 3}},
-                                       {"return_logprob", true},
-                                       {"top_logprobs_num", 4},
-                                       {"logprob_start_len", 1},
-                                       {"sampling_params", {{"min_new_tokens", 2}, {"repetition_penalty", 0.9}}}},
-                                  nullptr, kLimits);
+  const GenJob g =
+      parse_generate(json{{"input_ids", {1, 2, 3}},
+                          {"return_logprob", true},
+                          {"top_logprobs_num", 4},
+                          {"logprob_start_len", 1},
+                          {"sampling_params", {{"min_new_tokens", 2}, {"repetition_penalty", 0.9}}}},
+                     nullptr, kLimits);
   EXPECT_EQ(g.params.top_logprobs, 4);
   EXPECT_EQ(g.logprob_start, 1);
   EXPECT_EQ(g.params.min_new_tokens, 2);
@@ -275,46 +282,57 @@ TEST(ServeProtocol, TopLogprobsAndPenaltiesAreParsedFromEveryApi) {
 
 TEST(ServeProtocol, TopLogprobsAndPenaltyErrorsNameTheField) {
   const json p = {1, 2};
-  EXPECT_NE(error_of(json{{"prompt", p}, {"logprobs", 21}}, parse_completions).find("logprobs must be in [0, 20]"),
+  EXPECT_NE(
+      error_of(json{{"prompt", p}, {"logprobs", 21}}, parse_completions).find("logprobs must be in [0, 20]"),
+      std::string::npos);
+  EXPECT_NE(error_of(json{{"prompt", p}, {"logprobs", -1}}, parse_completions).find("logprobs"),
             std::string::npos);
-  EXPECT_NE(error_of(json{{"prompt", p}, {"logprobs", -1}}, parse_completions).find("logprobs"), std::string::npos);
   EXPECT_NE(error_of(json{{"prompt", p}, {"logprobs", true}}, parse_completions).find("logprobs"),
             std::string::npos);
   EXPECT_NE(error_of(json{{"prompt", p}, {"frequency_penalty", 2.5}}, parse_completions)
                 .find("frequency_penalty must be in [-2, 2]"),
             std::string::npos);
   // OpenAI's fields sit at the top level: the message names them so.
-  EXPECT_EQ(error_of(json{{"prompt", p}, {"presence_penalty", -3}}, parse_completions).find("sampling_params."),
-            std::string::npos);
-  EXPECT_NE(error_of(json{{"prompt", p}, {"repetition_penalty", 0}}, parse_completions).find("repetition_penalty"),
-            std::string::npos);
+  EXPECT_EQ(
+      error_of(json{{"prompt", p}, {"presence_penalty", -3}}, parse_completions).find("sampling_params."),
+      std::string::npos);
+  EXPECT_NE(
+      error_of(json{{"prompt", p}, {"repetition_penalty", 0}}, parse_completions).find("repetition_penalty"),
+      std::string::npos);
   EXPECT_NE(error_of(json{{"prompt", p}, {"min_tokens", -1}}, parse_completions).find("min_tokens"),
             std::string::npos);
   EXPECT_NE(error_of(json{{"prompt", p}, {"logit_bias", {{"abc", 1}}}}, parse_completions).find("\"abc\""),
             std::string::npos);
-  EXPECT_NE(error_of(json{{"prompt", p}, {"logit_bias", {{"-3", 1}}}}, parse_completions).find("not a token id"),
-            std::string::npos);
-  EXPECT_NE(error_of(json{{"prompt", p}, {"logit_bias", {{"50", 1}}}}, parse_completions).find("out of range"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of(json{{"prompt", p}, {"logit_bias", {{"-3", 1}}}}, parse_completions).find("not a token id"),
+      std::string::npos);
+  EXPECT_NE(
+      error_of(json{{"prompt", p}, {"logit_bias", {{"50", 1}}}}, parse_completions).find("out of range"),
+      std::string::npos);
   EXPECT_NE(error_of(json{{"prompt", p}, {"logit_bias", {{"5", 101}}}}, parse_completions)
                 .find("logit_bias[\"5\"] must be in [-100, 100]"),
             std::string::npos);
-  EXPECT_NE(error_of(json{{"prompt", p}, {"logit_bias", {{"5", "x"}}}}, parse_completions).find("logit_bias[\"5\"]"),
+  EXPECT_NE(error_of(json{{"prompt", p}, {"logit_bias", {{"5", "x"}}}}, parse_completions)
+                .find("logit_bias[\"5\"]"),
             std::string::npos);
-  EXPECT_NE(error_of(json{{"prompt", p}, {"logit_bias", {1, 2}}}, parse_completions).find("logit_bias must be"),
-            std::string::npos);
-  EXPECT_NE(error_of(json{{"prompt", p}, {"echo", true}, {"logprobs", 1}, {"stream", true}}, parse_completions)
-                .find("echo"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of(json{{"prompt", p}, {"logit_bias", {1, 2}}}, parse_completions).find("logit_bias must be"),
+      std::string::npos);
+  EXPECT_NE(
+      error_of(json{{"prompt", p}, {"echo", true}, {"logprobs", 1}, {"stream", true}}, parse_completions)
+          .find("echo"),
+      std::string::npos);
 
-  EXPECT_NE(error_of(json{{"messages", kChat}, {"top_logprobs", 3}}, parse_chat).find("top_logprobs needs logprobs"),
+  EXPECT_NE(error_of(json{{"messages", kChat}, {"top_logprobs", 3}}, parse_chat)
+                .find("top_logprobs needs logprobs"),
             std::string::npos);
   EXPECT_NE(error_of(json{{"messages", kChat}, {"logprobs", true}, {"top_logprobs", 21}}, parse_chat)
                 .find("top_logprobs must be in [0, 20]"),
             std::string::npos);
 
   const json ids = {1, 2, 3};
-  EXPECT_NE(error_of(json{{"input_ids", ids}, {"top_logprobs_num", 2}}).find("top_logprobs_num needs return_logprob"),
+  EXPECT_NE(error_of(json{{"input_ids", ids}, {"top_logprobs_num", 2}})
+                .find("top_logprobs_num needs return_logprob"),
             std::string::npos);
   EXPECT_NE(error_of(json{{"input_ids", ids}, {"return_logprob", true}, {"top_logprobs_num", 21}})
                 .find("top_logprobs_num must be in [0, 20]"),
@@ -349,19 +367,62 @@ TEST(ServeProtocol, TopLogprobsAnswerShapes) {
   r.samples[0].top_logprobs = {{{3, -0.25f}, {9, -2.0f}}};
   const SampleOutput out;
   const GenJob g = parse_generate(
-      json{{"input_ids", {1, 2}}, {"return_logprob", true}, {"top_logprobs_num", 2}, {"logprob_start_len", 0}},
+      json{
+          {"input_ids", {1, 2}}, {"return_logprob", true}, {"top_logprobs_num", 2}, {"logprob_start_len", 0}},
       nullptr, kLimits);
   const json m = generate_item(g, r, 0, out, nullptr, "x")["meta_info"];
   EXPECT_EQ(m["output_top_logprobs"], json::parse("[[[-0.25, 3, null], [-2.0, 9, null]]]"));
   EXPECT_EQ(m["input_token_logprobs"], json::parse("[[null, 1, null], [-0.5, 2, null]]"));
   EXPECT_EQ(m["input_top_logprobs"], json::parse("[null, [[-0.5, 2, null], [-1.5, 4, null]]]"));
 
-  const json chat = chat_logprobs(nullptr, r.samples[0].output_ids, r.samples[0].logprobs, &r.samples[0].top_logprobs);
+  const json chat =
+      chat_logprobs(nullptr, r.samples[0].output_ids, r.samples[0].logprobs, &r.samples[0].top_logprobs);
   ASSERT_EQ(chat["content"][0]["top_logprobs"].size(), 2u);
   EXPECT_EQ(chat["content"][0]["top_logprobs"][1]["logprob"], -2.0);
   EXPECT_TRUE(chat["content"][0]["top_logprobs"][1]["bytes"].is_array());
   const json plain = chat_logprobs(nullptr, r.samples[0].output_ids, r.samples[0].logprobs);
   EXPECT_EQ(plain["content"][0]["top_logprobs"], json::array());
+}
+
+// OpenAI's top_logprobs is keyed by token: every key distinct. A token holding
+// part of a character is "bytes:\\xNN" (not U+FFFD, which all such tokens
+// decode to), a second token of the same text (an added token " " beside the
+// byte " ") is "token_id:N", and tokens[i] is the sampled token's key.
+TEST(ServeProtocol, TopLogprobsKeysAreDistinct) {
+  const auto dir = std::filesystem::temp_directory_path() / ("lockstep-keys-" + std::to_string(::getpid()));
+  tokenizer::write_byte_level_tokenizer(dir, {"<|endoftext|>", " "});
+  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load(dir);
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(token_text(&tok, 257), " ");
+  const std::vector<rollout::TopLogprobs> top = {
+      {{32, -0.5f}, {257, -1.0f}, {0xE2, -2.0f}, {0x80, -3.0f}, {66, -4.0f}}};
+  const json lp = completions_logprobs(&tok, {257}, {-1.0f}, 0, &top);
+  const json& d = lp["top_logprobs"][0];
+  ASSERT_EQ(d.size(), 5u) << d.dump();
+  EXPECT_EQ(d[" "].get<float>(), -0.5f);
+  EXPECT_EQ(d["token_id:257"].get<float>(), -1.0f);
+  EXPECT_EQ(d["bytes:\\xe2"].get<float>(), -2.0f);
+  EXPECT_EQ(d["bytes:\\x80"].get<float>(), -3.0f);
+  EXPECT_EQ(d["B"].get<float>(), -4.0f);
+  EXPECT_EQ(lp["tokens"][0], "token_id:257");
+  EXPECT_EQ(lp["text_offset"][0], 0);
+  // The sampled token outside the five: a sixth entry, under its own key.
+  const std::vector<rollout::TopLogprobs> two = {top[0], top[0]};
+  const json six = completions_logprobs(&tok, {0xE2, 67}, {-2.0f, -5.0f}, 0, &two);
+  EXPECT_EQ(six["tokens"][0], "bytes:\\xe2");
+  EXPECT_EQ(six["top_logprobs"][1].size(), 6u);
+  EXPECT_EQ(six["top_logprobs"][1]["C"].get<float>(), -5.0f);
+  // vLLM's return_tokens_as_token_ids.
+  const json ids = completions_logprobs(&tok, {257}, {-1.0f}, 0, &top, true);
+  EXPECT_EQ(ids["tokens"][0], "token_id:257");
+  EXPECT_EQ(ids["top_logprobs"][0]["token_id:32"].get<float>(), -0.5f);
+  EXPECT_EQ(ids["top_logprobs"][0].size(), 5u);
+  // Chat: a part of a character keeps its own bytes.
+  const json chat = chat_logprobs(&tok, {0xE2}, {-2.0f}, &top);
+  EXPECT_EQ(chat["content"][0]["token"], "bytes:\\xe2");
+  EXPECT_EQ(chat["content"][0]["bytes"], json::array({0xE2}));
+  EXPECT_EQ(chat["content"][0]["top_logprobs"][3]["bytes"], json::array({0x80}));
+  EXPECT_EQ(chat_logprobs(&tok, {66}, {-4.0f}, nullptr, true)["content"][0]["token"], "token_id:66");
 }
 
 }  // namespace

@@ -449,6 +449,12 @@ TEST_F(ServeTest, OpenAiEndpointsAreWellFormed) {
   EXPECT_EQ(chat["choices"][0]["logprobs"]["content"].size(), size_t(n_out));
   EXPECT_GT(chat["usage"]["prompt_tokens"].get<int64_t>(), 10);  // the ChatML template adds its markers
 
+  json chat_ids = chat_body;
+  chat_ids["return_tokens_as_token_ids"] = true;
+  for (const auto& t : post("/v1/chat/completions", chat_ids)["choices"][0]["logprobs"]["content"]) {
+    EXPECT_EQ(t["token"].get<std::string>().rfind("token_id:", 0), 0u) << t.dump();
+    EXPECT_EQ(t["top_logprobs"][1]["token"].get<std::string>().rfind("token_id:", 0), 0u) << t.dump();
+  }
   chat_body["stream"] = true;
   bool done = false;
   auto ev = post_stream("/v1/chat/completions", chat_body, &done);
@@ -525,6 +531,7 @@ TEST_F(ServeTest, TopAndPromptLogprobsAcrossTheApis) {
   json c = post("/v1/completions",
                 {{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}, {"logprobs", 5}, {"echo", true}});
   const json& lp = c["choices"][0]["logprobs"];
+  int byte_keys = 0;
   ASSERT_EQ(lp["tokens"].size(), prompt.size() + out.size());
   EXPECT_TRUE(lp["token_logprobs"][0].is_null());
   EXPECT_TRUE(lp["top_logprobs"][0].is_null());
@@ -533,23 +540,47 @@ TEST_F(ServeTest, TopAndPromptLogprobsAcrossTheApis) {
     EXPECT_EQ(v, want[i - 1]) << i;
     const json& d = lp["top_logprobs"][i];
     ASSERT_TRUE(d.is_object());
-    // The five best and the token itself when it is not among them, keyed by
-    // text: tokens of equal text (bytes >= 0x80 of the byte-level tokenizer
-    // each decode to U+FFFD) share one entry, as in OpenAI's format.
-    EXPECT_GE(d.size(), 1u);
-    EXPECT_LE(d.size(), 6u);
+    // The five best and the token itself when it is not among them, five
+    // distinct keys: a byte >= 0x80 of the byte-level tokenizer (part of a
+    // character) is "bytes:\\xNN" as OpenAI writes it, not U+FFFD.
+    EXPECT_EQ(d.size(), i < prompt.size() && d.size() == 6u ? 6u : 5u) << d.dump();
     EXPECT_TRUE(d.contains(lp["tokens"][i].get<std::string>()));
+    for (auto it = d.begin(); it != d.end(); ++it) {
+      EXPECT_EQ(it.key().find("\xEF\xBF\xBD"), std::string::npos) << it.key();  // no U+FFFD
+      if (it.key().rfind("bytes:", 0) == 0) {
+        ++byte_keys;
+        EXPECT_EQ(it.key().size(), 10u) << it.key();  // bytes:\xNN
+        EXPECT_EQ(it.key().substr(6, 2), "\\x") << it.key();
+      }
+    }
     double best = -1e30;
     for (auto it = d.begin(); it != d.end(); ++it) best = std::max(best, it->get<double>());
     EXPECT_GE(best, double(v));
   }
+  EXPECT_GT(byte_keys, 0) << "no alternative was a byte >= 0x80";
   EXPECT_EQ(c["choices"][0]["text"].get<std::string>().rfind("Hello w", 0), 0u);
+
+  // vLLM's return_tokens_as_token_ids: every token named token_id:N.
+  json ci = post("/v1/completions", {{"prompt", prompt},
+                                     {"max_tokens", 6},
+                                     {"temperature", 0},
+                                     {"logprobs", 5},
+                                     {"return_tokens_as_token_ids", true}});
+  const json& lpi = ci["choices"][0]["logprobs"];
+  ASSERT_EQ(lpi["tokens"].size(), out.size());
+  for (size_t j = 0; j < out.size(); ++j) {
+    EXPECT_EQ(lpi["tokens"][j], "token_id:" + std::to_string(out[j]));
+    ASSERT_EQ(lpi["top_logprobs"][j].size(), 5u);
+    for (auto it = lpi["top_logprobs"][j].begin(); it != lpi["top_logprobs"][j].end(); ++it)
+      EXPECT_EQ(it.key().rfind("token_id:", 0), 0u) << it.key();
+    EXPECT_EQ(lpi["top_logprobs"][j][lpi["tokens"][j].get<std::string>()], lpi["token_logprobs"][j]);
+  }
 
   // Streaming completions: each chunk carries its token's alternatives.
   bool done = false;
-  auto ev = post_stream("/v1/completions",
-                        {{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}, {"logprobs", 5}, {"stream", true}},
-                        &done);
+  auto ev = post_stream(
+      "/v1/completions",
+      {{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}, {"logprobs", 5}, {"stream", true}}, &done);
   EXPECT_TRUE(done);
   json streamed_top = json::array();
   for (const auto& e : ev)
@@ -557,7 +588,8 @@ TEST_F(ServeTest, TopAndPromptLogprobsAcrossTheApis) {
       if (ch["logprobs"].is_object())
         for (const auto& t : ch["logprobs"]["top_logprobs"]) streamed_top.push_back(t);
   ASSERT_EQ(streamed_top.size(), out.size());
-  for (size_t j = 0; j < out.size(); ++j) EXPECT_EQ(streamed_top[j], lp["top_logprobs"][prompt.size() + j]) << j;
+  for (size_t j = 0; j < out.size(); ++j)
+    EXPECT_EQ(streamed_top[j], lp["top_logprobs"][prompt.size() + j]) << j;
 
   // Chat, top_logprobs 3, plain and streamed.
   json chat_body = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
@@ -623,10 +655,10 @@ TEST_F(ServeTest, BadRequestsGet400WithAJsonError) {
       {"/generate", R"({"text": "a", "sampling_params": {"max_new_tokens": 1000}})"},  // past the context
       {"/generate", R"({"text": "a", "sampling_params": {"frequency_penalty": 2.5}})"},
       {"/generate", R"({"text": "a", "top_logprobs_num": 3})"},  // without return_logprob
-      {"/generate", R"({"input_ids": [1, 300]})"},  // id out of range
-      {"/generate", R"({"input_ids": [1, -1]})"},   // negative id
-      {"/generate", R"({"input_ids": [1, 2.5]})"},  // not an integer
-      {"/generate", R"({"input_ids": []})"},        // empty prompt
+      {"/generate", R"({"input_ids": [1, 300]})"},               // id out of range
+      {"/generate", R"({"input_ids": [1, -1]})"},                // negative id
+      {"/generate", R"({"input_ids": [1, 2.5]})"},               // not an integer
+      {"/generate", R"({"input_ids": []})"},                     // empty prompt
       {"/generate", R"({"input_ids": [[1], "x"]})"},
       {"/v1/completions", R"({"max_tokens": 4})"},
       {"/v1/completions", R"({"prompt": "a", "logprobs": 21})"},
@@ -848,6 +880,16 @@ TEST_F(ServeTest, UpdateWeightsFromDiskChangesOutputs) {
   post("/update_weights_from_disk", {{"model_path", (dir_ / "m1").string()}, {"weight_version", "v2"}}, 400);
   post("/update_weights_from_disk", {{"model_path", (dir_ / "m1").string()}, {"weight_version", v0 + 1}},
        400);
+  EXPECT_EQ(ids(post("/generate", greedy_body(24))), ids(after));
+
+  // A run's checkpoints/latest (the file naming the newest step_N), as the
+  // trainer writes it: the weights of that step.
+  const fs::path ckpts = dir_ / "run" / "checkpoints";
+  fs::create_directories(ckpts);
+  fs::copy(dir_ / "m2", ckpts / "step_3", fs::copy_options::recursive);
+  std::ofstream(ckpts / "latest") << "step_3\n";
+  json latest = post("/update_weights_from_disk", {{"model_path", (ckpts / "latest").string()}});
+  EXPECT_EQ(latest["success"], true) << latest.dump();
   EXPECT_EQ(ids(post("/generate", greedy_body(24))), ids(after));
 
   // Back to the first weights (explicit version, as a string like SGLang's):

@@ -20,9 +20,15 @@
 
 namespace lockstep {
 
+std::string absolute_path(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::path p = std::filesystem::absolute(path, ec);
+  return ec ? path : p.lexically_normal().string();
+}
+
 std::string read_file_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) LS_THROW << path << ": cannot open: " << std::strerror(errno);
+  if (!in) LS_THROW << absolute_path(path) << ": cannot open: " << std::strerror(errno);
   std::ostringstream os;
   os << in.rdbuf();
   if (in.bad()) LS_THROW << path << ": read failed";
@@ -91,7 +97,8 @@ long temporary_writer(const std::string& name) {
   const std::string rest = name.substr(at + 5);  // "<pid>.<n>"
   const size_t dot = rest.find('.');
   if (dot == std::string::npos || dot == 0 || dot + 1 == rest.size()) return -1;
-  if (rest.find_first_not_of("0123456789.") != std::string::npos || rest.find('.', dot + 1) != std::string::npos)
+  if (rest.find_first_not_of("0123456789.") != std::string::npos ||
+      rest.find('.', dot + 1) != std::string::npos)
     return -1;
   return std::atol(rest.c_str());
 }

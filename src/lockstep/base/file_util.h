@@ -12,6 +12,10 @@ namespace lockstep {
 // The whole file as bytes; Error naming the path if it cannot be read.
 std::string read_file_text(const std::string& path);
 
+// `path` made absolute against the current folder, for messages: a file that
+// cannot be opened is named by its full path, whatever folder the user is in.
+std::string absolute_path(const std::string& path);
+
 class AtomicFile {
  public:
   // Creates "<path>.tmp.<pid>.<n>" next to `path` (same filesystem, so the

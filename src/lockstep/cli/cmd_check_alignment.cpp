@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/number_text.h"
 #include "lockstep/cli/command.h"
 #include "lockstep/cli/rollout_flags.h"
 #include "lockstep/data/dataset.h"
@@ -29,8 +30,10 @@ namespace {
 // trainer's forward over the same tokens; names the first that differs.
 std::string localise(const Context& ctx, const model::ModelWeights& rollout_weights,
                      const model::ModelWeights& trainer_weights, rollout::EngineConfig ec,
-                     const std::vector<rollout::Request>& requests, const std::vector<rollout::RequestResult>& results) {
-  const rollout::CaptureReference ref = rollout::trainer_reference(ctx, trainer_weights, rollout::samples_of(results));
+                     const std::vector<rollout::Request>& requests,
+                     const std::vector<rollout::RequestResult>& results) {
+  const rollout::CaptureReference ref =
+      rollout::trainer_reference(ctx, trainer_weights, rollout::samples_of(results));
   rollout::CaptureComparer cmp(ref);
   ec.capture = [&](const model::Captured& c) { cmp(c); };
   rollout::Engine engine(ctx, &rollout_weights, ec);
@@ -42,8 +45,8 @@ std::string localise(const Context& ctx, const model::ModelWeights& rollout_weig
 
 // The report's table: the gap, its max, k3, the bitwise-equal fraction, the
 // router and indexer disagreements.
-void print_mismatch(const train::MismatchStats& ms, const std::string& precision, const std::string& trainer_precision,
-                    bool aligned, bool replay) {
+void print_mismatch(const train::MismatchStats& ms, const std::string& precision,
+                    const std::string& trainer_precision, bool aligned, bool replay) {
   std::printf("check-alignment: %lld samples, %lld response tokens, rollout %s, trainer %s (%s)%s\n\n",
               (long long)ms.samples, (long long)ms.tokens, precision.c_str(), trainer_precision.c_str(),
               aligned ? "aligned" : "fast mode", replay ? ", routing replay" : "");
@@ -61,20 +64,43 @@ void print_mismatch(const train::MismatchStats& ms, const std::string& precision
     std::printf("  %-44s %.6f\n", "indexer top-k disagreement, CSA layers", *ms.indexer_disagreement);
 }
 
+// The last line and the exit code: aligned mode promises exactly zero; fast
+// mode is checked only when asked (--max-abs-diff), else measured.
+int verdict(const Args& args, const train::MismatchStats& ms, bool aligned) {
+  const double limit =
+      args.has("max-abs-diff") ? args.get_double("max-abs-diff", 0.0) : (aligned ? 0.0 : INFINITY);
+  const std::string gap = shortest(ms.abs_diff_mean);
+  if (ms.abs_diff_mean > limit) {
+    std::printf("\nFAIL: mean |dlogp| %s exceeds %s\n", gap.c_str(), shortest(limit).c_str());
+    return 1;
+  }
+  if (std::isinf(limit))
+    std::printf("\nOK: mean |dlogp| %s (fast mode: measured, no limit without --max-abs-diff)\n",
+                gap.c_str());
+  else
+    std::printf("\nOK: mean |dlogp| %s <= %s\n", gap.c_str(), shortest(limit).c_str());
+  return 0;
+}
+
+// Its own defaults, shorter than generate's: enough tokens to compare, quickly.
+constexpr int64_t kDefaultN = 8;
+constexpr int64_t kDefaultMaxNewTokens = 64;
+
 int run_check(const Args& args) {
   auto known = kRolloutFlags;
-  for (const char* k : {"model", "data", "max-abs-diff", "replay", "limit", "json", "trainer-precision", "localise"})
+  for (const char* k :
+       {"model", "data", "max-abs-diff", "replay", "limit", "json", "trainer-precision", "localise"})
     known.push_back(k);
   args.check_known(known);
-  auto pool = make_pool(args.get_int("threads", 0));
+  auto pool = make_pool(threads_flag(args));
   Context ctx{pool.get(), 0};
   set_device(ctx, args);
   const std::string data_path = args.require("data");
   LoadedModel m = load_model_dir(args.require("model"), ctx);
   rollout::EngineConfig ec = engine_config_from_args(args);
   rollout::SamplingParams sp = sampling_from_args(args);
-  if (!args.has("n")) sp.n = 8;
-  if (!args.has("max-new-tokens")) sp.max_new_tokens = 64;
+  if (!args.has("n")) sp.n = kDefaultN;
+  if (!args.has("max-new-tokens")) sp.max_new_tokens = kDefaultMaxNewTokens;
   const std::string precision = args.get("precision", "f32");
   const DType pdt = rollout::precision_dtype(precision);
   // The trainer runs in the same precision (aligned) unless told otherwise (fast mode).
@@ -154,8 +180,9 @@ int run_check(const Args& args) {
 
   print_mismatch(ms, precision, trainer_precision, aligned, replay);
   if (sp.processes_logits())
-    std::printf("\n  note: the penalties, logit_bias and min_new_tokens change what is sampled, not the reported\n"
-                "  logprobs (those of the tempered, unpenalised model), so they leave the comparison unchanged\n");
+    std::printf(
+        "\n  note: the penalties, logit_bias and min_new_tokens change what is sampled, not the reported\n"
+        "  logprobs (those of the tempered, unpenalised model), so they leave the comparison unchanged\n");
   if (args.flag("localise")) {
     const std::string where = localise(ctx, rollout_weights, trainer.weights(), ec, requests, results);
     std::printf("\n  localiser: %s\n", where.c_str());
@@ -169,37 +196,32 @@ int run_check(const Args& args) {
     j["replay"] = replay;
     data::write_jsonl_atomic(args.get("json", ""), {j});
   }
-  // Aligned mode promises exactly zero; fast mode is checked only when asked.
-  const double limit = args.has("max-abs-diff") ? args.get_double("max-abs-diff", 0.0)
-                                                 : (aligned ? 0.0 : INFINITY);
-  if (ms.abs_diff_mean > limit) {
-    std::printf("\nFAIL: mean |dlogp| %.6g exceeds %.6g\n", ms.abs_diff_mean, limit);
-    return 1;
-  }
-  std::printf("\nOK: mean |dlogp| %.6g <= %.6g\n", ms.abs_diff_mean, limit);
-  return 0;
+  return verdict(args, ms, aligned);
 }
 
 LS_REGISTER_COMMAND(Command{
-    "check-alignment", "compare rollout and trainer logprobs on sampled responses",
-    std::string("usage: lockstep check-alignment --model DIR --data PROMPTS.jsonl [--precision f32|bf16|fp8]\n"
-                "                                [--trainer-precision f32|bf16|fp8] [--n 8] [--max-abs-diff X]\n"
-                "                                [--replay] [--limit N] [--json OUT] [--localise]\n\n"
-                "Samples n responses per prompt with the rollout engine (weights in --precision), rescores\n"
-                "the same tokens with the trainer (its forward in --trainer-precision, by default the same:\n"
-                "aligned mode; another precision is fast mode, the rollout's KV cache then in bf16), and\n"
-                "prints: mean |dlogp| per sample then\n"
-                "over samples (train/train_rollout_logprob_abs_diff), its max, the k3 KL estimate, the\n"
-                "fraction of bitwise-equal logprobs, the router top-k disagreement per MoE layer and, for\n"
-                "DeepSeek-V4, the indexer top-k disagreement over the CSA layers. --replay makes the trainer\n"
-                "use the rollout's experts (R3) and indexer choices. --localise re-runs the rollout\n"
-                "comparing every intermediate with the trainer's and names the first that differs (layer,\n"
-                "point, sample, position). Exits 1 when the mean gap\n"
-                "exceeds --max-abs-diff (default 0 in aligned mode, no limit in fast mode).\n"
-                "Prompt lines hold prompt_ids, messages, or prompt/text (chat template applied); a PROMPTS\n"
-                "file ending in .parquet is read as parquet rows.\n\nflags:\n") +
-        kRolloutFlagsHelp,
-    {"replay", "ignore-eos", "no-prefix-cache", "localise"}, run_check});
+    "check-alignment",
+    "compare rollout and trainer logprobs on sampled responses",
+    std::string(
+        "usage: lockstep check-alignment --model DIR --data PROMPTS.jsonl [--precision f32|bf16|fp8]\n"
+        "                                [--trainer-precision f32|bf16|fp8] [--n N] [--max-abs-diff X]\n"
+        "                                [--replay] [--limit N] [--json OUT] [--localise]\n\n"
+        "Samples n responses per prompt with the rollout engine (weights in --precision), rescores\n"
+        "the same tokens with the trainer (its forward in --trainer-precision, by default the same:\n"
+        "aligned mode; another precision is fast mode, the rollout's KV cache then in bf16), and\n"
+        "prints: mean |dlogp| per sample then\n"
+        "over samples (train/train_rollout_logprob_abs_diff), its max, the k3 KL estimate, the\n"
+        "fraction of bitwise-equal logprobs, the router top-k disagreement per MoE layer and, for\n"
+        "DeepSeek-V4, the indexer top-k disagreement over the CSA layers. --replay makes the trainer\n"
+        "use the rollout's experts (R3) and indexer choices. --localise re-runs the rollout\n"
+        "comparing every intermediate with the trainer's and names the first that differs (layer,\n"
+        "point, sample, position). Exits 1 when the mean gap\n"
+        "exceeds --max-abs-diff (default 0 in aligned mode, no limit in fast mode).\n"
+        "Prompt lines hold prompt_ids, messages, or prompt/text (chat template applied); a PROMPTS\n"
+        "file ending in .parquet is read as parquet rows.\n\nflags:\n") +
+        rollout_flags_help(kDefaultN, kDefaultMaxNewTokens),
+    {"replay", "ignore-eos", "no-prefix-cache", "localise"},
+    run_check});
 
 }  // namespace
 }  // namespace lockstep::cli

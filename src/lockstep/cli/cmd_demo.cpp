@@ -10,17 +10,19 @@
 #include <sstream>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/file_util.h"
+#include "lockstep/base/number_text.h"
 #include "lockstep/base/timer.h"
 #include "lockstep/cli/command.h"
-#include "lockstep/model/model_source.h"
+#include "lockstep/cli/run_config.h"
 #include "lockstep/data/dataset.h"
 #include "lockstep/data/jsonl.h"
-#include "lockstep/base/file_util.h"
+#include "lockstep/model/model_source.h"
 #include "lockstep/model/pretrained.h"
 #include "lockstep/parallel/dist_config.h"
 #include "lockstep/rl/loop.h"
-#include "lockstep/rollout/rollout_config.h"
 #include "lockstep/rl/report_hook.h"
+#include "lockstep/rollout/rollout_config.h"
 #include "lockstep/tokenizer/byte_level.h"
 #include "lockstep/train/sft.h"
 
@@ -59,10 +61,10 @@ std::string teacher_response(const Problem& p, double verbose_rate, std::mt19937
   const std::string boxed = "\\boxed{" + p.answer + "}";
   if (double(g() % 1000000) / 1e6 >= verbose_rate) return boxed;
   const int ta = p.a / 10 * 10, tb = p.b / 10 * 10, oa = p.a % 10, ob = p.b % 10;
-  return std::to_string(p.a) + "+" + std::to_string(p.b) + ": " + std::to_string(ta) + "+" + std::to_string(tb) +
-         "=" + std::to_string(ta + tb) + ", " + std::to_string(oa) + "+" + std::to_string(ob) + "=" +
-         std::to_string(oa + ob) + ", " + std::to_string(ta + tb) + "+" + std::to_string(oa + ob) + "=" + p.answer +
-         ", so " + boxed;
+  return std::to_string(p.a) + "+" + std::to_string(p.b) + ": " + std::to_string(ta) + "+" +
+         std::to_string(tb) + "=" + std::to_string(ta + tb) + ", " + std::to_string(oa) + "+" +
+         std::to_string(ob) + "=" + std::to_string(oa + ob) + ", " + std::to_string(ta + tb) + "+" +
+         std::to_string(oa + ob) + "=" + p.answer + ", so " + boxed;
 }
 
 // The RL stage's config: the same text as configs/demo/rl.toml (a test
@@ -70,14 +72,15 @@ std::string teacher_response(const Problem& p, double verbose_rate, std::mt19937
 constexpr const char* kDemoRlConfig = R"(# The RL stage of `lockstep demo` (GRPO on two-number addition).
 # `lockstep demo` runs it after an SFT warm-up (into its --out directory);
 # after `make demo` the RL stage can be run again on its own, into runs/demo-rl,
-# with `lockstep rl --config configs/demo/rl.toml`.
+# with `lockstep rl --config configs/demo/rl.toml` (from any folder: its paths
+# are taken from this file's folder, configs/demo/, so ../../ is the repository).
 [model]
-path = "runs/demo/sft/checkpoints/latest"
+path = "../../runs/demo/sft/checkpoints/latest"
 precision = "f32"      # both engines: aligned at f32, bf16 or fp8 (gap exactly 0)
 
 [data]
-train_file = "runs/demo/data/train.jsonl"
-eval_file = "runs/demo/data/test.jsonl"
+train_file = "../../runs/demo/data/train.jsonl"
+eval_file = "../../runs/demo/data/test.jsonl"
 apply_chat_template = false
 
 [rollout]
@@ -97,7 +100,7 @@ micro_batch_tokens = 8192
 save_interval = 25
 keep_last = 2
 seed = 1
-out_dir = "runs/demo-rl"
+out_dir = "../../runs/demo-rl"
 
 [algo]
 overlong_buffer_len = 4       # DAPO soft overlong penalty: responses past 12 tokens lose reward
@@ -139,7 +142,10 @@ Figures figures(const eval::EvalSummary& s) {
 }
 
 nlohmann::json figures_json(const Figures& f) {
-  return {{"pass@1", f.pass1}, {"pass@8", f.pass8}, {"truncated_ratio", f.truncated}, {"response_len_mean", f.len_mean}};
+  return {{"pass@1", f.pass1},
+          {"pass@8", f.pass8},
+          {"truncated_ratio", f.truncated},
+          {"response_len_mean", f.len_mean}};
 }
 
 // The demo's options, read once.
@@ -183,7 +189,8 @@ void demo_v4_config(ModelConfig& c) {
 
 // 1. A tiny Qwen3-MoE-shaped model with the byte-level tokenizer, written as a
 // Hugging Face directory; returns its random initial parameters.
-Buffer make_demo_model(const DemoOptions& o, const Context& ctx, const std::string& model_dir, ModelConfig& c) {
+Buffer make_demo_model(const DemoOptions& o, const Context& ctx, const std::string& model_dir,
+                       ModelConfig& c) {
   c.architecture = Architecture::Qwen3Moe;
   c.vocab_size = 272;  // 256 bytes + 3 specials, rounded up
   c.hidden_size = 96;
@@ -204,8 +211,9 @@ Buffer make_demo_model(const DemoOptions& o, const Context& ctx, const std::stri
   init_params(layout, params.as<float>(), o.seed, 0.02f, &ctx);
   save_pretrained(model_dir, c, layout, params.as<float>());
   tokenizer::write_byte_level_tokenizer(model_dir);
-  std::cout << "lockstep demo: tiny " << (c.is_v4() ? "DeepSeek-V4-style MoE (" : "MoE (") << layout.numel() << " parameters, " << c.num_experts << " experts, top-"
-            << c.num_experts_per_tok << "), task \"a+b=\" -> \\boxed{a+b}, " << ctx.threads() << " threads\n";
+  std::cout << "lockstep demo: tiny " << (c.is_v4() ? "DeepSeek-V4-style MoE (" : "MoE (") << layout.numel()
+            << " parameters, " << c.num_experts << " experts, top-" << c.num_experts_per_tok
+            << "), task \"a+b=\" -> \\boxed{a+b}, " << ctx.threads() << " threads\n";
   return params;
 }
 
@@ -258,7 +266,7 @@ double run_demo_sft(const DemoOptions& o, const Context& ctx, const ModelConfig&
   sc.seed = o.seed;
   sc.log_interval = std::max<int64_t>(1, o.sft_steps / 5);
   sc.keep_last = 1;
-  std::cout << "\n== SFT warm-up: " << o.sft_steps << " steps of 32 examples\n";
+  std::cout << "\n== SFT warm-up: " << count_of(o.sft_steps, "step") << " of 32 examples\n";
   Timer sft_timer;
   train::run_sft(sft_trainer, sft_data, o.out + "/sft", sc, false, model_dir);
   return sft_timer.seconds();
@@ -268,8 +276,9 @@ double run_demo_sft(const DemoOptions& o, const Context& ctx, const ModelConfig&
 // user's --set overrides and the run directory's paths.
 toml::table demo_rl_config(const Args& args, const DemoOptions& o) {
   std::vector<std::string> sets = args.sets();
-  if (o.precision != "f32") sets.push_back("model.precision=\"" + o.precision + "\"");  // aligned at that precision
-  if (args.has("trainer-precision")) {  // fast mode: correct the gap with TIS
+  if (o.precision != "f32")
+    sets.push_back("model.precision=\"" + o.precision + "\"");  // aligned at that precision
+  if (args.has("trainer-precision")) {                          // fast mode: correct the gap with TIS
     sets.push_back("model.trainer_precision=\"" + args.get("trainer-precision", "f32") + "\"");
     sets.push_back("algo.rollout_is=\"token\"");  // TIS: truncated importance weights
     sets.push_back("algo.rollout_is_mode=\"truncate\"");
@@ -290,7 +299,8 @@ toml::table demo_rl_config(const Args& args, const DemoOptions& o) {
 }
 
 // 4b. GRPO with the RL loop, starting from the SFT checkpoint.
-rl::RlResult run_demo_rl(const Context& ctx, const toml::table& root, const rl::RlConfig& cfg, const std::string& out) {
+rl::RlResult run_demo_rl(const Context& ctx, const toml::table& root, const rl::RlConfig& cfg,
+                         const std::string& out, const TomlRecorder& rec) {
   LoadedModel m = load_model_from_config(root, "demo config", ctx);
   TomlSection data_s(root["data"].as_table(), "demo config", "data");
   const data::DataConfig rdc = data::data_config_from_toml(data_s);
@@ -300,27 +310,39 @@ rl::RlResult run_demo_rl(const Context& ctx, const toml::table& root, const rl::
   in.train = data::load_prompts(rdc.train_file, rdc, *m.tokenizer);
   in.eval = data::load_prompts(rdc.eval_file, rdc, *m.tokenizer);
   in.tokenizer_dir = m.dir;
-  write_file_atomic(out + "/config.toml", [&] {
-    std::ostringstream os;
-    os << root;
-    return os.str() + "\n";
-  }());
+  const nlohmann::json reward = cfg.reward.to_json();
+  write_file_atomic(out + "/config.toml", saved_config_text(root, rec, cfg.out_dir, &reward));
   rl::attach_reports(in, cfg);
-  std::cout << "\n== GRPO: " << cfg.steps << " steps of " << cfg.batch_size << " prompts x "
-            << cfg.rollout.sampling.n << " samples, precision " << cfg.rollout.precision
-            << (cfg.rollout.aligned() ? " (aligned)" : " rollout vs " + cfg.rollout.trainer_precision + " trainer (fast mode)")
-            << "; held-out eval: " << in.eval.size() << " problems x " << cfg.eval.config.n << " samples\n";
+  std::cout << "\n== GRPO: " << count_of(cfg.steps, "step") << " of " << count_of(cfg.batch_size, "prompt")
+            << " x " << count_of(cfg.rollout.sampling.n, "sample") << ", precision " << cfg.rollout.precision
+            << (cfg.rollout.aligned()
+                    ? " (aligned)"
+                    : " rollout vs " + cfg.rollout.trainer_precision + " trainer (fast mode)")
+            << "; held-out eval: " << count_of(int64_t(in.eval.size()), "problem") << " x "
+            << count_of(cfg.eval.config.n, "sample") << "\n";
   train::Trainer trainer(ctx, m.config, std::move(m.params), cfg.trainer);
   rl::RlResult r = rl::run_rl(trainer, in, cfg, false);
   LS_CHECK(r.first_eval && r.last_eval) << "demo: evaluation did not run";
   return r;
 }
 
+// A non-empty DIR holds a previous run (or anything else): replaced only with --force.
+void refuse_used_directory(const std::string& out, bool force) {
+  namespace fs = std::filesystem;
+  if (force || !fs::exists(out)) return;
+  if (!fs::is_directory(out)) LS_THROW << absolute_path(out) << ": --out exists and is not a directory";
+  if (fs::directory_iterator(out) != fs::directory_iterator())
+    LS_THROW << absolute_path(out)
+             << ": --out is not empty (a previous run?); choose another directory, or add "
+             << "--force to replace the demo's files in it";
+}
+
 // 5. The before/after table on the console and DIR/summary.json.
 void report_demo(const DemoOptions& o, const rl::RlConfig& cfg, const rl::RlResult& r, double sft_s,
                  double total_s) {
   const Figures before = figures(*r.first_eval), after = figures(*r.last_eval);
-  std::printf("\n%-36s %12s %12s %10s\n", "held-out (128 problems x 8 samples)", "after SFT", "after RL", "change");
+  std::printf("\n%-36s %12s %12s %10s\n", "held-out (128 problems x 8 samples)", "after SFT", "after RL",
+              "change");
   auto row = [](const char* name, double a, double b) {
     std::printf("%-36s %12.3f %12.3f %+10.3f\n", name, a, b, b - a);
   };
@@ -334,8 +356,8 @@ void report_demo(const DemoOptions& o, const rl::RlConfig& cfg, const rl::RlResu
     std::printf("%-36s %12s   (rollout one step ahead: samples one update old, an off-policy gap)\n", "", "");
   std::printf("\nmean seconds per RL step:");
   for (const auto& [k, v] : r.phase_seconds) std::printf(" %s %.3f", k.c_str(), v);
-  std::printf("\nSFT %.1f s, RL %.1f s, total %.1f s. Run directory: %s (report.html, metrics.jsonl)\n", sft_s,
-              r.seconds, total_s, o.out.c_str());
+  std::printf("\nSFT %.1f s, RL %.1f s, total %.1f s. Run directory: %s (report.html, metrics.jsonl)\n",
+              sft_s, r.seconds, total_s, o.out.c_str());
   nlohmann::json phases = nlohmann::json::object();
   for (const auto& [k, v] : r.phase_seconds) phases[k] = v;
   nlohmann::json summary = {{"before", figures_json(before)},
@@ -354,8 +376,8 @@ void report_demo(const DemoOptions& o, const rl::RlConfig& cfg, const rl::RlResu
 }
 
 int run_demo(const Args& args) {
-  args.check_known({"out", "seed", "sft-steps", "rl-steps", "threads", "precision", "trainer-precision", "arch", "device",
-                    "print-config", "teacher-verbose-rate"});
+  args.check_known({"out", "seed", "sft-steps", "rl-steps", "threads", "precision", "trainer-precision",
+                    "arch", "device", "print-config", "teacher-verbose-rate", "force"});
   if (args.flag("print-config")) {
     std::cout << kDemoRlConfig;
     return 0;
@@ -369,12 +391,14 @@ int run_demo(const Args& args) {
   if (o.arch != "qwen3-moe" && o.arch != "deepseek-v4")
     LS_THROW << "--arch must be qwen3-moe or deepseek-v4, got '" << o.arch << "'";
   o.verbose_rate = args.get_double("teacher-verbose-rate", 0.8);
-  auto pool = make_pool(args.get_int("threads", 0));
+  refuse_used_directory(o.out, args.flag("force"));
+  auto pool = make_pool(threads_flag(args));
   Context ctx{pool.get(), 0};
   set_device(ctx, args);
   Timer total;
-  // The demo owns its directory: a previous demo run there is replaced.
-  for (const char* old : {"sft", "checkpoints", "samples", "eval", "metrics.jsonl", "report.html", "summary.json"})
+  // With --force a previous demo run there is replaced.
+  for (const char* old :
+       {"sft", "checkpoints", "samples", "eval", "metrics.jsonl", "report.html", "summary.json"})
     std::filesystem::remove_all(std::filesystem::path(o.out) / old);
   std::filesystem::create_directories(o.out + "/data");
 
@@ -383,6 +407,7 @@ int run_demo(const Args& args) {
   Buffer params = make_demo_model(o, ctx, model_dir, c);
   const auto sft_data = write_demo_task(o, tokenizer::Tokenizer::load(model_dir));
   const double sft_s = run_demo_sft(o, ctx, c, std::move(params), sft_data, model_dir);
+  TomlRecorder rec;  // every key's value, defaults included, for DIR/config.toml
   const toml::table root = demo_rl_config(args, o);
   rl::RlConfig cfg = rl::rl_config_from_toml(root, "demo config");
   TomlSection dist_s(root["dist"].as_table(), "demo config", "dist");
@@ -390,7 +415,7 @@ int run_demo(const Args& args) {
   dist_s.finish();
   cfg.max_weight_staleness = dist.max_weight_staleness;  // the rollout one step ahead, on threads of its own
   cfg.rollout_threads = dist.rollout_threads;
-  const rl::RlResult r = run_demo_rl(ctx, root, cfg, o.out);
+  const rl::RlResult r = run_demo_rl(ctx, root, cfg, o.out, rec);
   report_demo(o, cfg, r, sft_s, total.seconds());
   rl::finish_report(cfg);
   // One step ahead, samples come from the weights before the last update:
@@ -403,12 +428,13 @@ int run_demo(const Args& args) {
 }
 
 LS_REGISTER_COMMAND(Command{
-    "demo", "run the embedded end-to-end demo (SFT warm-up, then GRPO)",
+    "demo",
+    "run the embedded end-to-end demo (SFT warm-up, then GRPO)",
     "usage: lockstep demo [--out DIR] [--seed N] [--sft-steps N] [--rl-steps N] [--threads N]\n"
     "                     [--precision f32|bf16|fp8] [--trainer-precision f32|bf16|fp8]\n"
     "                     [--teacher-verbose-rate R] [--arch qwen3-moe|deepseek-v4]\n"
     "                     [--device cpu|interpret|cuda|hip]\n"
-    "                     [--set section.key=value ...] [--print-config]\n\n"
+    "                     [--set section.key=value ...] [--print-config] [--force]\n\n"
     "Builds a tiny MoE model (byte-level tokenizer; --arch deepseek-v4: a DeepSeek-V4-style\n"
     "one with mHC streams, a hash-routed layer and a CSA layer with its indexer) and a\n"
     "synthetic, verifiable task\n"
@@ -426,13 +452,17 @@ LS_REGISTER_COMMAND(Command{
     "TIS (token-level truncated importance weights) correcting the measured gap.\n"
     "--set overrides keys of the RL config (print it with --print-config; the same text is\n"
     "configs/demo/rl.toml); --set dist.max_weight_staleness=1 generates each RL step's batch\n"
-    "while the previous step trains, on threads of its own (dist.rollout_threads). Writes DIR/model, DIR/data, DIR/sft (SFT metrics, checkpoint),\n"
+    "while the previous step trains, on threads of its own (dist.rollout_threads). Writes DIR/model, "
+    "DIR/data, DIR/sft (SFT metrics, checkpoint),\n"
     "DIR/metrics.jsonl, DIR/samples, DIR/eval, DIR/checkpoints, DIR/summary.json and\n"
-    "DIR/report.html. Exits 1 if aligned mode shows any train/rollout logprob difference.\n"
+    "DIR/report.html (DIR: default runs/demo). A DIR that exists and is not empty is refused\n"
+    "unless --force, which replaces the demo's files in it. Exits 1 if aligned mode shows any\n"
+    "train/rollout logprob difference.\n"
     "--device interpret runs every model kernel of SFT, rollout and RL through the GPU kernel\n"
     "sources on the CPU (the emulator; slow: use small --sft-steps/--rl-steps); the metrics\n"
     "equal the CPU run's (docs/gpu.md).\n",
-    {"print-config"}, run_demo});
+    {"print-config", "force"},
+    run_demo});
 
 }  // namespace
 }  // namespace lockstep::cli

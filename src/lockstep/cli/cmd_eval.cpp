@@ -5,16 +5,17 @@
 #include <iostream>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/file_util.h"
 #include "lockstep/base/log.h"
+#include "lockstep/base/number_text.h"
 #include "lockstep/base/toml_section.h"
 #include "lockstep/cli/command.h"
-#include "lockstep/model/model_source.h"
 #include "lockstep/data/dataset.h"
 #include "lockstep/data/jsonl.h"
 #include "lockstep/eval/eval_config.h"
-#include "lockstep/eval/evaluator.h"
 #include "lockstep/eval/eval_output.h"
-#include "lockstep/base/file_util.h"
+#include "lockstep/eval/evaluator.h"
+#include "lockstep/model/model_source.h"
 #include "lockstep/model/weights.h"
 #include "lockstep/rollout/engine.h"
 #include "lockstep/rollout/rollout_config.h"
@@ -41,7 +42,9 @@ const char* const kHelp =
     "  --top-p P  --top-k K   nucleus / top-k truncation (default off)\n"
     "  --max-new-tokens N     response length limit (default 1024)\n"
     "  --seed S               sampling seed (default 0; problem i uses mix(S, i))\n"
-    "  --reward TYPE          math | countdown | exact | remote (default math)\n"
+    "  --reward TYPE          math | countdown | exact | remote | python (default math); python:\n"
+    "                         a verl-style compute_score in a file, e.g. --reward python\n"
+    "                         --reward-config '{\"path\": \"my_reward.py\"}' (docs/rewards.md)\n"
     "  --reward-config X      reward options: a JSON object, or a file holding one\n"
     "  --prompt-key K         prompt field (default prompt)\n"
     "  --label-key K          label field (default label)\n"
@@ -61,6 +64,7 @@ const char* const kHelp =
     "[eval] (n, temperature, top_p, top_k, min_p, max_new_tokens, seed, name, output, summary,\n"
     "stop_token_ids, stop_at_end_of_turn) and [reward]; flags override the config. Other\n"
     "sections of an RL config ([rollout] [train] [algo] [sync] [dist] [log] [rl]) are ignored.\n"
+    "Paths in FILE are taken from FILE's folder; paths in --set and flags from the current one.\n"
     "Output files are written to a temporary file and renamed. A bad data line stops the run\n"
     "with file:line (exit code 2).\n";
 
@@ -89,30 +93,11 @@ struct EvalInputs {
 
 // Reads --config (with --set) and its [data] and [eval] sections.
 EvalInputs load_config(const Args& args) {
-  args.check_known({"config",
-                    "device",
-                    "model",
-                    "precision",
-                    "fp8-block",
-                    "data",
-                    "n",
-                    "temperature",
-                    "top-p",
-                    "top-k",
-                    "max-new-tokens",
-                    "seed",
-                    "reward",
-                    "reward-config",
-                    "prompt-key",
-                    "label-key",
-                    "no-chat-template",
-                    "chat-template",
-                    "name",
-                    "output",
-                    "summary",
-                    "threads",
-                    "kv-blocks",
-                    "max-batch-tokens"});
+  args.check_known(
+      {"config", "device",        "model",      "precision", "fp8-block",        "data",
+       "n",      "temperature",   "top-p",      "top-k",     "max-new-tokens",   "seed",
+       "reward", "reward-config", "prompt-key", "label-key", "no-chat-template", "chat-template",
+       "name",   "output",        "summary",    "threads",   "kv-blocks",        "max-batch-tokens"});
   if (!args.sets().empty() && !args.has("config")) LS_THROW << "--set needs --config";
 
   EvalInputs in;
@@ -152,8 +137,8 @@ reward::RewardOptions reward_options(const Args& args, const EvalInputs& in) {
   try {
     return reward::RewardOptions::from_json(j);
   } catch (const Error& err) {
-    LS_THROW << "reward options (--reward, --reward-config" << (in.root.contains("reward") ? ", [reward]" : "")
-             << "): " << err.what();
+    LS_THROW << "reward options (--reward, --reward-config"
+             << (in.root.contains("reward") ? ", [reward]" : "") << "): " << err.what();
   }
 }
 
@@ -216,11 +201,19 @@ std::vector<data::PromptExample> load_problems(const data::DataConfig& dc, const
   return problems;
 }
 
+// The folder of an output file, made if missing (as a run directory is).
+void make_parent(const std::string& file) {
+  const std::filesystem::path parent = std::filesystem::path(file).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+}
+
 // The per-problem JSONL and the summary JSON, when asked for.
 void write_outputs(const EvalInputs& in, const LoadedModel& m, const eval::EvalSummary& summary,
                    const std::vector<eval::EvalProblemResult>& per_problem) {
   const eval::EvalSection& es = in.es;
   const eval::EvalConfig& ec = es.config;
+  for (const std::string& f : {es.output, es.summary})
+    if (!f.empty()) make_parent(f);
   if (!es.output.empty()) {
     std::vector<nlohmann::json> lines;
     lines.reserve(per_problem.size());
@@ -247,7 +240,7 @@ int run_eval(const Args& args) {
   apply_flags(args, &in);
   const rollout::EngineConfig engine_cfg = engine_config(args);
 
-  auto pool = make_pool(args.get_int("threads", 0));
+  auto pool = make_pool(threads_flag(args));
   Context ctx{pool.get(), 0};
   set_device(ctx, args, in.root.contains("model") ? device_from_toml(in.root, in.source) : "cpu");
   LoadedModel m = load_eval_model(args, in, ctx);
@@ -255,15 +248,17 @@ int run_eval(const Args& args) {
 
   ParamLayout layout(m.config);
   // The policy's precision: --precision, else the config's [model] precision.
-  const PrecisionConfig pc = in.root.contains("model") ? precision_from_toml(in.root, in.source) : PrecisionConfig{};
+  const PrecisionConfig pc =
+      in.root.contains("model") ? precision_from_toml(in.root, in.source) : PrecisionConfig{};
   const DType storage = rollout::precision_dtype(args.get("precision", pc.precision));
-  model::ModelWeights weights(ctx, layout, m.params.as<float>(), storage, args.get_int("fp8-block", pc.fp8_block));
+  model::ModelWeights weights(ctx, layout, m.params.as<float>(), storage,
+                              args.get_int("fp8-block", pc.fp8_block));
   rollout::Engine engine(ctx, &weights, engine_cfg);
   eval::Evaluator evaluator(ec);
-  std::cerr << "eval " << ec.name << ": " << problems.size() << " problems x " << ec.n << " samples from "
-            << in.dc.eval_file << " (" << ec.reward.type << " reward, temperature " << ec.sampling.temperature
-            << ", max_new_tokens " << ec.sampling.max_new_tokens << ", " << ctx.threads() << " threads)"
-            << std::endl;
+  std::cerr << "eval " << ec.name << ": " << count_of(int64_t(problems.size()), "problem") << " x "
+            << count_of(ec.n, "sample") << " from " << in.dc.eval_file << " (" << ec.reward.type
+            << " reward, temperature " << ec.sampling.temperature << ", max_new_tokens "
+            << ec.sampling.max_new_tokens << ", " << count_of(ctx.threads(), "thread") << ")" << std::endl;
   std::vector<eval::EvalProblemResult> per_problem;
   eval::EvalSummary summary = evaluator.run(engine, *m.tokenizer, problems, &per_problem);
 

@@ -4,13 +4,14 @@
 #include <map>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/number_text.h"
 #include "lockstep/base/progress.h"
 #include "lockstep/base/timer.h"
 #include "lockstep/cli/command.h"
-#include "lockstep/model/model_source.h"
 #include "lockstep/cli/rollout_flags.h"
 #include "lockstep/data/jsonl.h"
 #include "lockstep/data/rows.h"
+#include "lockstep/model/model_source.h"
 #include "lockstep/rollout/rollout_config.h"
 #include "lockstep/rollout/stop_strings.h"
 
@@ -91,13 +92,14 @@ int run_generate(const Args& args) {
   }
   data::write_jsonl_atomic(out, lines);
   const double secs = timer.seconds();
-  std::cerr << "generated " << lines.size() << " samples, " << tokens << " tokens in " << secs << " s ("
-            << (secs > 0 ? double(tokens) / secs : 0.0) << " tok/s)\n";
+  std::cerr << "generated " << count_of(int64_t(lines.size()), "sample") << ", " << tokens << " tokens in "
+            << secs << " s (" << (secs > 0 ? double(tokens) / secs : 0.0) << " tok/s)\n";
   return 0;
 }
 
 LS_REGISTER_COMMAND(Command{
-    "generate", "sample responses for a JSONL of prompts with the rollout engine",
+    "generate",
+    "sample responses for a JSONL of prompts with the rollout engine",
     std::string("usage: lockstep generate --model DIR --input PROMPTS.jsonl --output OUT.jsonl [flags]\n\n"
                 "Input lines hold `text` (raw text; --chat wraps it in the chat template), `messages`\n"
                 "(a chat) or `prompt_ids`. Each output line holds index, sample, prompt_ids, response_ids,\n"
@@ -106,9 +108,11 @@ LS_REGISTER_COMMAND(Command{
                 "DeepSeek-V4 indexer_topk, the compressed entries each token chose in each CSA layer).\n"
                 "The output is valid input to `lockstep score`. A PROMPTS file ending in .parquet is read\n"
                 "as parquet, one row per prompt (`lockstep data` shows its rows).\n\nflags:\n") +
-        kRolloutFlagsHelp + "  --chat                 apply the tokenizer's chat template to `text`\n"
-                            "  --return-experts       include the MoE routing (and V4 indexer choices) of every token\n",
-    {"chat", "return-experts", "ignore-eos", "no-prefix-cache"}, run_generate});
+        rollout_flags_help() +
+        "  --chat                 apply the tokenizer's chat template to `text`\n"
+        "  --return-experts       include the MoE routing (and V4 indexer choices) of every token\n",
+    {"chat", "return-experts", "ignore-eos", "no-prefix-cache"},
+    run_generate});
 
 }  // namespace
 }  // namespace lockstep::cli

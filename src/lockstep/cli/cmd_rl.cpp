@@ -9,8 +9,10 @@
 
 #include "lockstep/base/error.h"
 #include "lockstep/base/file_util.h"
+#include "lockstep/base/number_text.h"
 #include "lockstep/cli/command.h"
 #include "lockstep/cli/mpi_launch.h"
+#include "lockstep/cli/run_config.h"
 #include "lockstep/data/dataset.h"
 #include "lockstep/eval/eval_config.h"
 #include "lockstep/kernels/gpu/device.h"
@@ -68,7 +70,8 @@ std::string precision_summary(const rollout::RolloutSection& r) {
 }
 
 int run_trainer(const Args& args, const toml::table& root, const std::string& cfg_path,
-                const rl::RlConfig& cfg, const data::DataConfig& dc, parallel::RoleComms* rc) {
+                const rl::RlConfig& cfg, const data::DataConfig& dc, const TomlRecorder& rec,
+                parallel::RoleComms* rc) {
   const bool writer = !rc || rc->roles.is_trainer_root();
   auto pool = make_pool(cfg.threads);
   Context ctx{pool.get(), 0};
@@ -101,18 +104,15 @@ int run_trainer(const Args& args, const toml::table& root, const std::string& cf
     if (!resume) train::refuse_existing_run(cfg.out_dir);  // before config.toml is replaced
     std::filesystem::create_directories(cfg.out_dir);
     if (resume) train::remove_crash_leftovers(cfg.out_dir);  // what a killed run left behind
-    write_file_atomic(cfg.out_dir + "/config.toml", [&] {
-      std::ostringstream os;
-      os << root;
-      return os.str() + "\n";
-    }());
+    const nlohmann::json reward = cfg.reward.to_json();
+    write_file_atomic(cfg.out_dir + "/config.toml", saved_config_text(root, rec, cfg.out_dir, &reward));
     rl::attach_reports(in, cfg);
-    std::cout << "rl: " << in.train.size() << " prompts" << (in.eval.empty() ? "" : ", ")
-              << (in.eval.empty() ? "" : std::to_string(in.eval.size()) + " eval problems") << "; "
-              << cfg.steps << " steps of " << cfg.batch_size << " prompts x " << cfg.rollout.sampling.n
-              << " samples (" << rl::to_string(cfg.algo.advantage) << ", "
-              << rl::to_string(cfg.algo.policy_loss) << ", " << precision_summary(cfg.rollout) << "), "
-              << ctx.threads() << " threads -> " << cfg.out_dir << std::endl;
+    std::cout << "rl: " << count_of(int64_t(in.train.size()), "prompt") << (in.eval.empty() ? "" : ", ")
+              << (in.eval.empty() ? "" : count_of(int64_t(in.eval.size()), "eval problem")) << "; "
+              << count_of(cfg.steps, "step") << " of " << count_of(cfg.batch_size, "prompt") << " x "
+              << count_of(cfg.rollout.sampling.n, "sample") << " (" << rl::to_string(cfg.algo.advantage)
+              << ", " << rl::to_string(cfg.algo.policy_loss) << ", " << precision_summary(cfg.rollout)
+              << "), " << count_of(ctx.threads(), "thread") << " -> " << cfg.out_dir << std::endl;
     if (!rc && cfg.max_weight_staleness > 0) {
       const int64_t t = cfg.rollout_threads > 0 ? cfg.rollout_threads : ctx.threads();
       std::cout << "rl: rollout one step ahead of training on " << t << " thread" << (t == 1 ? "" : "s")
@@ -185,9 +185,10 @@ int run_rollout_rank(const toml::table& root, const std::string& cfg_path, const
 }
 
 int run_rl_cmd(const Args& args) {
-  args.check_known({"config", "resume", "resume-from", "out", "check-config"});
+  args.check_known({"config", "resume", "resume-from", "out", "check-config", "threads"});
   const bool check_only = args.has("check-config");
   const std::string cfg_path = check_only ? args.require("check-config") : args.require("config");
+  TomlRecorder rec;  // every key's value, defaults included, for OUT/config.toml
   toml::table root = load_toml_with_overrides(cfg_path, args.sets());
   rl::RlConfig cfg = rl::rl_config_from_toml(root, cfg_path);
   bool has_dist = false;
@@ -200,12 +201,15 @@ int run_rl_cmd(const Args& args) {
   data_s.finish();
   if (dc.train_file.empty()) LS_THROW << cfg_path << ": [data] train_file is required";
   if (args.has("out")) cfg.out_dir = args.get("out", cfg.out_dir);
+  cfg.out_dir = absolute_path(cfg.out_dir);  // a default or --out: the current folder's
+  if (args.has("threads")) cfg.threads = threads_flag(args);
   if (check_only) {  // every section and the data's rows, but not the model, which is not loaded
     const std::string data_summary = check_data(dc, cfg);
-    std::cout << cfg_path << ": OK (" << cfg.steps << " steps of " << cfg.batch_size << " prompts x "
-              << cfg.rollout.sampling.n << " samples; " << rl::to_string(cfg.algo.advantage) << ", "
-              << rl::to_string(cfg.algo.policy_loss) << ", " << rl::to_string(cfg.algo.loss_agg) << "; "
-              << precision_summary(cfg.rollout) << "; data: " << data_summary << "; out " << cfg.out_dir;
+    std::cout << cfg_path << ": OK (" << count_of(cfg.steps, "step") << " of "
+              << count_of(cfg.batch_size, "prompt") << " x " << count_of(cfg.rollout.sampling.n, "sample")
+              << "; " << rl::to_string(cfg.algo.advantage) << ", " << rl::to_string(cfg.algo.policy_loss)
+              << ", " << rl::to_string(cfg.algo.loss_agg) << "; " << precision_summary(cfg.rollout)
+              << "; data: " << data_summary << "; out " << cfg.out_dir;
     if (has_dist)
       std::cout << "; dist: "
                 << (dcfg.trainer_ranks ? std::to_string(dcfg.trainer_ranks) : std::string("all other"))
@@ -216,13 +220,13 @@ int run_rl_cmd(const Args& args) {
   }
   return run_as_job("rl", dcfg, has_dist, [&](parallel::RoleComms* rc) {
     if (rc && rc->roles.is_rollout) return run_rollout_rank(root, cfg_path, cfg, *rc);
-    return run_trainer(args, root, cfg_path, cfg, dc, rc);
+    return run_trainer(args, root, cfg_path, cfg, dc, rec, rc);
   });
 }
 
 LS_REGISTER_COMMAND(Command{
     "rl", "RL post-training (GRPO family) with rollout, rewards, eval and checkpoints",
-    "usage: lockstep rl --config FILE [--resume | --resume-from step_N] [--out DIR]\n"
+    "usage: lockstep rl --config FILE [--resume | --resume-from step_N] [--out DIR] [--threads N]\n"
     "                   [--set section.key=value ...]\n"
     "       lockstep rl --check-config FILE [--set ...]   (validate the config and the data's rows; no "
     "model)\n"
@@ -233,7 +237,10 @@ LS_REGISTER_COMMAND(Command{
     "ppo-clip, gspo, cispo; KL, entropy, TIS/MIS, dynamic sampling, overlong penalty), then\n"
     "publishes the new weights to the engine. Every [eval] interval steps it evaluates\n"
     "[data] eval_file (pass@1, pass@k), and it checkpoints every [train] save_interval steps.\n"
-    "Writes OUT/config.toml (resolved), OUT/metrics.jsonl, OUT/samples/, OUT/eval/,\n"
+    "Paths in FILE are taken from FILE's folder, paths in --set and --out from the current one.\n"
+    "--threads N overrides [train] threads (0: all cores).\n"
+    "Writes OUT/config.toml (every key, defaults included, paths absolute), OUT/metrics.jsonl, OUT/samples/, "
+    "OUT/eval/,\n"
     "OUT/checkpoints/step_N (Hugging Face layout + optimizer state) and OUT/report.html.\n"
     "--resume continues from OUT/checkpoints/latest (metrics lines after it are dropped), also\n"
     "after a kill -9 (docs/rl.md, \"Crash safety\"; it first removes what a killed run left behind).\n"

@@ -5,18 +5,20 @@
 #include <sstream>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/file_util.h"
+#include "lockstep/base/number_text.h"
 #include "lockstep/base/toml_section.h"
 #include "lockstep/cli/command.h"
-#include "lockstep/model/model_source.h"
 #include "lockstep/cli/mpi_launch.h"
+#include "lockstep/cli/run_config.h"
 #include "lockstep/data/dataset.h"
 #include "lockstep/metrics/metrics_logger.h"
+#include "lockstep/model/model_source.h"
 #include "lockstep/parallel/data_parallel.h"
 #include "lockstep/parallel/dist_config.h"
 #include "lockstep/parallel/parallel_trainer.h"
-#include "lockstep/rollout/rollout_config.h"
 #include "lockstep/parallel/role_comms.h"
-#include "lockstep/base/file_util.h"
+#include "lockstep/rollout/rollout_config.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/sft.h"
 #include "lockstep/train/train_config.h"
@@ -37,13 +39,15 @@ parallel::DistConfig read_dist(const toml::table& root, const std::string& path,
 
 // The training part; rc is null in a single-process run.
 int train_sft(const Args& args, const toml::table& root, const std::string& cfg_path, train::TrainSection ts,
-              const data::DataConfig& dc, bool world_invariant, parallel::RoleComms* rc) {
+              const data::DataConfig& dc, bool world_invariant, const TomlRecorder& rec,
+              parallel::RoleComms* rc) {
   const bool writer = !rc || rc->roles.is_trainer_root();
   auto pool = make_pool(ts.threads);
   Context ctx{pool.get(), 0};
   set_device(ctx, args, device_from_toml(root, cfg_path));
   LoadedModel m = load_model_from_config(root, cfg_path, ctx);
-  if (!m.tokenizer) LS_THROW << cfg_path << ": the model has no tokenizer.json (make one with `lockstep init`)";
+  if (!m.tokenizer)
+    LS_THROW << cfg_path << ": the model has no tokenizer.json (make one with `lockstep init`)";
   auto examples = data::load_sft_examples(dc.train_file, dc, *m.tokenizer);
   std::vector<train::TrainSequence> seqs;
   for (const auto& e : examples) {
@@ -61,13 +65,10 @@ int train_sft(const Args& args, const toml::table& root, const std::string& cfg_
     if (!resume) train::refuse_existing_run(ts.out_dir);  // before config.toml is replaced
     std::filesystem::create_directories(ts.out_dir);
     if (resume) train::remove_crash_leftovers(ts.out_dir);  // what a killed run left behind
-    write_file_atomic(ts.out_dir + "/config.toml", [&] {
-      std::ostringstream os;
-      os << root;
-      return os.str() + "\n";
-    }());
-    std::cout << "sft: " << seqs.size() << " examples, " << ts.sft.steps << " steps of " << ts.sft.batch_size
-              << " sequences, " << ctx.threads() << " threads -> " << ts.out_dir << std::endl;
+    write_file_atomic(ts.out_dir + "/config.toml", saved_config_text(root, rec, ts.out_dir, nullptr));
+    std::cout << "sft: " << count_of(int64_t(seqs.size()), "example") << ", "
+              << count_of(ts.sft.steps, "step") << " of " << count_of(ts.sft.batch_size, "sequence") << ", "
+              << count_of(ctx.threads(), "thread") << " -> " << ts.out_dir << std::endl;
   }
   train::TrainerConfig tc = ts.trainer;
   const PrecisionConfig precision = precision_from_toml(root, cfg_path);  // sft trains in trainer_precision
@@ -102,8 +103,9 @@ int train_sft(const Args& args, const toml::table& root, const std::string& cfg_
 }
 
 int run_sft_cmd(const Args& args) {
-  args.check_known({"config", "resume", "resume-from", "out"});
+  args.check_known({"config", "resume", "resume-from", "out", "threads"});
   const std::string cfg_path = args.require("config");
+  TomlRecorder rec;  // every key's value, defaults included, for OUT/config.toml
   toml::table root = load_toml_with_overrides(cfg_path, args.sets());
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
@@ -124,31 +126,36 @@ int run_sft_cmd(const Args& args) {
   log_s.finish();
   if (dc.train_file.empty()) LS_THROW << cfg_path << ": [data] train_file is required";
   if (args.has("out")) ts.out_dir = args.get("out", ts.out_dir);
+  ts.out_dir = absolute_path(ts.out_dir);  // a default or --out: the current folder's
+  if (args.has("threads")) ts.threads = threads_flag(args);
 
   return run_as_job("sft", dcfg, has_dist, [&](parallel::RoleComms* rc) {
-    return train_sft(args, root, cfg_path, ts, dc, dcfg.world_invariant, rc);
+    return train_sft(args, root, cfg_path, ts, dc, dcfg.world_invariant, rec, rc);
   });
 }
 
 LS_REGISTER_COMMAND(Command{
     "sft", "supervised fine-tuning on prompt/response JSONL",
-    "usage: lockstep sft --config FILE [--resume | --resume-from step_N] [--out DIR]\n"
+    "usage: lockstep sft --config FILE [--resume | --resume-from step_N] [--out DIR] [--threads N]\n"
     "                    [--set section.key=value ...]\n\n"
     "Trains with token cross-entropy on the response tokens of [data] train_file (lines with\n"
     "prompt + response, or messages ending with the assistant's reply). Writes\n"
-    "OUT/metrics.jsonl, OUT/config.toml (resolved) and OUT/checkpoints/step_N (Hugging Face\n"
+    "OUT/metrics.jsonl, OUT/config.toml (every key, defaults included, paths absolute) and\n"
+    "OUT/checkpoints/step_N (Hugging Face\n"
     "layout + optimizer state). --resume continues from OUT/checkpoints/latest, also after a kill -9\n"
     "(docs/rl.md, \"Crash safety\"; it first removes what a killed run left behind). A checkpoint\n"
     "that fails verification (checksums, truncation, missing files) is never resumed from:\n"
     "--resume falls back to the newest intact one, saying why; --resume-from step_N (or N, or a\n"
     "checkpoint directory) picks one, and is an error if it is not intact.\n"
     "Sections: [model] (path = HF dir, or an inline architecture), [data], [train], [log],\n"
-    "[dist]; see docs/configuration.md.\n\n"
+    "[dist]; see docs/configuration.md. Paths in FILE are taken from FILE's folder, paths in\n"
+    "--set and --out from the current one. --threads N overrides [train] threads (0: all cores).\n\n"
     "Under mpirun (or with a [dist] section) every rank trains: each step's batch is split\n"
     "over the ranks by tokens and the gradients are summed; [dist] expert_parallel splits the\n"
     "experts; [dist] world_invariant = true makes the result the same bits on any number of\n"
     "ranks and any expert_parallel (docs/distributed.md).\n",
-    {"resume"}, run_sft_cmd});
+    {"resume"},
+    run_sft_cmd});
 
 }  // namespace
 }  // namespace lockstep::cli

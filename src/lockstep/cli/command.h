@@ -39,6 +39,9 @@ class Args {
 // ctx.gpu at the chosen backend; throws for a device this build cannot run.
 void set_device(Context& ctx, const Args& args, const std::string& fallback = "cpu");
 
+// --threads N (0: all cores); Error for a negative or huge N.
+int64_t threads_flag(const Args& args);
+
 using CommandFn = std::function<int(const Args&)>;
 
 struct Command {
@@ -60,5 +63,7 @@ struct Registrar {
 #define LS_CONCAT_INNER(a, b) a##b
 #define LS_CONCAT(a, b) LS_CONCAT_INNER(a, b)
 // LS_REGISTER_COMMAND(Command{...}) at namespace scope in a cli/*.cpp file.
-#define LS_REGISTER_COMMAND(...) \
-  static ::lockstep::cli::Registrar LS_CONCAT(ls_registrar_, __LINE__){__VA_ARGS__}
+#define LS_REGISTER_COMMAND(...)                                         \
+  static ::lockstep::cli::Registrar LS_CONCAT(ls_registrar_, __LINE__) { \
+    __VA_ARGS__                                                          \
+  }

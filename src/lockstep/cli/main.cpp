@@ -1,5 +1,6 @@
 // Entry point of the `lockstep` binary: dispatches to registered subcommands
 // and turns lockstep::Error into a one-line message and exit code 2.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -103,6 +104,12 @@ void Args::check_known(const std::vector<std::string>& known) const {
   }
 }
 
+int64_t threads_flag(const Args& args) {
+  const int64_t n = args.get_int("threads", 0);
+  if (n < 0 || n > 1024) LS_THROW << "flag --threads: expected 0 (all cores) to 1024, got " << n;
+  return n;
+}
+
 void set_device(Context& ctx, const Args& args, const std::string& fallback) {
   const std::string name = args.get("device", fallback);
   const kernels::Device d = kernels::parse_device(name, args.has("device") ? "--device" : "[model] device");
@@ -117,7 +124,8 @@ void print_usage() {
   std::ostringstream os;
   os << "lockstep " << LOCKSTEP_VERSION
      << " - RL post-training for language models with bit-aligned rollout and trainer\n\n"
-     << "usage: lockstep <command> [flags]   (lockstep <command> --help for details)\n\ncommands:\n";
+     << "usage: lockstep <command> [flags]   (lockstep <command> --help, -h or lockstep help <command>\n"
+     << "       for details)\n\ncommands:\n";
   for (const auto& [name, c] : registry()) {
     os << "  " << name << std::string(name.size() < 18 ? 18 - name.size() : 1, ' ') << c.summary << "\n";
   }
@@ -131,9 +139,19 @@ int main(int argc, char** argv) {
   using namespace lockstep;
   using namespace lockstep::cli;
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
-      std::string(argv[1]) == "help") {
+      (std::string(argv[1]) == "help" && argc == 2)) {
     print_usage();
     return argc < 2 ? 1 : 0;
+  }
+  if (std::string(argv[1]) == "help") {  // `lockstep help CMD`: that command's --help
+    auto it = registry().find(argv[2]);
+    if (it == registry().end()) {
+      std::cerr << "lockstep: unknown command '" << argv[2] << "'\n\n";
+      print_usage();
+      return 2;
+    }
+    std::cout << it->second.help;
+    return 0;
   }
   if (std::string(argv[1]) == "--version") {
     std::cout << "lockstep " << LOCKSTEP_VERSION << "\n";
@@ -148,7 +166,8 @@ int main(int argc, char** argv) {
   const Command& cmd = it->second;
   try {
     Args args(argc - 2, argv + 2, cmd.bool_flags);
-    if (args.flag("help")) {
+    const auto& pos = args.positional();
+    if (args.flag("help") || std::find(pos.begin(), pos.end(), "-h") != pos.end()) {
       std::cout << cmd.help;
       return 0;
     }

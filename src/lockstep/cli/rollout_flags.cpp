@@ -12,7 +12,8 @@ rollout::EngineConfig engine_config_from_args(const Args& args) {
   e.max_prefill_chunk = args.get_int("max-prefill-chunk", 512);
   e.prefix_cache = !args.flag("no-prefix-cache");
   e.seed = uint64_t(args.get_int("seed", 0));
-  if (e.num_blocks < 1 || e.block_size < 1 || e.max_batch_tokens < 1 || e.max_running < 1 || e.max_prefill_chunk < 1)
+  if (e.num_blocks < 1 || e.block_size < 1 || e.max_batch_tokens < 1 || e.max_running < 1 ||
+      e.max_prefill_chunk < 1)
     LS_THROW << "engine limits (--kv-blocks, --block-size, --max-batch-tokens, ...) must be >= 1";
   return e;
 }
@@ -57,6 +58,31 @@ std::vector<int32_t> prompt_ids_from_record(const data::JsonlRecord& r, const st
   }
   const std::string text = data::require_string(r, path, r.value.contains("text") ? "text" : "prompt");
   return chat ? tok->encode_chat({{"user", text}}, true) : tok->encode(text, true);
+}
+
+std::string rollout_flags_help(int64_t default_n, int64_t default_max_new_tokens) {
+  return std::string() + "  --n N                  samples per prompt (default " + std::to_string(default_n) +
+         ")\n"
+         "  --temperature T        0 = greedy (default 1)\n"
+         "  --top-p P --top-k K --min-p P   truncation (defaults off)\n"
+         "  --max-new-tokens N     (default " +
+         std::to_string(default_max_new_tokens) +
+         ")\n"
+         "  --seed S               sampling seed (default 0)\n"
+         "  --stop STRING          a stop string (needs the model's tokenizer)\n"
+         "  --ignore-eos           keep generating past end-of-sequence tokens\n"
+         "  --frequency-penalty F --presence-penalty P   OpenAI's, in [-2, 2] (default 0)\n"
+         "  --repetition-penalty R > 0, over prompt + response (default 1)\n"
+         "  --min-new-tokens N     no EOS, stop token or stop string before N tokens (default 0)\n"
+         "                         (these change what is sampled, not the logprobs reported)\n"
+         "  --precision P          f32 (default) | bf16 | fp8: the weights' precision (aligned with\n"
+         "                         a trainer in the same precision: score, rl)\n"
+         "  --fp8-block B          fp8 scale block size, 0 = per tensor (default 128)\n"
+         "  --kv-blocks N --block-size B --max-batch-tokens N --max-running N --max-prefill-chunk N\n"
+         "  --no-prefix-cache      disable reuse of cached prompt blocks across requests\n"
+         "  --threads N            worker threads (default: LOCKSTEP_THREADS or all cores)\n"
+         "  --device D             cpu (default) | interpret: the GPU kernels run on the CPU by the\n"
+         "                         emulator (slow; tests and debugging) | cuda | hip (docs/gpu.md)\n";
 }
 
 }  // namespace lockstep::cli

@@ -13,7 +13,7 @@ namespace lockstep::data {
 
 std::vector<JsonlRecord> read_jsonl(const std::string& path) {
   std::ifstream in(path);
-  if (!in) LS_THROW << path << ": cannot open";
+  if (!in) LS_THROW << absolute_path(path) << ": cannot open";
   std::vector<JsonlRecord> out;
   std::string line;
   int64_t n = 0;
@@ -27,7 +27,8 @@ std::vector<JsonlRecord> read_jsonl(const std::string& path) {
     } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for 1e400
       LS_THROW << path << ":" << n << ": not valid JSON (" << excerpt(e.what(), kJsonErrorBytes) << ")";
     }
-    if (!r.value.is_object()) LS_THROW << path << ":" << n << ": expected a JSON object, got " << r.value.type_name();
+    if (!r.value.is_object())
+      LS_THROW << path << ":" << n << ": expected a JSON object, got " << r.value.type_name();
     out.push_back(std::move(r));
   }
   return out;
@@ -47,7 +48,8 @@ std::string require_string(const JsonlRecord& r, const std::string& path, const 
 
 std::vector<int32_t> require_ids(const JsonlRecord& r, const std::string& path, const std::string& key) {
   const auto& v = require_field(r, path, key);
-  if (!v.is_array()) LS_THROW << path << ":" << r.line << ": field '" << key << "' must be an array of token ids";
+  if (!v.is_array())
+    LS_THROW << path << ":" << r.line << ": field '" << key << "' must be an array of token ids";
   std::vector<int32_t> ids;
   for (const auto& e : v) {
     if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() > INT32_MAX)

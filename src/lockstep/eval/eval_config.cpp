@@ -1,7 +1,6 @@
 // Parsing of the [eval] and [reward] config sections, and EvalConfig::validate.
 #include "lockstep/eval/eval_config.h"
 
-#include <filesystem>
 #include <sstream>
 
 #include "lockstep/base/error.h"
@@ -73,13 +72,9 @@ nlohmann::json toml_to_json(const toml::node& node) {
 reward::RewardOptions reward_options_from_toml(const toml::table* reward, const std::string& source) {
   if (!reward) return reward::RewardOptions::from_json(nlohmann::json::object());
   try {
-    auto options = reward::RewardOptions::from_json(toml_to_json(*reward));
-    // A python reward's file is found next to the config, wherever it is run from.
-    if (!options.path.empty() && std::filesystem::path(options.path).is_relative()) {
-      auto dir = std::filesystem::path(source).parent_path();
-      if (!dir.empty()) options.path = (dir / options.path).lexically_normal().string();
-    }
-    return options;
+    // A python reward's path was made absolute with the config's other paths
+    // (the path rule, base/toml_section.h).
+    return reward::RewardOptions::from_json(toml_to_json(*reward));
   } catch (const Error& err) {
     LS_THROW << source << ": [reward] " << err.what();
   }

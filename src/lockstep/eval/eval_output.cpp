@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "lockstep/base/number_text.h"
+
 namespace lockstep::eval {
 
 namespace {
@@ -98,8 +100,8 @@ nlohmann::json problem_to_json(const EvalProblemResult& p) {
 }
 
 std::string format_summary_table(const EvalSummary& s) {
-  std::string out = "eval " + s.name + ": " + std::to_string(s.num_problems) + " problems x " +
-                    std::to_string(s.n) + " samples\n";
+  std::string out =
+      "eval " + s.name + ": " + count_of(s.num_problems, "problem") + " x " + count_of(s.n, "sample") + "\n";
   auto row = [&](const std::string& key, const std::string& value) {
     out += "  " + key + std::string(key.size() < 20 ? 20 - key.size() : 1, ' ') + value + "\n";
   };

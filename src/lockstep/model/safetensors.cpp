@@ -93,7 +93,7 @@ float f16_to_f32(uint16_t h) {
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) LS_THROW << path << ": cannot open: " << std::strerror(errno);
+  if (fd < 0) LS_THROW << absolute_path(path) << ": cannot open: " << std::strerror(errno);
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int err = errno;

@@ -9,6 +9,7 @@
 
 #include "lockstep/base/error.h"
 #include "lockstep/base/excerpt.h"
+#include "lockstep/base/file_util.h"
 #include "lockstep/base/timer.h"
 
 namespace lockstep::reward {
@@ -19,15 +20,17 @@ constexpr size_t kChunk = 4096;
 
 using OrderedJson = nlohmann::ordered_json;
 
-nlohmann::json to_plain(const OrderedJson& j) { return nlohmann::json::parse(j.dump()); }
+nlohmann::json to_plain(const OrderedJson& j) {
+  return nlohmann::json::parse(j.dump());
+}
 
 }  // namespace
 
-JsonlSummary score_jsonl_file(const std::string& in_path, const std::string& out_path, const RewardOptions& options,
-                              const BatchOptions& batch) {
+JsonlSummary score_jsonl_file(const std::string& in_path, const std::string& out_path,
+                              const RewardOptions& options, const BatchOptions& batch) {
   auto reward = std::shared_ptr<const Reward>(make_reward(options));  // bad options fail before any I/O
   std::ifstream in(in_path, std::ios::binary);
-  if (!in) LS_THROW << in_path << ": cannot open for reading";
+  if (!in) LS_THROW << absolute_path(in_path) << ": cannot open for reading";
   std::vector<OrderedJson> rows;
   std::vector<RewardRequest> requests;
   std::string line;
@@ -43,7 +46,8 @@ JsonlSummary score_jsonl_file(const std::string& in_path, const std::string& out
       LS_THROW << in_path << ":" << line_no << ": not valid JSON (" << excerpt(e.what(), kJsonErrorBytes)
                << ")";
     }
-    if (!row.is_object()) LS_THROW << in_path << ":" << line_no << ": expected a JSON object, got " << row.type_name();
+    if (!row.is_object())
+      LS_THROW << in_path << ":" << line_no << ": expected a JSON object, got " << row.type_name();
     auto resp = row.find("response");
     if (resp == row.end()) LS_THROW << in_path << ":" << line_no << ": missing field 'response'";
     if (!resp->is_string()) LS_THROW << in_path << ":" << line_no << ": field 'response' must be a string";
@@ -69,8 +73,9 @@ JsonlSummary score_jsonl_file(const std::string& in_path, const std::string& out
   results.reserve(requests.size());
   for (size_t start = 0; start < requests.size(); start += kChunk) {
     size_t end = std::min(requests.size(), start + kChunk);
-    std::vector<RewardRequest> chunk(std::make_move_iterator(requests.begin() + static_cast<std::ptrdiff_t>(start)),
-                                     std::make_move_iterator(requests.begin() + static_cast<std::ptrdiff_t>(end)));
+    std::vector<RewardRequest> chunk(
+        std::make_move_iterator(requests.begin() + static_cast<std::ptrdiff_t>(start)),
+        std::make_move_iterator(requests.begin() + static_cast<std::ptrdiff_t>(end)));
     Timer t;
     auto part = scorer.score(chunk, &summary.stats);
     scoring_s += t.seconds();

@@ -11,20 +11,26 @@ namespace lockstep::rl {
 EnvConfig env_config_from_toml(TomlSection& s) {
   EnvConfig c;
   c.env = s.get_string("env", c.env);
-  c.path = s.get_string("env_path", c.path);
-  c.class_name = s.get_string("env_class", c.class_name);
   c.python = s.get_string("env_python", c.python);
   c.workers = int(s.get_int("env_workers", c.workers, 1, 1024));
   c.timeout_s = s.get_double("env_timeout_s", c.timeout_s, 0.001, 86400);
+  // Single-turn: the multi-turn keys are refused, and not read; a saved
+  // config holds no environment keys the user did not write.
+  if (c.env.empty()) {
+    for (const char* key : {"env_path", "env_class", "max_turns", "max_total_tokens", "env_role"})
+      if (s.has(key)) s.fail(key, "only used with [rollout] env (multi-turn rollouts)");
+    for (const char* key : {"env", "env_python", "env_workers", "env_timeout_s"}) s.not_saved(key);
+    return c;
+  }
+  c.path = s.get_string("env_path", c.path);
+  c.class_name = s.get_string("env_class", c.class_name);
   c.max_turns = s.get_int("max_turns", c.max_turns, 1, 1024);
   c.max_total_tokens = s.get_int("max_total_tokens", c.max_total_tokens, 0);
   c.role = s.get_string("env_role", c.role);
-  if (!c.env.empty() && c.env != "python" && c.env.rfind("http://", 0) != 0 && c.env.rfind("https://", 0) != 0)
+  if (c.env != "python" && c.env.rfind("http://", 0) != 0 && c.env.rfind("https://", 0) != 0)
     s.fail("env", "must be \"python\" or an http(s):// URL, got '" + c.env + "'");
-  if (c.env == "python" && c.path.empty()) s.fail("env_path", "env = \"python\" needs env_path (the .py file)");
-  if (c.env.empty())
-    for (const char* key : {"env_path", "env_class", "max_turns", "max_total_tokens", "env_role"})
-      if (s.has(key)) s.fail(key, "only used with [rollout] env (multi-turn rollouts)");
+  if (c.env == "python" && c.path.empty())
+    s.fail("env_path", "env = \"python\" needs env_path (the .py file)");
   return c;
 }
 
@@ -42,8 +48,10 @@ EnvReset parse_env_reset(const nlohmann::json& j, const std::string& where) {
     return r;
   }
   if (!j.is_array())
-    throw EnvFailure(where + ": reset must return a list of {\"role\", \"content\"} messages, a prompt string or "
-                     "None, got " + j.dump().substr(0, 100));
+    throw EnvFailure(where +
+                     ": reset must return a list of {\"role\", \"content\"} messages, a prompt string or "
+                     "None, got " +
+                     j.dump().substr(0, 100));
   std::vector<tokenizer::ChatMessage> msgs;
   for (const auto& m : j) {
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
@@ -59,8 +67,10 @@ EnvReset parse_env_reset(const nlohmann::json& j, const std::string& where) {
 
 EnvStep parse_env_step(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object())
-    throw EnvFailure(where + ": step must return {\"observation\": str|None, \"reward\": float|None, \"done\": "
-                     "bool}, got " + j.dump().substr(0, 100));
+    throw EnvFailure(where +
+                     ": step must return {\"observation\": str|None, \"reward\": float|None, \"done\": "
+                     "bool}, got " +
+                     j.dump().substr(0, 100));
   EnvStep s;
   for (const auto& [key, v] : j.items())
     if (key != "observation" && key != "reward" && key != "done")

@@ -4,7 +4,6 @@
 #include "lockstep/rl/rl_config.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <vector>
 
 #include "lockstep/base/error.h"
@@ -30,7 +29,8 @@ void check_sections(const toml::table& root, const std::string& source) {
   // [dist] is read by the command that launches the ranks (cli/cmd_rl.cpp).
   if (const auto* t = root["sync"].as_table(); t && !t->empty())
     LS_THROW << source << ": [sync] is not supported by this build of `lockstep rl` yet "
-             << "(weights go to colocated engines in memory and to rollout ranks by [dist]; see docs/distributed.md)";
+             << "(weights go to colocated engines in memory and to rollout ranks by [dist]; see "
+                "docs/distributed.md)";
 }
 
 // [model] precision, trainer_precision, fp8_block: the engine packs its
@@ -49,9 +49,11 @@ void read_precision(const toml::table& root, const std::string& source, RlConfig
 void read_train(const toml::table& root, const std::string& source, RlConfig& c) {
   TomlSection s(root["train"].as_table(), source, "train");
   if (s.has("batch_size"))
-    s.fail("batch_size", "not used by rl: prompts per step are [rollout] batch_size, samples per prompt "
-                         "[rollout] n, optimizer steps per batch [algo] num_steps_per_rollout");
+    s.fail("batch_size",
+           "not used by rl: prompts per step are [rollout] batch_size, samples per prompt "
+           "[rollout] n, optimizer steps per batch [algo] num_steps_per_rollout");
   const train::TrainSection t = train::train_section_from_toml(s);
+  s.not_saved("batch_size");  // SFT's, refused here
   s.finish();
   c.trainer = t.trainer;
   c.steps = t.sft.steps;
@@ -101,18 +103,13 @@ RlConfig rl_config_from_toml(const toml::table& root, const std::string& source)
     c.rollout = rollout::rollout_section_from_toml(s);
     c.env = env_config_from_toml(s);
     s.finish();
-    // As a python reward's file: found next to the config, wherever it is run from.
-    if (!c.env.path.empty() && std::filesystem::path(c.env.path).is_relative()) {
-      const auto dir = std::filesystem::path(source).parent_path();
-      if (!dir.empty()) c.env.path = (dir / c.env.path).lexically_normal().string();
-    }
   }
   read_train(root, source, c);
   read_precision(root, source, c);
   {
     TomlSection s(root["rl"].as_table(), source, "rl");
     c.on_gap = s.get_enum("on_gap", "abort", {"abort", "warn"}) == "abort" ? RlConfig::OnGap::Abort
-                                                                            : RlConfig::OnGap::Warn;
+                                                                           : RlConfig::OnGap::Warn;
     s.finish();
   }
   {

@@ -281,10 +281,13 @@ bool ApiServer::Impl::stream(const GenJob& job, const std::shared_ptr<Inflight>&
         json choice = {{"index", k}, {"finish_reason", nullptr}};
         if (chat) {
           choice["delta"] = delta_for(s, delta);
-          choice["logprobs"] = job.return_logprob ? chat_logprobs(tok(), one, lp, top) : json(nullptr);
+          choice["logprobs"] =
+              job.return_logprob ? chat_logprobs(tok(), one, lp, top, job.tokens_as_ids) : json(nullptr);
         } else {
           choice["text"] = delta;
-          choice["logprobs"] = job.return_logprob ? completions_logprobs(tok(), one, lp, 0, top) : json(nullptr);
+          choice["logprobs"] = job.return_logprob
+                                   ? completions_logprobs(tok(), one, lp, 0, top, job.tokens_as_ids)
+                                   : json(nullptr);
         }
         write(sse(openai_chunk(std::move(choice))));
       }

@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <set>
 
 #include "lockstep/base/error.h"
 #include "lockstep/base/excerpt.h"
+#include "lockstep/tokenizer/unicode.h"
 
 namespace lockstep::serve {
 
@@ -296,7 +298,8 @@ int64_t parse_top_count(Fields& f, const std::string& key) {
 
 // The penalties, shared by every API (SGLang's sampling_params and the
 // OpenAI body spell them alike; min_new_tokens is vLLM's min_tokens there).
-void parse_penalties(Fields& f, rollout::SamplingParams& p, const std::string& min_key, const ModelLimits& lim) {
+void parse_penalties(Fields& f, rollout::SamplingParams& p, const std::string& min_key,
+                     const ModelLimits& lim) {
   p.frequency_penalty = float(f.get_number("frequency_penalty", 0.0));
   p.presence_penalty = float(f.get_number("presence_penalty", 0.0));
   p.repetition_penalty = float(f.get_number("repetition_penalty", 1.0));
@@ -416,8 +419,9 @@ GenJob parse_generate(const json& body, const tokenizer::Tokenizer* tok, const M
   check_lengths(job, lim, explicit_max);
   for (size_t i = 0; i < job.prompts.size(); ++i)
     if (job.logprob_start >= int64_t(job.prompts[i].size()))
-      bad("logprob_start_len (" + std::to_string(job.logprob_start) + ") must be less than the length of prompt " +
-          std::to_string(i) + " (" + std::to_string(job.prompts[i].size()) + " tokens)");
+      bad("logprob_start_len (" + std::to_string(job.logprob_start) +
+          ") must be less than the length of prompt " + std::to_string(i) + " (" +
+          std::to_string(job.prompts[i].size()) + " tokens)");
   validate_params(job);
   return job;
 }
@@ -464,6 +468,7 @@ GenJob parse_completions(const json& body, const tokenizer::Tokenizer* tok, cons
   if (job.echo && job.stream && job.return_logprob)
     bad("echo with logprobs is not supported with stream (the prompt's logprobs come with the full answer)");
   if (f.has("suffix")) bad("suffix is not supported");
+  job.tokens_as_ids = f.get_bool("return_tokens_as_token_ids", false);  // vLLM's
   f.finish();
   if (!job.params.stop.empty()) need_tokenizer(tok, "stop");
   check_lengths(job, lim, explicit_max);
@@ -530,6 +535,7 @@ GenJob parse_chat(const json& body, const tokenizer::Tokenizer* tok, const Model
       bad("response_format: only {\"type\": \"text\"} is supported");
     r.finish();
   }
+  job.tokens_as_ids = f.get_bool("return_tokens_as_token_ids", false);  // vLLM's
   f.finish();
   check_lengths(job, lim, explicit_max);
   validate_params(job);
@@ -635,7 +641,9 @@ std::string token_text(const tokenizer::Tokenizer* tok, int32_t id) {
 
 namespace {
 // A logprob as JSON: NaN (a prompt's first token has none) is null.
-json lp_json(float lp) { return std::isnan(lp) ? json(nullptr) : json(lp); }
+json lp_json(float lp) {
+  return std::isnan(lp) ? json(nullptr) : json(lp);
+}
 
 json utf8_bytes(const std::string& t) {
   json bytes = json::array();
@@ -670,53 +678,86 @@ json sglang_top_logprobs(const tokenizer::Tokenizer* tok, const std::vector<roll
   return out;
 }
 
+std::string token_key(const tokenizer::Tokenizer* tok, int32_t id, bool as_ids) {
+  if (as_ids || !tok) return "token_id:" + std::to_string(id);
+  const std::string b = tok->token_bytes(id);
+  if (tokenizer::utf8_is_valid(b)) return token_text(tok, id);
+  std::string key = "bytes:";
+  for (unsigned char c : b) {
+    constexpr char kHex[] = "0123456789abcdef";
+    key += "\\x";
+    key += kHex[c >> 4];
+    key += kHex[c & 15];
+  }
+  return key;
+}
+
+namespace {
+
+// One position's {key: logprob}, most likely first; as OpenAI, the sampled
+// token is always there (up to N + 1 entries). A key already taken by another
+// token (two tokens of the same text, e.g. an added token and a plain one)
+// becomes "token_id:N" for the later, less likely one. Returns the sampled
+// token's key.
+std::string top_dict(const tokenizer::Tokenizer* tok, const rollout::TopLogprobs& alts, int32_t sampled,
+                     float lp, bool as_ids, json* d) {
+  std::map<std::string, int32_t> owner;
+  std::string sampled_key;
+  auto add = [&](int32_t id, const json& v) {
+    std::string k = token_key(tok, id, as_ids);
+    if (auto it = owner.find(k); it != owner.end() && it->second != id) k = "token_id:" + std::to_string(id);
+    if (owner.emplace(k, id).second) (*d)[k] = v;
+    if (id == sampled) sampled_key = k;
+  };
+  for (const auto& [id, alp] : alts) add(id, alp);
+  if (sampled_key.empty()) add(sampled, lp_json(lp));
+  return sampled_key;
+}
+
+}  // namespace
+
 json completions_logprobs(const tokenizer::Tokenizer* tok, const std::vector<int32_t>& ids,
                           const std::vector<float>& logprobs, size_t first_text_offset,
-                          const std::vector<rollout::TopLogprobs>* top) {
+                          const std::vector<rollout::TopLogprobs>* top, bool tokens_as_ids) {
   json tokens = json::array(), lps = json::array(), offsets = json::array();
   json tops = top ? json::array() : json(nullptr);
   size_t offset = first_text_offset;
   for (size_t i = 0; i < ids.size(); ++i) {
-    std::string t = token_text(tok, ids[i]);
     const float lp = i < logprobs.size() ? logprobs[i] : 0.0f;
-    tokens.push_back(t);
+    std::string key = token_key(tok, ids[i], tokens_as_ids);
     lps.push_back(lp_json(lp));
     offsets.push_back(offset);
-    offset += t.size();
-    if (!top) continue;
+    offset += token_text(tok, ids[i]).size();  // offsets count the text's bytes
     const rollout::TopLogprobs none;
-    const rollout::TopLogprobs& alts = i < top->size() ? (*top)[i] : none;
-    if (alts.empty() && std::isnan(lp)) {
+    const rollout::TopLogprobs& alts = top && i < top->size() ? (*top)[i] : none;
+    if (!top) {
+    } else if (alts.empty() && std::isnan(lp)) {
       tops.push_back(nullptr);  // the prompt's first token
-      continue;
+    } else {
+      json d = json::object();
+      key = top_dict(tok, alts, ids[i], lp, tokens_as_ids, &d);  // tokens[i] is its key in the dict
+      tops.push_back(std::move(d));
     }
-    // {text: logprob}, most likely first; as OpenAI, the sampled token is
-    // always there (up to N + 1 entries). Tokens of equal text keep the first.
-    json d = json::object();
-    for (const auto& [id, alp] : alts) {
-      const std::string at = token_text(tok, id);
-      if (!d.contains(at)) d[at] = alp;
-    }
-    if (!d.contains(t)) d[t] = lp_json(lp);
-    tops.push_back(std::move(d));
+    tokens.push_back(key);
   }
   return json{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
 json chat_logprobs(const tokenizer::Tokenizer* tok, const std::vector<int32_t>& ids,
-                   const std::vector<float>& logprobs, const std::vector<rollout::TopLogprobs>* top) {
+                   const std::vector<float>& logprobs, const std::vector<rollout::TopLogprobs>* top,
+                   bool tokens_as_ids) {
+  // `bytes`: the token's own bytes (a part of a character is not U+FFFD's).
+  auto bytes_of = [&](int32_t id) { return utf8_bytes(tok ? tok->token_bytes(id) : std::string()); };
   json content = json::array();
   for (size_t i = 0; i < ids.size(); ++i) {
-    std::string t = token_text(tok, ids[i]);
     json alts = json::array();
     if (top && i < top->size())
-      for (const auto& [id, lp] : (*top)[i]) {
-        const std::string at = token_text(tok, id);
-        alts.push_back({{"token", at}, {"logprob", lp}, {"bytes", utf8_bytes(at)}});
-      }
-    content.push_back({{"token", t},
+      for (const auto& [id, lp] : (*top)[i])
+        alts.push_back(
+            {{"token", token_key(tok, id, tokens_as_ids)}, {"logprob", lp}, {"bytes", bytes_of(id)}});
+    content.push_back({{"token", token_key(tok, ids[i], tokens_as_ids)},
                        {"logprob", i < logprobs.size() ? logprobs[i] : 0.0f},
-                       {"bytes", utf8_bytes(t)},
+                       {"bytes", bytes_of(ids[i])},
                        {"top_logprobs", alts}});
   }
   return json{{"content", content}};
@@ -764,7 +805,8 @@ json generate_response(const GenJob& job, const std::vector<rollout::RequestResu
   return !job.batched && job.params.n == 1 ? items[0] : items;
 }
 
-std::string echo_text(const GenJob& job, const std::vector<int32_t>& prompt_ids, const tokenizer::Tokenizer* tok) {
+std::string echo_text(const GenJob& job, const std::vector<int32_t>& prompt_ids,
+                      const tokenizer::Tokenizer* tok) {
   return tok ? tok->decode(prompt_ids, job.skip_special_tokens) : "";
 }
 
@@ -777,10 +819,10 @@ json echo_logprobs(const GenJob& job, const rollout::RequestResult& r, const rol
   ids.insert(ids.end(), s.output_ids.begin(), s.output_ids.end());
   std::vector<float> lps = r.prompt_logprobs;
   lps.insert(lps.end(), s.logprobs.begin(), s.logprobs.end());
-  if (job.params.top_logprobs == 0) return completions_logprobs(tok, ids, lps, 0, nullptr);
+  if (job.params.top_logprobs == 0) return completions_logprobs(tok, ids, lps, 0, nullptr, job.tokens_as_ids);
   std::vector<rollout::TopLogprobs> top = r.prompt_top_logprobs;
   top.insert(top.end(), s.top_logprobs.begin(), s.top_logprobs.end());
-  return completions_logprobs(tok, ids, lps, 0, &top);
+  return completions_logprobs(tok, ids, lps, 0, &top, job.tokens_as_ids);
 }
 }  // namespace
 
@@ -801,14 +843,17 @@ json completions_response(const GenJob& job, const std::vector<rollout::RequestR
       const auto* top = job.params.top_logprobs > 0 ? &s.top_logprobs : nullptr;
       if (chat) {
         c["message"] = {{"role", "assistant"}, {"content", o.text}};
-        c["logprobs"] = job.return_logprob ? chat_logprobs(tok, s.output_ids, s.logprobs, top) : json(nullptr);
+        c["logprobs"] = job.return_logprob
+                            ? chat_logprobs(tok, s.output_ids, s.logprobs, top, job.tokens_as_ids)
+                            : json(nullptr);
       } else if (job.echo) {
         c["text"] = echo_text(job, r.prompt_ids, tok) + o.text;
         c["logprobs"] = job.return_logprob ? echo_logprobs(job, r, s, tok) : json(nullptr);
       } else {
         c["text"] = o.text;
-        c["logprobs"] =
-            job.return_logprob ? completions_logprobs(tok, s.output_ids, s.logprobs, 0, top) : json(nullptr);
+        c["logprobs"] = job.return_logprob
+                            ? completions_logprobs(tok, s.output_ids, s.logprobs, 0, top, job.tokens_as_ids)
+                            : json(nullptr);
       }
       choices.push_back(std::move(c));
       ++k;

@@ -49,14 +49,15 @@ struct GenJob {
   bool batched = false;                       // /generate: text or input_ids was a list (answer is a list)
   bool stream = false;
   bool return_logprob = false;  // logprob of every output token (params.top_logprobs alternatives too)
-  int64_t logprob_start = -1;   // >= 0: prompt logprobs from this position (/generate logprob_start_len, echo)
-  bool echo = false;            // completions: the prompt's text (and logprobs) before the completion
-  bool logprob_text = false;    // /generate return_text_in_logprobs: token text beside each logprob
+  int64_t logprob_start = -1;  // >= 0: prompt logprobs from this position (/generate logprob_start_len, echo)
+  bool echo = false;           // completions: the prompt's text (and logprobs) before the completion
+  bool logprob_text = false;   // /generate return_text_in_logprobs: token text beside each logprob
   bool skip_special_tokens = true;
   bool no_stop_trim = false;    // keep the matched stop string in the text
   bool return_experts = false;  // /generate return_routed_experts
   bool return_indexer = false;  // /generate return_indexer_topk (DeepSeek-V4's indexer choices)
   bool include_usage = false;   // OpenAI stream_options.include_usage
+  bool tokens_as_ids = false;   // vLLM's return_tokens_as_token_ids: tokens named "token_id:N"
   std::string rid;              // /generate rid: echoed as meta_info.id
   std::string model;            // OpenAI `model`, echoed back
 };
@@ -118,12 +119,16 @@ nlohmann::json completions_response(const GenJob& job, const std::vector<rollout
 // prompt's first token, is null); chat {"content": [{"token", "logprob",
 // "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}. `top`, when
 // given, holds each token's alternatives.
+// Tokens are named by token_key (below); each position's top_logprobs keys
+// are distinct (a later token whose key is taken gets "token_id:N").
 nlohmann::json completions_logprobs(const tokenizer::Tokenizer* tok, const std::vector<int32_t>& ids,
                                     const std::vector<float>& logprobs, size_t first_text_offset,
-                                    const std::vector<rollout::TopLogprobs>* top = nullptr);
+                                    const std::vector<rollout::TopLogprobs>* top = nullptr,
+                                    bool tokens_as_ids = false);
 nlohmann::json chat_logprobs(const tokenizer::Tokenizer* tok, const std::vector<int32_t>& ids,
                              const std::vector<float>& logprobs,
-                             const std::vector<rollout::TopLogprobs>* top = nullptr);
+                             const std::vector<rollout::TopLogprobs>* top = nullptr,
+                             bool tokens_as_ids = false);
 // [[logprob, token_id, text or null], ...] as SGLang's output_token_logprobs
 // (a NaN logprob is null: input_token_logprobs' first entry).
 nlohmann::json sglang_logprobs(const tokenizer::Tokenizer* tok, const std::vector<int32_t>& ids,
@@ -131,13 +136,20 @@ nlohmann::json sglang_logprobs(const tokenizer::Tokenizer* tok, const std::vecto
 // SGLang's output_top_logprobs / input_top_logprobs: per position a list of
 // [logprob, token_id, text or null]; an empty position is null when
 // `empty_is_null` (the prompt's first token).
-nlohmann::json sglang_top_logprobs(const tokenizer::Tokenizer* tok, const std::vector<rollout::TopLogprobs>& top,
-                                   bool with_text, bool empty_is_null);
+nlohmann::json sglang_top_logprobs(const tokenizer::Tokenizer* tok,
+                                   const std::vector<rollout::TopLogprobs>& top, bool with_text,
+                                   bool empty_is_null);
 // The prompt's text as completions' echo gives it.
-std::string echo_text(const GenJob& job, const std::vector<int32_t>& prompt_ids, const tokenizer::Tokenizer* tok);
+std::string echo_text(const GenJob& job, const std::vector<int32_t>& prompt_ids,
+                      const tokenizer::Tokenizer* tok);
 
 // Text of one token as OpenAI reports it (its own decode, special tokens kept).
 std::string token_text(const tokenizer::Tokenizer* tok, int32_t id);
+// A token as the OpenAI APIs name it in `tokens` and `top_logprobs`: its text;
+// "bytes:\\xNN..." (one \\xNN per byte, as OpenAI writes them) when its bytes
+// are not whole UTF-8 (part of a character); "token_id:N" with vLLM's
+// return_tokens_as_token_ids, or when there is no tokenizer.
+std::string token_key(const tokenizer::Tokenizer* tok, int32_t id, bool as_ids);
 
 // Returns the index in `text` where the first stop string begins, or npos.
 size_t find_stop(const std::string& text, const std::vector<std::string>& stops,

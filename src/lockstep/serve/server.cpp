@@ -325,7 +325,13 @@ void ApiServer::Impl::handle_update_weights(const httplib::Request& req, httplib
     }
   }
   if (path.empty()) throw HttpError(400, "missing model_path");
-  if (!std::filesystem::is_directory(path)) throw HttpError(400, "model_path " + path + ": not a directory");
+  // A model directory, or a run's checkpoints/latest (the file naming the newest step_N), as --model takes.
+  std::string dir;
+  try {
+    dir = resolve_model_dir(path);
+  } catch (const Error& e) {
+    throw HttpError(400, std::string("model_path ") + e.what());
+  }
 
   std::lock_guard<std::mutex> lock(update_mu);
   Timer timer;
@@ -335,7 +341,7 @@ void ApiServer::Impl::handle_update_weights(const httplib::Request& req, httplib
     throw HttpError(400, "weight_version " + std::to_string(new_version) + " is the version being served");
   PretrainedModel p;
   try {
-    p = load_pretrained(path, &ctx);
+    p = load_pretrained(dir, &ctx);
   } catch (const Error& e) {
     throw HttpError(400, std::string("cannot load ") + path + ": " + e.what());
   }

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "lockstep/base/excerpt.h"
+#include "lockstep/base/file_util.h"
 #include "lockstep/base/log.h"
 #include "lockstep/tokenizer/byte_level.h"
 #include "lockstep/tokenizer/scratch.h"
@@ -20,7 +21,7 @@ namespace {
 
 std::string read_file(const std::filesystem::path& path) {
   std::ifstream f(path, std::ios::binary);
-  if (!f) LS_THROW << path.string() << ": cannot open";
+  if (!f) LS_THROW << absolute_path(path.string()) << ": cannot open";
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
@@ -79,13 +80,14 @@ void assign_added_tokens(Tokenizer::Impl& t, const Json& list, const std::string
     by_id[id] = tok;
     if (!is_special_content(tok.content)) plain_order.push_back(tok.content);
     if (file_id >= 0 && file_id != id) {
-      LS_LOG(Warn) << w << ": token '" << tok.content << "' is listed with id " << file_id << " but gets id " << id
-                   << " (as in Hugging Face tokenizers)";
+      LS_LOG(Warn) << w << ": token '" << tok.content << "' is listed with id " << file_id << " but gets id "
+                   << id << " (as in Hugging Face tokenizers)";
     }
   }
   t.added.clear();
   for (const auto& [id, tok] : by_id) t.added.push_back(tok);
-  std::sort(t.added.begin(), t.added.end(), [](const AddedToken& a, const AddedToken& b) { return a.id < b.id; });
+  std::sort(t.added.begin(), t.added.end(),
+            [](const AddedToken& a, const AddedToken& b) { return a.id < b.id; });
 
   // Matchers: special tokens first, then the others, each with the flags of the
   // token finally registered under its id.
@@ -120,11 +122,13 @@ void assign_added_tokens(Tokenizer::Impl& t, const Json& list, const std::string
 // add_bos_token/add_eos_token (defaults true/false); other classes use the
 // tokenizer.json post-processor as is.
 bool uses_config_special_tokens(const TokenizerConfig& c) {
-  return c.tokenizer_class.find("Llama") != std::string::npos || c.tokenizer_class.find("Gemma") != std::string::npos;
+  return c.tokenizer_class.find("Llama") != std::string::npos ||
+         c.tokenizer_class.find("Gemma") != std::string::npos;
 }
 
 std::shared_ptr<Tokenizer::Impl> build(const std::string& text, const std::string& origin,
-                                       const std::optional<TokenizerConfig>& config, const TokenizerOptions& options) {
+                                       const std::optional<TokenizerConfig>& config,
+                                       const TokenizerOptions& options) {
   Json j;
   try {
     j = Json::parse(text);
@@ -138,10 +142,12 @@ std::shared_ptr<Tokenizer::Impl> build(const std::string& text, const std::strin
              << "' (expected 1.0)";
   for (const char* ignored : {"truncation", "padding"}) {
     if (optional_field(j, ignored) != nullptr) {
-      LS_LOG(Warn) << field_path(where, ignored) << " is ignored (lockstep applies no truncation or padding when encoding)";
+      LS_LOG(Warn) << field_path(where, ignored)
+                   << " is ignored (lockstep applies no truncation or padding when encoding)";
     }
   }
-  auto t = std::make_shared<Tokenizer::Impl>(BpeModel::from_json(require_field(j, "model", where), field_path(where, "model")));
+  auto t = std::make_shared<Tokenizer::Impl>(
+      BpeModel::from_json(require_field(j, "model", where), field_path(where, "model")));
   t->origin = origin;
   static const Json kNull = nullptr;
   auto part = [&](const char* key) -> const Json& {
@@ -232,12 +238,14 @@ std::shared_ptr<Tokenizer::Impl> build(const std::string& text, const std::strin
   } else if (t->config.chat_template) {
     t->chat = ChatTemplate::detect(*t->config.chat_template);
     if (!t->chat) {
-      t->chat_error = "tokenizer_config.json: chat_template is not one of the built-in templates (chatml, llama3, "
-                      "deepseek); choose one explicitly (e.g. --chat-template chatml, or raw for plain text)";
+      t->chat_error =
+          "tokenizer_config.json: chat_template is not one of the built-in templates (chatml, llama3, "
+          "deepseek); choose one explicitly (e.g. --chat-template chatml, or raw for plain text)";
     }
   } else {
-    t->chat_error = origin + ": no chat template (tokenizer_config.json has none); choose one of chatml, llama3, "
-                             "deepseek, raw (e.g. --chat-template chatml)";
+    t->chat_error = origin +
+                    ": no chat template (tokenizer_config.json has none); choose one of chatml, llama3, "
+                    "deepseek, raw (e.g. --chat-template chatml)";
   }
   return t;
 }
@@ -253,7 +261,8 @@ Tokenizer Tokenizer::load(const std::filesystem::path& path, const TokenizerOpti
     file = path;
     dir = path.parent_path();
   }
-  if (!std::filesystem::exists(file)) LS_THROW << file.string() << ": not found (expected a Hugging Face tokenizer.json)";
+  if (!std::filesystem::exists(file))
+    LS_THROW << file.string() << ": not found (expected a Hugging Face tokenizer.json)";
   std::optional<TokenizerConfig> config;
   std::filesystem::path cfg = dir / "tokenizer_config.json";
   if (std::filesystem::exists(cfg)) config = TokenizerConfig::from_file(cfg);
@@ -266,7 +275,8 @@ Tokenizer Tokenizer::load(const std::filesystem::path& path, const TokenizerOpti
 }
 
 Tokenizer Tokenizer::from_json_text(const std::string& tokenizer_json, const std::string& origin,
-                                    const std::optional<TokenizerConfig>& config, const TokenizerOptions& options) {
+                                    const std::optional<TokenizerConfig>& config,
+                                    const TokenizerOptions& options) {
   return Tokenizer(build(tokenizer_json, origin, config, options));
 }
 
@@ -365,7 +375,14 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
   return utf8_sanitize(impl_->decode_bytes(ids, skip_special_tokens));
 }
 
-DecodeStream Tokenizer::decode_stream(bool skip_special_tokens) const { return DecodeStream(impl_, skip_special_tokens); }
+std::string Tokenizer::token_bytes(int32_t id) const {
+  const int32_t one[1] = {id};
+  return impl_->decode_bytes(std::span<const int32_t>(one, 1), false);
+}
+
+DecodeStream Tokenizer::decode_stream(bool skip_special_tokens) const {
+  return DecodeStream(impl_, skip_special_tokens);
+}
 
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
   if (auto it = impl_->added_ids.find(token); it != impl_->added_ids.end()) return it->second;
@@ -377,15 +394,21 @@ std::optional<std::string> Tokenizer::id_to_token(int32_t id) const {
   return impl_->token_text[static_cast<size_t>(id)];
 }
 
-int32_t Tokenizer::vocab_size() const { return impl_->vocab_size; }
+int32_t Tokenizer::vocab_size() const {
+  return impl_->vocab_size;
+}
 
 bool Tokenizer::is_special(int32_t id) const {
   return id >= 0 && id < impl_->vocab_size && impl_->special[static_cast<size_t>(id)];
 }
 
-const std::vector<AddedToken>& Tokenizer::added_tokens() const { return impl_->added; }
+const std::vector<AddedToken>& Tokenizer::added_tokens() const {
+  return impl_->added;
+}
 
-const TokenizerConfig& Tokenizer::config() const { return impl_->config; }
+const TokenizerConfig& Tokenizer::config() const {
+  return impl_->config;
+}
 
 std::optional<int32_t> Tokenizer::bos_id() const {
   return impl_->config.bos_token ? token_to_id(*impl_->config.bos_token) : std::nullopt;
@@ -402,11 +425,13 @@ const ChatTemplate& Tokenizer::chat_template() const {
   return *impl_->chat;
 }
 
-std::string Tokenizer::apply_chat_template(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+std::string Tokenizer::apply_chat_template(const std::vector<ChatMessage>& messages,
+                                           bool add_generation_prompt) const {
   return chat_template().render(messages, add_generation_prompt, impl_->config.bos_token.value_or(""));
 }
 
-std::vector<int32_t> Tokenizer::encode_chat(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+std::vector<int32_t> Tokenizer::encode_chat(const std::vector<ChatMessage>& messages,
+                                            bool add_generation_prompt) const {
   const ChatTemplate& t = chat_template();
   std::string text = t.render(messages, add_generation_prompt, impl_->config.bos_token.value_or(""));
   return encode(text, t.format() == ChatFormat::Raw);

@@ -36,7 +36,8 @@ class Tokenizer {
   // (its directory's tokenizer_config.json is read when present).
   static Tokenizer load(const std::filesystem::path& path, const TokenizerOptions& options = {});
   // From the text of a tokenizer.json; `origin` names it in errors.
-  static Tokenizer from_json_text(const std::string& tokenizer_json, const std::string& origin = "tokenizer.json",
+  static Tokenizer from_json_text(const std::string& tokenizer_json,
+                                  const std::string& origin = "tokenizer.json",
                                   const std::optional<TokenizerConfig>& config = std::nullopt,
                                   const TokenizerOptions& options = {});
 
@@ -48,6 +49,9 @@ class Tokenizer {
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = false) const;
   // Text of `ids`; unknown ids are skipped. Never returns ill-formed UTF-8.
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
+  // The bytes one token decodes to, before ill-formed UTF-8 is repaired: a
+  // token holding part of a character gives that part. Unknown ids: "".
+  std::string token_bytes(int32_t id) const;
   // An incremental decoder for streaming output (see DecodeStream).
   DecodeStream decode_stream(bool skip_special_tokens = false) const;
 
@@ -65,10 +69,12 @@ class Tokenizer {
   // The chat template in use; throws Error (saying how to choose one) when the
   // config's template was not recognised and none was chosen.
   const ChatTemplate& chat_template() const;
-  std::string apply_chat_template(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true) const;
+  std::string apply_chat_template(const std::vector<ChatMessage>& messages,
+                                  bool add_generation_prompt = true) const;
   // Ids of the rendered chat. Templates write BOS themselves, so no special
   // tokens are added, except for `raw`, which encodes with add_special_tokens.
-  std::vector<int32_t> encode_chat(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true) const;
+  std::vector<int32_t> encode_chat(const std::vector<ChatMessage>& messages,
+                                   bool add_generation_prompt = true) const;
 
   struct Impl;
 

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "lockstep/base/excerpt.h"
+#include "lockstep/base/file_util.h"
 
 namespace lockstep::tokenizer {
 namespace {
@@ -36,7 +37,8 @@ TokenizerConfig TokenizerConfig::from_json(const Json& j, const std::string& whe
   c.add_bos_token = bool_field(j, "add_bos_token", where);
   c.add_eos_token = bool_field(j, "add_eos_token", where);
   c.tokenizer_class = optional_string(j, "tokenizer_class", where).value_or("");
-  if (const Json* m = optional_field(j, "model_max_length"); m && m->is_number()) c.model_max_length = m->get<double>();
+  if (const Json* m = optional_field(j, "model_max_length"); m && m->is_number())
+    c.model_max_length = m->get<double>();
   if (const Json* t = optional_field(j, "chat_template")) {
     if (t->is_string()) {
       c.chat_template = t->get<std::string>();
@@ -58,7 +60,7 @@ TokenizerConfig TokenizerConfig::from_json(const Json& j, const std::string& whe
 
 TokenizerConfig TokenizerConfig::from_file(const std::filesystem::path& path) {
   std::ifstream f(path, std::ios::binary);
-  if (!f) LS_THROW << path.string() << ": cannot open";
+  if (!f) LS_THROW << absolute_path(path.string()) << ": cannot open";
   std::stringstream ss;
   ss << f.rdbuf();
   Json j;

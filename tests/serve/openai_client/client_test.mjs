@@ -15,8 +15,9 @@ if (!baseURL || !apiKey || !modelName) {
 }
 const client = new OpenAI({ baseURL: `${baseURL}/v1`, apiKey, timeout: 60000, maxRetries: 0 });
 
-// One completions position: `top` is {text: logprob} with at most N + 1
-// entries (the N best and the token itself), equal texts sharing an entry.
+// One completions position: `top` is {token: logprob} with N or N + 1
+// distinct entries (the N best and the token itself); a token holding part
+// of a character is named "bytes:\\xNN...".
 function checkCompletionPosition(lp, i, n, what) {
   const token = lp.tokens[i];
   const value = lp.token_logprobs[i];
@@ -26,7 +27,10 @@ function checkCompletionPosition(lp, i, n, what) {
   assert.ok(value <= 0, `${what}: token_logprobs[${i}] = ${value} > 0`);
   assert.equal(typeof top, "object", `${what}: top_logprobs[${i}]`);
   const values = Object.values(top);
-  assert.ok(values.length >= 1 && values.length <= n + 1, `${what}: ${values.length} alternatives at ${i}`);
+  assert.ok(values.length >= n && values.length <= n + 1, `${what}: ${values.length} alternatives at ${i}`);
+  for (const key of Object.keys(top))
+    assert.ok(!key.includes("\uFFFD") && (!key.startsWith("bytes:") || /^bytes:(\\x[0-9a-f]{2})+$/.test(key)),
+              `${what}: alternative named ${JSON.stringify(key)} at ${i}`);
   assert.ok(token in top, `${what}: the sampled token is among its alternatives at ${i}`);
   const best = Math.max(...values);
   assert.ok(best >= value, `${what}: the best alternative ${best} < the sampled token's ${value} at ${i}`);
