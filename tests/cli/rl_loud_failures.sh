@@ -7,9 +7,12 @@
 #     with the reason; the metrics and checkpoints written before are kept,
 #     the samples carry each failure's reason, the step line shows it;
 #  3. verl rows (message-list prompt, reward_model.ground_truth, top-level
-#     data_source and extra_info) run with a verl compute_score unchanged.
+#     data_source and extra_info) run with a verl compute_score unchanged,
+#     from JSONL and from a verl parquet file (written by hyparquet-writer:
+#     tests/data/fixtures/verl_small.parquet).
 set -euo pipefail
 BIN=$1
+SRC=$2
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 PY=/usr/bin/python3
@@ -120,6 +123,28 @@ PY
   || { cat "$T/verl.log"; exit 1; }
 grep -q "^step 2/2 | reward " "$T/verl.log" || { cat "$T/verl.log"; exit 1; }
 python3 - "$T/verl" <<'PY'
+import json, sys
+ms = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
+assert [m["step"] for m in ms] == [1, 2], ms
+for m in ms:
+    assert m["rollout/reward_failures"] == 0 and "rollout/reward_mean" in m, m
+PY
+
+# The same from verl's parquet layout, with its own compute_score checks.
+cat > "$T/verl_parquet_score.py" <<'PY'
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    assert data_source == "openai/gsm8k", data_source
+    assert extra_info["split"] in ("train", "test") and isinstance(extra_info["index"], int), extra_info
+    assert isinstance(ground_truth, str) and ground_truth, ground_truth
+    return 1.0 if ground_truth in solution_str else 0.0
+PY
+"$BIN" rl --config "$T/base.toml" --out "$T/verl_parquet" --set train.steps=2 \
+  --set data.train_file="\"$SRC/tests/data/fixtures/verl_small.parquet\"" --set data.apply_chat_template=true \
+  --set data.label_key='"reward_model.ground_truth"' --set reward.type='"python"' \
+  --set reward.path="\"$T/verl_parquet_score.py\"" --set reward.python="\"$PY\"" > "$T/verl_parquet.log" 2>&1 \
+  || { cat "$T/verl_parquet.log"; exit 1; }
+grep -q "^step 2/2 | reward " "$T/verl_parquet.log" || { cat "$T/verl_parquet.log"; exit 1; }
+python3 - "$T/verl_parquet" <<'PY'
 import json, sys
 ms = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
 assert [m["step"] for m in ms] == [1, 2], ms
