@@ -1,8 +1,9 @@
-// Scoring with the logits in chunks (TrainerConfig::logits_chunk): the
+// Scoring's memory: the logits in chunks (TrainerConfig::logits_chunk; the
 // forward stops at the vocabulary projection's input, and the trainer takes
-// the logits and logprobs a few rows at a time. Every logprob and entropy
-// must have the bits of the unchunked pass at every chunk size, for dense,
-// MoE and DeepSeek-V4 models, at f32, bf16 and fp8, and with a temperature.
+// the logits and logprobs a few rows at a time) and one layer's K/V scratch
+// for all layers. Every logprob and entropy must have the bits of the
+// unchunked pass at every chunk size, for dense, MoE and DeepSeek-V4 models,
+// at f32, bf16 and fp8, and with a temperature.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -12,6 +13,7 @@
 #include "common/v4_config.h"
 #include "lockstep/base/error.h"
 #include "lockstep/model/forward.h"
+#include "lockstep/model/kv_cache.h"
 #include "lockstep/model/params.h"
 #include "lockstep/train/trainer.h"
 
@@ -149,6 +151,22 @@ TEST(LogitsChunk, HeadInputProjectsToTheForwardsLogits) {
   model::Activations acts;
   no_head.save_activations = true;
   EXPECT_THROW(model::forward(Context{}, w, kv, ws, b, no_head, &deferred, &acts), Error);
+}
+
+// Scoring's KV scratch: one array for every layer of a dense or MoE model
+// (the scores above, taken on it, have the full cache's bits); DeepSeek-V4
+// keeps its per-layer stores.
+TEST(LogitsChunk, ScoringScratchHoldsOneLayersKeys) {
+  const ModelConfig c = moe_config();
+  const model::KvCache full(c, 8, 16), scratch = model::KvCache::scoring_scratch(c, 8, 16);
+  EXPECT_TRUE(scratch.shared_layers());
+  EXPECT_EQ(scratch.num_layers(), c.num_layers);
+  EXPECT_EQ(scratch.nbytes() * size_t(c.num_layers), full.nbytes());
+  EXPECT_EQ(scratch.k(0).data, scratch.k(c.num_layers - 1).data);
+  const ModelConfig v4 = test::tiny_v4();
+  const model::KvCache v4_scratch = model::KvCache::scoring_scratch(v4, 8, 16);
+  EXPECT_FALSE(v4_scratch.shared_layers());
+  EXPECT_EQ(v4_scratch.nbytes(), model::KvCache(v4, 8, 16).nbytes());
 }
 
 }  // namespace

@@ -7,9 +7,13 @@
 
 namespace lockstep::model {
 
-KvCache::KvCache(const ModelConfig& c, int64_t num_blocks, int block_size, DType dtype, const Allocator& memory,
-                 bool with_mtp)
-    : block_size_(block_size), num_blocks_(num_blocks), dtype_(dtype), memory_(&memory) {
+KvCache::KvCache(const ModelConfig& c, int64_t num_blocks, int block_size, DType dtype,
+                 const Allocator& memory, bool with_mtp)
+    : block_size_(block_size),
+      num_blocks_(num_blocks),
+      num_layers_(c.num_layers),
+      dtype_(dtype),
+      memory_(&memory) {
   LS_CHECK(num_blocks >= 1 && block_size >= 1) << "num_blocks=" << num_blocks << " block_size=" << block_size;
   LS_CHECK(dtype == DType::F32 || dtype == DType::BF16)
       << "KV cache dtype must be f32 or bf16, got " << dtype_name(dtype);
@@ -27,6 +31,17 @@ KvCache::KvCache(const ModelConfig& c, int64_t num_blocks, int block_size, DType
     v_.emplace_back(dtype, std::vector<int64_t>{num_blocks, block_size, c.num_kv_heads, c.head_dim}, memory,
                     Fill::Undefined, "KV cache values");
   }
+}
+
+KvCache KvCache::scoring_scratch(const ModelConfig& c, int64_t num_blocks, int block_size,
+                                 const Allocator& memory) {
+  if (c.is_v4() || c.num_layers <= 1) return KvCache(c, num_blocks, block_size, DType::F32, memory);
+  ModelConfig one = c;
+  one.num_layers = 1;
+  KvCache kv(one, num_blocks, block_size, DType::F32, memory);
+  kv.num_layers_ = c.num_layers;
+  kv.shared_layers_ = true;
+  return kv;
 }
 
 void KvCache::add_v4_layer(const ModelConfig& c, int64_t l) {

@@ -26,10 +26,20 @@ class KvCache {
   KvCache(const ModelConfig& config, int64_t num_blocks, int block_size, DType dtype = DType::F32,
           const Allocator& memory = host_allocator(), bool with_mtp = true);
 
+  // Scratch for a forward in which every token is new (n_ctx == 0) and
+  // nothing reads a layer's keys and values after that layer has run (scoring,
+  // no backward): dense and MoE models get one f32 K/V array that every layer
+  // writes and reads in turn (a forward writes a layer's new keys before its
+  // attention reads any), 1/L of a full cache; DeepSeek-V4 the full cache.
+  static KvCache scoring_scratch(const ModelConfig& config, int64_t num_blocks, int block_size,
+                                 const Allocator& memory = host_allocator());
+
   // (num_blocks, block_size, Hkv, Dh) views of layer `layer`, in dtype().
   // Empty for DeepSeek-V4, whose layers use the stores below.
-  Tensor k(int64_t layer) const { return k_[static_cast<size_t>(layer)].view(); }
-  Tensor v(int64_t layer) const { return v_[static_cast<size_t>(layer)].view(); }
+  Tensor k(int64_t layer) const { return k_[shared_layers_ ? 0 : static_cast<size_t>(layer)].view(); }
+  Tensor v(int64_t layer) const { return v_[shared_layers_ ? 0 : static_cast<size_t>(layer)].view(); }
+  // Whether every layer shares one K/V array (scoring_scratch).
+  bool shared_layers() const { return shared_layers_; }
 
   // DeepSeek-V4 (docs/deepseek-v4.md, "Cache"). Every store has rows per token
   // slot, slot = block * block_size + offset, so the block table that places a
@@ -52,7 +62,7 @@ class KvCache {
   void copy_block(int64_t dst, int64_t src);
   int block_size() const { return block_size_; }
   int64_t num_blocks() const { return num_blocks_; }
-  int64_t num_layers() const { return static_cast<int64_t>(k_.size()); }
+  int64_t num_layers() const { return num_layers_; }
   size_t nbytes() const;  // the K/V memory
 
  private:
@@ -68,6 +78,8 @@ class KvCache {
   std::vector<V4Stores> v4_;
   int block_size_ = 0;
   int64_t num_blocks_ = 0;
+  int64_t num_layers_ = 0;
+  bool shared_layers_ = false;  // k_ and v_ hold one array for every layer
   DType dtype_ = DType::F32;
   const Allocator* memory_ = &host_allocator();
 };

@@ -223,6 +223,22 @@ namespace {
 constexpr size_t kScanBytes = size_t{1} << 20;
 }  // namespace
 
+namespace {
+// Drops the mapped file pages wholly inside [p, p + n) from the process's
+// resident set once read: a model's file would otherwise stay resident beside
+// the buffers it was read into (twice the weights at the end of a load). The
+// mapping is private and never written, so a later read of those bytes (a
+// second verification) faults them in again from the file, unchanged.
+void release_read_pages(const uint8_t* p, size_t n) {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+  if (end <= begin) return;
+  void* start = reinterpret_cast<void*>(begin);  // NOLINT(performance-no-int-to-ptr)
+  ::madvise(start, end - begin, MADV_DONTNEED);
+}
+}  // namespace
+
 template <typename F>
 void SafetensorsFile::scan(const SafetensorsEntry& e, size_t esize, F&& convert) const {
   const size_t n = static_cast<size_t>(e.numel);
@@ -232,6 +248,7 @@ void SafetensorsFile::scan(const SafetensorsEntry& e, size_t esize, F&& convert)
     const size_t m = std::min(chunk, n - i);
     if (e.has_checksum) hash.update(data(e) + i * esize, m * esize);
     convert(i, m);
+    release_read_pages(data(e) + i * esize, m * esize);
   }
   if (e.has_checksum && hash.digest() != e.checksum)
     LS_THROW << path_ << ": tensor '" << excerpt(e.name) << "' fails its checksum (file corrupt)";

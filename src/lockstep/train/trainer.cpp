@@ -28,7 +28,8 @@ struct RunBuffers {
   explicit RunBuffers(const Allocator& memory) : memory(memory), ws(memory) {}
   const Allocator& memory;
   model::Workspace ws;
-  model::KvCache kv;
+  model::KvCache kv;        // training passes: every layer's keys, for backward
+  model::KvCache score_kv;  // scoring passes: KvCache::scoring_scratch
   model::Activations acts;
   model::ForwardResult fr;
   OwnedTensor logp, ent, tgt, dlogp, dent;  // (R)
@@ -501,8 +502,11 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
     for (size_t i = b0; i < b1; ++i) nb += blocks_of(seqs[i], bs);
     max_blocks_total = std::max(max_blocks_total, nb);
   }
-  if (rb.kv.num_blocks() < max_blocks_total || rb.kv.block_size() != bs)
-    rb.kv = model::KvCache(c, max_blocks_total, bs, DType::F32, rb.memory);
+  // Scoring keeps no layer's keys past that layer: one K/V array serves all.
+  model::KvCache& kv = loss ? rb.kv : rb.score_kv;
+  if (kv.num_blocks() < max_blocks_total || kv.block_size() != bs)
+    kv = loss ? model::KvCache(c, max_blocks_total, bs, DType::F32, rb.memory)
+              : model::KvCache::scoring_scratch(c, max_blocks_total, bs, rb.memory);
   OwnedTensor &logp = rb.logp, &ent = rb.ent, &tgt = rb.tgt, &dlogp = rb.dlogp, &dent = rb.dent;
   const bool mtp = loss != nullptr && r.mtp_loss_coef > 0;
   std::vector<int64_t> mtp_norm;
@@ -528,7 +532,7 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
     // backward's lm_head gradient needs at once).
     const bool chunked = loss == nullptr && r.logits_chunk > 0 && R > r.logits_chunk;
     fo.lm_head = !chunked;
-    model::forward(r.ctx, r.weights, rb.kv, rb.ws, batch, fo, &rb.fr, loss ? &rb.acts : nullptr);
+    model::forward(r.ctx, r.weights, kv, rb.ws, batch, fo, &rb.fr, loss ? &rb.acts : nullptr);
 
     model::reuse(r.ctx, logp, DType::F32, {R});
     model::reuse(r.ctx, ent, DType::F32, {R});
