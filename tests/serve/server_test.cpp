@@ -451,7 +451,8 @@ TEST_F(ServeTest, OpenAiEndpointsAreWellFormed) {
 
   json chat_ids = chat_body;
   chat_ids["return_tokens_as_token_ids"] = true;
-  for (const auto& t : post("/v1/chat/completions", chat_ids)["choices"][0]["logprobs"]["content"]) {
+  const json by_ids = post("/v1/chat/completions", chat_ids);  // kept: the loop reads into it
+  for (const auto& t : by_ids["choices"][0]["logprobs"]["content"]) {
     EXPECT_EQ(t["token"].get<std::string>().rfind("token_id:", 0), 0u) << t.dump();
     EXPECT_EQ(t["top_logprobs"][1]["token"].get<std::string>().rfind("token_id:", 0), 0u) << t.dump();
   }
