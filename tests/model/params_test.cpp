@@ -302,6 +302,17 @@ TEST(Bind, BenchConfigSizes) {
       1720574976);
   EXPECT_EQ(ParamLayout(model_config_from_toml_file((root / "configs/bench/qwen3-4b.toml").string())).numel(),
             4022468096);
+  // One Qwen3-30B-A3B layer with the real embedding and head (the layer is
+  // 623,120,640 of the HF release's 30,532,122,624 = 48 layers + 622,331,904).
+  EXPECT_EQ(
+      ParamLayout(model_config_from_toml_file((root / "configs/bench/qwen3-30b-a3b-layer.toml").string()))
+          .numel(),
+      1245452544);
+  // One V4-Flash CSA block with the real embedding and head: 7.65 B, 6.44 B of
+  // them in the routed experts (V4-Flash: 284.3 B in 43 blocks).
+  EXPECT_EQ(
+      ParamLayout(model_config_from_toml_file((root / "configs/bench/v4-flash-layer.toml").string())).numel(),
+      7654690299);
 }
 
 TEST(InitParams, DeterministicAndThreadIndependent) {
