@@ -75,10 +75,11 @@ class DeviceMemory final : public Allocator {
     check(LS_RT(MemsetAsync)(p, fill == Fill::Zero ? 0 : 0xFF, bytes, stream()), "memset");
     return p;
   }
-  // After the kernels queued before that use p; errors cannot be reported here
-  // (they show at the next launch's check).
+  // After the kernels queued before that use p. noexcept: an error (the
+  // runtime already shut down at exit) is dropped, and cleared so that the next
+  // launch's check does not report it as its own.
   void release(void* p) const noexcept override {
-    if (p) (void)LS_RT(FreeAsync)(p, stream());
+    if (p && LS_RT(FreeAsync)(p, stream()) != LS_RT(Success)) (void)LS_RT(GetLastError)();
   }
   bool host_visible() const override { return false; }
   bool holds(const void* p) const override {
