@@ -105,7 +105,8 @@ class DeviceMemory final : public Allocator {
     check(LS_RT(StreamSynchronize)(stream()), "copy from the device (wait)");
   }
   void copy(void* dst, const void* src, size_t bytes) const override {
-    if (bytes) check(LS_RT(MemcpyAsync)(dst, src, bytes, LS_RT(MemcpyDeviceToDevice), stream()), "copy on the device");
+    if (bytes)
+      check(LS_RT(MemcpyAsync)(dst, src, bytes, LS_RT(MemcpyDeviceToDevice), stream()), "copy on the device");
   }
 
  private:

@@ -66,14 +66,17 @@ const GpuBackend* open_device(int index) {
     check(LS_RT(StreamCreate)(&g_stream), LS_RT_NAME "StreamCreate");
     opened = index;
   }
-  if (opened != index) LS_THROW << LS_RT_NAME << ": device " << opened << " is already open; one device per process";
+  if (opened != index)
+    LS_THROW << LS_RT_NAME << ": device " << opened << " is already open; one device per process";
   static const GpuBackend backend = make_backend();
   return &backend;
 }
 
 }  // namespace
 
-DeviceStream stream() { return g_stream; }
+DeviceStream stream() {
+  return g_stream;
+}
 
 void check_launch(const char* kernel, const char* file, int line) {
   auto rc = LS_RT(GetLastError)();
@@ -83,8 +86,9 @@ void check_launch(const char* kernel, const char* file, int line) {
     when = "run";
   }
   if (rc != LS_RT(Success)) {
-    LS_THROW << "kernel " << kernel << " (launched at " << file << ":" << line << ") failed to " << when << " on "
-             << LS_RT_NAME << ": " << LS_RT(GetErrorName)(rc) << " (" << LS_RT(GetErrorString)(rc) << ")";
+    LS_THROW << "kernel " << kernel << " (launched at " << file << ":" << line << ") failed to " << when
+             << " on " << LS_RT_NAME << ": " << LS_RT(GetErrorName)(rc) << " (" << LS_RT(GetErrorString)(rc)
+             << ")";
   }
 }
 
