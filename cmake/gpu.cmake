@@ -1,8 +1,8 @@
 # The device builds of the GPU kernel sources (src/lockstep/kernels/gpu/*.cu):
 # CUDA (LOCKSTEP_CUDA, nvcc) and HIP (LOCKSTEP_HIP, hipcc), and the float lint of
 # their device code (scripts/gpu-lint.py, ctest label gpu-interp). docs/gpu.md
-# says why each flag. The libraries are compile targets of `all` only: nothing
-# links them into lockstep or the tests yet (no machine here can run them).
+# says why each flag. lockstep links the libraries with their runtimes
+# (cmake/gpu/CMakeLists.txt); the tests do not.
 
 # --- CUDA -------------------------------------------------------------------------
 if(CMAKE_CUDA_COMPILER)

@@ -2,12 +2,14 @@
 # The one script to run on the lent GPU machine (docs/gpu.md, "The device
 # check"): unpacks the carried .debs into a prefix, configures and builds
 # lockstep with -DLOCKSTEP_MPI=OFF -DLOCKSTEP_CUDA=ON, runs nvidia-smi, the
-# gpu-interp and gpu tests and a few `lockstep bench` runs, each step under its
-# own timeout, going on past failures, and writes every step's command, exit
-# code, duration and output tail to ONE results file.
+# gpu-interp tests, then the device steps (the gpu tests, scripts/gpu-parity.sh's
+# checks of the GPU against the CPU, `lockstep bench` on both and a throughput
+# table), each step under its own timeout, going on past failures, and writes
+# every step's command, exit code, duration and output tail to ONE results file.
 #
 #   scripts/gpu-check.sh                       on the device machine, from the repo root
-#   GPU_CHECK_NO_DEVICE=1 scripts/gpu-check.sh anywhere: skips the steps that need a GPU
+#   GPU_CHECK_NO_DEVICE=1 scripts/gpu-check.sh anywhere: lists the steps that need a GPU
+#                                              as "would run: COMMAND" instead of running them
 #                                              (and configures with -DLOCKSTEP_CUDA=OFF
 #                                              unless GPU_CHECK_CUDA=ON: nvcc needs no GPU)
 # Settings (environment): DEBDIR (third_party/debs), PREFIX (/tmp/lockstep-prefix),
@@ -15,8 +17,8 @@
 # GPU_CHECK_BUILD_TIMEOUT_S (360: the build step), GPU_CHECK_WERROR (0 on the
 # device: g++ warnings do not stop the build, they are counted; 1 in no-device mode),
 # GPU_CHECK_TARGETS (default: lockstep and every gpu/cuda executable target),
-# GPU_CHECK_CMAKE_ARGS (more configure arguments), GPU_CHECK_BENCH (bench
-# commands, one per line, run with ./lockstep replaced by the built binary).
+# GPU_CHECK_CMAKE_ARGS (more configure arguments), GPU_CHECK_BENCH (more
+# commands, one per line, run last with ./lockstep replaced by the built binary).
 # Results: $OUT/gpu-check-results.txt if OUT is set, else ./gpu-check-results.txt.
 set -uo pipefail
 
@@ -36,21 +38,9 @@ CUDA=ON
 [ "$NO_DEVICE" = 1 ] && CUDA=OFF
 CUDA=${GPU_CHECK_CUDA:-$CUDA}
 WERROR=${GPU_CHECK_WERROR:-$NO_DEVICE}
-# Small runs of moe-tiny: the CPU's figures, then the same on the GPU.
-ROLLOUT="./lockstep bench rollout --config configs/bench/moe-tiny.toml --threads $JOBS --batches 1,16 --new-tokens 16 \
-  --prefill-prompts 4 --prefill-len 64 --grpo-prompts 8 --grpo-samples 2"
-TRAIN="./lockstep bench train --config configs/bench/moe-tiny.toml --threads $JOBS --seqs 8 --steps 1"
-if [ "$NO_DEVICE" = 1 ]; then
-  DEFAULT_BENCH="./lockstep info
-$ROLLOUT --device cpu"
-else
-  DEFAULT_BENCH="./lockstep info
-$ROLLOUT --device cpu
-$ROLLOUT --device cuda
-$TRAIN --device cpu
-$TRAIN --device cuda"
-fi
-BENCH=${GPU_CHECK_BENCH:-$DEFAULT_BENCH}
+# More commands to run after the device steps (one per line, ./lockstep replaced
+# by the built binary), e.g. a longer benchmark.
+BENCH=${GPU_CHECK_BENCH:-}
 
 START=$(date +%s)
 LOGDIR=$(mktemp -d)
@@ -151,21 +141,69 @@ step build "${GPU_CHECK_BUILD_TIMEOUT_S:-360}" "cmake --build '$BUILD' -j $JOBS 
 step warnings 10 "grep -m 40 'warning:' '$LOGDIR/build.log'; echo \"\$(grep -c 'warning:' '$LOGDIR/build.log') compiler warnings\""
 
 step ctest-gpu-interp 240 "ctest --test-dir '$BUILD' -L '^gpu-interp\$' -j $JOBS --output-on-failure --timeout 120"
-if [ "$NO_DEVICE" = 1 ]; then
-  skip ctest-gpu "ctest -L '^gpu\$'" "GPU_CHECK_NO_DEVICE=1"
-else
-  step ctest-gpu 180 "ctest --test-dir '$BUILD' -L '^gpu\$' -j 1 --output-on-failure --timeout 120"
-fi
 
-if [ -x "$BUILD/lockstep" ]; then
+# ---- the device steps: each needs the GPU; with GPU_CHECK_NO_DEVICE=1 it is
+# listed as "would run" with its command, so the dry run shows every one.
+WOULD_RUN=()
+device_step() {  # device_step NAME TIMEOUT_S COMMAND
+  if [ "$NO_DEVICE" = 1 ]; then
+    record "$1" "$3" would-run 0 "(would run on the device)"
+    WOULD_RUN+=("$1: $3")
+    return 0
+  fi
+  step "$@"
+}
+LS=$BUILD/lockstep
+PARITY="THREADS=$JOBS bash scripts/gpu-parity.sh '$LS' cuda /tmp/lockstep-gpu-parity"
+MOE_TINY="--config configs/bench/moe-tiny.toml --threads $JOBS"
+ROLLOUT="bench rollout $MOE_TINY --batches 1,16,64 --new-tokens 16 --prefill-prompts 4 --prefill-len 64 \
+  --grpo-prompts 8 --grpo-samples 2"
+TRAIN="bench train $MOE_TINY --seqs 8 --steps 1"
+
+# The binary has the CUDA backend and sees the GPU.
+device_step device-info 20 "'$LS' info && '$LS' info | grep -qE 'cuda \(built, [1-9][0-9]* found'"
+# The kernel parity and strict-mode tests on the device (label gpu).
+device_step ctest-gpu 180 "ctest --test-dir '$BUILD' -L '^gpu\$' --no-tests=error -j 1 --output-on-failure --timeout 120"
+# The demo model's 3 RL steps on the GPU: the CPU run's checkpoint bytes; then
+# score / generate on the GPU vs the CPU, and GPU rollout vs CPU trainer.
+device_step parity-rl 240 "$PARITY rl"
+device_step parity-score 90 "$PARITY score"
+device_step parity-align 90 "$PARITY align"
+
+# The throughput table: decode at batch 1/16/64 and training, CPU then GPU,
+# and the GEMM against cuBLAS on the same shapes.
+BENCH_LOGS=()
+if [ -x "$LS" ]; then
+  step bench-rollout-cpu 120 "'$LS' $ROLLOUT --device cpu"
+  BENCH_LOGS+=("$LOGDIR/bench-rollout-cpu.log")
+  device_step bench-rollout-cuda 90 "'$LS' $ROLLOUT --device cuda"
+  step bench-train-cpu 90 "'$LS' $TRAIN --device cpu"
+  BENCH_LOGS+=("$LOGDIR/bench-train-cpu.log")
+  device_step bench-train-cuda 60 "'$LS' $TRAIN --device cuda"
+  [ "$NO_DEVICE" = 1 ] || BENCH_LOGS+=("$LOGDIR/bench-rollout-cuda.log" "$LOGDIR/bench-train-cuda.log")
+else
+  skip bench "lockstep bench" "no $LS"
+fi
+device_step gemm-cublas 60 "test -x '$BUILD/bench_gemm_cublas' || { echo 'no cuBLAS GEMM benchmark (bench_gemm_cublas) in this build'; exit 1; }
+  '$BUILD/bench_gemm_cublas' --benchmark_min_time=0.05"
+[ "$NO_DEVICE" = 1 ] || BENCH_LOGS+=("$LOGDIR/gemm-cublas.log")
+step throughput 10 "python3 scripts/gpu-throughput.py ${BENCH_LOGS[*]}"
+
+if [ -n "$BENCH" ] && [ -x "$LS" ]; then
   i=0
   while IFS= read -r b; do
     [ -n "$b" ] || continue
     i=$((i + 1))
-    step "bench-$i" 90 "${b/.\/lockstep/$BUILD/lockstep}"
+    step "bench-$i" 90 "${b/.\/lockstep/$LS}"
   done <<<"$BENCH"
-else
-  skip bench "lockstep bench" "no $BUILD/lockstep"
+fi
+
+if [ "${#WOULD_RUN[@]}" -gt 0 ]; then
+  {
+    echo
+    echo "=== device steps (GPU_CHECK_NO_DEVICE=1: not run; on the device each would run)"
+    for w in "${WOULD_RUN[@]}"; do echo "would run: $w"; done
+  } >>"$RESULTS"
 fi
 
 {

@@ -31,6 +31,7 @@ PACKAGES=(
   libcpp-httplib-dev libcpp-httplib0.11                    # HTTP server/client
   libssl-dev libssl3 zlib1g-dev zlib1g libbrotli-dev libbrotli1  # cpp-httplib's .pc Requires
   libpcre2-dev libpcre2-8-0                                # tokenizer split patterns
+  libsnappy-dev libsnappy1v5 libzstd-dev libzstd1          # parquet page codecs (data/)
   libgtest-dev libgmock-dev                                # tests (static libraries)
   libbenchmark-dev libbenchmark1debian                     # bench/
   pkgconf-bin libpkgconf3                                  # pkg-config, for the .pc files above

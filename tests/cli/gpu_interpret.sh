@@ -9,8 +9,9 @@
 #     on the CPU) reports a zero gap;
 #  3. a short RL demo (SFT warm-up, GRPO steps, evaluation) with --device
 #     interpret writes the CPU run's metrics and bitwise the same checkpoints;
-#  4. --device cuda in a build without a CUDA backend, and an unknown device,
-#     fail with a clear message (exit 2).
+#  4. --device cuda on a machine without a CUDA device (or in a build without
+#     the CUDA runtime; tests/cli/device_cli.sh checks which message), and an
+#     unknown device, fail with a clear message (exit 2).
 set -euo pipefail
 BIN=$1
 T=$(mktemp -d)

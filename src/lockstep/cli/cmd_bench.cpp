@@ -72,7 +72,8 @@ DType precision_flag(const std::string& p) {
 
 // --device: the backend the benchmark's kernels run on (null: the CPU).
 const kernels::GpuBackend* device_flag(const Args& args) {
-  const kernels::GpuBackend* b = kernels::device_backend(kernels::parse_device(args.get("device", "cpu"), "--device"));
+  const kernels::GpuBackend* b =
+      kernels::device_backend(kernels::parse_device(args.get("device", "cpu"), "--device"), "--device");
   if (b)
     std::cout << "device: " << b->name << " (the GPU kernel sources; entries it lacks run on the CPU: "
               << b->missing().size() << ")\n";

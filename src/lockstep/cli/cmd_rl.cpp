@@ -172,8 +172,8 @@ int run_rollout_rank(const toml::table& root, const std::string& cfg_path, const
                      parallel::RoleComms& rc) {
   auto pool = make_pool(cfg.threads);
   Context ctx{pool.get(), 0};
-  ctx.gpu = kernels::device_backend(
-      kernels::parse_device(device_from_toml(root, cfg_path), cfg_path + ": [model] device"));
+  const std::string where = cfg_path + ": [model] device";
+  ctx.gpu = kernels::device_backend(kernels::parse_device(device_from_toml(root, cfg_path), where), where);
   LoadedModel m = load_model_from_config(root, cfg_path, ctx);
   const rl::ServeStats st =
       rl::serve_rollout(rc.weight_sync, ctx, m.config, m.params.as<float>(), cfg.rollout, cfg.seed);

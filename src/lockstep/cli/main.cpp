@@ -10,6 +10,19 @@
 #include "lockstep/cli/command.h"
 #include "lockstep/kernels/gpu/device.h"
 
+// The device runtimes built into this binary (cmake/gpu/CMakeLists.txt links
+// them and defines these): kernels/gpu/runtime.cu compiled by nvcc or hipcc.
+#if defined(LOCKSTEP_HAVE_CUDA)
+namespace lockstep::kernels::gpu::cuda {
+kernels::DeviceRuntime device_runtime();
+}  // namespace lockstep::kernels::gpu::cuda
+#endif
+#if defined(LOCKSTEP_HAVE_HIP)
+namespace lockstep::kernels::gpu::hip {
+kernels::DeviceRuntime device_runtime();
+}  // namespace lockstep::kernels::gpu::hip
+#endif
+
 namespace lockstep::cli {
 
 std::map<std::string, Command>& registry() {
@@ -112,8 +125,8 @@ int64_t threads_flag(const Args& args) {
 
 void set_device(Context& ctx, const Args& args, const std::string& fallback) {
   const std::string name = args.get("device", fallback);
-  const kernels::Device d = kernels::parse_device(name, args.has("device") ? "--device" : "[model] device");
-  ctx.gpu = kernels::device_backend(d);
+  const std::string where = args.has("device") ? "--device" : "[model] device";
+  ctx.gpu = kernels::device_backend(kernels::parse_device(name, where), where);
   if (ctx.gpu) {
     LS_LOG(Info) << "device " << name << ": GPU kernels through the " << ctx.gpu->name << " backend";
   }
@@ -138,6 +151,12 @@ void print_usage() {
 int main(int argc, char** argv) {
   using namespace lockstep;
   using namespace lockstep::cli;
+#if defined(LOCKSTEP_HAVE_CUDA)
+  kernels::register_device_runtime(kernels::gpu::cuda::device_runtime());
+#endif
+#if defined(LOCKSTEP_HAVE_HIP)
+  kernels::register_device_runtime(kernels::gpu::hip::device_runtime());
+#endif
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
       (std::string(argv[1]) == "help" && argc == 2)) {
     print_usage();

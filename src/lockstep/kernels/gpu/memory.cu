@@ -1,6 +1,6 @@
 // The device memory of each build, behind lockstep's Allocator interface
 // (tensor/allocator.h): emulated device memory with guard zones in interpret
-// mode, cudaMalloc / hipMalloc on a device. The engines allocate weights, KV
+// mode, stream-ordered cudaMallocAsync / hipMallocAsync on a device. The engines allocate weights, KV
 // blocks, activations and scratch through it (kernels::device_memory).
 #include <cstring>
 
@@ -49,9 +49,11 @@ class DeviceMemory final : public Allocator {
 #define LS_RT(x) cuda##x
 #endif
 
-// The runtime's device memory. Host code never touches it: copies go
-// through copy_in / copy_out (synchronous, on the default stream, which
-// also orders them after the kernels launched before).
+// The runtime's device memory, stream-ordered on the backend's stream
+// (launch.h): allocations, fills, frees and copies queue behind the kernels
+// launched before them. Host code never touches it: copies to and from the
+// host go through copy_in / copy_out, which wait for their copy (the host
+// buffer may change or go as soon as they return).
 class DeviceMemory final : public Allocator {
  public:
 #if defined(LOCKSTEP_GPU_HIP)
@@ -63,41 +65,57 @@ class DeviceMemory final : public Allocator {
     if (bytes == 0) return nullptr;
     void* p = nullptr;
     // The runtime aligns allocations to at least 256 bytes.
-    const auto rc = LS_RT(Malloc)(&p, bytes);
-    LS_CHECK(rc == LS_RT(Success)) << name() << ": out of device memory allocating " << bytes << " bytes for "
-                                   << what << " (" << LS_RT(GetErrorString)(rc) << ")";
+    const auto rc = LS_RT(MallocAsync)(&p, bytes, stream());
+    if (rc != LS_RT(Success)) {
+      LS_THROW << name() << ": out of device memory allocating " << bytes << " bytes for " << what << " ("
+               << LS_RT(GetErrorString)(rc) << ")";
+    }
     // Undefined memory is set to 0xFF bytes (NaN as f32), as in interpret
     // mode, so a read of an unwritten element shows the same way.
-    check(LS_RT(Memset)(p, fill == Fill::Zero ? 0 : 0xFF, bytes), "memset");
+    check(LS_RT(MemsetAsync)(p, fill == Fill::Zero ? 0 : 0xFF, bytes, stream()), "memset");
     return p;
   }
+  // After the kernels queued before that use p. noexcept: an error (the
+  // runtime already shut down at exit) is dropped, and cleared so that the next
+  // launch's check does not report it as its own.
   void release(void* p) const noexcept override {
-    if (p) (void)LS_RT(Free)(p);
+    if (p && LS_RT(FreeAsync)(p, stream()) != LS_RT(Success)) (void)LS_RT(GetLastError)();
   }
   bool host_visible() const override { return false; }
   bool holds(const void* p) const override {
+    if (p == nullptr) return false;
 #if defined(LOCKSTEP_GPU_HIP)
     hipPointerAttribute_t a{};  // ROCm 5: memoryType
-    return hipPointerGetAttributes(&a, p) == hipSuccess && a.memoryType == hipMemoryTypeDevice;
+    const bool device = hipPointerGetAttributes(&a, p) == hipSuccess && a.memoryType == hipMemoryTypeDevice;
 #else
     cudaPointerAttributes a{};
-    return cudaPointerGetAttributes(&a, p) == cudaSuccess && a.type == cudaMemoryTypeDevice;
+    const bool device = cudaPointerGetAttributes(&a, p) == cudaSuccess && a.type == cudaMemoryTypeDevice;
 #endif
+    (void)LS_RT(GetLastError)();  // a host pointer is an answer, not an error for the next launch
+    return device;
   }
   void copy_in(void* dst, const void* src, size_t bytes) const override {
-    if (bytes) check(LS_RT(Memcpy)(dst, src, bytes, LS_RT(MemcpyHostToDevice)), "copy to the device");
+    if (bytes == 0) return;
+    check(LS_RT(MemcpyAsync)(dst, src, bytes, LS_RT(MemcpyHostToDevice), stream()), "copy to the device");
+    check(LS_RT(StreamSynchronize)(stream()), "copy to the device (wait)");
   }
   void copy_out(void* dst, const void* src, size_t bytes) const override {
-    if (bytes) check(LS_RT(Memcpy)(dst, src, bytes, LS_RT(MemcpyDeviceToHost)), "copy from the device");
+    if (bytes == 0) return;
+    check(LS_RT(MemcpyAsync)(dst, src, bytes, LS_RT(MemcpyDeviceToHost), stream()), "copy from the device");
+    check(LS_RT(StreamSynchronize)(stream()), "copy from the device (wait)");
   }
   void copy(void* dst, const void* src, size_t bytes) const override {
-    if (bytes) check(LS_RT(Memcpy)(dst, src, bytes, LS_RT(MemcpyDeviceToDevice)), "copy on the device");
+    if (bytes)
+      check(LS_RT(MemcpyAsync)(dst, src, bytes, LS_RT(MemcpyDeviceToDevice), stream()), "copy on the device");
   }
 
  private:
   template <typename E>
   void check(E rc, const char* what) const {
-    LS_CHECK(rc == LS_RT(Success)) << name() << ": " << what << " failed (" << LS_RT(GetErrorString)(rc) << ")";
+    if (rc != LS_RT(Success)) {
+      LS_THROW << name() << ": " << what << " failed: " << LS_RT(GetErrorName)(rc) << " ("
+               << LS_RT(GetErrorString)(rc) << ")";
+    }
   }
 };
 

@@ -34,8 +34,10 @@
 #define LS_GLOBAL __global__
 // T name[n] in the block's shared memory; n must be a constant expression.
 #define LS_SHARED(T, name, n) __shared__ T name[n]
-// LS_LAUNCH(ctx, kernel, grid, block)(args...): runs kernel on the default stream.
-#define LS_LAUNCH(ctx, kernel, grid, block) kernel<<<(grid), (block)>>>
+// LS_LAUNCH(ctx, kernel, grid, block)(args...): runs kernel on the backend's
+// stream and checks the launch (launch.h, included at the end of this file).
+#define LS_LAUNCH(ctx, kernel, grid, block) \
+  ::lockstep::kernels::gpu::LS_GPU_NS::DeviceLaunch(#kernel, __FILE__, __LINE__, (grid), (block), kernel)
 #else
 #include "lockstep/kernels/gpu/interp/emu.h"
 #define LS_GLOBAL
@@ -51,4 +53,8 @@
 #define LS_SHARED(T, name, n) T* const name = ::lockstep::gpu::emu::shared_array<T>((n), #name, __FILE__, __LINE__)
 #define LS_LAUNCH(ctx, kernel, grid, block) \
   ::lockstep::gpu::emu::Launch((ctx), #kernel, __FILE__, __LINE__, (grid), (block), kernel)
+#endif
+
+#if defined(LOCKSTEP_GPU_CUDA) || defined(LOCKSTEP_GPU_HIP)
+#include "lockstep/kernels/gpu/launch.h"
 #endif
