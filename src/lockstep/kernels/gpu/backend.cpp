@@ -3,6 +3,18 @@
 
 namespace lockstep::kernels {
 
+Tensor host_readable(const Tensor& t, std::vector<unsigned char>& keep) {
+  const Allocator& memory = *interpret_backend().memory;
+  if (t.data == nullptr || t.numel() == 0 || memory.host_visible() || !memory.holds(t.data)) return t;
+  int64_t last = 0;  // the offset of the last element, in elements
+  for (int d = 0; d < t.ndim; ++d) last += (t.shape[d] - 1) * t.stride[d];
+  keep.resize(static_cast<size_t>(last + 1) * dtype_size(t.dtype));
+  memory.copy_out(keep.data(), t.data, keep.size());
+  Tensor h = t;
+  h.data = keep.data();
+  return h;
+}
+
 namespace {
 
 // Every entry of the table with its name, in declaration order.
