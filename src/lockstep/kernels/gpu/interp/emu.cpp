@@ -5,10 +5,10 @@
 
 #include <dlfcn.h>
 #include <execinfo.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -97,20 +97,47 @@ void set_closed(Allocation& a, bool closed) {
   a.closed = closed;
 }
 
+// Opens or closes every live allocation; r.mu held. Allocations whose
+// mappings touch (mmap places new mappings next to each other) change in one
+// mprotect per run: thousands of allocations cost a few calls per window.
+void set_all_closed(Registry& r, bool closed) {
+  unsigned char* start = nullptr;
+  unsigned char* end = nullptr;
+  std::vector<Allocation*> run;
+  const auto flush = [&] {
+    if (run.empty()) return;
+    const int rc =
+        mprotect(start, static_cast<size_t>(end - start), closed ? PROT_NONE : PROT_READ | PROT_WRITE);
+    LS_CHECK(rc == 0) << "interpret mode: mprotect of device buffer '" << run.front()->what << "' and "
+                      << run.size() - 1 << " more failed";
+    for (Allocation* a : run) a->closed = closed;
+    run.clear();
+  };
+  for (auto& [p, a] : r.live) {
+    if (a.closed == closed) continue;
+    if (run.empty() || a.base != end) {
+      flush();
+      start = a.base;
+    }
+    run.push_back(&a);
+    end = a.base + a.map_bytes;
+  }
+  flush();
+}
+
 // Every allocation as it must be with no window open; r.mu held.
 void settle(Registry& r) {
   if (r.open > 0) return;
-  const bool close = !options().host_access;
-  for (auto& [p, a] : r.live) set_closed(a, close);
+  set_all_closed(r, !options().host_access);
 }
 
 // ---- the fault handler ------------------------------------------------------
 
 struct sigaction g_previous_segv;
 
-// The live allocation whose mapping holds addr, or null. Runs in the signal
-// handler: it takes the registry's mutex only if it is free (a host access
-// faults outside the emulator's own code, which never faults holding it).
+// The live allocation whose mapping holds addr, or null; r.mu held. Runs in
+// the signal handler (a host access faults outside the emulator's own code,
+// which never faults holding the mutex).
 const Allocation* mapping_of(Registry& r, const void* addr) {
   const auto* q = static_cast<const unsigned char*>(addr);
   const auto inside = [q](const Allocation& a) { return q >= a.base && q < a.base + a.map_bytes; };
@@ -183,9 +210,12 @@ void log_and_open(Allocation& a, const void* addr) {
 
 void on_segv(int sig, siginfo_t* info, void* uctx) {
   Registry& r = registry();
+  // Another thread may hold the registry briefly (a window opening, or this
+  // handler in log mode, which runs addr2line): wait up to about 10 s.
   bool locked = r.mu.try_lock();
-  for (int spin = 0; g_log_only && !locked && spin < 100000; ++spin) {
-    sched_yield();
+  for (int spin = 0; !locked && spin < 10000; ++spin) {
+    const timespec ms{0, 1000000};
+    nanosleep(&ms, nullptr);
     locked = r.mu.try_lock();
   }
   if (locked && g_log_only) {
@@ -255,8 +285,7 @@ void apply_host_access() {
 DeviceWindow::DeviceWindow() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  if (r.open++ == 0)
-    for (auto& [p, a] : r.live) set_closed(a, false);
+  if (r.open++ == 0) set_all_closed(r, false);
 }
 
 DeviceWindow::~DeviceWindow() {
