@@ -202,6 +202,14 @@ void join_qkv(const Context& ctx, Tensor qkv, const Tensor& q, const Tensor& k, 
   float* dst = qkv.f32();
   const float *qp = q.f32(), *kp = k.f32(), *vp = v.f32();
   const int64_t s = qkv.stride[0];
+  const Allocator& memory = kernels::device_memory(ctx);
+  if (!memory.host_visible()) {  // device memory: three strided copies on the device
+    const size_t pitch = size_t(s) * 4, T_ = size_t(T);
+    memory.copy_2d(dst, pitch, qp, size_t(nq) * 4, size_t(nq) * 4, T_);
+    memory.copy_2d(dst + nq, pitch, kp, size_t(nk) * 4, size_t(nk) * 4, T_);
+    memory.copy_2d(dst + nq + nk, pitch, vp, size_t(nk) * 4, size_t(nk) * 4, T_);
+    return;
+  }
   ctx.parallel_for(
       T,
       [&](int64_t t0, int64_t t1) {
