@@ -27,7 +27,14 @@ endfunction()
 # (label slow). One binary per file keeps rebuilds small and lets work on one
 # kernel proceed while another file is being edited. Shared helpers live in
 # tests/common/ (header-only).
+# An argument after `label`: one more environment variable for its tests, as
+# NAME=set:VALUE (ctest's ENVIRONMENT_MODIFICATION; a second ENVIRONMENT entry
+# would need a list, which gtest_discover_tests splits).
 function(lockstep_add_test_binary target src module label)
+  set(extra_env "")
+  if(ARGN)
+    set(extra_env ENVIRONMENT_MODIFICATION "${ARGN}")
+  endif()
   add_executable(${target} ${src})
   # Every library is linked: cross-module tests (rollout vs trainer logprobs)
   # are the point of this project. Static libraries add only what is used.
@@ -36,7 +43,7 @@ function(lockstep_add_test_binary target src module label)
   # Keywords first: everything after PROPERTIES is read as property pairs.
   gtest_discover_tests(${target} WORKING_DIRECTORY ${CMAKE_BINARY_DIR} DISCOVERY_TIMEOUT 60
                        PROPERTIES LABELS "${label}"
-                                  ENVIRONMENT "LOCKSTEP_BIN=${CMAKE_BINARY_DIR}/lockstep")
+                                  ENVIRONMENT "LOCKSTEP_BIN=${CMAKE_BINARY_DIR}/lockstep" ${extra_env})
 endfunction()
 
 function(lockstep_module_tests name)

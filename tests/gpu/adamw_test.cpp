@@ -29,13 +29,17 @@ class DeviceFloats {
  public:
   DeviceFloats(const std::vector<float>& host, const char* what)
       : n_(host.size()), p_(static_cast<float*>(emu::device_alloc(n_ * sizeof(float), what))) {
-    std::memcpy(p_, host.data(), n_ * sizeof(float));
+    emu::copy_to_device(p_, host.data(), n_ * sizeof(float));
   }
   ~DeviceFloats() { emu::device_free(p_); }
   DeviceFloats(const DeviceFloats&) = delete;
   DeviceFloats& operator=(const DeviceFloats&) = delete;
   float* data() const { return p_; }
-  std::vector<float> host() const { return std::vector<float>(p_, p_ + n_); }
+  std::vector<float> host() const {
+    std::vector<float> v(n_);
+    emu::copy_from_device(v.data(), p_, n_ * sizeof(float));
+    return v;
+  }
 
  private:
   size_t n_;

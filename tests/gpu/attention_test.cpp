@@ -36,12 +36,16 @@ struct Dev {
         p(static_cast<T*>(
             emu::device_alloc(sizeof(T) * static_cast<size_t>(std::max<int64_t>(n, 1)), what))) {}
   Dev(const std::vector<T>& h, const char* what) : Dev(static_cast<int64_t>(h.size()), what) {
-    std::copy(h.begin(), h.end(), p);
+    emu::copy_to_device(p, h.data(), h.size() * sizeof(T));
   }
   ~Dev() { emu::device_free(p); }
   Dev(const Dev&) = delete;
   Dev& operator=(const Dev&) = delete;
-  std::vector<T> host() const { return std::vector<T>(p, p + n); }
+  std::vector<T> host() const {
+    std::vector<T> v(static_cast<size_t>(n));
+    emu::copy_from_device(v.data(), p, v.size() * sizeof(T));
+    return v;
+  }
   int64_t n;
   T* p;
 };

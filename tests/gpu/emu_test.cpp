@@ -31,7 +31,15 @@ struct DeviceFloats {
   explicit DeviceFloats(int64_t n, const char* what = "buf")
       : n(n), p(static_cast<float*>(emu::device_alloc(sizeof(float) * size_t(n), what))) {}
   ~DeviceFloats() { emu::device_free(p); }
-  std::vector<float> host() const { return std::vector<float>(p, p + n); }
+  // One element from or to the host, through the emulator's copies (device
+  // memory is inaccessible to host code; i may point into a guard zone).
+  float at(int64_t i) const { return emu::read_device(p + i); }
+  void set(int64_t i, float v) { emu::copy_to_device(p + i, &v, sizeof(v)); }
+  std::vector<float> host() const {
+    std::vector<float> v(static_cast<size_t>(n));
+    emu::copy_from_device(v.data(), p, v.size() * sizeof(float));
+    return v;
+  }
   int64_t n;
   float* p;
 };
@@ -70,7 +78,7 @@ LS_GLOBAL void racy_reverse_kernel(const float* x, float* y, int n) {
 TEST(GpuEmu, SharedMemoryWithBarrierGivesTheSameBitsInEveryOrder) {
   const int n = 200;
   DeviceFloats x(n, "x"), y(n, "y");
-  for (int i = 0; i < n; ++i) x.p[i] = 0.5f * float(i) - 7.0f;
+  for (int i = 0; i < n; ++i) x.set(i, 0.5f * float(i) - 7.0f);
   emu::Options o;
   o.check_races = true;
   emu::ScopedOptions scoped(o);
@@ -79,15 +87,15 @@ TEST(GpuEmu, SharedMemoryWithBarrierGivesTheSameBitsInEveryOrder) {
   for (int i = 0; i < n; ++i) {
     const int b = i / 64, t = i % 64;
     const int src = b * 64 + 63 - t;
-    const float want = src < n ? x.p[src] : 0.0f;
-    EXPECT_EQ(y.p[i], want) << i;
+    const float want = src < n ? x.at(src) : 0.0f;
+    EXPECT_EQ(y.at(i), want) << i;
   }
 }
 
 TEST(GpuEmu, PlantedRaceIsCaughtByRunningTheThreadsInOtherOrders) {
   const int n = 128;
   DeviceFloats x(n, "x"), y(n, "y");
-  for (int i = 0; i < n; ++i) x.p[i] = float(i);
+  for (int i = 0; i < n; ++i) x.set(i, float(i));
   emu::Options o;
   o.check_races = true;
   emu::ScopedOptions scoped(o);
@@ -104,14 +112,14 @@ TEST(GpuEmu, RacyKernelReadsPoisonedSharedMemoryInForwardOrder) {
   // t < 32), so it reads the NaN poison of a fresh block.
   const int n = 64;
   DeviceFloats x(n, "x"), y(n, "y");
-  for (int i = 0; i < n; ++i) x.p[i] = float(i);
+  for (int i = 0; i < n; ++i) x.set(i, float(i));
   emu::Options o;
   o.schedule = emu::Schedule::Forward;
   emu::ScopedOptions scoped(o);
   Context ctx;
   LS_LAUNCH(ctx, racy_reverse_kernel, dim3(1), dim3(64))(x.p, y.p, n);
-  EXPECT_TRUE(std::isnan(y.p[0]));
-  EXPECT_EQ(y.p[63], 0.0f);  // thread 63 reads slot 0, written by thread 0 before it
+  EXPECT_TRUE(std::isnan(y.at(0)));
+  EXPECT_EQ(y.at(63), 0.0f);  // thread 63 reads slot 0, written by thread 0 before it
 }
 
 LS_GLOBAL void divergent_barrier_kernel(float* y) {
@@ -176,8 +184,8 @@ TEST(GpuEmu, OutOfBoundsWritesHitAGuardZoneAndAreNamed) {
 TEST(GpuEmu, DeviceMemoryStartsPoisonedAndReadsPastTheEndAreNaN) {
   DeviceFloats y(10);
   for (float v : y.host()) EXPECT_TRUE(std::isnan(v));
-  EXPECT_TRUE(std::isnan(y.p[10]));  // the guard zone reads as NaN
-  EXPECT_TRUE(std::isnan(y.p[-1]));
+  EXPECT_TRUE(std::isnan(y.at(10)));  // the guard zone reads as NaN
+  EXPECT_TRUE(std::isnan(y.at(-1)));
 }
 
 LS_GLOBAL void index_kernel(unsigned* out) {
@@ -196,7 +204,8 @@ TEST(GpuEmu, ThreeDimensionalIndicesCoverEveryThreadOnceOnAnyPool) {
     Context ctx;
     ctx.pool = pool.get();
     LS_LAUNCH(ctx, index_kernel, grid, block)(out);
-    for (size_t i = 0; i < n; ++i) EXPECT_EQ(out[i], unsigned(i / 24) * 1000u + unsigned(i % 24)) << i;
+    for (size_t i = 0; i < n; ++i)
+      EXPECT_EQ(emu::read_device(out + i), unsigned(i / 24) * 1000u + unsigned(i % 24)) << i;
     emu::device_free(out);
   }
 }
@@ -231,7 +240,7 @@ TEST(GpuEmu, LaunchLimitsAndKernelErrorsAreReported) {
   EXPECT_NE(err.find("device-side check failed in thread 5"), std::string::npos) << err;
   // And the emulator still works afterwards.
   LS_LAUNCH(ctx, write_one_past_kernel, dim3(1), dim3(32))(y.p, 32, 0);
-  EXPECT_EQ(y.p[31], 3.0f);
+  EXPECT_EQ(y.at(31), 3.0f);
 }
 
 TEST(GpuEmu, KernelSideFunctionsOutsideALaunchAreAnError) {

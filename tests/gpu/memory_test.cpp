@@ -46,7 +46,7 @@ LS_GLOBAL void scale_kernel(const float* x, float* y, int n) {
 TEST(GpuMemory, InterpretAllocatorFillsAlignsCopiesAndKnowsItsMemory) {
   const Allocator& m = device();
   EXPECT_STREQ(m.name(), "interpret");
-  EXPECT_TRUE(m.host_visible());
+  EXPECT_EQ(m.host_visible(), emu::options().host_access);  // strict by default (host_access_test.cpp)
   const size_t before = emu::live_allocations();
   {
     Buffer zero(1000, m, Fill::Zero, "zeroed");
@@ -54,9 +54,12 @@ TEST(GpuMemory, InterpretAllocatorFillsAlignsCopiesAndKnowsItsMemory) {
     EXPECT_EQ(emu::live_allocations(), before + 2);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(zero.data()) % kAlignment, 0u);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(undef.data()) % kAlignment, 0u);
+    std::vector<float> z(250), u(250);
+    m.copy_out(z.data(), zero.data(), 1000);
+    m.copy_out(u.data(), undef.data(), 1000);
     for (int i = 0; i < 250; ++i) {
-      EXPECT_EQ(zero.as<float>()[i], 0.0f) << i;
-      EXPECT_TRUE(std::isnan(undef.as<float>()[i])) << i;  // poisoned: a read before a write shows
+      EXPECT_EQ(z[size_t(i)], 0.0f) << i;
+      EXPECT_TRUE(std::isnan(u[size_t(i)])) << i;  // poisoned: a read before a write shows
     }
     EXPECT_TRUE(m.holds(zero.data()));
     EXPECT_TRUE(m.holds(undef.as<char>() + 999));
@@ -89,11 +92,14 @@ TEST(GpuMemory, HostAllocatorIsTheDefaultAndZeroFills) {
 
 TEST(GpuMemory, GuardZonesCoverAllocatorBuffers) {
   Buffer b(64, device(), Fill::Zero, "planted overrun");
-  b.as<char>()[64] = 1;  // one byte past the end
+  const char one = 1;
+  emu::copy_to_device(b.as<char>() + 64, &one, 1);  // one byte past the end
   const std::string e = error_of([] { emu::check_guards("test"); });
   EXPECT_NE(e.find("wrote past the end of device buffer 'planted overrun'"), std::string::npos) << e;
   EXPECT_NE(e.find("offset 64"), std::string::npos) << e;
-  b.as<unsigned char>()[64] = 0xAD;  // repair the guard: its first byte (0x7FC0DEAD, little-endian)
+  const unsigned char ad = 0xAD;
+  emu::copy_to_device(b.as<unsigned char>() + 64, &ad,
+                      1);  // repair the guard: its first byte (0x7FC0DEAD, little-endian)
   EXPECT_EQ(error_of([] { emu::check_guards("test"); }), "");
 }
 
@@ -101,7 +107,7 @@ TEST(GpuMemory, LaunchRejectsHostPointersAndNamesTheArgument) {
   Context ctx;
   Buffer x(64 * 4, device(), Fill::Zero, "x"), y(64 * 4, device(), Fill::Undefined, "y");
   LS_LAUNCH(ctx, scale_kernel, dim3(1), dim3(64))(x.as<const float>(), y.as<float>(), 64);
-  EXPECT_EQ(y.as<float>()[5], 0.0f);
+  EXPECT_EQ(emu::read_device(y.as<float>() + 5), 0.0f);
   std::vector<float> host(64, 1.0f);
   const std::string e = error_of([&] {
     LS_LAUNCH(ctx, scale_kernel, dim3(1), dim3(64))(x.as<const float>(), host.data(), 64);
@@ -124,7 +130,7 @@ TEST(GpuMemory, WorkspaceAndActivationsComeFromTheContextsDevice) {
   model::Workspace ws(device_memory(ctx));
   const Tensor t = ws.get(0, DType::F32, {3, 5});
   EXPECT_TRUE(device().holds(t.data));
-  EXPECT_TRUE(std::isnan(t.f32()[0]));  // undefined until written
+  EXPECT_TRUE(std::isnan(emu::read_device(t.f32())));  // undefined until written
   OwnedTensor act;
   const Tensor a = model::reuse(ctx, act, DType::F32, {4});
   EXPECT_TRUE(device().holds(a.data));
@@ -146,7 +152,9 @@ TEST(GpuMemory, EnginesKeepWeightsKvAndTrainingStateInDeviceMemory) {
   // Weights built for the device mirror the host master there.
   model::ModelWeights w(ctx, m.layout, const_cast<float*>(m.params.as<float>()));
   EXPECT_TRUE(device().holds(w.flat()));
-  EXPECT_EQ(std::memcmp(w.flat(), m.params.data(), m.layout.nbytes()), 0);
+  std::vector<unsigned char> mirror(m.layout.nbytes());
+  device().copy_out(mirror.data(), w.flat(), mirror.size());
+  EXPECT_EQ(std::memcmp(mirror.data(), m.params.data(), m.layout.nbytes()), 0);
   EXPECT_TRUE(device().holds(w.rope().cos.data()));
   EXPECT_TRUE(device().holds(w.lm_head().data.data()));
   rollout::Engine engine(ctx, &w, rollout::EngineConfig{});
@@ -155,7 +163,8 @@ TEST(GpuMemory, EnginesKeepWeightsKvAndTrainingStateInDeviceMemory) {
   std::memcpy(copy.data(), m.params.data(), m.layout.nbytes());
   train::Trainer t(ctx, c, std::move(copy), train::TrainerConfig{});
   EXPECT_TRUE(device().holds(t.params()));
-  EXPECT_EQ(std::memcmp(t.params(), m.params.data(), m.layout.nbytes()), 0);
+  device().copy_out(mirror.data(), t.params(), mirror.size());
+  EXPECT_EQ(std::memcmp(mirror.data(), m.params.data(), m.layout.nbytes()), 0);
   EXPECT_TRUE(device().holds(t.weights().flat()));
 }
 

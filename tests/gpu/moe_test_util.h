@@ -26,13 +26,17 @@ class DeviceVec {
  public:
   DeviceVec(const std::vector<T>& host, const char* what)
       : n_(std::max<size_t>(host.size(), 1)), p_(static_cast<T*>(emu::device_alloc(n_ * sizeof(T), what))) {
-    if (!host.empty()) std::memcpy(p_, host.data(), host.size() * sizeof(T));
+    emu::copy_to_device(p_, host.data(), host.size() * sizeof(T));
   }
   ~DeviceVec() { emu::device_free(p_); }
   DeviceVec(const DeviceVec&) = delete;
   DeviceVec& operator=(const DeviceVec&) = delete;
   T* data() const { return p_; }
-  std::vector<T> host(size_t n) const { return std::vector<T>(p_, p_ + n); }
+  std::vector<T> host(size_t n) const {
+    std::vector<T> v(n);
+    emu::copy_from_device(v.data(), p_, n * sizeof(T));
+    return v;
+  }
 
  private:
   size_t n_;

@@ -44,9 +44,13 @@ class DeviceArray {
   int64_t size() const { return n_; }
   void upload(const std::vector<T>& v) {
     ASSERT_EQ(static_cast<int64_t>(v.size()), n_);
-    std::memcpy(p_, v.data(), sizeof(T) * v.size());
+    emu::copy_to_device(p_, v.data(), sizeof(T) * v.size());
   }
-  std::vector<T> host() const { return std::vector<T>(p_, p_ + n_); }
+  std::vector<T> host() const {
+    std::vector<T> v(static_cast<size_t>(n_));
+    emu::copy_from_device(v.data(), p_, sizeof(T) * v.size());
+    return v;
+  }
 
  private:
   int64_t n_;

@@ -175,6 +175,14 @@ void split_qkv(const Context& ctx, Tensor q, Tensor k, Tensor v, const Tensor& q
   const float* src = qkv.f32();
   float *qp = q.f32(), *kp = k.f32(), *vp = v.f32();
   const int64_t s = qkv.stride[0];
+  const Allocator& memory = kernels::device_memory(ctx);
+  if (!memory.host_visible()) {  // device memory: three strided copies on the device
+    const size_t pitch = size_t(s) * 4, T_ = size_t(T);
+    memory.copy_2d(qp, size_t(nq) * 4, src, pitch, size_t(nq) * 4, T_);
+    memory.copy_2d(kp, size_t(nk) * 4, src + nq, pitch, size_t(nk) * 4, T_);
+    memory.copy_2d(vp, size_t(nk) * 4, src + nq + nk, pitch, size_t(nk) * 4, T_);
+    return;
+  }
   ctx.parallel_for(
       T,
       [&](int64_t t0, int64_t t1) {
@@ -194,6 +202,14 @@ void join_qkv(const Context& ctx, Tensor qkv, const Tensor& q, const Tensor& k, 
   float* dst = qkv.f32();
   const float *qp = q.f32(), *kp = k.f32(), *vp = v.f32();
   const int64_t s = qkv.stride[0];
+  const Allocator& memory = kernels::device_memory(ctx);
+  if (!memory.host_visible()) {  // device memory: three strided copies on the device
+    const size_t pitch = size_t(s) * 4, T_ = size_t(T);
+    memory.copy_2d(dst, pitch, qp, size_t(nq) * 4, size_t(nq) * 4, T_);
+    memory.copy_2d(dst + nq, pitch, kp, size_t(nk) * 4, size_t(nk) * 4, T_);
+    memory.copy_2d(dst + nq + nk, pitch, vp, size_t(nk) * 4, size_t(nk) * 4, T_);
+    return;
+  }
   ctx.parallel_for(
       T,
       [&](int64_t t0, int64_t t1) {
@@ -229,6 +245,12 @@ void gather_rows(Tensor out, const Tensor& x, const std::vector<int32_t>& rows) 
 void gather_rows(const Context& ctx, Tensor out, const Tensor& x, const std::vector<int32_t>& rows) {
   const int64_t D = x.dim(1);
   check_shape(out, {static_cast<int64_t>(rows.size()), D}, "gathered rows");
+  const Allocator& memory = kernels::device_memory(ctx);
+  if (!memory.host_visible()) {  // device memory: a copy on the device per row
+    for (size_t r = 0; r < rows.size(); ++r)
+      memory.copy(out.f32() + int64_t(r) * out.stride[0], x.f32() + rows[r] * x.stride[0], size_t(D) * 4);
+    return;
+  }
   ctx.parallel_for(
       static_cast<int64_t>(rows.size()),
       [&](int64_t r0, int64_t r1) {

@@ -48,6 +48,12 @@ class HostAllocator final : public Allocator {
 
 }  // namespace
 
+void Allocator::copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+                        size_t rows) const {
+  for (size_t r = 0; r < rows; ++r)
+    copy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, row_bytes);
+}
+
 // Never destroyed: Buffers with static storage duration release through it
 // at exit, in any order.
 const Allocator& host_allocator() {

@@ -34,6 +34,11 @@ class Allocator {
   virtual bool holds(const void* p) const = 0;
   // Copies within this allocator's memory (dst and src both from it).
   virtual void copy(void* dst, const void* src, size_t bytes) const = 0;
+  // `rows` rows of `row_bytes` each within this allocator's memory, row r
+  // from src + r * src_pitch to dst + r * dst_pitch (cudaMemcpy2D). The
+  // default copies row by row.
+  virtual void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+                       size_t rows) const;
 };
 
 // Aligned host memory (the CPU, and the default of every Buffer).

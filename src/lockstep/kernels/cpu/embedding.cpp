@@ -21,7 +21,8 @@ void check_ids(const Tensor& ids, int64_t T, int64_t V, const char* fn) {
   check_dtype(ids, DType::I32, fn);
   check_shape(ids, {T}, fn);
   if (T > 1 && ids.stride[0] != 1) LS_THROW << fn << ": ids must be contiguous, got " << ids.shape_str();
-  const int32_t* id = ids.i32();
+  std::vector<unsigned char> keep;
+  const int32_t* id = host_readable(ids, keep).i32();
   for (int64_t t = 0; t < T; ++t)
     if (id[t] < 0 || id[t] >= V)
       LS_THROW << fn << ": token id " << id[t] << " at position " << t << " is outside [0, " << V << ")";

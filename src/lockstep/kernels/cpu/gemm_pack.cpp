@@ -155,13 +155,16 @@ inline float weight_at(const Tensor& w, int64_t n, int64_t k) {
                                : bf16_to_f32(static_cast<const bf16_t*>(w.data)[i]);
 }
 
-// The panels live in the device memory of the packing context (zeroed: the
-// padding rows of the last panel stay 0). Packing is host code, so it needs
-// memory the host can write.
-void allocate(const Context& ctx, PackedWeight& pw) {
+// Packing is host code. Where the host may write the packing context's
+// device memory (host, interpret mode with host access) the panels are packed
+// there; otherwise into host memory, then copied in (to_device). Either way
+// they are zeroed first: the padding rows of the last panel stay 0.
+const Allocator& packing_memory(const Context& ctx) {
   const Allocator& memory = device_memory(ctx);
-  LS_CHECK(memory.host_visible()) << "pack_weight: the weights are packed by host code, which cannot write "
-                                  << memory.name() << " device memory";
+  return memory.host_visible() ? memory : host_allocator();
+}
+
+void allocate(const Allocator& memory, PackedWeight& pw) {
   const int64_t P = pw.panels();
   pw.data = Buffer(static_cast<size_t>(P * pw.k * pw.row_bytes()), memory, Fill::Zero, "packed weight");
   if (pw.storage == DType::FP8E4M3) {
@@ -171,6 +174,36 @@ void allocate(const Context& ctx, PackedWeight& pw) {
     pw.block_scales =
         Buffer(static_cast<size_t>(NB * KB) * sizeof(float), memory, Fill::Zero, "block scales");
   }
+}
+
+void allocate(const Context& ctx, PackedWeight& pw) {
+  allocate(packing_memory(ctx), pw);
+}
+
+// Copies the host-packed buffers of pw into the device's memory, when it was
+// packed on the host (packing_memory).
+void to_device(const Context& ctx, PackedWeight& pw) {
+  const Allocator& memory = device_memory(ctx);
+  if (&packing_memory(ctx) == &memory) return;
+  for (Buffer* b : {&pw.data, &pw.panel_scales, &pw.block_scales}) {
+    if (b->size() == 0) continue;
+    Buffer d(b->size(), memory, Fill::Undefined, b == &pw.data ? "packed weight" : "fp8 scales");
+    memory.copy_in(d.data(), b->data(), b->size());
+    *b = std::move(d);
+  }
+}
+
+// The 2-D tensor t as host code may read it: t itself, or (device memory the
+// host cannot touch) a copy of its rows in `keep`.
+Tensor host_readable(const Context& ctx, const Tensor& t, std::vector<unsigned char>& keep) {
+  const Allocator& memory = device_memory(ctx);
+  if (memory.host_visible() || t.numel() == 0 || !memory.holds(t.data)) return t;
+  const int64_t last = t.shape[0] > 1 ? (t.shape[0] - 1) * t.stride[0] : 0;
+  keep.resize(static_cast<size_t>(last + t.shape[1]) * dtype_size(t.dtype));
+  memory.copy_out(keep.data(), t.data, keep.size());
+  Tensor h = t;
+  h.data = keep.data();
+  return h;
 }
 
 // Effective k-block size (a per-tensor scale is one block covering all of K).
@@ -388,12 +421,17 @@ PackedWeight pack_weight(const Context& ctx, const Tensor& w, DType storage, int
     check_row_segments(row_segments, pw.n);
     pw.row_segments = std::move(row_segments);
   }
+  std::vector<unsigned char> keep;
   allocate(ctx, pw);
-  pack_into(ctx, pw, w);
+  pack_into(ctx, pw, host_readable(ctx, w, keep));
+  to_device(ctx, pw);
   return pw;
 }
 
-PackedWeight pack_weight_fp8(const Context& ctx, const Tensor& w, const Tensor& scales, int64_t block) {
+PackedWeight pack_weight_fp8(const Context& ctx, const Tensor& w_in, const Tensor& scales_in, int64_t block) {
+  std::vector<unsigned char> keep_w, keep_scales;
+  const Tensor w = w_in.ndim == 2 ? host_readable(ctx, w_in, keep_w) : w_in;
+  const Tensor scales = scales_in.ndim == 2 ? host_readable(ctx, scales_in, keep_scales) : scales_in;
   if (w.ndim != 2 || w.dtype != DType::FP8E4M3 || (w.shape[1] > 1 && w.stride[1] != 1) ||
       (w.shape[0] > 1 && w.stride[0] < w.shape[1]))
     LS_THROW << "pack_weight_fp8: w must be a 2-D fp8_e4m3 (N, K) matrix with contiguous rows, got "
@@ -433,6 +471,7 @@ PackedWeight pack_weight_fp8(const Context& ctx, const Tensor& w, const Tensor& 
         }
       }
   });
+  to_device(ctx, pw);
   return pw;
 }
 
@@ -448,8 +487,10 @@ PackedWeight pack_weight_mxfp4(const Context& ctx, const Tensor& w) {
   pw.block_n = 1;
   pw.block_k = kMxfp4GroupSize;
   pw.mxfp4 = true;
+  std::vector<unsigned char> keep;
   allocate(ctx, pw);
-  pack_into_mxfp4(ctx, pw, w);
+  pack_into_mxfp4(ctx, pw, host_readable(ctx, w, keep));
+  to_device(ctx, pw);
   return pw;
 }
 
@@ -474,11 +515,36 @@ void repack_weight(const Context& ctx, PackedWeight& pw, const Tensor& w) {
              << ") " << dtype_name(pw.storage);
   LS_CHECK(pw.data.size() == static_cast<size_t>(pw.panels() * pw.k * pw.row_bytes()))
       << "repack_weight: packed weight was not made by pack_weight";
-  if (pw.mxfp4) {
-    pack_into_mxfp4(ctx, pw, w);
-  } else {
-    pack_into(ctx, pw, w);
+  const Allocator& memory = device_memory(ctx);
+  if (memory.host_visible() || !memory.holds(pw.data.data())) {
+    if (pw.mxfp4) {
+      pack_into_mxfp4(ctx, pw, w);
+    } else {
+      pack_into(ctx, pw, w);
+    }
+    return;
   }
+  // Device memory the host cannot write: pack a host twin (zeroed, as the
+  // device's buffers were at first) and copy it over them.
+  PackedWeight h;
+  h.storage = pw.storage;
+  h.n = pw.n;
+  h.k = pw.k;
+  h.block_n = pw.block_n;
+  h.block_k = pw.block_k;
+  h.mxfp4 = pw.mxfp4;
+  h.row_segments = pw.row_segments;
+  allocate(host_allocator(), h);
+  std::vector<unsigned char> keep;
+  const Tensor hw = host_readable(ctx, w, keep);
+  if (h.mxfp4) {
+    pack_into_mxfp4(ctx, h, hw);
+  } else {
+    pack_into(ctx, h, hw);
+  }
+  memory.copy_in(pw.data.data(), h.data.data(), h.data.size());
+  memory.copy_in(pw.panel_scales.data(), h.panel_scales.data(), h.panel_scales.size());
+  memory.copy_in(pw.block_scales.data(), h.block_scales.data(), h.block_scales.size());
 }
 
 void unpack_weight(const Context& ctx, Tensor w_out, const PackedWeight& pw) {

@@ -50,10 +50,14 @@ void check_plan(const MoeDispatch& plan, const char* what) {
 
 }  // namespace
 
-MoeDispatch moe_plan(const Tensor& topk_idx, int num_experts) {
-  check_dtype(topk_idx, DType::I32, "moe_plan: topk_idx");
-  check_shape(topk_idx, {-1, -1}, "moe_plan: topk_idx");
-  check_rows(topk_idx, "moe_plan: topk_idx");
+MoeDispatch moe_plan(const Tensor& topk_idx_in, int num_experts) {
+  check_dtype(topk_idx_in, DType::I32, "moe_plan: topk_idx");
+  check_shape(topk_idx_in, {-1, -1}, "moe_plan: topk_idx");
+  check_rows(topk_idx_in, "moe_plan: topk_idx");
+  // The plan is host code: the routing's indices come out of device memory
+  // by a copy (T x K int32, small) where the host cannot read them.
+  std::vector<unsigned char> keep;
+  const Tensor topk_idx = host_readable(topk_idx_in, keep);
   if (num_experts < 1) LS_THROW << "moe_plan: num_experts must be >= 1, got " << num_experts;
   const int64_t T = topk_idx.shape[0], K = topk_idx.shape[1];
   if (K < 1) LS_THROW << "moe_plan: topk_idx must have at least one slot, got " << topk_idx.shape_str();

@@ -153,7 +153,9 @@ void score_token(const float* z, float* p, const RouterConfig& cfg) {
 
 // Throws unless every index is in [0, E); with `distinct`, also unless each
 // token lists K different experts.
-void check_indices(const Tensor& idx, int E, bool distinct, const char* what) {
+void check_indices(const Tensor& idx_in, int E, bool distinct, const char* what) {
+  std::vector<unsigned char> keep;
+  const Tensor idx = host_readable(idx_in, keep);
   const int64_t T = idx.shape[0], K = idx.shape[1];
   for (int64_t t = 0; t < T; ++t) {
     const int32_t* r = row<const int32_t>(idx, t);

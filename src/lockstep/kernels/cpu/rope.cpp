@@ -29,7 +29,8 @@ RopeShape check_rope(const Tensor& x, const Tensor& positions, const char* fn) {
   check_shape(positions, {s.T}, pw.c_str());
   if (s.T > 1 && positions.stride[0] != 1)
     LS_THROW << pw << ": must be contiguous, got " << positions.shape_str();
-  const int32_t* p = positions.i32();
+  std::vector<unsigned char> keep;
+  const int32_t* p = host_readable(positions, keep).i32();
   for (int64_t t = 0; t < s.T; ++t)
     if (p[t] < 0) LS_THROW << pw << ": negative position " << p[t] << " at token " << t;
   return s;
@@ -140,7 +141,8 @@ RopeShape check_rope_table(const Tensor& x, const Tensor& positions, const RopeT
   const RopeShape sh = check_rope(x, positions, fn);
   if (table.head_dim != sh.Dh)
     LS_THROW << fn << ": table built for Dh=" << table.head_dim << ", x is " << x.shape_str();
-  const int32_t* pos = positions.i32();
+  std::vector<unsigned char> keep;
+  const int32_t* pos = host_readable(positions, keep).i32();
   for (int64_t t = 0; t < sh.T; ++t)
     if (pos[t] >= table.max_positions)
       LS_THROW << fn << ": position " << pos[t] << " at token " << t << " is beyond the table's "

@@ -44,7 +44,8 @@ std::pair<int64_t, int64_t> check_logits(const Tensor& logits, float temperature
 void check_targets(const Tensor& targets, int64_t T, int64_t V, const char* fn) {
   const std::string what = std::string(fn) + ": targets (T,)";
   check_vec(targets, T, DType::I32, what.c_str());
-  const int32_t* y = targets.i32();
+  std::vector<unsigned char> keep;
+  const int32_t* y = host_readable(targets, keep).i32();
   for (int64_t t = 0; t < T; ++t)
     if (y[t] < 0 || y[t] >= V)
       LS_THROW << fn << ": target id " << y[t] << " in row " << t << " is outside [0, " << V << ")";

@@ -43,7 +43,7 @@ class DeviceArray {
       : DeviceArray(static_cast<int64_t>(host.size()), what) {
     const size_t b = host.size() * sizeof(T);
 #if defined(LOCKSTEP_GPU_INTERP)
-    if (b > 0) std::memcpy(p_, host.data(), b);
+    ::lockstep::gpu::emu::copy_to_device(p_, host.data(), b);
 #elif defined(LOCKSTEP_GPU_CUDA)
     LS_CHECK(cudaMemcpy(p_, host.data(), b, cudaMemcpyHostToDevice) == cudaSuccess) << what;
 #else

@@ -1,7 +1,50 @@
 // GpuBackend's coverage lists (backend.h).
 #include "lockstep/kernels/gpu/backend.h"
 
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
 namespace lockstep::kernels {
+
+namespace {
+
+// The device allocators whose memory the host cannot read: interpret mode's
+// (strict by default) and those of the device backends opened so far.
+std::vector<const Allocator*>& device_memories() {
+  static std::vector<const Allocator*> list{interpret_backend().memory};
+  return list;
+}
+std::mutex& device_memories_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+}  // namespace
+
+void note_device_memory(const Allocator* memory) {
+  std::lock_guard<std::mutex> lock(device_memories_mutex());
+  auto& list = device_memories();
+  if (memory != nullptr && std::find(list.begin(), list.end(), memory) == list.end()) list.push_back(memory);
+}
+
+Tensor host_readable(const Tensor& t, std::vector<unsigned char>& keep) {
+  if (t.data == nullptr || t.numel() == 0) return t;
+  const Allocator* memory = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(device_memories_mutex());
+    for (const Allocator* m : device_memories())
+      if (!m->host_visible() && m->holds(t.data)) memory = m;
+  }
+  if (memory == nullptr) return t;
+  int64_t last = 0;  // the offset of the last element, in elements
+  for (int d = 0; d < t.ndim; ++d) last += (t.shape[d] - 1) * t.stride[d];
+  keep.resize(static_cast<size_t>(last + 1) * dtype_size(t.dtype));
+  memory->copy_out(keep.data(), t.data, keep.size());
+  Tensor h = t;
+  h.data = keep.data();
+  return h;
+}
 
 namespace {
 

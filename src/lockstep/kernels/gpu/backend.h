@@ -98,6 +98,16 @@ inline const Allocator& device_memory(const Context& ctx) {
   return ctx.gpu != nullptr && ctx.gpu->memory != nullptr ? *ctx.gpu->memory : host_allocator();
 }
 
+// t as host code may read it: t itself, or, when t lies in device memory
+// that the host cannot touch (strict interpret mode), a view of a copy of
+// its elements in `keep` (same strides). For the checks the CPU and GPU
+// entries share (token ids, targets, positions, expert indices: small) and
+// for host code that packs weights.
+Tensor host_readable(const Tensor& t, std::vector<unsigned char>& keep);
+// Adds a device backend's allocator to those host_readable knows (interpret
+// mode's is always there); device_backend() calls it when it opens a device.
+void note_device_memory(const Allocator* memory);
+
 // The context to run a CPU kernel from inside a GPU entry (no re-dispatch).
 inline Context cpu_context(const Context& ctx) {
   Context c = ctx;

@@ -120,6 +120,7 @@ const GpuBackend* device_backend(Device d, const std::string& where) {
   if (n <= 0) LS_THROW << no_device_message(d, where, n, error);
   const GpuBackend* b = rt->open(0);
   check_complete(*b, where);
+  note_device_memory(b->memory);
   return b;
 }
 

@@ -14,30 +14,37 @@ namespace {
 #if defined(LOCKSTEP_GPU_INTERP)
 
 // Host memory that the emulator knows as device memory: guard zones on both
-// sides (checked after every launch), Undefined contents NaN-poisoned, and
-// every kernel pointer argument checked to lie inside one (emu.h).
+// sides (checked after every launch), Undefined contents NaN-poisoned, every
+// kernel pointer argument checked to lie inside one, and, unless
+// emu::Options::host_access, inaccessible to host code outside launches and
+// these copies (emu.h): a host read faults as it would on a device.
 class DeviceMemory final : public Allocator {
  public:
   const char* name() const override { return "interpret"; }
   void* allocate(size_t bytes, Fill fill, const char* what) const override {
     if (bytes == 0) return nullptr;
     void* p = ::lockstep::gpu::emu::device_alloc(bytes, what);
-    if (fill == Fill::Zero) std::memset(p, 0, bytes);
+    if (fill == Fill::Zero) ::lockstep::gpu::emu::fill_device(p, 0, bytes);
     return p;
   }
   // device_free throws only for a pointer it never gave out: a bug, which
   // terminates here.
   void release(void* p) const noexcept override { ::lockstep::gpu::emu::device_free(p); }
-  bool host_visible() const override { return true; }
+  // Whether host code may read it directly: only with the debugging switch.
+  bool host_visible() const override { return ::lockstep::gpu::emu::options().host_access; }
   bool holds(const void* p) const override { return ::lockstep::gpu::emu::is_device_memory(p); }
   void copy_in(void* dst, const void* src, size_t bytes) const override {
-    if (bytes) std::memcpy(dst, src, bytes);
+    ::lockstep::gpu::emu::copy_to_device(dst, src, bytes);
   }
   void copy_out(void* dst, const void* src, size_t bytes) const override {
-    if (bytes) std::memcpy(dst, src, bytes);
+    ::lockstep::gpu::emu::copy_from_device(dst, src, bytes);
   }
   void copy(void* dst, const void* src, size_t bytes) const override {
-    if (bytes) std::memcpy(dst, src, bytes);
+    ::lockstep::gpu::emu::copy_on_device(dst, src, bytes);
+  }
+  void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+               size_t rows) const override {
+    ::lockstep::gpu::emu::copy_on_device_2d(dst, dst_pitch, src, src_pitch, row_bytes, rows);
   }
 };
 

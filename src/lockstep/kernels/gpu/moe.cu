@@ -244,7 +244,7 @@ class DeviceRowOf {
     const size_t bytes = std::max<size_t>(row_of.size(), 1) * sizeof(int32_t);
 #if defined(LOCKSTEP_GPU_INTERP)
     dev_ = ::lockstep::gpu::emu::device_alloc(bytes, "moe dispatch plan row_of");
-    std::memcpy(dev_, row_of.data(), row_of.size() * sizeof(int32_t));
+    ::lockstep::gpu::emu::copy_to_device(dev_, row_of.data(), row_of.size() * sizeof(int32_t));
 #elif defined(LOCKSTEP_GPU_CUDA)
     LS_CHECK(cudaMalloc(&dev_, bytes) == cudaSuccess) << "moe: cannot allocate the dispatch plan on the device";
     LS_CHECK(cudaMemcpy(dev_, row_of.data(), row_of.size() * sizeof(int32_t), cudaMemcpyHostToDevice) ==

@@ -3,13 +3,19 @@
 // re-running a launch in other thread orders (emu.h).
 #include "lockstep/kernels/gpu/interp/emu.h"
 
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <boost/context/fiber.hpp>
 #include <boost/context/stack_context.hpp>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -37,21 +43,32 @@ constexpr size_t kGuardBytes = 256;
 constexpr uint32_t kGuardWord = 0x7FC0DEADu;  // a quiet NaN as f32
 constexpr unsigned char kPoisonByte = 0xFF;   // 0xFFFFFFFF: NaN as f32
 
+size_t page_bytes() {
+  static const size_t p = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return p;
+}
+
+// One allocation's own mapping: the lower guard zone at its start, then the
+// user bytes, the tail padding and the upper guard zone; the rest of the
+// last page is unused. The whole mapping is PROT_NONE while closed.
 struct Allocation {
-  unsigned char* base = nullptr;  // the lower guard zone starts here
+  unsigned char* base = nullptr;  // the mapping; the lower guard zone starts here
+  size_t map_bytes = 0;
   size_t bytes = 0;
   std::string what;
+  bool closed = false;  // PROT_NONE now
   unsigned char* user() const { return base + kGuardBytes; }
 };
 
 struct Registry {
   std::mutex mu;
   std::map<const void*, Allocation> live;  // keyed by the user pointer
+  int open = 0;                            // DeviceWindows now open
 };
 
 Registry& registry() {
-  static Registry r;
-  return r;
+  static Registry* r = new Registry;  // never destroyed: buffers are freed at exit in any order
+  return *r;
 }
 
 void fill_guard(unsigned char* p) {
@@ -72,12 +89,219 @@ int64_t guard_damage(const unsigned char* p) {
 
 size_t padded(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
+// Opens (read and write) or closes (PROT_NONE) one allocation; r.mu held.
+void set_closed(Allocation& a, bool closed) {
+  if (a.closed == closed) return;
+  const int rc = mprotect(a.base, a.map_bytes, closed ? PROT_NONE : PROT_READ | PROT_WRITE);
+  LS_CHECK(rc == 0) << "interpret mode: mprotect of device buffer '" << a.what << "' failed";
+  a.closed = closed;
+}
+
+// Opens or closes every live allocation; r.mu held. Allocations whose
+// mappings touch (mmap places new mappings next to each other) change in one
+// mprotect per run: thousands of allocations cost a few calls per window.
+void set_all_closed(Registry& r, bool closed) {
+  unsigned char* start = nullptr;
+  unsigned char* end = nullptr;
+  std::vector<Allocation*> run;
+  const auto flush = [&] {
+    if (run.empty()) return;
+    const int rc =
+        mprotect(start, static_cast<size_t>(end - start), closed ? PROT_NONE : PROT_READ | PROT_WRITE);
+    LS_CHECK(rc == 0) << "interpret mode: mprotect of device buffer '" << run.front()->what << "' and "
+                      << run.size() - 1 << " more failed";
+    for (Allocation* a : run) a->closed = closed;
+    run.clear();
+  };
+  for (auto& [p, a] : r.live) {
+    if (a.closed == closed) continue;
+    if (run.empty() || a.base != end) {
+      flush();
+      start = a.base;
+    }
+    run.push_back(&a);
+    end = a.base + a.map_bytes;
+  }
+  flush();
+}
+
+// Every allocation as it must be with no window open; r.mu held.
+void settle(Registry& r) {
+  if (r.open > 0) return;
+  set_all_closed(r, !options().host_access);
+}
+
+// ---- the fault handler ------------------------------------------------------
+
+struct sigaction g_previous_segv;
+
+// The live allocation whose mapping holds addr, or null; r.mu held. Runs in
+// the signal handler (a host access faults outside the emulator's own code,
+// which never faults holding the mutex).
+const Allocation* mapping_of(Registry& r, const void* addr) {
+  const auto* q = static_cast<const unsigned char*>(addr);
+  const auto inside = [q](const Allocation& a) { return q >= a.base && q < a.base + a.map_bytes; };
+  auto it = r.live.upper_bound(addr);  // its lower guard zone may hold addr
+  if (it != r.live.end() && inside(it->second)) return &it->second;
+  if (it == r.live.begin()) return nullptr;
+  --it;
+  return inside(it->second) ? &it->second : nullptr;
+}
+
+void write_all(const char* s, size_t n) {
+  while (n > 0) {
+    const ssize_t w = write(STDERR_FILENO, s, n);
+    if (w <= 0) return;
+    s += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+// The functions of the first frames, by addr2line (static functions have
+// no dynamic symbol for backtrace_symbols_fd to print): one child per frame,
+// as the process aborts anyway.
+void name_frames(void* const* frames, int n, int first = 0, int count = 16) {
+  for (int i = first; i < n && i < first + count; ++i) {
+    Dl_info info{};
+    if (dladdr(frames[i], &info) == 0 || info.dli_fname == nullptr) continue;
+    char offset[32];
+    std::snprintf(offset, sizeof offset, "%#lx",
+                  static_cast<unsigned long>(static_cast<const char*>(frames[i]) -
+                                             static_cast<const char*>(info.dli_fbase) - 1));
+    const pid_t pid = fork();
+    if (pid == 0) {
+      dup2(STDERR_FILENO, STDOUT_FILENO);
+      execlp("addr2line", "addr2line", "-C", "-f", "-p", "-e", info.dli_fname, offset,
+             static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    if (pid > 0) waitpid(pid, nullptr, 0);
+  }
+}
+
+// LOCKSTEP_INTERPRET_HOST_ACCESS=log: each host access site is reported once
+// (its function and two callers) and the allocation is opened so the
+// program goes on: a survey of the host reads left, for debugging.
+bool g_log_only = [] {
+  const char* v = std::getenv("LOCKSTEP_INTERPRET_HOST_ACCESS");
+  return v != nullptr && std::strcmp(v, "log") == 0;
+}();
+
+void log_and_open(Allocation& a, const void* addr) {
+  void* frames[8];
+  const int n = backtrace(frames, 8);
+  static void* seen[4096];
+  static int n_seen = 0;
+  void* key = n > 3 ? frames[3] : nullptr;
+  bool known = false;
+  for (int i = 0; i < n_seen; ++i) known = known || seen[i] == key;
+  if (!known && n_seen < 4096) seen[n_seen++] = key;
+  if (!known) {
+    std::ostringstream msg;
+    msg << "interpret mode: host access to device memory: allocation '" << a.what << "' (+offset "
+        << static_cast<const unsigned char*>(addr) - a.user() << "), from:\n";
+    const std::string m = msg.str();
+    write_all(m.data(), m.size());
+    name_frames(frames, n, 2, 4);
+  }
+  mprotect(a.base, a.map_bytes, PROT_READ | PROT_WRITE);
+  a.closed = false;
+}
+
+void on_segv(int sig, siginfo_t* info, void* uctx) {
+  Registry& r = registry();
+  // Another thread may hold the registry briefly (a window opening, or this
+  // handler in log mode, which runs addr2line): wait up to about 10 s.
+  bool locked = r.mu.try_lock();
+  for (int spin = 0; !locked && spin < 10000; ++spin) {
+    const timespec ms{0, 1000000};
+    nanosleep(&ms, nullptr);
+    locked = r.mu.try_lock();
+  }
+  if (locked && g_log_only) {
+    Allocation* a = const_cast<Allocation*>(mapping_of(r, info->si_addr));
+    if (a != nullptr) {
+      log_and_open(*a, info->si_addr);
+      r.mu.unlock();
+      return;
+    }
+  }
+  const Allocation* a = locked ? mapping_of(r, info->si_addr) : nullptr;
+  if (a == nullptr) {
+    // Not device memory (a fiber stack's guard page, a plain bug): the
+    // previous handler, or the default action, takes it.
+    if (locked) r.mu.unlock();
+    if (g_previous_segv.sa_flags & SA_SIGINFO) {
+      if (g_previous_segv.sa_sigaction != nullptr) return g_previous_segv.sa_sigaction(sig, info, uctx);
+    } else if (g_previous_segv.sa_handler != SIG_DFL && g_previous_segv.sa_handler != SIG_IGN) {
+      return g_previous_segv.sa_handler(sig);
+    }
+    signal(SIGSEGV, SIG_DFL);
+    return;  // the access faults again, now with the default action
+  }
+  const auto off = static_cast<const unsigned char*>(info->si_addr) - a->user();
+  std::ostringstream msg;
+  msg << "interpret mode: host code touched device memory: allocation '" << a->what << "' (+offset " << off
+      << " of " << a->bytes
+      << " bytes) outside a launch or a copy (a device faults here: copy what the host needs with "
+      << "copy_out / copy_in, docs/gpu.md; LOCKSTEP_INTERPRET_HOST_ACCESS=1 allows it for debugging). "
+      << "The host code, innermost first:\n";
+  const std::string m = msg.str();
+  write_all(m.data(), m.size());
+  void* frames[64];
+  const int n = backtrace(frames, 64);
+  backtrace_symbols_fd(frames, n, STDERR_FILENO);
+  write_all("with their functions (addr2line):\n", 35);
+  name_frames(frames, n);
+  std::abort();
+}
+
+void install_segv_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* warm[1];
+    backtrace(warm, 1);  // loads libgcc's unwinder now, not inside the handler
+    struct sigaction sa {};
+    sa.sa_sigaction = on_segv;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &g_previous_segv);
+  });
+}
+
 }  // namespace
 
+bool host_access_from_environment() {
+  const char* v = std::getenv("LOCKSTEP_INTERPRET_HOST_ACCESS");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
+void apply_host_access() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  settle(r);
+}
+
+DeviceWindow::DeviceWindow() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (r.open++ == 0) set_all_closed(r, false);
+}
+
+DeviceWindow::~DeviceWindow() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  --r.open;
+  settle(r);
+}
+
 void* device_alloc(size_t bytes, const char* what) {
+  install_segv_handler();
   const size_t total = kGuardBytes + padded(bytes) + kGuardBytes;
-  auto* base = static_cast<unsigned char*>(std::aligned_alloc(64, total));
-  LS_CHECK(base != nullptr) << "interpret mode: out of memory allocating " << bytes << " bytes for " << what;
+  const size_t map_bytes = (total + page_bytes() - 1) / page_bytes() * page_bytes();
+  void* m = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  LS_CHECK(m != MAP_FAILED) << "interpret mode: out of memory allocating " << bytes << " bytes for " << what;
+  auto* base = static_cast<unsigned char*>(m);
   fill_guard(base);
   std::memset(base + kGuardBytes, kPoisonByte, padded(bytes));
   // The tail padding between the end and the upper guard is part of the guard.
@@ -86,8 +310,9 @@ void* device_alloc(size_t bytes, const char* what) {
   fill_guard(base + kGuardBytes + padded(bytes));
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  Allocation a{base, bytes, what ? what : "?"};
-  r.live[a.user()] = a;
+  Allocation a{base, map_bytes, bytes, what ? what : "?"};
+  Allocation& placed = r.live[a.user()] = a;
+  if (r.open == 0 && !options().host_access) set_closed(placed, true);
   return a.user();
 }
 
@@ -97,8 +322,41 @@ void device_free(void* p) {
   std::lock_guard<std::mutex> lock(r.mu);
   auto it = r.live.find(p);
   LS_CHECK(it != r.live.end()) << "interpret mode: device_free of a pointer that is not a live device allocation";
-  std::free(it->second.base);
+  munmap(it->second.base, it->second.map_bytes);
   r.live.erase(it);
+}
+
+void copy_to_device(void* dst, const void* host_src, size_t bytes) {
+  if (bytes == 0) return;
+  DeviceWindow w;
+  std::memcpy(dst, host_src, bytes);
+}
+
+void copy_from_device(void* host_dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  DeviceWindow w;
+  std::memcpy(host_dst, src, bytes);
+}
+
+void copy_on_device(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  DeviceWindow w;
+  std::memmove(dst, src, bytes);
+}
+
+void copy_on_device_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+                       size_t rows) {
+  if (rows == 0 || row_bytes == 0) return;
+  DeviceWindow w;
+  for (size_t r = 0; r < rows; ++r)
+    std::memmove(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch,
+                 row_bytes);
+}
+
+void fill_device(void* dst, unsigned char byte, size_t bytes) {
+  if (bytes == 0) return;
+  DeviceWindow w;
+  std::memset(dst, byte, bytes);
 }
 
 size_t live_allocations() {
@@ -140,6 +398,7 @@ int64_t tail_damage(const Allocation& a) {
 }  // namespace
 
 void check_guards(const char* after_kernel) {
+  const DeviceWindow window;  // the emulator reads the guard zones (also when a test calls it directly)
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   for (auto& [ptr, a] : r.live) {
@@ -522,6 +781,7 @@ void* shared_bytes(size_t bytes, size_t align, const char* name, const char* fil
 
 void run_launch(const Context& ctx, const LaunchSite& site, const std::function<void()>& body) {
   check_config(site);
+  const DeviceWindow window;  // the kernel, the guard checks and the race check's copies touch device memory
   const uint64_t launch = g_launches.fetch_add(1);
   const uint64_t seed = splitmix(launch);
   if (!options().check_races) {

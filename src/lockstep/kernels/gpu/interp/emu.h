@@ -16,6 +16,10 @@
 //     both sides, checked after every launch; reads there return NaN;
 //   - a kernel given a host pointer: every pointer argument of a launch must
 //     lie inside a device allocation (Options::check_pointers);
+//   - host code touching device memory: device allocations are mapped
+//     PROT_NONE except while a launch or a copy runs (Options::host_access
+//     off, the default), so a host read or write faults at once and the
+//     SIGSEGV handler names the allocation and the host code;
 //   - races inside a block: with Options::check_races every launch runs in
 //     all three orders from the same device memory and the results must agree
 //     byte for byte (Schedule::Rotate, the default, changes the order from one
@@ -53,6 +57,10 @@ enum class Schedule {
   Rotate,    // launch i uses Forward, Reverse, Shuffled for i % 3 (the default)
 };
 
+// Whether LOCKSTEP_INTERPRET_HOST_ACCESS is set to 1 (the default of
+// Options::host_access).
+bool host_access_from_environment();
+
 struct Options {
   Schedule schedule = Schedule::Rotate;
   // Run every launch in all three orders, restoring device memory (every live
@@ -64,6 +72,14 @@ struct Options {
   // device_alloc allocation (as on a device, where a host pointer faults):
   // catches engine memory that bypassed the device allocator.
   bool check_pointers = true;
+  // Whether host code may touch device memory outside launches and copies.
+  // Off (strict, the default): device allocations are inaccessible to the
+  // host (PROT_NONE pages) except inside a DeviceWindow (launches, the
+  // copies below), and a host access aborts naming the allocation and the
+  // host code, as a device faults. On: device memory is plain host memory (a
+  // debugging switch; the environment variable
+  // LOCKSTEP_INTERPRET_HOST_ACCESS=1 turns it on for a whole process).
+  bool host_access = host_access_from_environment();
   size_t stack_bytes = 64 * 1024;  // per emulated thread
   int max_threads_per_block = 1024;
   size_t max_shared_bytes = 48 * 1024;  // static shared memory per block (CUDA's default limit)
@@ -72,11 +88,21 @@ struct Options {
 // Process-wide options. Change them only between launches.
 Options& options();
 
+// Applies options().host_access to the live allocations now (else it takes
+// effect at the next launch or copy). Call it after changing the option.
+void apply_host_access();
+
 // Sets options for a scope (tests), restoring the previous ones at its end.
 class ScopedOptions {
  public:
-  explicit ScopedOptions(const Options& o) : saved_(options()) { options() = o; }
-  ~ScopedOptions() { options() = saved_; }
+  explicit ScopedOptions(const Options& o) : saved_(options()) {
+    options() = o;
+    apply_host_access();
+  }
+  ~ScopedOptions() {
+    options() = saved_;
+    apply_host_access();
+  }
   ScopedOptions(const ScopedOptions&) = delete;
   ScopedOptions& operator=(const ScopedOptions&) = delete;
 
@@ -88,8 +114,40 @@ class ScopedOptions {
 
 // `bytes` of emulated device memory with guard zones on both sides, its
 // contents poisoned (0xFF bytes: NaN as f32). `what` names it in errors.
+// Its own pages (mmap), inaccessible to the host outside a DeviceWindow
+// unless Options::host_access.
 void* device_alloc(size_t bytes, const char* what);
 void device_free(void* p);
+
+// While one exists, every device allocation is readable and writable by the
+// host: launches and the copies below hold one. Reference counted under a
+// mutex, so overlapping windows (launches and copies on several host
+// threads) are safe; the last one to close makes the memory inaccessible
+// again. While any window is open, host code on every thread may touch
+// device memory unnoticed.
+class DeviceWindow {
+ public:
+  DeviceWindow();
+  ~DeviceWindow();
+  DeviceWindow(const DeviceWindow&) = delete;
+  DeviceWindow& operator=(const DeviceWindow&) = delete;
+};
+
+// The host's explicit ways into device memory (each inside a DeviceWindow):
+// what cudaMemcpy and cudaMemset are on a device.
+void copy_to_device(void* dst, const void* host_src, size_t bytes);
+void copy_from_device(void* host_dst, const void* src, size_t bytes);
+void copy_on_device(void* dst, const void* src, size_t bytes);
+void fill_device(void* dst, unsigned char byte, size_t bytes);
+// rows rows of row_bytes, row r from src + r * src_pitch to dst + r * dst_pitch.
+void copy_on_device_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+                       size_t rows);
+template <typename T>
+T read_device(const T* src) {
+  T v;
+  copy_from_device(&v, src, sizeof(T));
+  return v;
+}
 // Throws Error naming the allocation and the offset when a guard zone was
 // overwritten. Every launch calls it on return.
 void check_guards(const char* after_kernel);
