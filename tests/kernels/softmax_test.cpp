@@ -348,6 +348,55 @@ TEST(Softmax, BatchAndThreadInvariance) {
   }
 }
 
+// The column-block backward (the trainer's chunked LM head): every column
+// block of every width, from the full rows' stats, gives the full-row
+// kernel's dlogits bit for bit, with and without the entropy gradient, with
+// a temperature, masked (-inf) logits, in place, on 1 and 2 threads; the
+// stats' (m, s, ls) give back the forward's lse, their H its entropy.
+TEST(Softmax, ColumnBlocksOfTheBackwardHaveTheFullRowsBits) {
+  const int64_t T = 40, V = 211;
+  auto lg = test::randn(T * V, 21, 5.0f), gl = test::randn(T, 22), ge = test::randn(T, 23);
+  for (int64_t i = 0; i < T * V; i += 17) lg[sz(i)] = -std::numeric_limits<float>::infinity();
+  auto y = random_targets(T, V, 24);
+  const Tensor x(lg.data(), DType::F32, {T, V}), yt(y.data(), DType::I32, {T});
+  const float tau = 0.7f;
+  ThreadPool p2(2);
+  for (bool entropy : {false, true}) {
+    for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &p2}) {
+      const Context ctx{pool};
+      const Tensor dent = entropy ? Tensor(ge.data(), DType::F32, {T}) : Tensor();
+      std::vector<float> full(sz(T * V)), stats(sz(T * 4)), lp(sz(T)), ent(sz(T)), lse(sz(T));
+      token_logprob_backward(ctx, Tensor(full.data(), DType::F32, {T, V}), Tensor(gl.data(), DType::F32, {T}),
+                             dent, x, yt, tau);
+      token_logprob_stats(ctx, Tensor(stats.data(), DType::F32, {T, 4}), x, tau, entropy);
+      token_logprob_forward(ctx, Tensor(lp.data(), DType::F32, {T}), Tensor(ent.data(), DType::F32, {T}),
+                            Tensor(lse.data(), DType::F32, {T}), x, yt, tau);
+      for (int64_t t = 0; t < T; ++t) {
+        const float* st = stats.data() + t * 4;
+        ASSERT_EQ(st[0] + st[2], lse[sz(t)]) << "row " << t;
+        ASSERT_EQ(st[3], entropy ? ent[sz(t)] : 0.0f) << "row " << t;
+      }
+      for (int64_t w : {int64_t(1), int64_t(5), int64_t(16), int64_t(100), V}) {
+        std::vector<float> cols(sz(T * V));
+        for (int64_t v0 = 0; v0 < V; v0 += w) {
+          const int64_t v1 = std::min(V, v0 + w);
+          // In place: the block's logits copied into the output, then overwritten.
+          std::vector<float> blk(sz(T * (v1 - v0)));
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t j = v0; j < v1; ++j) blk[sz(t * (v1 - v0) + j - v0)] = lg[sz(t * V + j)];
+          const Tensor b(blk.data(), DType::F32, {T, v1 - v0});
+          token_logprob_backward_cols(ctx, b, Tensor(gl.data(), DType::F32, {T}), dent, b, yt,
+                                      Tensor(stats.data(), DType::F32, {T, 4}), v0, tau);
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t j = v0; j < v1; ++j) cols[sz(t * V + j)] = blk[sz(t * (v1 - v0) + j - v0)];
+        }
+        expect_bits_equal(cols.data(), full.data(), T * V,
+                          ("column blocks of " + std::to_string(w) + (entropy ? ", entropy" : "")).c_str());
+      }
+    }
+  }
+}
+
 TEST(Softmax, OptionalOutputsDoNotChangeTheLogprob) {
   Context ctx;
   const int64_t T = 6, V = 333;

@@ -46,15 +46,14 @@ void zero(const Context& ctx, Tensor t) {
   }, 256);
 }
 
-}  // namespace
-
-// Temporaries live in the workspace's slots (see forward.cpp).
-void backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv, Workspace& ws,
-              const RaggedBatch& batch, Activations& saved, const Tensor& dlogits, const ModelParams& grads,
-              const std::vector<Tensor>& dmtp_logits) {
+// Temporaries live in the workspace's slots (see forward.cpp). dhead: the
+// gradient is that of the head input (R, D), lm_head's backward done.
+void backward_impl(const Context& ctx, const ModelWeights& weights, const KvCache& kv, Workspace& ws,
+                   const RaggedBatch& batch, Activations& saved, const Tensor& dlogits, bool dhead,
+                   const ModelParams& grads, const std::vector<Tensor>& dmtp_logits) {
   const ModelConfig& c = weights.config();
   if (c.is_v4()) {
-    v4_backward(ctx, weights, kv, batch, saved, dlogits, grads, dmtp_logits);
+    v4_backward(ctx, weights, kv, batch, saved, dlogits, dhead, grads, dmtp_logits);
     return;
   }
   LS_CHECK(dmtp_logits.empty()) << "MTP logits gradients for a model without MTP blocks";
@@ -62,7 +61,7 @@ void backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv
   for (int32_t n : batch.n_ctx) LS_CHECK(n == 0) << "backward needs a batch with every token new (n_ctx == 0)";
   const int64_t T = batch.num_tokens(), D = c.hidden_size, H = c.num_heads, Hkv = c.num_kv_heads,
                 Dh = c.head_dim, R = static_cast<int64_t>(batch.logit_rows.size());
-  check_shape(dlogits, {R, c.vocab_size}, "dlogits");
+  check_shape(dlogits, {R, dhead ? D : c.vocab_size}, dhead ? "dhead_input" : "dlogits");
   LS_CHECK(saved.layers.size() == size_t(c.num_layers)) << "no saved activations for this batch";
   BatchTensors bt(batch, kv.block_size(), kernels::device_memory(ctx));
   const k::AttentionBatch ab = bt.attention_batch();
@@ -71,9 +70,12 @@ void backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv
   // Vocabulary projection and final norm: only the logit rows carry gradient.
   Tensor dx = ws.get(kSlotDx, f32, {T, D});  // gradient w.r.t. the residual stream
   if (R > 0) {
-    Tensor dnormed_rows = ws.get(kSlotRowsNormed, f32, {R, D}), drows = ws.get(kSlotRows, f32, {R, D});
-    k::gemm_dyw(ctx, dnormed_rows, dlogits, p.lm_head);
-    project_dw(ctx, grads.lm_head, dlogits, saved.normed_rows.view(), weights.lm_head());
+    Tensor dnormed_rows = dlogits, drows = ws.get(kSlotRows, f32, {R, D});
+    if (!dhead) {
+      dnormed_rows = ws.get(kSlotRowsNormed, f32, {R, D});
+      k::gemm_dyw(ctx, dnormed_rows, dlogits, p.lm_head);
+      project_dw(ctx, grads.lm_head, dlogits, saved.normed_rows.view(), weights.lm_head());
+    }
     k::rmsnorm_backward(ctx, drows, grads.final_norm, dnormed_rows, saved.x_final.view(), p.final_norm,
                         saved.rstd_f.view());
     scatter_rows(ctx, dx, drows, batch.logit_rows);
@@ -221,6 +223,33 @@ void backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv
     }
   }
   k::embedding_backward(ctx, grads.embed, dx, bt.tokens.view());
+}
+
+}  // namespace
+
+void lm_head_backward_dx(const Context& ctx, const ModelWeights& weights, Tensor dx, const Tensor& dlogits) {
+  k::gemm_dyw(ctx, dx, dlogits, weights.backward_params().lm_head);
+}
+
+void lm_head_backward_dw(const Context& ctx, const ModelWeights& weights, const ModelParams& grads,
+                         const Tensor& dlogits, const Tensor& rows, int64_t v0) {
+  const int64_t W = dlogits.dim(1);
+  LS_CHECK(v0 >= 0 && v0 + W <= weights.config().vocab_size)
+      << "lm_head_backward_dw: columns [" << v0 << ", " << v0 + W << ") outside the vocabulary";
+  project_dw(ctx, grads.lm_head.slice_rows(v0, v0 + W), dlogits, rows, weights.lm_head());
+}
+
+void backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv, Workspace& ws,
+              const RaggedBatch& batch, Activations& saved, const Tensor& dlogits, const ModelParams& grads,
+              const std::vector<Tensor>& dmtp_logits) {
+  backward_impl(ctx, weights, kv, ws, batch, saved, dlogits, false, grads, dmtp_logits);
+}
+
+void backward_from_head_input(const Context& ctx, const ModelWeights& weights, const KvCache& kv,
+                              Workspace& ws, const RaggedBatch& batch, Activations& saved,
+                              const Tensor& dhead_input, const ModelParams& grads,
+                              const std::vector<Tensor>& dmtp_logits) {
+  backward_impl(ctx, weights, kv, ws, batch, saved, dhead_input, true, grads, dmtp_logits);
 }
 
 }  // namespace lockstep::model

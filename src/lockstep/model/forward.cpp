@@ -404,8 +404,7 @@ void check_options(const ModelWeights& weights, const RaggedBatch& batch, const 
                    const Activations* saved) {
   const ModelConfig& c = weights.config();
   LS_CHECK(!opt.save_activations || saved != nullptr) << "save_activations needs an Activations";
-  LS_CHECK(opt.lm_head || (!opt.save_activations && opt.capture == nullptr))
-      << "lm_head = false is for a forward without save_activations or capture";
+  LS_CHECK(opt.lm_head || opt.capture == nullptr) << "lm_head = false is for a forward without capture";
   const int64_t T = batch.num_tokens(), n_moe = c.num_moe_layers(), K = c.num_experts_per_tok;
   if (opt.replay_experts != nullptr) {
     LS_CHECK(static_cast<int64_t>(opt.replay_experts->size()) == T * n_moe * K)
@@ -533,6 +532,26 @@ void forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, Works
 void lm_head_forward(const Context& ctx, const ModelWeights& weights, Tensor logits, const Tensor& rows) {
   check_shape(logits, {rows.dim(0), weights.config().vocab_size}, "lm_head_forward: logits");
   if (rows.dim(0) > 0) project(ctx, logits, rows, weights.lm_head());
+}
+
+void lm_head_forward_cols(const Context& ctx, const ModelWeights& weights, Tensor logits, const Tensor& rows,
+                          int64_t v0) {
+  const kernels::PackedWeight& pw = weights.lm_head();
+  const int64_t W = logits.dim(1);
+  check_shape(logits, {rows.dim(0), -1}, "lm_head_forward_cols: logits");
+  LS_CHECK(v0 >= 0 && v0 + W <= weights.config().vocab_size)
+      << "lm_head_forward_cols: columns [" << v0 << ", " << v0 + W << ") outside the vocabulary";
+  LS_CHECK(pw.storage != DType::FP8E4M3) << "lm_head_forward_cols: not for an fp8 head";
+  if (rows.dim(0) == 0 || W == 0) return;
+  // Every logit is one FMA chain over D of its row and its vocabulary row's
+  // exact values (the packed kernel multiplies by the backward weights'
+  // values): the rows [v0, v0 + W) of W alone give those chains.
+  const Tensor w = weights.backward_params().lm_head.slice_rows(v0, v0 + W);
+  if (pw.in_place()) {
+    project(ctx, logits, rows, kernels::in_place_weight(w));
+  } else {
+    kernels::gemm_xwt(ctx, logits, rows, w);
+  }
 }
 
 }  // namespace lockstep::model

@@ -106,8 +106,9 @@ struct ForwardOptions {
   // false: stop before the vocabulary projection. ForwardResult::logits is
   // left untouched and ForwardResult::head_input holds the (R, D) rows it
   // would project, so the caller can take logits a few rows at a time
-  // (lm_head_forward) and never hold all (R, V) at once. Forward only (no
-  // save_activations), and not with capture (the "logits" point is never reached).
+  // (lm_head_forward) and never hold all (R, V) at once; with
+  // save_activations, backward_from_head_input then starts from the
+  // gradient of those rows. Not with capture (the "logits" point is never reached).
   bool lm_head = true;
   // Debug hook: called with every named intermediate (Captured). Null (the
   // default) costs one pointer test per capture point.
@@ -230,6 +231,30 @@ void lm_head_forward(const Context& ctx, const ModelWeights& weights, Tensor log
 void backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv, Workspace& ws,
               const RaggedBatch& batch, Activations& saved, const Tensor& dlogits, const ModelParams& grads,
               const std::vector<Tensor>& dmtp_logits = {});
+
+// backward() for a forward run with ForwardOptions::lm_head == false: from
+// dhead_input (R, D), the gradient w.r.t. ForwardResult::head_input, the
+// caller having taken the vocabulary projection's backward itself (its dX
+// from lm_head_backward_dx, its weight gradient from lm_head_backward_dw,
+// before this call: the same order of additions into a tied embedding's
+// gradient as backward's). The same bits as backward() from the dlogits
+// whose projection gives dhead_input.
+void backward_from_head_input(const Context& ctx, const ModelWeights& weights, const KvCache& kv,
+                              Workspace& ws, const RaggedBatch& batch, Activations& saved,
+                              const Tensor& dhead_input, const ModelParams& grads,
+                              const std::vector<Tensor>& dmtp_logits = {});
+
+// The vocabulary projection's backward a few rows or columns at a time:
+// dx (n, D) = dlogits (n, V) · W for n rows (each row its own chain over V),
+// and grads.lm_head[v0, v0 + W) += dlogitsᵀ · rows for vocabulary columns
+// [v0, v0 + W) of every row (each column its own chain over the rows), with
+// rows (R, D) the head input. lm_head_forward_cols: logits (R, W) = columns
+// [v0, v0 + W) of lm_head_forward's logits, the same bits.
+void lm_head_backward_dx(const Context& ctx, const ModelWeights& weights, Tensor dx, const Tensor& dlogits);
+void lm_head_backward_dw(const Context& ctx, const ModelWeights& weights, const ModelParams& grads,
+                         const Tensor& dlogits, const Tensor& rows, int64_t v0);
+void lm_head_forward_cols(const Context& ctx, const ModelWeights& weights, Tensor logits, const Tensor& rows,
+                          int64_t v0);
 
 // Attention softmax scale 1/sqrt(Dh), computed once in double and rounded.
 float attention_scale(const ModelConfig& c);

@@ -351,18 +351,22 @@ struct HeadTensors {
 };
 
 // dx (T, n*D) written: a head's gradient on the logit rows, 0 elsewhere
-// (lm_head's gradient accumulated too).
-void head_backward(const V4BackEnv& env, const RaggedBatch& batch, const V4HeadActivations& s, const HeadTensors& w,
-                   const Tensor& dlogits, Tensor dx) {
+// (lm_head's gradient accumulated too). dhead: dlogits is the gradient of the
+// normed rows (R, D) instead, lm_head's backward already taken.
+void head_backward(const V4BackEnv& env, const RaggedBatch& batch, const V4HeadActivations& s,
+                   const HeadTensors& w, const Tensor& dlogits, Tensor dx, bool dhead = false) {
   const Context& ctx = env.ctx;
   const ModelConfig& c = env.c;
   const int64_t R = int64_t(batch.logit_rows.size()), D = c.hidden_size, n = c.hc_mult;
   zero(dx);
   if (R == 0) return;
-  OwnedTensor dnormed(f32, {R, D}), dh(f32, {R, D}), drows(f32, {R, n * D});
-  k::gemm_dyw(ctx, dnormed.view(), dlogits, env.p.lm_head);
-  project_dw(ctx, env.g.lm_head, dlogits, s.normed_rows.view(), env.weights.lm_head());
-  k::rmsnorm_backward(ctx, dh.view(), w.dnorm, dnormed.view(), s.h_rows.view(), w.norm, s.rstd_f.view());
+  OwnedTensor dnormed(f32, {dhead ? 0 : R, D}), dh(f32, {R, D}), drows(f32, {R, n * D});
+  if (!dhead) {
+    k::gemm_dyw(ctx, dnormed.view(), dlogits, env.p.lm_head);
+    project_dw(ctx, env.g.lm_head, dlogits, s.normed_rows.view(), env.weights.lm_head());
+  }
+  k::rmsnorm_backward(ctx, dh.view(), w.dnorm, dhead ? dlogits : dnormed.view(), s.h_rows.view(), w.norm,
+                      s.rstd_f.view());
   zero(drows.view());
   k::mhc_head_backward(ctx, drows.view(), w.dfn, w.dbase, w.dscale, dh.view(), s.x_rows.view(), s.head_w.view(),
                        s.head_raw.view(), s.head_rstd.view(), w.fn, w.base, w.scale, mhc_config(c));
@@ -410,13 +414,14 @@ void mtp_backward(const V4BackEnv& env, const RaggedBatch& batch, const V4Activa
 }  // namespace
 
 void v4_backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv, const RaggedBatch& batch,
-                 Activations& saved, const Tensor& dlogits, const ModelParams& grads,
+                 Activations& saved, const Tensor& dlogits, bool dhead, const ModelParams& grads,
                  const std::vector<Tensor>& dmtp_logits) {
   const ModelConfig& c = weights.config();
   for (int32_t n : batch.n_ctx) LS_CHECK(n == 0) << "backward needs a batch with every token new (n_ctx == 0)";
   LS_CHECK(saved.v4 && saved.v4->layers.size() == size_t(c.num_layers)) << "no saved activations for this batch";
   const int64_t T = batch.num_tokens(), D = c.hidden_size, n = c.hc_mult;
-  check_shape(dlogits, {int64_t(batch.logit_rows.size()), c.vocab_size}, "dlogits");
+  check_shape(dlogits, {int64_t(batch.logit_rows.size()), dhead ? D : c.vocab_size},
+              dhead ? "dhead_input" : "dlogits");
   const V4Batch vb(batch, kv.block_size());
   const V4BackEnv env{ctx, c, weights, weights.backward_params(), grads, kv, vb, T, saved, batch};
   const V4Activations& s = *saved.v4;
@@ -425,7 +430,7 @@ void v4_backward(const Context& ctx, const ModelWeights& weights, const KvCache&
   head_backward(env, batch, s.head,
                 {p.hc_head_fn, p.hc_head_base, p.hc_head_scale, p.final_norm, g.hc_head_fn, g.hc_head_base,
                  g.hc_head_scale, g.final_norm},
-                dlogits, dx.view());
+                dlogits, dx.view(), dhead);
   if (!dmtp_logits.empty() || !s.mtp.empty()) {
     mtp_backward(env, batch, s, dmtp_logits, dprev.view());
     add_into(ctx, dx.view(), dx.view(), dprev.view());

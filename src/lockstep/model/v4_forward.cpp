@@ -461,8 +461,7 @@ void check_v4_options(const ModelWeights& weights, const RaggedBatch& batch, con
                       const Activations* saved) {
   const ModelConfig& c = weights.config();
   LS_CHECK(!opt.save_activations || saved != nullptr) << "save_activations needs an Activations";
-  LS_CHECK(opt.lm_head || (!opt.save_activations && opt.capture == nullptr))
-      << "lm_head = false is for a forward without save_activations or capture";
+  LS_CHECK(opt.lm_head || opt.capture == nullptr) << "lm_head = false is for a forward without capture";
   if (opt.indexer_loss) {
     LS_CHECK(opt.save_activations) << "ForwardOptions::indexer_loss needs save_activations";
     for (int32_t n_ctx : batch.n_ctx)

@@ -117,8 +117,10 @@ void v4_forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, co
 // 1 / sqrt(index_head_dim * index_n_heads): the factor of the indexer's head weights.
 float indexer_head_scale(const ModelConfig& c);
 
+// dhead: dlogits is the gradient of the main head's input (R, D), its
+// vocabulary projection's backward taken by the caller (backward_from_head_input).
 void v4_backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv, const RaggedBatch& batch,
-                 Activations& saved, const Tensor& dlogits, const ModelParams& grads,
+                 Activations& saved, const Tensor& dlogits, bool dhead, const ModelParams& grads,
                  const std::vector<Tensor>& dmtp_logits);
 
 // Layer l's parameters: a main layer, or for l = L + j MTP block j's block.

@@ -15,6 +15,7 @@
 #include "lockstep/kernels/cpu/softmax.h"
 #include "lockstep/kernels/gpu/backend.h"
 #include "lockstep/model/v4_forward.h"
+#include "lockstep/train/chunked_head.h"
 
 namespace lockstep::train {
 
@@ -34,6 +35,7 @@ struct RunBuffers {
   model::ForwardResult fr;
   OwnedTensor logp, ent, tgt, dlogp, dent;  // (R)
   OwnedTensor chunk_logits;                 // (logits_chunk, V) when scoring in chunks
+  ChunkedHeadBuffers head;                  // training in chunks
 };
 
 Trainer::Trainer(const Context& ctx, const ModelConfig& config, Buffer params, TrainerConfig cfg)
@@ -528,9 +530,11 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
     fo.experts = r.experts;
     fo.mtp = mtp || (opt.mtp && scores != nullptr);
     fo.indexer_loss = indexer_loss && indexer_rows > 0;
-    // Scoring only: the logits in chunks (training keeps all rows, which
-    // backward's lm_head gradient needs at once).
-    const bool chunked = loss == nullptr && r.logits_chunk > 0 && R > r.logits_chunk;
+    // The logits in chunks: scoring, and training where the chunked head's
+    // kernels run (chunked_head_trains).
+    const bool chunked = r.logits_chunk > 0 && R > r.logits_chunk &&
+                         (loss == nullptr || chunked_head_trains(r.ctx, r.weights));
+    const bool train_chunked = chunked && loss != nullptr;
     fo.lm_head = !chunked;
     model::forward(r.ctx, r.weights, kv, rb.ws, batch, fo, &rb.fr, loss ? &rb.acts : nullptr);
 
@@ -538,8 +542,13 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
     model::reuse(r.ctx, ent, DType::F32, {R});
     model::reuse(r.ctx, tgt, DType::I32, {R});
     rb.memory.copy_in(tgt.view().data, targets.data(), size_t(R) * 4);
-    if (chunked) {
-      model::drop(rb.fr.logits);  // a training pass's (R, V) logits would stay beside the chunks
+    if (chunked) model::drop(rb.fr.logits);  // an unchunked pass's (R, V) logits would stay beside the chunks
+    if (train_chunked) {
+      model::drop(rb.chunk_logits);
+      chunked_head_forward(r.ctx, r.weights, rb.head, rb.fr.head_input.view(), tgt.view(), logp.view(),
+                           opt.entropy ? ent.view() : Tensor(), r.logits_chunk, opt.temperature);
+    } else if (chunked) {
+      model::drop(rb.head.logits);
       chunked_token_logprobs(r, rb, R, r.logits_chunk, opt);
     } else {
       kernels::token_logprob_forward(r.ctx, logp.view(), opt.entropy ? ent.view() : Tensor(), Tensor(),
@@ -563,10 +572,18 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
     if (opt.mtp && scores) mtp_scores(r, rb.fr, seqs, b0, b1, first_row, *scores);
     if (!loss || (R == 0 && r.experts == nullptr)) continue;
     // The logits are not needed once their gradient is known: the kernel
-    // writes dlogits over them (it allows the aliasing), saving an (R, V) buffer.
+    // writes dlogits over them (it allows the aliasing), saving an (R, V)
+    // buffer. Chunked: the gradient of the head's input instead (lm_head's
+    // weight gradient taken first, as backward takes it).
     Tensor dlogits = rb.fr.logits.view();
-    kernels::token_logprob_backward(r.ctx, dlogits, dlogp.view(), opt.entropy ? dent.view() : Tensor(),
-                                    dlogits, tgt.view(), opt.temperature);
+    if (train_chunked) {
+      dlogits = chunked_head_backward(r.ctx, r.weights, *r.grads, rb.head, rb.fr.head_input.view(),
+                                      tgt.view(), dlogp.view(), opt.entropy ? dent.view() : Tensor(),
+                                      r.logits_chunk, opt.temperature);
+    } else {
+      kernels::token_logprob_backward(r.ctx, dlogits, dlogp.view(), opt.entropy ? dent.view() : Tensor(),
+                                      dlogits, tgt.view(), opt.temperature);
+    }
     std::vector<Tensor> dmtp;
     if (mtp) total += mtp_loss(r, rb.fr, seqs, b0, b1, first_row, mtp_norm, dmtp);
     rb.acts.fold_expert_grads = r.fold_expert_grads ? *r.fold_expert_grads : nullptr;
@@ -575,7 +592,12 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
       rb.acts.indexer_loss_scale = r.indexer_loss_coef / indexer_rows;
       total += rb.acts.indexer_loss_scale * rb.fr.indexer_kl;
     }
-    model::backward(r.ctx, r.weights, rb.kv, rb.ws, batch, rb.acts, dlogits, *r.grads, dmtp);
+    if (train_chunked) {
+      model::backward_from_head_input(r.ctx, r.weights, rb.kv, rb.ws, batch, rb.acts, dlogits, *r.grads,
+                                      dmtp);
+    } else {
+      model::backward(r.ctx, r.weights, rb.kv, rb.ws, batch, rb.acts, dlogits, *r.grads, dmtp);
+    }
     if (r.after_backward) (*r.after_backward)();
   }
   return total;

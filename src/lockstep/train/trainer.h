@@ -61,10 +61,13 @@ using LossFn = std::function<double(size_t seq, const float* logp, const float* 
 struct TrainerConfig {
   OptimizerConfig optim;
   int64_t micro_batch_tokens = 4096;  // token budget of one forward/backward
-  // Scoring (no loss): the vocabulary projection and logprobs of at most this
-  // many logit rows at once, so a long sequence never holds its whole (T, V)
-  // logits (at V = 151,936, 608 KB per row). The same bits at every value;
-  // 0 takes all rows at once. Training passes still take all rows.
+  // The vocabulary projection and logprobs of at most this many logit rows
+  // at once, so a long sequence never holds its whole (T, V) logits (at V =
+  // 151,936, 608 KB per row): scoring, and training passes, whose LM head
+  // backward takes row blocks for its input gradient and as many logits in
+  // vocabulary-column blocks for its weight gradient (train/chunked_head.h;
+  // on the CPU, for f32 and bf16 heads; fp8 heads and the GPU train
+  // unchunked). The same bits at every value; 0 takes all rows at once.
   int64_t logits_chunk = 1024;
   // Keep only each layer's input during the forward and recompute the rest in
   // backward, one layer at a time: activation memory of one layer instead of

@@ -198,4 +198,63 @@ void token_logprob_backward(const Context& ctx, Tensor dlogits, const Tensor& dl
       row_grain(V));
 }
 
+void token_logprob_stats(const Context& ctx, Tensor stats, const Tensor& logits, float temperature,
+                         bool entropy) {
+  LS_CHECK(ctx.gpu == nullptr) << "token_logprob_stats: CPU only";
+  const auto [T, V] = check_logits(logits, temperature, "token_logprob_stats");
+  check_mat(stats, T, 4, "token_logprob_stats: stats (T, 4)");
+  ctx.parallel_for(
+      T,
+      [&](int64_t t0, int64_t t1) {
+        std::vector<float> d(static_cast<size_t>(V)), e(static_cast<size_t>(V));  // (V) each
+        for (int64_t t = t0; t < t1; ++t) {
+          const RowStats st =
+              row_pass(logits.f32() + t * logits.stride[0], V, temperature, d.data(), e.data());
+          float* out = stats.f32() + t * stats.stride[0];
+          out[0] = st.m;
+          out[1] = st.s;
+          out[2] = st.ls;
+          out[3] = entropy ? st.ls - canonical_dot(e.data(), d.data(), V) / st.s : 0.0f;
+        }
+      },
+      row_grain(V));
+}
+
+void token_logprob_backward_cols(const Context& ctx, Tensor dlogits, const Tensor& dlogp,
+                                 const Tensor& dentropy, const Tensor& logits, const Tensor& targets,
+                                 const Tensor& stats, int64_t col0, float temperature) {
+  LS_CHECK(ctx.gpu == nullptr) << "token_logprob_backward_cols: CPU only";
+  const auto [T, W] = check_logits(logits, temperature, "token_logprob_backward_cols");
+  check_mat(dlogits, T, W, "token_logprob_backward_cols: dlogits (T, W)");
+  check_mat(stats, T, 4, "token_logprob_backward_cols: stats (T, 4)");
+  if (dlogp.ndim != 0) check_vec(dlogp, T, DType::F32, "token_logprob_backward_cols: dlogp (T,)");
+  if (dentropy.ndim != 0) check_vec(dentropy, T, DType::F32, "token_logprob_backward_cols: dentropy (T,)");
+  check_vec(targets, T, DType::I32, "token_logprob_backward_cols: targets (T,)");
+  LS_CHECK(col0 >= 0) << "token_logprob_backward_cols: col0 " << col0 << " < 0";
+  const bool have_gl = dlogp.ndim != 0, have_ge = dentropy.ndim != 0;
+  const int32_t* y = targets.i32();
+  ctx.parallel_for(
+      T,
+      [&](int64_t t0, int64_t t1) {
+        std::vector<float> d(static_cast<size_t>(W)), e(static_cast<size_t>(W));  // (W) each
+        for (int64_t t = t0; t < t1; ++t) {
+          const float* z = logits.f32() + t * logits.stride[0];
+          const float* st = stats.f32() + t * stats.stride[0];
+          const float m = st[0], s = st[1], ls = st[2];
+          // The row pass's d and e for these columns: elementwise, so the bits of the full row's.
+          for (int64_t i = 0; i < W; ++i) d[size_t(i)] = std::max(z[i] / temperature - m, kMinShift);
+          vexp(d.data(), e.data(), W);
+          const float gl = have_gl ? dlogp.f32()[t] : 0.0f;
+          const float ge = have_ge ? dentropy.f32()[t] : 0.0f;
+          const float H = have_ge ? st[3] : 0.0f;
+          float* out = dlogits.f32() + t * dlogits.stride[0];
+          for (int64_t j = 0; j < W; ++j) {
+            const float p = e[size_t(j)] / s;
+            const float g = -(p * (gl + ge * ((d[size_t(j)] - ls) + H)));
+            out[j] = (col0 + j == y[t] ? g + gl : g) / temperature;
+          }
+        }
+      },
+      row_grain(W));
+}
 }  // namespace lockstep::kernels

@@ -52,6 +52,21 @@ void token_logprob_forward(const Context& ctx, Tensor logp, Tensor entropy, Tens
 void token_logprob_backward(const Context& ctx, Tensor dlogits, const Tensor& dlogp, const Tensor& dentropy,
                             const Tensor& logits, const Tensor& targets, float temperature);
 
+// Column blocks of token_logprob_backward, for a caller that never holds a
+// whole (T, V) row (the trainer's chunked LM head). Per row t, the row pass's
+// statistics of the full row of V logits:
+//   stats[t] = (m, s, ls, H)        (T, 4) f32 contiguous; H only with `entropy`, else 0
+void token_logprob_stats(const Context& ctx, Tensor stats, const Tensor& logits, float temperature,
+                         bool entropy);
+// Columns [col0, col0 + W) of token_logprob_backward's dlogits from the same
+// columns of the logits (T, W) and the full rows' stats: every element is
+// computed from its own logit and its row's (m, s, ls, H), as the full-row
+// kernel computes it, so the bits are the same. stats must hold H when
+// dentropy is given. dlogits may alias logits. CPU only.
+void token_logprob_backward_cols(const Context& ctx, Tensor dlogits, const Tensor& dlogp,
+                                 const Tensor& dentropy, const Tensor& logits, const Tensor& targets,
+                                 const Tensor& stats, int64_t col0, float temperature);
+
 namespace detail {
 // The argument checks of token_logprob_forward / _backward (shapes, strides,
 // temperature, target ids), shared with the GPU backend so both raise the
