@@ -137,9 +137,9 @@ PackedWeight packed_on_device(const GpuBackend& b, const PackedWeight& w) {
   return d;
 }
 
-// Milliseconds per call: two warm-up calls, then `trials` timed trials of
-// enough calls to last kTrialMs each (two for a slow call) (cudaEvents on the backend's stream, which
-// cuBLAS also uses); the best trial's mean.
+// Milliseconds per call, timed by cudaEvents on the backend's stream (cuBLAS
+// is given it too): two warm-up calls, then `trials` trials (two for a slow
+// call) of enough calls to last kTrialMs each; the best trial's mean.
 double time_ms(const std::function<void()>& call, int trials) {
   const cudaStream_t s = gpu::cuda::stream();
   cudaEvent_t e0 = nullptr, e1 = nullptr;
@@ -201,7 +201,11 @@ int64_t bits_differing(const Context& cpu, const std::vector<float>& y_dev, cons
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double d = 0;
-  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(static_cast<double>(a[i]) - b[i]));
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double e = std::fabs(static_cast<double>(a[i]) - b[i]);
+    if (std::isnan(e)) return e;  // shown as nan, not skipped by max
+    d = std::max(d, e);
+  }
   return d;
 }
 
@@ -320,15 +324,13 @@ void print_header(cublasHandle_t h, const Options& opt) {
   std::printf("GEMM Y = X·Wᵀ on %s (sm_%d%d, driver %d), cuBLAS %d; best of %d trials, ms per call\n",
               prop.name, prop.major, prop.minor, driver, version, opt.trials);
   std::printf(
-      "lockstep: gemm_xwt through the CUDA backend, packed f32 (and bf16) weights, one fp32 FMA chain per "
-      "output;\n"
-      "cuBLAS: cublasGemmEx f32 CUBLAS_COMPUTE_32F_PEDANTIC, then tensor cores (TF32; bf16 X and W) as the "
-      "fast "
-      "reference;\n"
-      "lockstep/cuBLAS: time ratio against cuBLAS f32; bits vs CPU: the CPU kernel on up to %lld rows, f32 "
-      "and bf16; "
-      "max|Δ|: lockstep f32 against cuBLAS f32, every output\n\n",
+      "lockstep: gemm_xwt on the CUDA backend, packed f32 (bf16) weights, one FMA chain per output\n");
+  std::printf(
+      "cuBLAS: cublasGemmEx f32, CUBLAS_COMPUTE_32F_PEDANTIC; TF32 and bf16 tensor cores as the fast ones\n");
+  std::printf(
+      "lockstep/cuBLAS: time ratio against cuBLAS f32; bits vs CPU: the CPU kernel on up to %lld rows\n",
       static_cast<long long>(kCheckedRows));
+  std::printf("(f32 and bf16 weights); max|Δ|: lockstep f32 against cuBLAS f32, every output\n\n");
   print_row(kColumns);
   std::printf("%s\n", std::string(150, '-').c_str());
 }
