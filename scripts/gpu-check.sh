@@ -16,7 +16,7 @@
 # BUILD (build/gpu-check), JOBS (nproc), GPU_CHECK_BUDGET_S (540: the whole run),
 # GPU_CHECK_BUILD_TIMEOUT_S (360: the build step), GPU_CHECK_WERROR (0 on the
 # device: g++ warnings do not stop the build, they are counted; 1 in no-device mode),
-# GPU_CHECK_TARGETS (default: lockstep and every gpu/cuda executable target),
+# GPU_CHECK_TARGETS (default: lockstep and every gpu/cuda/cublas executable target),
 # GPU_CHECK_CMAKE_ARGS (more configure arguments), GPU_CHECK_BENCH (more
 # commands, one per line, run last with ./lockstep replaced by the built binary).
 # Results: $OUT/gpu-check-results.txt if OUT is set, else ./gpu-check-results.txt.
@@ -76,6 +76,7 @@ step() {
 record() {  # record NAME CMD RC SECONDS OUTPUT [LINES KEPT LIMIT]
   local note=""
   [ "$3" = 124 ] || [ "$3" = 137 ] && note=" (timed out)"
+  [ "$3" = 77 ] && note=" (no device)"  # bench_gemm_cublas: the runtime sees no GPU
   {
     echo
     echo "=== $1"
@@ -134,7 +135,7 @@ if [ -z "${GPU_CHECK_TARGETS:-}" ]; then
   # (CXX_EXECUTABLE_LINKER__NAME_Release, CUDA_STATIC_LIBRARY_LINKER__NAME_Release).
   GPU_CHECK_TARGETS="lockstep $(ninja -C "$BUILD" -t targets all 2>/dev/null |
     sed -n 's/.*: [A-Z]*_\(EXECUTABLE\|STATIC_LIBRARY\)_LINKER__\(.*\)_[A-Za-z]*$/\2/p' |
-    grep -iE 'gpu|cuda' | sort -u | tr '\n' ' ')"
+    grep -iE 'gpu|cuda|cublas' | sort -u | tr '\n' ' ')"
 fi
 # -k 0: a target that fails to build does not stop the others.
 step build "${GPU_CHECK_BUILD_TIMEOUT_S:-360}" "cmake --build '$BUILD' -j $JOBS --target $GPU_CHECK_TARGETS -- -k 0"
@@ -184,8 +185,10 @@ if [ -x "$LS" ]; then
 else
   skip bench "lockstep bench" "no $LS"
 fi
-device_step gemm-cublas 60 "test -x '$BUILD/bench_gemm_cublas' || { echo 'no cuBLAS GEMM benchmark (bench_gemm_cublas) in this build'; exit 1; }
-  '$BUILD/bench_gemm_cublas' --benchmark_min_time=0.05"
+# lockstep's GEMM against cuBLAS (bench/gpu/gemm_cublas.cpp): one table line
+# per shape; exit 1 when a bit differs from the CPU kernel, 77 without a device.
+device_step gemm-cublas 90 "test -x '$BUILD/bench_gemm_cublas' || { echo 'no cuBLAS GEMM benchmark (bench_gemm_cublas) in this build'; exit 1; }
+  '$BUILD/bench_gemm_cublas'"
 [ "$NO_DEVICE" = 1 ] || BENCH_LOGS+=("$LOGDIR/gemm-cublas.log")
 step throughput 10 "python3 scripts/gpu-throughput.py ${BENCH_LOGS[*]}"
 

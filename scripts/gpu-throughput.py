@@ -6,8 +6,9 @@ usage: gpu-throughput.py LOG...   (bench-rollout-DEVICE.log, bench-train-DEVICE.
 
 Prints one markdown table, a column per device: decode tok/s at each batch of
 `lockstep bench rollout`, training tok/s of `lockstep bench train`, then the
-GEMM benchmark's lines (lockstep's GEMM against cuBLAS on the same shapes) as
-they are. A log that is missing or holds no table gives no figures; the
+table of bench_gemm_cublas (lockstep's GEMM against cuBLAS on the same shapes,
+one row per shape) as a markdown table with its own columns. A log that is
+missing or holds no table gives no figures; the
 script fails only when no log gives any.
 """
 import os
@@ -42,7 +43,7 @@ def main(paths):
         name = os.path.basename(path).rsplit(".", 1)[0]
         text = open(path, errors="replace").read()
         if name.startswith("gemm"):
-            gemm += [l for l in text.splitlines() if re.match(r"^\S+/\S+\s+\d", l)]
+            gemm += [r for rows in tables(text) for r in rows if "lockstep ms" in r and "cuBLAS ms" in r]
             continue
         device = name.rsplit("-", 1)[-1]
         for rows in tables(text):
@@ -56,13 +57,19 @@ def main(paths):
     if not figures and not gemm:
         print("no bench figures in: " + " ".join(paths))
         return 1
-    print("| workload | " + " | ".join(devices) + " |")
-    print("|---|" + "---|" * len(devices))
-    for label, by_device in figures.items():
-        print(f"| {label} | " + " | ".join(by_device.get(d, "") for d in devices) + " |")
+    if figures:
+        print("| workload | " + " | ".join(devices) + " |")
+        print("|---|" + "---|" * len(devices))
+        for label, by_device in figures.items():
+            print(f"| {label} | " + " | ".join(by_device.get(d, "") for d in devices) + " |")
     if gemm:
         print("\nGEMM, lockstep against cuBLAS (same shapes):")
-        print("\n".join(gemm))
+        head = list(gemm[0].keys())
+        cell = lambda c: c.replace("|", "\\|")  # max|Δ|: a literal bar in markdown
+        print("| " + " | ".join(cell(h) for h in head) + " |")
+        print("|---|" + "---|" * (len(head) - 1))
+        for r in gemm:
+            print("| " + " | ".join(cell(r.get(h, "")) for h in head) + " |")
     return 0
 
 
