@@ -16,6 +16,7 @@
 #include <boost/context/fiber.hpp>
 #include <boost/context/stack_context.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -289,10 +290,18 @@ DeviceWindow::DeviceWindow() {
 }
 
 DeviceWindow::~DeviceWindow() {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  --r.open;
-  settle(r);
+  // A destructor cannot throw: a failed mprotect here (out of memory for the
+  // kernel's mapping tables) leaves device memory in an unknown state, so the
+  // process stops with the reason.
+  try {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    --r.open;
+    settle(r);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::abort();
+  }
 }
 
 void* device_alloc(size_t bytes, const char* what) {
