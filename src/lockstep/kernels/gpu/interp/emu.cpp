@@ -27,6 +27,13 @@
 
 #include "lockstep/base/error.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define LS_EMU_ASAN 1
+#else
+#define LS_EMU_ASAN 0
+#endif
+
 namespace lockstep::gpu::emu {
 
 namespace ctx_ns = boost::context;
@@ -311,6 +318,11 @@ void* device_alloc(size_t bytes, const char* what) {
   void* m = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   LS_CHECK(m != MAP_FAILED) << "interpret mode: out of memory allocating " << bytes << " bytes for " << what;
   auto* base = static_cast<unsigned char*>(m);
+#if LS_EMU_ASAN
+  // The range may have held a fiber's stack (also mmap'd): AddressSanitizer's
+  // shadow still marks that stack's redzones, which munmap does not clear.
+  ASAN_UNPOISON_MEMORY_REGION(base, map_bytes);
+#endif
   fill_guard(base);
   std::memset(base + kGuardBytes, kPoisonByte, padded(bytes));
   // The tail padding between the end and the upper guard is part of the guard.
@@ -436,12 +448,12 @@ namespace {
 class StackPool {
  public:
   ~StackPool() {
-    for (void* s : free_) munmap(s, size_ + page());
+    for (void* s : free_) unmap(s, size_ + page());
   }
   ctx_ns::stack_context allocate() {
     const size_t want = options().stack_bytes;
     if (want != size_) {
-      for (void* s : free_) munmap(s, size_ + page());
+      for (void* s : free_) unmap(s, size_ + page());
       free_.clear();
       size_ = (want + page() - 1) / page() * page();
     }
@@ -464,11 +476,20 @@ class StackPool {
     if (sc.size == size_) {
       free_.push_back(base);
     } else {
-      munmap(base, sc.size + page());
+      unmap(base, sc.size + page());
     }
   }
 
  private:
+  // A stack's frames leave AddressSanitizer's redzone marks in its shadow,
+  // which munmap keeps: a later mapping of the range (a device allocation)
+  // would read as a stack. They are cleared first.
+  static void unmap(void* base, size_t bytes) {
+#if LS_EMU_ASAN
+    ASAN_UNPOISON_MEMORY_REGION(static_cast<char*>(base) + page(), bytes - page());
+#endif
+    munmap(base, bytes);
+  }
   static size_t page() {
     static const size_t p = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     return p;
