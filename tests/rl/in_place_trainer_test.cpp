@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "../common/small_models.h"
 #include "../common/test_util.h"
 #include "lockstep/model/params.h"
 #include "lockstep/rl/rollout_backend.h"
@@ -16,20 +17,7 @@ namespace lockstep::rl {
 namespace {
 
 ModelConfig moe() {
-  ModelConfig c;
-  c.architecture = Architecture::Qwen3Moe;
-  c.vocab_size = 97;
-  c.hidden_size = 32;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 8;
-  c.qk_norm = true;
-  c.num_experts = 4;
-  c.num_experts_per_tok = 2;
-  c.moe_intermediate_size = 24;
-  c.max_position_embeddings = 64;
-  return c;
+  return test::small_moe();
 }
 
 std::vector<rollout::Request> requests() {

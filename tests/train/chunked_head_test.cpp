@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/small_models.h"
 #include "common/test_util.h"
 #include "common/v4_config.h"
 #include "lockstep/model/params.h"
@@ -19,19 +20,7 @@ namespace lockstep::train {
 namespace {
 
 ModelConfig tied_dense() {
-  ModelConfig c;
-  c.architecture = Architecture::Qwen3;
-  c.vocab_size = 131;
-  c.hidden_size = 32;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 8;
-  c.intermediate_size = 40;
-  c.qk_norm = true;
-  c.tie_word_embeddings = true;
-  c.max_position_embeddings = 64;
-  return c;
+  return test::small_tied_dense();
 }
 
 ModelConfig untied_dense() {
@@ -45,20 +34,7 @@ ModelConfig untied_dense() {
 }
 
 ModelConfig moe() {
-  ModelConfig c;
-  c.architecture = Architecture::Qwen3Moe;
-  c.vocab_size = 97;
-  c.hidden_size = 32;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 8;
-  c.qk_norm = true;
-  c.num_experts = 4;
-  c.num_experts_per_tok = 2;
-  c.moe_intermediate_size = 24;
-  c.max_position_embeddings = 64;
-  return c;
+  return test::small_moe();
 }
 
 std::vector<TrainSequence> sequences(const ModelConfig& c) {
