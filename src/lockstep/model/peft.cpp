@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/excerpt.h"
 #include "lockstep/base/rng.h"
 #include "lockstep/model/safetensors.h"
 
@@ -168,7 +169,7 @@ void read_adapter_weights(const std::string& dir, const LoraLayout& lora, float*
     bool known = false;
     for (const auto& p : lora.projections()) known = known || n == p.a_name || n == p.b_name;
     if (!known)
-      LS_THROW << f.path() << ": unexpected tensor '" << n
+      LS_THROW << f.path() << ": unexpected tensor '" << excerpt(n)
                << "' (not an A or B of adapter_config.json's target_modules on this model)";
   }
 }

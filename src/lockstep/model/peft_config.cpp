@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/excerpt.h"
 #include "lockstep/base/file_util.h"
 #include "lockstep/model/peft.h"
 
@@ -65,24 +66,24 @@ void check_key(const std::string& source, const std::string& key, const json& v)
   if (listed(kReadKeys, key) || listed(kIgnored, key)) return;
   if (listed(kMustBeFalse, key)) {
     if (v.is_null() || (v.is_boolean() && !v.get<bool>())) return;
-    LS_THROW << source << ": key \"" << key << "\" is " << v.dump()
+    LS_THROW << source << ": key \"" << key << "\" is " << excerpt(v.dump())
              << "; lockstep applies plain LoRA (W + lora_alpha / r · B · A) and supports only false here";
   }
   if (listed(kMustBeEmpty, key)) {
     if (empty_value(v)) return;
-    LS_THROW << source << ": key \"" << key << "\" is " << v.dump()
+    LS_THROW << source << ": key \"" << key << "\" is " << excerpt(v.dump())
              << "; lockstep adapts the same target modules with one r and lora_alpha in every layer and "
                 "supports only null or empty here";
   }
-  LS_THROW << source << ": unknown key \"" << key
+  LS_THROW << source << ": unknown key \"" << excerpt(key)
            << "\" (not a key of PEFT's LoraConfig that lockstep knows; it may change the adapter)";
 }
 
 std::vector<std::string> read_targets(const std::string& source, const json& v) {
   if (v.is_string()) {
     if (v.get<std::string>() == kAllLinear) return lora_module_names();
-    LS_THROW << source << ": key \"target_modules\" is the pattern " << v.dump() << "; lockstep reads \""
-             << kAllLinear << "\" or a list of module names";
+    LS_THROW << source << ": key \"target_modules\" is the pattern " << excerpt(v.dump())
+             << "; lockstep reads \"" << kAllLinear << "\" or a list of module names";
   }
   if (!v.is_array() || v.empty())
     LS_THROW << source << ": key \"target_modules\" must be a non-empty list of module names or \""
@@ -91,7 +92,7 @@ std::vector<std::string> read_targets(const std::string& source, const json& v) 
   for (const auto& m : v) {
     const int i = m.is_string() ? module_index(m.get<std::string>()) : -1;
     if (i < 0)
-      LS_THROW << source << ": key \"target_modules\": lockstep cannot adapt module " << m.dump()
+      LS_THROW << source << ": key \"target_modules\": lockstep cannot adapt module " << excerpt(m.dump())
                << " (it adapts q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)";
     idx.push_back(i);
   }
@@ -107,7 +108,8 @@ template <typename Ok>
 const json& required(const std::string& source, const json& j, const char* key, const char* what, Ok ok) {
   if (!j.contains(key)) LS_THROW << source << ": missing key \"" << key << "\"";
   const json& v = j.at(key);
-  if (!ok(v)) LS_THROW << source << ": key \"" << key << "\" must be " << what << ", got " << v.dump();
+  if (!ok(v))
+    LS_THROW << source << ": key \"" << key << "\" must be " << what << ", got " << excerpt(v.dump());
   return v;
 }
 
@@ -115,13 +117,13 @@ void read_identity(const std::string& source, const json& j) {
   const json& type =
       required(source, j, "peft_type", "a string", [](const json& v) { return v.is_string(); });
   if (type.get<std::string>() != "LORA")
-    LS_THROW << source << ": key \"peft_type\" is " << type.dump()
+    LS_THROW << source << ": key \"peft_type\" is " << excerpt(type.dump())
              << "; lockstep reads LoRA adapters (\"LORA\")";
   if (j.contains("task_type") && !j.at("task_type").is_null() && j.at("task_type") != "CAUSAL_LM")
-    LS_THROW << source << ": key \"task_type\" is " << j.at("task_type").dump()
+    LS_THROW << source << ": key \"task_type\" is " << excerpt(j.at("task_type").dump())
              << "; lockstep adapts causal language models (\"CAUSAL_LM\")";
   if (j.contains("bias") && j.at("bias") != "none")
-    LS_THROW << source << ": key \"bias\" is " << j.at("bias").dump()
+    LS_THROW << source << ": key \"bias\" is " << excerpt(j.at("bias").dump())
              << "; lockstep trains and merges no biases (\"none\" only)";
 }
 
@@ -147,7 +149,7 @@ void LoraSpec::validate() const {
   for (const auto& m : target_modules) {
     const int i = module_index(m);
     if (i < 0)
-      LS_THROW << "LoRA: target_modules: unknown module \"" << m
+      LS_THROW << "LoRA: target_modules: unknown module \"" << excerpt(m)
                << "\" (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)";
     if (i <= last)
       LS_THROW << "LoRA: target_modules must list each module once, in the order q, k, v, o, gate, up, down";
@@ -187,7 +189,7 @@ LoraSpec parse_adapter_config(const std::string& text, const std::string& source
   try {
     j = json::parse(text);
   } catch (const json::parse_error& e) {
-    LS_THROW << source << ": not valid JSON: " << e.what();
+    LS_THROW << source << ": not valid JSON: " << excerpt(e.what(), kJsonErrorBytes);
   }
   if (!j.is_object()) LS_THROW << source << ": expected a JSON object";
   for (const auto& [key, v] : j.items()) check_key(source, key, v);
