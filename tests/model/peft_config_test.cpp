@@ -144,6 +144,7 @@ TEST(AdapterConfig, RefusesWhatLockstepCannotHonour) {
       {"task_type", "SEQ_CLS", "causal language models"},
       {"target_modules", json::array({"q_proj", "lm_head"}), "cannot adapt module \"lm_head\""},
       {"target_modules", json::array({"embed_tokens"}), "cannot adapt module"},
+      {"target_modules", json::array({"q_proj", 3}), "module names are strings"},
       {"target_modules", ".*proj", "pattern"},
       {"target_modules", json::array(), "non-empty list"},
       {"r", 0, "r must be >= 1"},
@@ -190,6 +191,17 @@ TEST(AdapterConfig, ErrorsQuoteLongValuesShortly) {
   }
 }
 
+TEST(LoraSpec, TargetModulesFromAnyList) {
+  EXPECT_EQ(lora_target_modules({"down_proj", "q_proj", "down_proj"}),
+            (std::vector<std::string>{"q_proj", "down_proj"}));
+  EXPECT_EQ(lora_target_modules({"q_proj", "all-linear"}), lora_module_names());
+  expect_error([] { lora_target_modules({}); }, {"target_modules is empty"});
+  expect_error([] { lora_target_modules({"q_proj", "mlp.gate"}); }, {"cannot adapt module \"mlp.gate\""});
+  LoraSpec s;
+  s.target_modules = lora_target_modules({"v_proj", "k_proj"});
+  s.validate();
+}
+
 TEST(LoraSpec, Validate) {
   LoraSpec s;
   s.validate();
@@ -198,7 +210,7 @@ TEST(LoraSpec, Validate) {
   s.target_modules = {"q_proj", "q_proj"};
   expect_error([&] { s.validate(); }, {"target_modules"});
   s.target_modules = {"gate"};
-  expect_error([&] { s.validate(); }, {"unknown module \"gate\""});
+  expect_error([&] { s.validate(); }, {"cannot adapt module \"gate\""});
   s.target_modules = {};
   expect_error([&] { s.validate(); }, {"target_modules is empty"});
   s = LoraSpec{};

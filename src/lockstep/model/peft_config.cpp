@@ -88,19 +88,17 @@ std::vector<std::string> read_targets(const std::string& source, const json& v) 
   if (!v.is_array() || v.empty())
     LS_THROW << source << ": key \"target_modules\" must be a non-empty list of module names or \""
              << kAllLinear << "\"";
-  std::vector<int> idx;
+  std::vector<std::string> names;
   for (const auto& m : v) {
-    const int i = m.is_string() ? module_index(m.get<std::string>()) : -1;
-    if (i < 0)
-      LS_THROW << source << ": key \"target_modules\": lockstep cannot adapt module " << excerpt(m.dump())
-               << " (it adapts q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)";
-    idx.push_back(i);
+    if (!m.is_string())
+      LS_THROW << source << ": key \"target_modules\": module names are strings, got " << excerpt(m.dump());
+    names.push_back(m.get<std::string>());
   }
-  std::sort(idx.begin(), idx.end());
-  idx.erase(std::unique(idx.begin(), idx.end()), idx.end());  // PEFT writes a set; order carries nothing
-  std::vector<std::string> out;
-  for (int i : idx) out.push_back(lora_module_names()[static_cast<size_t>(i)]);
-  return out;
+  try {
+    return lora_target_modules(names);  // PEFT writes a set: any order
+  } catch (const Error& e) {
+    LS_THROW << source << ": key \"target_modules\": " << e.what();
+  }
 }
 
 // The value of a required key, of the JSON type `ok` accepts.
@@ -135,6 +133,29 @@ const std::vector<std::string>& lora_module_names() {
   return names;
 }
 
+// The message of a module lockstep cannot adapt.
+[[noreturn]] static void throw_unknown_module(const std::string& m) {
+  LS_THROW << "LoRA: target_modules: lockstep cannot adapt module \"" << excerpt(m)
+           << "\" (it adapts q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or \""
+           << kAllLinear << "\": all seven)";
+}
+
+std::vector<std::string> lora_target_modules(const std::vector<std::string>& names) {
+  std::vector<int> idx;
+  for (const auto& m : names) {
+    if (m == kAllLinear) return lora_module_names();
+    const int i = module_index(m);
+    if (i < 0) throw_unknown_module(m);
+    idx.push_back(i);
+  }
+  if (idx.empty()) LS_THROW << "LoRA: target_modules is empty";
+  std::sort(idx.begin(), idx.end());
+  idx.erase(std::unique(idx.begin(), idx.end()), idx.end());
+  std::vector<std::string> out;
+  for (int i : idx) out.push_back(lora_module_names()[static_cast<size_t>(i)]);
+  return out;
+}
+
 bool LoraSpec::targets(const std::string& module) const {
   return std::find(target_modules.begin(), target_modules.end(), module) != target_modules.end();
 }
@@ -148,11 +169,10 @@ void LoraSpec::validate() const {
   int last = -1;
   for (const auto& m : target_modules) {
     const int i = module_index(m);
-    if (i < 0)
-      LS_THROW << "LoRA: target_modules: unknown module \"" << excerpt(m)
-               << "\" (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)";
+    if (i < 0) throw_unknown_module(m);
     if (i <= last)
-      LS_THROW << "LoRA: target_modules must list each module once, in the order q, k, v, o, gate, up, down";
+      LS_THROW << "LoRA: target_modules must list each module once, in the order q, k, v, o, gate, up, down "
+                  "(lora_target_modules gives that order)";
     last = i;
   }
 }
