@@ -24,27 +24,28 @@ namespace {
 constexpr const char* kAllLinear = "all-linear";
 
 // Keys lockstep reads into LoraSpec.
-const char* const kReadKeys[] = {"peft_type",    "task_type",      "r",    "lora_alpha",
-                                 "lora_dropout", "target_modules", "bias", "base_model_name_or_path"};
+constexpr const char* kReadKeys[] = {"peft_type",    "task_type",      "r",    "lora_alpha",
+                                     "lora_dropout", "target_modules", "bias", "base_model_name_or_path"};
 
 // Flags that change the adapted model (rsLoRA's scale, DoRA's magnitude,
 // lora_bias's extra vector, Megatron's transposed weights, QALoRA's pooling):
 // only false is honoured.
-const char* const kMustBeFalse[] = {"fan_in_fan_out", "use_rslora", "use_dora", "lora_bias", "use_qalora"};
+constexpr const char* kMustBeFalse[] = {"fan_in_fan_out", "use_rslora", "use_dora", "lora_bias",
+                                        "use_qalora"};
 
 // Settings that adapt other modules, other ranks or only some layers, or
 // switch the adapter on and off per token: only null or empty is honoured.
-const char* const kMustBeEmpty[] = {
+constexpr const char* kMustBeEmpty[] = {
     "modules_to_save",         "rank_pattern",      "alpha_pattern",     "layers_to_transform",
     "exclude_modules",         "target_parameters", "layer_replication", "trainable_token_indices",
     "alora_invocation_tokens", "arrow_config"};
 
 // Keys about how PEFT created, initialised or ran the adapter: they do not
 // change W + s·B·A, so they are read and ignored.
-const char* const kIgnored[] = {"auto_mapping",        "revision",      "inference_mode", "init_lora_weights",
-                                "layers_pattern",      "loftq_config",  "eva_config",     "corda_config",
-                                "megatron_config",     "megatron_core", "runtime_config", "qalora_group_size",
-                                "ensure_weight_tying", "peft_version"};
+constexpr const char* kIgnored[] = {
+    "auto_mapping",   "revision",          "inference_mode",      "init_lora_weights", "layers_pattern",
+    "loftq_config",   "eva_config",        "corda_config",        "megatron_config",   "megatron_core",
+    "runtime_config", "qalora_group_size", "ensure_weight_tying", "peft_version"};
 
 template <size_t N>
 bool listed(const char* const (&keys)[N], const std::string& key) {
@@ -152,6 +153,7 @@ std::vector<std::string> lora_target_modules(const std::vector<std::string>& nam
   std::sort(idx.begin(), idx.end());
   idx.erase(std::unique(idx.begin(), idx.end()), idx.end());
   std::vector<std::string> out;
+  out.reserve(idx.size());
   for (int i : idx) out.push_back(lora_module_names()[static_cast<size_t>(i)]);
   return out;
 }
