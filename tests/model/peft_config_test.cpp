@@ -152,7 +152,8 @@ TEST(AdapterConfig, RefusesWhatLockstepCannotHonour) {
       {"r", 8.5, "positive integer"},
       {"lora_alpha", "16", "a number"},
       {"lora_dropout", 1.0, "lora_dropout must be in [0, 1)"},
-      {"no_such_key", 1, "unknown key \"no_such_key\""},
+      {"no_such_key", 1, "unknown key \"no_such_key\" = 1"},
+      {"use_some_new_variant", true, "unknown key \"use_some_new_variant\" = true"},
   };
   for (const Case& c : cases) {
     json j = json::parse(kPeftWritten);
@@ -160,6 +161,13 @@ TEST(AdapterConfig, RefusesWhatLockstepCannotHonour) {
     SCOPED_TRACE(std::string(c.key) + " = " + c.value.dump());
     expect_error([&] { parse_adapter_config(j.dump(), "dir/adapter_config.json"); },
                  {"dir/adapter_config.json: ", c.key, c.says});
+  }
+  // A key lockstep does not know, at a value that leaves its feature off,
+  // is read (a newer PEFT writes such keys); set, it is refused (above).
+  for (const json& off : {json(nullptr), json(false), json::array(), json::object()}) {
+    json j = json::parse(kPeftWritten);
+    j["use_some_new_variant"] = off;
+    EXPECT_EQ(parse_adapter_config(j.dump(), "a.json").rank, 16) << off.dump();
   }
   for (const char* key : {"r", "lora_alpha", "peft_type", "target_modules"}) {
     json j = json::parse(kPeftWritten);

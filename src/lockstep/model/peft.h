@@ -65,7 +65,8 @@ std::string adapter_config_json(const LoraSpec& spec);
 // modules_to_save, rank_pattern, alpha_pattern, layers_to_transform,
 // exclude_modules, target_parameters, layer_replication,
 // trainable_token_indices, alora_invocation_tokens or arrow_config, a target
-// module lockstep cannot adapt, and any key PEFT's LoraConfig does not have.
+// module lockstep cannot adapt, and any other key not at null, false or
+// empty (a feature lockstep does not know, switched on).
 // Keys that only say how PEFT initialised or ran the adapter
 // (init_lora_weights, loftq_config, revision, inference_mode, ...) are read
 // and ignored.

@@ -76,8 +76,11 @@ void check_key(const std::string& source, const std::string& key, const json& v)
              << "; lockstep adapts the same target modules with one r and lora_alpha in every layer and "
                 "supports only null or empty here";
   }
-  LS_THROW << source << ": unknown key \"" << excerpt(key)
-           << "\" (not a key of PEFT's LoraConfig that lockstep knows; it may change the adapter)";
+  // A key a newer PEFT added, left at null, false or empty, leaves its
+  // feature off; any other value may change the adapter.
+  if (empty_value(v) || (v.is_boolean() && !v.get<bool>())) return;
+  LS_THROW << source << ": unknown key \"" << excerpt(key) << "\" = " << excerpt(v.dump())
+           << " (not a key of PEFT's LoraConfig that lockstep knows; set, it may change the adapter)";
 }
 
 std::vector<std::string> read_targets(const std::string& source, const json& v) {
