@@ -5,7 +5,8 @@
 # random A and B for q, v, o and the dense and expert MLP projections. The
 # merged export is checked weight by weight against W + alpha/r * B·A
 # computed in Python doubles (k in order, one rounding to f32: bit for bit),
-# every other tensor byte for byte against the base; `score` reads the export
+# every other tensor byte for byte against the base; `--dtype bf16` gives
+# each merged f32 value rounded to nearest even; `score` reads the export
 # and its logprobs differ from the base's. An adapter with B = 0 exports the
 # base's weights exactly (same logprobs); an rsLoRA adapter is refused with
 # the file and key named, and nothing is written.
@@ -137,6 +138,22 @@ grep -q "with the LoRA adapter $T/lora merged" "$T/export.log" || { cat "$T/expo
 out=$(python3 "$T/check_merge.py" "$T/m" "$T/lora" "$T/merged")
 [ "$out" = "21 adapted, 21 changed" ] || { echo "$out"; exit 1; }
 cmp "$T/m/tokenizer.json" "$T/merged/tokenizer.json"
+
+# --dtype bf16 applies to the merged weights: each the f32 merge rounded to nearest even.
+"$BIN" export --from "$T/m" --merge-lora "$T/lora" --out "$T/merged_bf16" --dtype bf16 >/dev/null
+python3 - "$T" <<'PY'
+import os, struct, sys
+sys.path.insert(0, sys.argv[1])
+import tensors
+f32, bf = (tensors.read(f"{sys.argv[1]}/{d}/model.safetensors") for d in ("merged", "merged_bf16"))
+assert set(f32) == set(bf)
+for name, (e, b) in f32.items():
+    assert bf[name][0]["dtype"] == "BF16", name
+    want = []
+    for u in struct.unpack(f"<{len(b) // 4}I", b):
+        want.append((u + 0x7FFF + ((u >> 16) & 1)) >> 16)  # finite values: round to nearest even
+    assert bf[name][1] == struct.pack(f"<{len(want)}H", *want), name
+PY
 
 # B = 0: the base's weights, bit for bit.
 "$BIN" export --from "$T/m" --merge-lora "$T/lora0" --out "$T/merged0" --dtype f32 >/dev/null
