@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "common/small_models.h"
-#include "lockstep/base/philox.h"
 #include "lockstep/model/params.h"
 
 namespace lockstep::train {

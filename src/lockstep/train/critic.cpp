@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <numeric>
+#include <tuple>
 
 #include "lockstep/base/error.h"
 #include "lockstep/kernels/cpu/adamw.h"
