@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "lockstep/base/error.h"
+#include "lockstep/base/timer.h"
 #include "lockstep/model/model_source.h"
 #include "lockstep/rl/gae.h"
 
@@ -54,6 +55,7 @@ void PpoCritic::advantages(const std::vector<train::TrainSequence>& seqs, const 
                            std::vector<std::vector<double>>& adv) {
   LS_CHECK(rewards.size() == seqs.size())
       << "PpoCritic: " << rewards.size() << " rewards for " << seqs.size() << " sequences";
+  Timer timer;
   old_values_ = critic_->values(seqs);
   adv.assign(seqs.size(), {});
   returns_.assign(seqs.size(), {});
@@ -65,12 +67,14 @@ void PpoCritic::advantages(const std::vector<train::TrainSequence>& seqs, const 
                    returns_[i].data());
   }
   whiten_token_advantages(adv);
+  seconds_ = timer.seconds();
 }
 
 nlohmann::json PpoCritic::update(const std::vector<train::TrainSequence>& seqs, int64_t num_minibatches) {
   LS_CHECK(old_values_.size() == seqs.size()) << "PpoCritic::update: advantages() first, on the same batch";
   const int64_t n = int64_t(seqs.size());
   const int64_t n_mb = std::max<int64_t>(1, std::min(num_minibatches, n));
+  Timer timer;
   const double cliprange = critic_->config().cliprange_value;
   train::ValueLossStats st;
   double grad_norm_sum = 0, lr = 0;
@@ -117,6 +121,7 @@ nlohmann::json PpoCritic::update(const std::vector<train::TrainSequence>& seqs, 
   m["critic/returns_mean"] =
       ret.empty() ? 0.0 : std::accumulate(ret.begin(), ret.end(), 0.0) / double(ret.size());
   m["critic/skipped"] = n_mb - steps;
+  m["perf/critic_time_s"] = seconds_ + timer.seconds();
   return m;
 }
 

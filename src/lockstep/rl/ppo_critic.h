@@ -32,7 +32,8 @@ class PpoCritic {
                   std::vector<std::vector<double>>& adv);
   // num_minibatches optimizer steps over contiguous slices of the batch (the
   // policy's cut), each minimising the token-mean clipped value loss.
-  // Returns the critic/ metrics.
+  // Returns the critic/ metrics and perf/critic_time_s (the step's time in
+  // the critic: its values, GAE and this update).
   nlohmann::json update(const std::vector<train::TrainSequence>& seqs, int64_t num_minibatches);
 
   void save(const std::string& checkpoint_dir);  // into checkpoint_dir/critic
@@ -44,6 +45,7 @@ class PpoCritic {
   std::unique_ptr<train::Critic> critic_;
   std::vector<std::vector<float>> old_values_;  // of the batch advantages() saw
   std::vector<std::vector<double>> returns_;
+  double seconds_ = 0;  // in advantages() and update() this step: perf/critic_time_s
 };
 
 }  // namespace lockstep::rl
