@@ -13,6 +13,7 @@
 #include "lockstep/base/error.h"
 #include "lockstep/metrics/metrics_logger.h"
 #include "lockstep/model/params.h"
+#include "lockstep/model/pretrained.h"
 #include "lockstep/reward/reward.h"
 #include "lockstep/rl/loop.h"
 #include "lockstep/tokenizer/byte_level.h"
@@ -151,6 +152,45 @@ TEST(PpoLoop, TrainsPolicyAndCriticWithAGapOfZero) {
   for (const char* file : {"model.safetensors", "value_head.safetensors", "optimizer.bin",
                            "value_head_optimizer.safetensors", "config.json"})
     EXPECT_TRUE(std::filesystem::is_regular_file(c.out_dir + "/checkpoints/step_3/critic/" + file)) << file;
+}
+
+TEST(PpoLoop, CriticPathStartsFromASavedCriticWithItsHead) {
+  Fixture f;
+  RlConfig first = f.config(f.dir.str("first"));
+  first.steps = 1;
+  first.save_interval = 1;
+  {
+    auto t = f.trainer(first);
+    run_rl(*t, f.inputs(), first, false);
+  }
+  // The saved critic/ folder is a Hugging Face directory with the value head:
+  // a new run's critic starts from it, so its first old values are not the
+  // zero head's.
+  RlConfig second = f.config(f.dir.str("second"));
+  second.steps = 1;
+  second.critic.path = first.out_dir + "/checkpoints/step_1/critic";
+  auto t = f.trainer(second);
+  run_rl(*t, f.inputs(), second, false);
+  int bad = 0;
+  const auto m = metrics::read_metrics(second.out_dir + "/metrics.jsonl", &bad);
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_NE(m[0]["critic/values_mean"], 0.0);
+  // A critic over another vocabulary cannot read the policy's tokens.
+  ModelConfig other = f.cfg;
+  other.vocab_size = 300;
+  ParamLayout ol(other);
+  Buffer op = alloc_params(ol);
+  init_params(ol, op.as<float>(), 3, 0.1f);
+  save_pretrained(f.dir.str("other"), other, ol, op.as<float>());
+  second.critic.path = f.dir.str("other");
+  second.out_dir = f.dir.str("third");
+  auto t3 = f.trainer(second);
+  try {
+    run_rl(*t3, f.inputs(), second, false);
+    FAIL() << "a critic with another vocabulary was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("vocabulary"), std::string::npos) << e.what();
+  }
 }
 
 TEST(PpoLoop, RefusesMoreThanOneTrainerRankAndAResumeWithoutACritic) {
