@@ -584,7 +584,8 @@ nlohmann::json Runner::update(std::vector<Group>& groups) {
   weigh_samples(b);
   const UpdateTotals tot = train_minibatches(groups, b);
   nlohmann::json m = update_metrics(groups, b, tot);
-  if (critic_) m.update(critic_->update(b.seqs, tot.n_mb));  // after the policy, as verl
+  if (critic_)
+    m.update(critic_->update(b.seqs, tot.n_mb));  // independent of the policy's: both use the old values
   return m;
 }
 
