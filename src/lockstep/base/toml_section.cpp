@@ -188,7 +188,7 @@ toml::table TomlRecorder::complete(const toml::table& root,
 const std::vector<std::string>& config_path_keys() {
   static const std::vector<std::string> keys = {"model.path",    "data.train_file", "data.eval_file",
                                                 "train.out_dir", "reward.path",     "rollout.env_path",
-                                                "eval.output",   "eval.summary"};
+                                                "eval.output",   "eval.summary",    "critic.path"};
   return keys;
 }
 

@@ -313,8 +313,10 @@ rl::RlResult run_demo_rl(const Context& ctx, const toml::table& root, const rl::
   const nlohmann::json reward = cfg.reward.to_json();
   write_file_atomic(out + "/config.toml", saved_config_text(root, rec, cfg.out_dir, &reward));
   rl::attach_reports(in, cfg);
-  std::cout << "\n== GRPO: " << count_of(cfg.steps, "step") << " of " << count_of(cfg.batch_size, "prompt")
-            << " x " << count_of(cfg.rollout.sampling.n, "sample") << ", precision " << cfg.rollout.precision
+  const bool ppo = cfg.algo.advantage == rl::Advantage::Gae;  // --set algo.advantage="gae"
+  std::cout << "\n== " << (ppo ? "PPO with a critic (GAE)" : "GRPO") << ": " << count_of(cfg.steps, "step")
+            << " of " << count_of(cfg.batch_size, "prompt") << " x "
+            << count_of(cfg.rollout.sampling.n, "sample") << ", precision " << cfg.rollout.precision
             << (cfg.rollout.aligned()
                     ? " (aligned)"
                     : " rollout vs " + cfg.rollout.trainer_precision + " trainer (fast mode)")

@@ -225,7 +225,8 @@ int run_rl_cmd(const Args& args) {
 }
 
 LS_REGISTER_COMMAND(Command{
-    "rl", "RL post-training (GRPO family) with rollout, rewards, eval and checkpoints",
+    "rl",
+    "RL post-training (GRPO family) with rollout, rewards, eval and checkpoints",
     "usage: lockstep rl --config FILE [--resume | --resume-from step_N] [--out DIR] [--threads N]\n"
     "                   [--set section.key=value ...]\n"
     "       lockstep rl --check-config FILE [--set ...]   (validate the config and the data's rows; no "
@@ -233,8 +234,9 @@ LS_REGISTER_COMMAND(Command{
     "       mpirun -np N lockstep rl --config FILE        (trainer and rollout ranks, [dist])\n\n"
     "Each step draws [rollout] batch_size prompts from [data] train_file, samples [rollout] n\n"
     "responses to each with the rollout engine, scores them with the [reward] verifier,\n"
-    "computes advantages and updates the policy ([algo]: grpo, drgrpo, rloo, reinforce++;\n"
-    "ppo-clip, gspo, cispo; KL, entropy, TIS/MIS, dynamic sampling, overlong penalty), then\n"
+    "computes advantages and updates the policy ([algo]: grpo, drgrpo, rloo, reinforce++, or\n"
+    "gae: PPO with a learned [critic]; ppo-clip, gspo, cispo; KL, entropy, TIS/MIS, dynamic\n"
+    "sampling, overlong penalty), then\n"
     "publishes the new weights to the engine. Every [eval] interval steps it evaluates\n"
     "[data] eval_file (pass@1, pass@k), and it checkpoints every [train] save_interval steps.\n"
     "Paths in FILE are taken from FILE's folder, paths in --set and --out from the current one.\n"
@@ -258,7 +260,7 @@ LS_REGISTER_COMMAND(Command{
     "[model] precision = f32|bf16|fp8 runs both engines in that precision (aligned: a gap of\n"
     "exactly 0; [rl] on_gap = \"abort\" stops a step whose logprobs differ at all);\n"
     "[model] trainer_precision = \"f32\" with a bf16/fp8 precision is fast mode.\n"
-    "Sections: [model] [data] [rollout] [train] [algo] [reward] [eval] [log] [dist] [rl]; see\n"
+    "Sections: [model] [data] [rollout] [train] [algo] [critic] [reward] [eval] [log] [dist] [rl]; see\n"
     "docs/rl.md and docs/configuration.md. Recipes: configs/demo/rl.toml, configs/recipes/.\n",
     {"resume"},
     run_rl_cmd});

@@ -46,6 +46,8 @@ const std::vector<std::pair<std::string_view, std::string_view>>& verl_metric_na
       {"rollout/score_mean", "critic/score/mean"},
       {"rollout/reward_mean", "critic/rewards/mean"},
       {"train/advantage_mean", "critic/advantages/mean"},
+      {"critic/values_mean", "critic/values/mean"},
+      {"critic/returns_mean", "critic/returns/mean"},
       {"rollout/response_len_mean", "response_length/mean"},
       {"rollout/response_len_max", "response_length/max"},
       {"rollout/truncated_ratio", "response_length/clip_ratio"},

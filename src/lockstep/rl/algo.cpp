@@ -20,6 +20,8 @@ void AlgoConfig::validate() const {
   LS_CHECK(max_sampling_tries >= 1) << "[algo] max_sampling_tries must be >= 1";
   LS_CHECK(overlong_buffer_len >= 0) << "[algo] overlong_buffer_len must be >= 0";
   LS_CHECK(adv_eps > 0) << "[algo] adv_eps must be > 0";
+  LS_CHECK(gamma >= 0 && gamma <= 1) << "[algo] gamma must be in [0, 1], got " << gamma;
+  LS_CHECK(lam >= 0 && lam <= 1) << "[algo] lam must be in [0, 1], got " << lam;
 }
 
 namespace {
@@ -38,9 +40,11 @@ E pick(TomlSection& s, const std::string& key, E fallback, const std::vector<std
   return fallback;
 }
 
-const std::vector<std::pair<std::string, Advantage>> kAdvantages = {
-    {"grpo", Advantage::Grpo}, {"drgrpo", Advantage::DrGrpo}, {"rloo", Advantage::Rloo},
-    {"reinforce++", Advantage::ReinforcePP}};
+const std::vector<std::pair<std::string, Advantage>> kAdvantages = {{"grpo", Advantage::Grpo},
+                                                                    {"drgrpo", Advantage::DrGrpo},
+                                                                    {"rloo", Advantage::Rloo},
+                                                                    {"reinforce++", Advantage::ReinforcePP},
+                                                                    {"gae", Advantage::Gae}};
 const std::vector<std::pair<std::string, PolicyLoss>> kPolicyLosses = {
     {"ppo", PolicyLoss::Ppo}, {"gspo", PolicyLoss::Gspo}, {"cispo", PolicyLoss::Cispo}};
 const std::vector<std::pair<std::string, LossAgg>> kLossAggs = {
@@ -70,6 +74,8 @@ AlgoConfig algo_config_from_toml(TomlSection& s) {
   AlgoConfig c;
   c.advantage = pick(s, "advantage", c.advantage, kAdvantages);
   c.adv_eps = s.get_double("adv_eps", c.adv_eps, 1e-12, 1.0);
+  c.gamma = s.get_double("gamma", c.gamma, 0.0, 1.0);
+  c.lam = s.get_double("lam", c.lam, 0.0, 1.0);
   c.policy_loss = pick(s, "policy_loss", c.policy_loss, kPolicyLosses);
   c.eps_clip = s.get_double("eps_clip", c.eps_clip, 0.0, 0.999);
   c.eps_clip_high = s.get_double("eps_clip_high", c.eps_clip, 0.0, 100.0);
@@ -130,6 +136,8 @@ std::vector<double> group_advantages(const std::vector<double>& rewards, Advanta
       break;
     case Advantage::Rloo:  // r_i - mean of the others = n/(n-1) (r_i - mean)
       for (size_t i = 0; i < n; ++i) adv[i] = double(n) / double(n - 1) * (rewards[i] - mean);
+      break;
+    case Advantage::Gae:  // per token, from the critic's values (rl/gae.h)
       break;
   }
   return adv;
@@ -206,7 +214,7 @@ double token_weight(LossAgg agg, int64_t n, int64_t total_tokens, int64_t num_se
 double sequence_loss(const AlgoConfig& cfg, const SeqLossInput& in, float* dlogp, float* dentropy,
                      SeqLossStats* stats) {
   SeqLossStats st;
-  const double A = in.advantage, w = in.token_weight;
+  const double w = in.token_weight;
   const double lo = 1.0 - cfg.eps_clip, hi = 1.0 + cfg.eps_clip_high;
   // GSPO: one ratio per sequence, exp of the mean log-ratio; each token's
   // term has that value and d/dlogp_t = ratio (the token-level form, so the
@@ -230,6 +238,7 @@ double sequence_loss(const AlgoConfig& cfg, const SeqLossInput& in, float* dlogp
       if (dentropy) dentropy[t] = 0.0f;
       continue;
     }
+    const double A = in.token_advantage ? in.token_advantage[t] : in.advantage;
     const double logp = in.logp[t], old = in.old_logp[t];
     const double isw = in.is_weight ? in.is_weight[t] : 1.0;
     const double ratio = cfg.policy_loss == PolicyLoss::Gspo ? seq_ratio : safe_exp(logp - old);

@@ -16,7 +16,7 @@
 
 namespace lockstep::rl {
 
-enum class Advantage { Grpo, DrGrpo, Rloo, ReinforcePP };
+enum class Advantage { Grpo, DrGrpo, Rloo, ReinforcePP, Gae };
 enum class PolicyLoss { Ppo, Gspo, Cispo };
 enum class LossAgg { TokenMean, SeqMeanTokenMean, SeqMeanTokenSum, SeqMeanTokenSumNorm };
 enum class KlType { K1, K2, K3 };
@@ -27,6 +27,10 @@ enum class IsMode { Truncate, Mask };
 struct AlgoConfig {
   Advantage advantage = Advantage::Grpo;
   double adv_eps = 1e-6;  // GRPO: (r - mean) / (std + adv_eps)
+  // GAE (advantage = "gae", PPO with a learned critic: rl/gae.h): discount
+  // and the GAE lambda, verl's algorithm.gamma and algorithm.lam.
+  double gamma = 1.0;
+  double lam = 1.0;
   PolicyLoss policy_loss = PolicyLoss::Ppo;
   double eps_clip = 0.2;       // ratio clipped to [1 - eps_clip, 1 + eps_clip_high]
   double eps_clip_high = 0.2;  // clip-higher (DAPO uses 0.28)
@@ -66,7 +70,8 @@ double overlong_penalty(int64_t response_len, int64_t max_len, int64_t buffer, d
 
 // Advantages of one group of samples of the same prompt (GRPO, Dr.GRPO, RLOO);
 // REINFORCE++ gives r - group mean here and is whitened over the batch by
-// whiten_advantages. A group of one sample gets 0 (no baseline).
+// whiten_advantages. A group of one sample gets 0 (no baseline). GAE's
+// advantages are per token (rl/gae.h): 0 here.
 std::vector<double> group_advantages(const std::vector<double>& rewards, Advantage kind, double eps);
 
 // REINFORCE++: (a - mean) / (std + eps) over all response tokens of the batch
@@ -99,6 +104,8 @@ struct SeqLossInput {
   const uint8_t* mask = nullptr;
   int64_t n = 0;
   double advantage = 0;
+  // (n) per-token advantages (GAE); null: `advantage` for every token.
+  const double* token_advantage = nullptr;
   double token_weight = 0;  // from token_weight()
 };
 

@@ -33,6 +33,7 @@
 #include "lockstep/rl/invariant_update.h"
 #include "lockstep/rl/multi_turn.h"
 #include "lockstep/rl/overlap_rollout.h"
+#include "lockstep/rl/ppo_critic.h"
 #include "lockstep/rl/reward_watch.h"
 #include "lockstep/rl/step_line.h"
 #include "lockstep/rollout/engine.h"
@@ -149,6 +150,7 @@ struct UpdateBatch {
   // the update (old) and the reference's logprobs (ref: empty without KL).
   std::vector<std::vector<float>> rollout_lp, old_lp, ref_lp;
   std::vector<std::vector<double>> isw;  // importance weights (empty: none)
+  std::vector<std::vector<double>> token_adv;  // GAE: per response token (empty: the samples' scalar)
   bool shortcut = false;                 // old_lp are the rollout's (on-policy shortcut)
   bool same_version = false;             // every sample came from the trainer's current weights
   int64_t tokens = 0;                    // response tokens
@@ -222,6 +224,15 @@ class Runner {
           << "rl: the reference model has " << in.reference->weights().layout().numel() << " parameters, the "
           << "trainer's " << trainer.model_layout().numel();
       ref_ = in.reference.get();
+    }
+    if (cfg.algo.advantage == Advantage::Gae) {
+      if (group_.ranks() > 1)
+        LS_THROW << "rl: [algo] advantage = \"gae\" (PPO with a critic) trains the critic on one trainer "
+                    "rank; this "
+                 << "run has " << group_.ranks()
+                 << " (data or expert parallelism is not supported for the critic)";
+      critic_ = std::make_unique<PpoCritic>(trainer.context(), trainer.config(), trainer.params(), cfg.critic,
+                                            cfg.algo);
     }
     end_of_turn_ = data::end_of_turn_id(*in.tok);
     overlap_ = cfg.max_weight_staleness > 0;
@@ -301,6 +312,7 @@ class Runner {
   double sync_if_stale();
   void run_eval(int64_t step, nlohmann::json& m, RlResult& result);
   void write_samples(int64_t step, const std::vector<Group>& groups);
+  void critic_advantages(std::vector<Group>& groups, UpdateBatch& b);
 
   train::Trainer& trainer_;
   const RlInputs& in_;
@@ -314,6 +326,7 @@ class Runner {
   std::unique_ptr<reward::BatchScorer> scorer_;
   std::unique_ptr<eval::Evaluator> evaluator_;
   train::Scorer* ref_ = nullptr;  // the KL reference (in_.reference) when kl_coef > 0
+  std::unique_ptr<PpoCritic> critic_;  // [algo] advantage = "gae": PPO's value model
   int32_t end_of_turn_ = -1;
   // Multi-turn rollouts ([rollout] env): the environment and the driver.
   std::unique_ptr<Environment> env_;
@@ -565,11 +578,28 @@ nlohmann::json Runner::update(std::vector<Group>& groups) {
     return m;
   }
   b.same_version = make_sequences(groups, b);
+  if (critic_) critic_advantages(groups, b);
   old_logprobs(b, b.same_version);
   ref_logprobs(b);
   weigh_samples(b);
   const UpdateTotals tot = train_minibatches(groups, b);
-  return update_metrics(groups, b, tot);
+  nlohmann::json m = update_metrics(groups, b, tot);
+  if (critic_)
+    m.update(critic_->update(b.seqs, tot.n_mb));  // independent of the policy's: both use the old values
+  return m;
+}
+
+// GAE from the critic's values before any update; each sample's scalar
+// advantage becomes the mean of its tokens' (for its record and the
+// advantage metrics).
+void Runner::critic_advantages(std::vector<Group>& groups, UpdateBatch& b) {
+  std::vector<double> rewards;
+  for (const Item& it : b.items) rewards.push_back(groups[it.g].samples[it.s].reward);
+  critic_->advantages(b.seqs, rewards, b.token_adv);
+  for (size_t i = 0; i < b.items.size(); ++i) {
+    const std::vector<double>& a = b.token_adv[i];
+    groups[b.items[i].g].samples[b.items[i].s].advantage = a.empty() ? 0.0 : mean_of(a);
+  }
 }
 
 // Samples that train: those scored successfully, in groups of >= 2 of them
@@ -587,7 +617,9 @@ std::vector<Item> Runner::assign_advantages(std::vector<Group>& groups) const {
         rewards.push_back(g.samples[si].reward);
         idx.push_back(si);
       }
-    if (rewards.size() < 2 && a.advantage != Advantage::ReinforcePP) continue;
+    // REINFORCE++ and GAE have a batch baseline: a group of one still trains.
+    if (rewards.size() < 2 && a.advantage != Advantage::ReinforcePP && a.advantage != Advantage::Gae)
+      continue;
     const auto adv = group_advantages(rewards, a.advantage, a.adv_eps);
     for (size_t j = 0; j < idx.size(); ++j) {
       g.samples[idx[j]].advantage = adv[j];
@@ -777,6 +809,7 @@ double Runner::accumulate_minibatch(const std::vector<Group>& groups, const Upda
     li.mask = b.seqs[k].loss_mask.empty() ? nullptr : b.seqs[k].loss_mask.data();
     li.n = nt;
     li.advantage = groups[b.items[k].g].samples[b.items[k].s].advantage;
+    li.token_advantage = b.token_adv.empty() ? nullptr : b.token_adv[k].data();
     // Weights from the whole mini-batch's counts: the shards' gradients sum to it.
     li.token_weight = token_weight(a.loss_agg, b.seqs[k].num_loss_targets(), part_tokens, part_seqs, norm_len);
     SeqLossStats st;
@@ -965,6 +998,7 @@ int64_t Runner::begin_run(bool resume) {
   if (resume) {
     if (auto info = train::find_resume_checkpoint(cfg_.out_dir, in_.resume_from, writer_)) {
       train::load_checkpoint(*info, trainer_);
+      if (critic_) critic_->load(info->dir);
       start = info->step;
       cursor_ = info->state.value("prompt_cursor", uint64_t(0));
       sync_weights();
@@ -1234,7 +1268,9 @@ void Runner::save_step(int64_t step, bool last) {
   // them, so --resume draws them again (on the saved weights).
   const uint64_t cursor = ahead_ ? ahead_->cursor : cursor_;
   nlohmann::json state = {{"prompt_cursor", cursor}, {"data_seed", cfg_.seed}, {"kind", "rl"}};
-  train::save_checkpoint(cfg_.out_dir, step, trainer_, state, in_.tokenizer_dir, cfg_.keep_last);
+  std::function<void(const std::string&)> critic;
+  if (critic_) critic = [this](const std::string& dir) { critic_->save(dir); };
+  train::save_checkpoint(cfg_.out_dir, step, trainer_, state, in_.tokenizer_dir, cfg_.keep_last, critic);
   phase_total_["checkpoint"] += ct.seconds();
 }
 

@@ -17,13 +17,13 @@ namespace {
 // Every top-level key is a known section.
 void check_sections(const toml::table& root, const std::string& source) {
   static const std::vector<std::string> kSections = {"model", "data", "rollout", "train", "algo", "reward",
-                                                     "eval",  "log",  "sync",    "dist",  "rl"};
+                                                     "eval",  "log",  "sync",    "dist",  "rl",   "critic"};
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
     if (std::find(kSections.begin(), kSections.end(), key) == kSections.end())
       LS_THROW << source << ": unknown section [" << excerpt(key)
                << "] (rl reads [model] [data] [rollout] [train] [algo] "
-               << "[reward] [eval] [log] [dist] [rl])";
+               << "[reward] [eval] [log] [dist] [rl] [critic])";
     if (!v.is_table()) LS_THROW << source << ": '" << excerpt(key) << "' must be a section";
   }
   // [dist] is read by the command that launches the ranks (cli/cmd_rl.cpp).
@@ -87,9 +87,14 @@ void finish_config(RlConfig& c, const std::string& source) {
              << ") must be below [rollout] max_new_tokens (" << c.rollout.sampling.max_new_tokens << ")";
   if (c.env.enabled() && c.algo.routing_replay)
     LS_THROW << source << ": [algo] routing_replay is not supported with multi-turn rollouts ([rollout] env)";
-  if (c.rollout.sampling.n < 2 && c.algo.advantage != Advantage::ReinforcePP)
+  const bool batch_baseline =
+      c.algo.advantage == Advantage::ReinforcePP || c.algo.advantage == Advantage::Gae;
+  if (c.rollout.sampling.n < 2 && !batch_baseline)
     LS_THROW << source << ": [rollout] n must be >= 2 for group advantages (" << to_string(c.algo.advantage)
-             << "); use advantage = \"reinforce++\" for one sample per prompt";
+             << "); use advantage = \"reinforce++\" or \"gae\" for one sample per prompt";
+  if (c.env.enabled() && c.algo.advantage == Advantage::Gae)
+    LS_THROW << source << ": [algo] advantage = \"gae\" is not supported with multi-turn rollouts ([rollout] "
+             << "env): the critic would need values only at the model's tokens; use a group advantage";
 }
 
 }  // namespace
@@ -121,6 +126,15 @@ RlConfig rl_config_from_toml(const toml::table& root, const std::string& source)
     TomlSection s(root["eval"].as_table(), source, "eval");
     c.eval = eval::eval_section_from_toml(s);
     s.finish();
+  }
+  // Read only for GAE, so other runs' resolved configs hold no [critic].
+  if (c.algo.advantage == Advantage::Gae) {
+    TomlSection s(root["critic"].as_table(), source, "critic");
+    c.critic = critic_section_from_toml(s, c.trainer);
+    s.finish();
+  } else if (root["critic"].as_table() != nullptr) {
+    LS_THROW << source
+             << ": [critic] is read only with [algo] advantage = \"gae\" (PPO with a learned critic)";
   }
   c.reward = eval::reward_options_from_toml(root["reward"].as_table(), source);
   c.eval.config.reward = c.reward;

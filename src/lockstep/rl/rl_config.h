@@ -11,6 +11,7 @@
 #include "lockstep/metrics/metrics_logger.h"
 #include "lockstep/reward/reward.h"
 #include "lockstep/rl/algo.h"
+#include "lockstep/rl/critic_config.h"
 #include "lockstep/rl/env.h"
 #include "lockstep/rollout/rollout_config.h"
 #include "lockstep/train/trainer.h"
@@ -33,6 +34,7 @@ struct RlConfig {
   EnvConfig env;                    // [rollout] env ...: multi-turn rollouts (docs/agents.md)
   int64_t batch_size = 16;          // prompts per step ([rollout] batch_size)
   train::TrainerConfig trainer;     // optimizer, micro_batch_tokens
+  CriticSection critic;             // [critic]: PPO's value model ([algo] advantage = "gae")
   int64_t steps = 100;              // RL steps ([train] steps)
   uint64_t seed = 0;                // prompt order and sampling seeds ([train] seed)
   bool shuffle = true;

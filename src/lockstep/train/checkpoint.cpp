@@ -81,7 +81,8 @@ int64_t checkpoint_step_of(const std::string& name) {
 }
 
 std::string save_checkpoint(const std::string& run_dir, int64_t step, Trainer& trainer, nlohmann::json state,
-                            const std::string& tokenizer_dir, int keep_last) {
+                            const std::string& tokenizer_dir, int keep_last,
+                            const std::function<void(const std::string& dir)>& extra) {
   const fs::path root = fs::path(run_dir) / "checkpoints";
   fs::create_directories(root);
   sweep_crash_leftovers(root);
@@ -95,6 +96,7 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, Trainer& t
   state["weight_version"] = trainer.version();
   state["optimizer_steps"] = trainer.optimizer().steps_done();
   write_file_atomic((tmp_dir / "trainer_state.json").string(), state.dump(2) + "\n");
+  if (extra) extra(tmp_dir.string());
   write_checksum_manifest(tmp_dir.string());  // last: it covers every other file but the weights
   sync_directory(tmp_dir.string());
   // A step_N of an earlier attempt (crashed before `latest` named it): never

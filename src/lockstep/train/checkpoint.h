@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -33,8 +34,11 @@ int64_t checkpoint_step_of(const std::string& name);
 // `state` is stored as trainer_state.json (its "step" is set here);
 // `tokenizer_dir`, if not empty, is where tokenizer files are copied from.
 // Keeps only the newest `keep_last` checkpoints when keep_last > 0.
+// `extra`, if set, writes more into the checkpoint's directory (given as its
+// argument) before it is published (RL's critic/ folder).
 std::string save_checkpoint(const std::string& run_dir, int64_t step, Trainer& trainer, nlohmann::json state,
-                            const std::string& tokenizer_dir = "", int keep_last = 0);
+                            const std::string& tokenizer_dir = "", int keep_last = 0,
+                            const std::function<void(const std::string& dir)>& extra = {});
 
 // What killed runs left in run_dir: half-written step_N.tmp and half-removed
 // step_N.old directories and a gathered optimizer state
