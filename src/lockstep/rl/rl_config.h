@@ -2,16 +2,17 @@
 // TOML: every section but [model] and [data], which the command reads.
 #pragma once
 
+#include <toml++/toml.h>
+
 #include <cstdint>
 #include <string>
-
-#include <toml++/toml.h>
 
 #include "lockstep/eval/eval_config.h"
 #include "lockstep/metrics/metrics_logger.h"
 #include "lockstep/reward/reward.h"
 #include "lockstep/rl/algo.h"
 #include "lockstep/rl/env.h"
+#include "lockstep/rl/partial_rollout.h"
 #include "lockstep/rollout/rollout_config.h"
 #include "lockstep/train/trainer.h"
 
@@ -31,6 +32,7 @@ struct RlConfig {
   AlgoConfig algo;
   rollout::RolloutSection rollout;  // engine, sampling (n, temperature, ...), precisions ([model])
   EnvConfig env;                    // [rollout] env ...: multi-turn rollouts (docs/agents.md)
+  PartialConfig partial;            // [rollout] partial ...: samples paused at a step's token budget
   int64_t batch_size = 16;          // prompts per step ([rollout] batch_size)
   train::TrainerConfig trainer;     // optimizer, micro_batch_tokens
   int64_t steps = 100;              // RL steps ([train] steps)
