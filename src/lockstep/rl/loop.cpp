@@ -151,9 +151,11 @@ struct UpdateBatch {
   // the update (old) and the reference's logprobs (ref: empty without KL).
   std::vector<std::vector<float>> rollout_lp, old_lp, ref_lp;
   std::vector<std::vector<double>> isw;  // importance weights (empty: none)
-  std::vector<std::vector<uint64_t>>
-      versions;                          // per sequence, per response token (partial rollouts; else empty)
-  int64_t gap_left_out = 0;              // partial rollouts: tokens of older versions, not gap-checked
+  // Partial rollouts: per sequence, per response token, the weight version
+  // that sampled it (else empty); the tokens of older versions than the
+  // trainer's, left out of the gap check and the mismatch.
+  std::vector<std::vector<uint64_t>> versions;
+  int64_t gap_left_out = 0;
   bool shortcut = false;                 // old_lp are the rollout's (on-policy shortcut)
   bool same_version = false;             // every sample came from the trainer's current weights
   int64_t tokens = 0;                    // response tokens

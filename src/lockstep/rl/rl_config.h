@@ -2,10 +2,10 @@
 // TOML: every section but [model] and [data], which the command reads.
 #pragma once
 
-#include <toml++/toml.h>
-
 #include <cstdint>
 #include <string>
+
+#include <toml++/toml.h>
 
 #include "lockstep/eval/eval_config.h"
 #include "lockstep/metrics/metrics_logger.h"
