@@ -463,7 +463,7 @@ std::vector<Group> Runner::partial_round() {
   Timer t;
   std::vector<PartialGroup> done;
   {
-    ProgressBar bar("rollout", cfg_.batch_size * cfg_.rollout.sampling.n, false);
+    ProgressBar bar("rollout", partial_->unfinished_samples(), false);
     if (!cfg_.log.progress) bar.finish();
     done = partial_->round(*rollout_, synced_version_, [&](int64_t d, int64_t toks) { bar.update(d, toks); });
   }

@@ -132,6 +132,13 @@ PartialRollout::PartialRollout(PartialConfig cfg, int64_t max_new_tokens, int64_
   LS_CHECK(cfg_.enabled && cfg_.token_budget > 0) << "partial rollouts: no token budget";
 }
 
+int64_t PartialRollout::unfinished_samples() const {
+  int64_t n = 0;
+  for (const auto& g : groups_)
+    for (const auto& s : g.samples) n += s.finished() ? 0 : 1;
+  return n;
+}
+
 void PartialRollout::add(size_t prompt, rollout::Request request) {
   PartialGroup g;
   g.prompt = prompt;

@@ -104,6 +104,7 @@ class PartialRollout {
 
   // Groups in flight (drawn, not finished, not discarded).
   int64_t in_flight() const { return int64_t(groups_.size()); }
+  int64_t unfinished_samples() const;
   // A newly drawn prompt: request.params.n samples, nothing generated yet.
   void add(size_t prompt, rollout::Request request);
   // One step's generation on the backend's weights, which must be `version`:
