@@ -107,47 +107,56 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-// Rounds on fixed weights until every group has finished (at most `rounds`).
-std::vector<PartialGroup> run_to_end(PartialRollout& pr, RolloutBackend& backend, uint64_t version,
-                                     int rounds, int64_t* paused_first = nullptr) {
-  std::vector<PartialGroup> done;
-  for (int r = 0; r < rounds && pr.in_flight() > 0; ++r) {
-    for (auto& g : pr.round(backend, version, {})) done.push_back(std::move(g));
-    if (r == 0 && paused_first) *paused_first = pr.stats().paused;
-  }
-  return done;
-}
-
+// Budget 9 over 6 samples: one token each, every sample paused after the
+// first step. Budget 30: sub-rounds hand what early stops leave to the others.
 TEST(PartialRollout, APausedSampleResumesAsIfItHadNeverStopped) {
   Model m;
-  VersionedRollout backend(m.cfg, m.init.as<float>());
   const std::vector<int32_t> stops = {5, 9, 17, 23, 31, 40, 44, 52, 63, 71};  // lengths vary
-  PartialRollout pr(partial(/*budget=*/9, /*max_staleness=*/0), /*max_new_tokens=*/14,
-                    m.cfg.max_position_embeddings);
-  for (int64_t p = 0; p < 2; ++p) pr.add(size_t(p), m.request(p, 3, 14, stops));
-  int64_t paused = 0;
-  std::vector<PartialGroup> done = run_to_end(pr, backend, 0, 20, &paused);
-  EXPECT_EQ(paused, 6);  // a share of 9 / 6 = 1 token: every sample paused after the first round
-  ASSERT_EQ(done.size(), 2u);
-  EXPECT_EQ(pr.in_flight(), 0);
-  std::set<size_t> lengths;
-  for (const auto& g : done)
-    for (size_t i = 0; i < g.samples.size(); ++i) {
-      const PartialSample& s = g.samples[i];
-      lengths.insert(s.output_ids.size());
-      // The same sample generated at once: its own request, its own seed.
-      rollout::Request whole = m.request(int64_t(g.prompt), 1, 14, stops);
-      whole.params.seed = sample_seed(1000 + int64_t(g.prompt), int64_t(i));
-      std::vector<rollout::Request> reqs;
-      reqs.push_back(std::move(whole));
-      const auto ref = backend.generate(std::move(reqs), {}, nullptr);
-      const rollout::SampleResult& r = ref[0].samples[0];
-      EXPECT_EQ(s.output_ids, r.output_ids) << "prompt " << g.prompt << " sample " << i;
-      EXPECT_TRUE(same_bits(s.logprobs, r.logprobs)) << "prompt " << g.prompt << " sample " << i;
-      EXPECT_EQ(s.finish_reason, r.finish_reason);
-      EXPECT_EQ(s.versions, std::vector<uint64_t>(s.output_ids.size(), 0));
+  for (int64_t budget : {9, 30}) {
+    SCOPED_TRACE("budget " + std::to_string(budget));
+    VersionedRollout backend(m.cfg, m.init.as<float>());
+    PartialRollout pr(partial(budget, /*max_staleness=*/0), /*max_new_tokens=*/14,
+                      m.cfg.max_position_embeddings);
+    for (int64_t p = 0; p < 2; ++p) pr.add(size_t(p), m.request(p, 3, 14, stops));
+    std::vector<PartialGroup> done;
+    for (int r = 0; r < 20 && pr.in_flight() > 0; ++r) {
+      for (auto& g : pr.round(backend, 0, {})) done.push_back(std::move(g));
+      const PartialStats& st = pr.stats();
+      if (r == 0 && budget == 9) {
+        EXPECT_EQ(st.paused, 6);
+        EXPECT_EQ(st.rounds, 1);
+      }
+      if (r == 0 && budget == 30) {
+        EXPECT_GT(st.rounds, 1);
+      }
+      // Within the budget, and stopped only when what is left cannot give
+      // every paused sample a token.
+      EXPECT_LE(st.generated_tokens, budget);
+      if (st.paused > 0) {
+        EXPECT_LT(budget - st.generated_tokens, st.paused);
+      }
     }
-  EXPECT_GT(lengths.size(), 2u) << "the stop tokens should give samples of several lengths";
+    ASSERT_EQ(done.size(), 2u);
+    EXPECT_EQ(pr.in_flight(), 0);
+    std::set<size_t> lengths;
+    for (const auto& g : done)
+      for (size_t i = 0; i < g.samples.size(); ++i) {
+        const PartialSample& s = g.samples[i];
+        lengths.insert(s.output_ids.size());
+        // The same sample generated at once: its own request, its own seed.
+        rollout::Request whole = m.request(int64_t(g.prompt), 1, 14, stops);
+        whole.params.seed = sample_seed(1000 + int64_t(g.prompt), int64_t(i));
+        std::vector<rollout::Request> reqs;
+        reqs.push_back(std::move(whole));
+        const auto ref = backend.generate(std::move(reqs), {}, nullptr);
+        const rollout::SampleResult& r = ref[0].samples[0];
+        EXPECT_EQ(s.output_ids, r.output_ids) << "prompt " << g.prompt << " sample " << i;
+        EXPECT_TRUE(same_bits(s.logprobs, r.logprobs)) << "prompt " << g.prompt << " sample " << i;
+        EXPECT_EQ(s.finish_reason, r.finish_reason);
+        EXPECT_EQ(s.versions, std::vector<uint64_t>(s.output_ids.size(), 0));
+      }
+    EXPECT_GT(lengths.size(), 2u) << "the stop tokens should give samples of several lengths";
+  }
 }
 
 // Weights change after every round: each token's rollout logprob is, bit for

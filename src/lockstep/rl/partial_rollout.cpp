@@ -68,6 +68,7 @@ nlohmann::json PartialStats::to_json() const {
   m["rollout/partial_paused"] = paused;
   m["rollout/partial_resumed_tokens"] = resumed_tokens;
   m["rollout/partial_share_tokens"] = share;
+  m["rollout/partial_rounds"] = rounds;
   m["rollout/partial_discarded_groups"] = discarded_groups;
   m["rollout/partial_discarded_samples"] = discarded_samples;
   m["rollout/partial_finished_groups"] = finished_groups;
@@ -156,16 +157,25 @@ std::vector<PartialGroup> PartialRollout::round(RolloutBackend& backend, uint64_
   stats_.new_groups = std::exchange(added_, 0);
   stats_.staleness_tokens.assign(size_t(cfg_.max_staleness + 1), 0);
   discard_stale(version);
-  std::vector<PartialSample*> live;
-  for (auto& g : groups_)
-    for (auto& s : g.samples)
-      if (!s.finished()) live.push_back(&s);
-  stats_.share = live.empty() ? 0 : std::max<int64_t>(1, cfg_.token_budget / int64_t(live.size()));
-  std::vector<rollout::Request> reqs = requests(stats_.share, live);
-  if (!reqs.empty()) {
-    const std::vector<rollout::RequestResult> results =
-        backend.generate(std::move(reqs), progress, &stats_.generated_tokens);
+  // Sub-rounds on the same weights until the budget is spent: what samples
+  // that stopped early left of their share goes to the others (a sample
+  // continued within the step is the sample generated at once).
+  int64_t left = cfg_.token_budget;
+  for (;;) {
+    std::vector<PartialSample*> live;
+    const int64_t n_live = unfinished_samples();
+    if (n_live == 0) break;
+    int64_t share = left / n_live;
+    if (share == 0 && stats_.rounds > 0) break;
+    share = std::max<int64_t>(share, 1);  // the first sub-round moves every sample
+    if (stats_.rounds == 0) stats_.share = share;
+    std::vector<rollout::Request> reqs = requests(share, live);
+    int64_t tokens = 0;
+    const std::vector<rollout::RequestResult> results = backend.generate(std::move(reqs), progress, &tokens);
     append(results, live, version);
+    stats_.generated_tokens += tokens;
+    left -= tokens;
+    ++stats_.rounds;
   }
   return take_finished(version);
 }
@@ -225,7 +235,7 @@ void PartialRollout::append(const std::vector<rollout::RequestResult>& results,
       LS_THROW << "partial rollouts: the rollout generated with weight versions " << r.weight_version << ".."
                << r.weight_version_end << ", the trainer's are " << version
                << " (a paused sample resumes on the weights of the step that continues it)";
-    if (!s.output_ids.empty()) stats_.resumed_tokens += int64_t(r.output_ids.size());
+    if (s.paused) stats_.resumed_tokens += int64_t(r.output_ids.size());
     s.output_ids.insert(s.output_ids.end(), r.output_ids.begin(), r.output_ids.end());
     s.logprobs.insert(s.logprobs.end(), r.logprobs.begin(), r.logprobs.end());
     s.versions.resize(s.output_ids.size(), version);
@@ -241,7 +251,10 @@ std::vector<PartialGroup> PartialRollout::take_finished(uint64_t version) {
   std::vector<PartialGroup> done, kept;
   for (auto& g : groups_) {
     if (!g.finished()) {
-      for (const auto& s : g.samples) stats_.paused += s.finished() ? 0 : 1;
+      for (auto& s : g.samples) {
+        s.paused = !s.finished();
+        stats_.paused += s.paused ? 1 : 0;
+      }
       kept.push_back(std::move(g));
       continue;
     }
