@@ -20,7 +20,8 @@ PartialConfig partial_config_from_toml(TomlSection& s) {
     return p;
   }
   p.token_budget = s.get_int("partial_token_budget", p.token_budget, 1);
-  p.max_staleness = s.get_int("partial_max_staleness", p.max_staleness, 0, 1 << 20);
+  // The loop maps the last 64 weight versions to steps (rollout/weight_staleness).
+  p.max_staleness = s.get_int("partial_max_staleness", p.max_staleness, 0, 32);
   return p;
 }
 
