@@ -277,6 +277,11 @@ TEST(PartialRollout, ConfigKeysAndTheSettingsTheyRefuse) {
       {"partial_token_budget"});
   test::expect_error(
       [&] {
+        config({"rollout.partial=true", "rollout.partial_max_staleness=33"});
+      },
+      {"partial_max_staleness"});
+  test::expect_error(
+      [&] {
         config({"rollout.partial=true", "algo.dynamic_sampling=true"});
       },
       {"rl.toml", "dynamic_sampling"});
