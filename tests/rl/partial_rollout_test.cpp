@@ -381,7 +381,8 @@ std::vector<nlohmann::json> metrics_of(const std::string& run) {
 // version bit for bit, and the run trains.
 TEST(PartialRolloutLoop, LongSamplesFinishAcrossStepsWithEveryTokensVersion) {
   LoopFixture f;
-  const RlConfig c = f.config(f.dir.str("run"));
+  RlConfig c = f.config(f.dir.str("run"));
+  c.algo.rollout_is = IsLevel::Token;
   auto t = f.trainer(c);
   const RlResult r = run_rl(*t, f.inputs(), c, false);
   EXPECT_EQ(r.steps_run, 6);
@@ -404,6 +405,14 @@ TEST(PartialRolloutLoop, LongSamplesFinishAcrossStepsWithEveryTokensVersion) {
     if (!s.contains("train/pg_loss")) continue;
     ++trained_steps;
     left_out += s["train/partial_gap_left_out_tokens"].get<int64_t>();
+    // Importance weights from each token's own rollout logprob: exactly 1 for
+    // the trainer's version's tokens (aligned), not for the older ones.
+    if (s["train/partial_gap_left_out_tokens"].get<int64_t>() == 0) {
+      EXPECT_EQ(s["train/tis_weight_mean"].get<double>(), 1.0);
+    } else {
+      EXPECT_NE(s["train/tis_weight_mean"].get<double>(), 1.0);
+      EXPECT_EQ(s["train/on_policy_shortcut"], 0);
+    }
     EXPECT_EQ(s["train/train_rollout_logprob_abs_diff_max"].get<double>(), 0.0);
     EXPECT_EQ(s["train/train_rollout_logprob_bitwise_equal_frac"].get<double>(), 1.0);
   }
@@ -427,6 +436,33 @@ TEST(PartialRolloutLoop, LongSamplesFinishAcrossStepsWithEveryTokensVersion) {
     }
   EXPECT_GT(lines, 0);
   EXPECT_GT(multi, 0);
+}
+
+// Fast mode (bf16 rollout, f32 trainer): the rollout's own packed weights
+// carry the trainer's version, the gap is measured (not zero) on the
+// current version's tokens, and TIS corrects every token.
+TEST(PartialRolloutLoop, FastModeMeasuresTheGapOnTheCurrentVersionsTokens) {
+  LoopFixture f;
+  RlConfig c = f.config(f.dir.str("bf16"));
+  c.rollout.precision = "bf16";
+  c.rollout.engine.bf16_kv = true;
+  c.algo.rollout_is = IsLevel::Token;
+  c.partial.token_budget = 20;  // fewer tokens a step: groups finish in different steps
+  auto t = f.trainer(c);
+  const RlResult r = run_rl(*t, f.inputs(), c, false);
+  EXPECT_GT(r.max_logprob_abs_diff, 0.0);
+  int64_t left_out = 0, trained = 0;
+  for (const auto& s : metrics_of(c.out_dir)) {
+    if (!s.contains("train/pg_loss")) continue;
+    ++trained;
+    left_out += s["train/partial_gap_left_out_tokens"].get<int64_t>();
+    EXPECT_GT(s["train/train_rollout_logprob_abs_diff"].get<double>(), 0.0);
+    EXPECT_LT(s["train/train_rollout_logprob_abs_diff"].get<double>(), 0.1);
+    EXPECT_EQ(s["train/on_policy_shortcut"], 0);
+    EXPECT_TRUE(s.contains("train/tis_weight_mean"));
+  }
+  EXPECT_GE(trained, 3);
+  EXPECT_GT(left_out, 0);
 }
 
 // A checkpoint while samples are paused: they are not saved; the resumed run

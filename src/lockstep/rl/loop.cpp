@@ -463,7 +463,7 @@ std::vector<Group> Runner::partial_round() {
   Timer t;
   std::vector<PartialGroup> done;
   {
-    ProgressBar bar("rollout", partial_->unfinished_samples(), false);
+    ProgressBar bar("rollout tokens", cfg_.partial.token_budget, false);
     if (!cfg_.log.progress) bar.finish();
     done = partial_->round(*rollout_, synced_version_, [&](int64_t d, int64_t toks) { bar.update(d, toks); });
   }

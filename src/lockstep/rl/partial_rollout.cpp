@@ -172,7 +172,11 @@ std::vector<PartialGroup> PartialRollout::round(RolloutBackend& backend, uint64_
     if (stats_.rounds == 0) stats_.share = share;
     std::vector<rollout::Request> reqs = requests(share, live);
     int64_t tokens = 0;
-    const std::vector<rollout::RequestResult> results = backend.generate(std::move(reqs), progress, &tokens);
+    const int64_t before = stats_.generated_tokens;
+    const RolloutProgress sub = [&](int64_t, int64_t t) {
+      if (progress) progress(before + t, before + t);
+    };
+    const std::vector<rollout::RequestResult> results = backend.generate(std::move(reqs), sub, &tokens);
     append(results, live, version);
     stats_.generated_tokens += tokens;
     left -= tokens;

@@ -114,7 +114,8 @@ class PartialRollout {
   // sub-rounds (each gives every unfinished sample an equal share of what is
   // left, the first at least 1 token), and returns the groups whose samples
   // have all finished (in the order they were added). The others stay in
-  // flight, their unfinished samples paused.
+  // flight, their unfinished samples paused. `progress` receives (tokens
+  // generated this step, the same) across the sub-rounds.
   std::vector<PartialGroup> round(RolloutBackend& backend, uint64_t version, const RolloutProgress& progress);
   const PartialStats& stats() const { return stats_; }
 
