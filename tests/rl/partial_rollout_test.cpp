@@ -22,6 +22,7 @@
 #include "lockstep/model/weights.h"
 #include "lockstep/reward/reward.h"
 #include "lockstep/rl/loop.h"
+#include "lockstep/rl/rollout_backend.h"
 #include "lockstep/tokenizer/byte_level.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/trainer.h"
@@ -395,8 +396,10 @@ TEST(PartialRolloutLoop, LongSamplesFinishAcrossStepsWithEveryTokensVersion) {
     paused += s["rollout/partial_paused"].get<int64_t>();
     resumed += s["rollout/partial_resumed_tokens"].get<int64_t>();
     EXPECT_LE(s["rollout/token_staleness_max"].get<int64_t>(), 3);
+    int64_t step_stale = 0;  // tokens of older versions in the groups that finished (and train)
     for (int k = 1; k <= 3; ++k)
-      stale_tokens += s["rollout/token_staleness_" + std::to_string(k)].get<int64_t>();
+      step_stale += s["rollout/token_staleness_" + std::to_string(k)].get<int64_t>();
+    stale_tokens += step_stale;
     // The batch stays in flight: finished, still running or discarded, batch_size groups each step.
     EXPECT_EQ(s["rollout/partial_in_flight_groups"].get<int64_t>() +
                   s["rollout/partial_finished_groups"].get<int64_t>() +
@@ -405,9 +408,12 @@ TEST(PartialRolloutLoop, LongSamplesFinishAcrossStepsWithEveryTokensVersion) {
     if (!s.contains("train/pg_loss")) continue;
     ++trained_steps;
     left_out += s["train/partial_gap_left_out_tokens"].get<int64_t>();
-    // Importance weights from each token's own rollout logprob: exactly 1 for
-    // the trainer's version's tokens (aligned), not for the older ones.
-    if (s["train/partial_gap_left_out_tokens"].get<int64_t>() == 0) {
+    // The older tokens are the ones the gap leaves out, and they rule out the
+    // on-policy shortcut. Importance weights come from each token's own
+    // rollout logprob: exactly 1 for the trainer's version's tokens
+    // (aligned), not for the older ones.
+    EXPECT_EQ(s["train/partial_gap_left_out_tokens"].get<int64_t>(), step_stale);
+    if (step_stale == 0) {
       EXPECT_EQ(s["train/tis_weight_mean"].get<double>(), 1.0);
     } else {
       EXPECT_NE(s["train/tis_weight_mean"].get<double>(), 1.0);
@@ -463,6 +469,86 @@ TEST(PartialRolloutLoop, FastModeMeasuresTheGapOnTheCurrentVersionsTokens) {
   }
   EXPECT_GE(trained, 3);
   EXPECT_GT(left_out, 0);
+}
+
+// The colocated engine with each sample's tokens forced: prompt i's samples
+// are lengths[i] tokens long (the last one EOS), their content drawn from the
+// sample's seed. The logprobs are the engine's own, on the trainer's weights.
+class ForcedRollout : public LocalRollout {
+ public:
+  ForcedRollout(train::Trainer& trainer, const RlConfig& c, const std::vector<data::PromptExample>& prompts,
+                std::vector<int64_t> lengths)
+      : LocalRollout(trainer, c.rollout, c.seed), prompts_(prompts), lengths_(std::move(lengths)) {}
+  std::vector<rollout::RequestResult> generate(std::vector<rollout::Request> requests,
+                                               const RolloutProgress& progress,
+                                               int64_t* generated_tokens) override {
+    for (auto& r : requests) {
+      const size_t p = prompt_of(r.prompt_ids);
+      const size_t done = r.prompt_ids.size() - prompts_[p].prompt_ids.size();
+      for (size_t t = done; t < size_t(lengths_[p]); ++t)
+        r.forced_output.push_back(
+            t + 1 == size_t(lengths_[p]) ? 258 : int32_t(40 + (uint64_t(r.params.seed) * 7 + t) % 50));
+    }
+    return LocalRollout::generate(std::move(requests), progress, generated_tokens);
+  }
+
+ private:
+  // The training prompt the request continues (no prompt is a prefix of another).
+  size_t prompt_of(const std::vector<int32_t>& ids) const {
+    for (size_t p = 0; p < prompts_.size(); ++p) {
+      const auto& q = prompts_[p].prompt_ids;
+      if (q.size() <= ids.size() && std::equal(q.begin(), q.end(), ids.begin())) return p;
+    }
+    LS_THROW << "a request that continues no training prompt";
+  }
+  const std::vector<data::PromptExample>& prompts_;
+  std::vector<int64_t> lengths_;
+};
+
+// Rewarded by a hash of the response: samples of one group differ.
+class HashParity : public reward::Reward {
+ public:
+  reward::RewardResult evaluate(const reward::RewardRequest& q) const override {
+    reward::RewardResult r;
+    r.correct = std::hash<std::string>{}(q.response) % 2 == 0;
+    r.reward = r.correct ? 1.0 : 0.0;
+    return r;
+  }
+  std::string type() const override { return "hash-parity"; }
+};
+
+// Every sample of a group ends in the same step (forced lengths): a group
+// that trains holds tokens of this step's version and, when it ran over
+// several steps, older ones. Those rule out the on-policy shortcut (a sample's
+// version is its oldest token's), and the gap leaves exactly them out.
+TEST(PartialRolloutLoop, OlderTokensRuleOutTheOnPolicyShortcut) {
+  LoopFixture f;
+  RlConfig c = f.config(f.dir.str("forced"));
+  c.batch_size = 2;
+  c.rollout.sampling.n = 2;
+  c.rollout.sampling.max_new_tokens = 8;
+  c.rollout.sampling.stop_token_ids.clear();
+  c.partial = partial(/*budget=*/8, /*max_staleness=*/3);
+  c.algo.rollout_is = IsLevel::Token;
+  auto t = f.trainer(c);
+  RlInputs in = f.inputs();
+  in.reward = std::make_shared<HashParity>();
+  std::vector<int64_t> lengths;
+  for (size_t p = 0; p < f.train.size(); ++p) lengths.push_back(p % 3 == 0 ? 6 : 2);
+  in.rollout = std::make_shared<ForcedRollout>(*t, c, f.train, lengths);
+  run_rl(*t, in, c, false);
+  int64_t stale_steps = 0, fresh_steps = 0;
+  for (const auto& s : metrics_of(c.out_dir)) {
+    if (!s.contains("train/pg_loss")) continue;
+    int64_t stale = 0;
+    for (int k = 1; k <= 3; ++k) stale += s["rollout/token_staleness_" + std::to_string(k)].get<int64_t>();
+    EXPECT_EQ(s["train/partial_gap_left_out_tokens"].get<int64_t>(), stale) << "step " << s["step"];
+    EXPECT_EQ(s["train/on_policy_shortcut"], stale > 0 ? 0 : 1) << "step " << s["step"];
+    EXPECT_EQ(s["train/train_rollout_logprob_abs_diff_max"].get<double>(), 0.0);
+    (stale > 0 ? stale_steps : fresh_steps) += 1;
+  }
+  EXPECT_GT(stale_steps, 0);
+  EXPECT_GT(fresh_steps, 0);
 }
 
 // A checkpoint while samples are paused: they are not saved; the resumed run
