@@ -1,6 +1,6 @@
 // Partial rollouts ([rollout] partial = true): each step the rollout may
 // generate a fixed number of response tokens over its batch; samples that
-// have not finished when their share is spent are paused and continue in the
+// have not finished when that budget is spent are paused and continue in the
 // next step on the new weights, so the longest responses no longer stall
 // every step. Every token keeps the weight version that sampled it.
 //
@@ -13,9 +13,10 @@
 #pragma once
 
 #include <cstdint>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "lockstep/base/toml_section.h"
 #include "lockstep/rl/rollout_backend.h"
@@ -42,7 +43,7 @@ PartialConfig partial_config_from_toml(TomlSection& s);
 void check_partial_config(const PartialConfig& p, const std::string& source,
                           const rollout::SamplingParams& sampling, bool dynamic_sampling, bool routing_replay,
                           bool multi_turn);
-// The key a run with max_weight_staleness > 0 is refused with (as text).
+// Why a run with [dist] max_weight_staleness > 0 is refused (the message).
 std::string partial_overlap_error();
 
 // One sample generated across steps.
