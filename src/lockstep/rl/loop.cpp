@@ -33,6 +33,7 @@
 #include "lockstep/rl/invariant_update.h"
 #include "lockstep/rl/multi_turn.h"
 #include "lockstep/rl/overlap_rollout.h"
+#include "lockstep/rl/partial_rollout.h"
 #include "lockstep/rl/ppo_critic.h"
 #include "lockstep/rl/reward_watch.h"
 #include "lockstep/rl/step_line.h"
@@ -74,6 +75,7 @@ struct Sample {
   double reward = 0, score = 0, advantage = 0;
   bool correct = false, failed = false;
   uint64_t version = 0, version_end = 0;
+  std::vector<uint64_t> versions;  // partial rollouts: per output token, the weights that sampled it
   std::map<std::string, double> reward_extra;  // the reward's further numbers (reward/extra/<key>)
   // Multi-turn ([rollout] env): the episode's own prompt (empty: the
   // group's), the loss mask of output_ids (1: model token), its turns, the
@@ -151,6 +153,11 @@ struct UpdateBatch {
   std::vector<std::vector<float>> rollout_lp, old_lp, ref_lp;
   std::vector<std::vector<double>> isw;  // importance weights (empty: none)
   std::vector<std::vector<double>> token_adv;  // GAE: per response token (empty: the samples' scalar)
+  // Partial rollouts: per sequence, per response token, the weight version
+  // that sampled it (else empty); the tokens of older versions than the
+  // trainer's, left out of the gap check and the mismatch.
+  std::vector<std::vector<uint64_t>> versions;
+  int64_t gap_left_out = 0;
   bool shortcut = false;                 // old_lp are the rollout's (on-policy shortcut)
   bool same_version = false;             // every sample came from the trainer's current weights
   int64_t tokens = 0;                    // response tokens
@@ -241,6 +248,11 @@ class Runner {
                << "rank generates a share of the batch itself, so it cannot generate while it trains; rollout "
                << "ahead of training needs rollout ranks ([dist] rollout_ranks > 0) or a single process";
     synced_version_ = trainer.version();  // every backend starts on the trainer's weights
+    if (cfg.partial.enabled) {
+      if (overlap_) LS_THROW << partial_overlap_error();
+      partial_ = std::make_unique<PartialRollout>(cfg.partial, cfg.rollout.sampling.max_new_tokens,
+                                                  trainer.config().max_position_embeddings);
+    }
     if (cfg.env.enabled()) {
       if (overlap_)
         LS_THROW << "[rollout] env (multi-turn) cannot generate ahead of training ([dist] max_weight_staleness > 0)";
@@ -269,6 +281,7 @@ class Runner {
   void fill(std::vector<Group>& groups, std::vector<rollout::RequestResult> results);
   std::vector<Group> rollout_round(int64_t count);
   std::vector<Group> episode_round(int64_t count);
+  std::vector<Group> partial_round();
   void submit_ahead();
   void collect_ahead();
   std::vector<Group> take_ahead();
@@ -294,6 +307,7 @@ class Runner {
   void old_logprobs(UpdateBatch& b, bool same_version);
   void ref_logprobs(UpdateBatch& b);
   void weigh_samples(UpdateBatch& b);
+  void partial_gap(UpdateBatch& b);
   std::string localise_gap(const train::TrainSequence* seq);
   void check_gap(const std::vector<std::vector<float>>& rollout, const std::vector<std::vector<float>>& trainer,
                  const UpdateBatch& b, size_t first_sample);
@@ -336,6 +350,7 @@ class Runner {
   bool overlap_ = false;
   std::optional<Ahead> ahead_;
   uint64_t synced_version_ = 0;  // the weights the rollout holds
+  std::unique_ptr<PartialRollout> partial_;  // [rollout] partial: the groups in flight across steps
   // Weight version -> the last step at whose end the trainer held it (the
   // start step for the weights a run starts or resumes from): staleness is
   // counted in steps, whatever the optimizer steps per batch.
@@ -448,6 +463,45 @@ std::vector<Group> Runner::episode_round(int64_t count) {
     x.env_error = std::move(e.env_error);
     x.last_completion = std::move(e.last_completion);
     groups[i / n].samples.push_back(std::move(x));
+  }
+  return groups;
+}
+
+// Partial rollouts: new prompts keep batch_size groups in flight; one
+// budgeted round on the current weights; the groups that finished in it.
+std::vector<Group> Runner::partial_round() {
+  std::vector<rollout::Request> reqs;
+  std::vector<Group> drawn = draw(cfg_.batch_size - partial_->in_flight(), reqs);
+  for (size_t i = 0; i < drawn.size(); ++i) partial_->add(drawn[i].prompt, std::move(reqs[i]));
+  Timer t;
+  std::vector<PartialGroup> done;
+  {
+    ProgressBar bar("rollout tokens", cfg_.partial.token_budget, false);
+    if (!cfg_.log.progress) bar.finish();
+    done = partial_->round(*rollout_, synced_version_, [&](int64_t d, int64_t toks) { bar.update(d, toks); });
+  }
+  const double secs = t.seconds();
+  perf_.rollout += secs;
+  perf_.generate += secs;
+  perf_.rollout_tokens += partial_->stats().generated_tokens;
+  std::vector<Group> groups;
+  for (PartialGroup& pg : done) {
+    Group g;
+    g.prompt = pg.prompt;
+    g.prompt_ids = std::move(pg.request.prompt_ids);
+    for (PartialSample& ps : pg.samples) {
+      Sample x;
+      x.output_ids = std::move(ps.output_ids);
+      x.rollout_logp = std::move(ps.logprobs);
+      x.finish_reason = ps.finish_reason;
+      x.versions = std::move(ps.versions);
+      x.version =
+          x.versions.empty() ? synced_version_ : *std::min_element(x.versions.begin(), x.versions.end());
+      x.version_end =
+          x.versions.empty() ? synced_version_ : *std::max_element(x.versions.begin(), x.versions.end());
+      g.samples.push_back(std::move(x));
+    }
+    groups.push_back(std::move(g));
   }
   return groups;
 }
@@ -660,6 +714,7 @@ bool Runner::make_sequences(const std::vector<Group>& groups, UpdateBatch& b) {
     }
     b.seqs.push_back(std::move(t));
     b.rollout_lp.push_back(s.rollout_logp);
+    b.versions.push_back(s.versions);
     same_version = same_version && s.version == trainer_.version() && s.version_end == trainer_.version();
     perf_.train_tokens += int64_t(b.seqs.back().tokens.size());
   }
@@ -708,9 +763,24 @@ void Runner::weigh_samples(UpdateBatch& b) {
       for (double w : b.isw[i]) b.is_sum += w;
     }
   }
+  if (!b.shortcut && partial_) {
+    partial_gap(b);
+    return;
+  }
   if (!b.shortcut) b.mismatch = train::compute_mismatch(model_tokens(b.rollout_lp, b, 0), model_tokens(b.old_lp, b, 0));
   // Recomputed under the rollout's own weights: in aligned mode the same bits.
   if (!b.shortcut && b.same_version) check_gap(b.rollout_lp, b.old_lp, b, 0);
+}
+
+// Partial rollouts: the recomputed old logprobs are the trainer's current
+// weights, which sampled only the tokens of the current version; the
+// mismatch and the gap check cover those, the older tokens are counted
+// (train/partial_gap_left_out_tokens). Single-turn only: no loss mask.
+void Runner::partial_gap(UpdateBatch& b) {
+  const uint64_t v = trainer_.version();
+  b.mismatch = train::compute_mismatch(tokens_of_version(b.rollout_lp, b.versions, v, &b.gap_left_out),
+                                       tokens_of_version(b.old_lp, b.versions, v, nullptr));
+  check_gap(b.rollout_lp, other_versions_as_rollout(b.old_lp, b.rollout_lp, b.versions, v), b, 0);
 }
 
 // Aligned mode fails closed ([rl] on_gap): any token whose trainer logprob
@@ -920,6 +990,7 @@ nlohmann::json Runner::update_metrics(const std::vector<Group>& groups, const Up
     m["train/tis_weight_mean"] = b.is_sum / all_tokens;
   }
   if (b.mismatch) m.update(b.mismatch->to_json());
+  if (partial_) m["train/partial_gap_left_out_tokens"] = b.gap_left_out;
   std::vector<double> adv;
   for (auto& it : b.items) adv.push_back(groups[it.g].samples[it.s].advantage);
   m["train/advantage_mean"] = mean_of(adv);
@@ -980,6 +1051,7 @@ void Runner::write_samples(int64_t step, const std::vector<Group>& groups) {
                        {"response_len", int64_t(s.output_ids.size())},
                        {"advantage", s.advantage}});
       if (!s.reward_failure.empty()) lines.back()["reward_failure"] = s.reward_failure;
+      if (!s.versions.empty()) lines.back()["versions"] = s.versions;
       if (multi_) {
         lines.back()["turns"] = s.turns;
         if (s.env_failed) lines.back()["env_error"] = s.env_error;
@@ -1045,6 +1117,7 @@ void Runner::run_step(int64_t step, metrics::MetricsLogger* log, RlResult& resul
   // 1-3. Rollout, rewards, dynamic-sampling filter.
   StepSamples ss = collect_samples(step);
   rollout_metrics(ss, m);
+  if (partial_) m.update(partial_->stats().to_json());
   m["rollout/weight_staleness"] = staleness(ss.groups.empty() ? ss.all : ss.groups, step);
   const RewardTally tally = tally_rewards(ss);
   if (const std::string why = watch_.observe(step, tally); !why.empty()) {
@@ -1087,8 +1160,9 @@ StepSamples Runner::collect_samples(int64_t step) {
     // Overlap: the first round was generated ahead (none on the first step
     // of a run); then the rollout is idle and gets the last update's weights
     // before it generates anything else.
-    auto round =
-        ss.tries == 0 && ahead_ ? take_ahead() : rollout_round(cfg_.batch_size - int64_t(ss.groups.size()));
+    auto round = ss.tries == 0 && ahead_ ? take_ahead()
+                 : partial_              ? partial_round()
+                                         : rollout_round(cfg_.batch_size - int64_t(ss.groups.size()));
     if (ss.tries == 0 && overlap_) sync_if_stale();
     if (!cfg_.algo.dynamic_sampling) submit_next();  // no more rounds this step
     score_groups(round);
@@ -1166,8 +1240,12 @@ void Runner::train_step(int64_t step, StepSamples& ss, nlohmann::json& m) {
   skipped_.clear();
   if (ss.groups.empty()) {
     skipped_ = "all groups filtered (rewards all agree)";
-    LS_LOG(Warn) << "rl step " << step << ": every group was filtered (rewards all agree) after " << ss.tries
-                 << " tries; no update this step";
+    if (partial_) {
+      skipped_ = "no group finished (partial rollouts: every group in flight has a paused sample)";
+    } else {
+      LS_LOG(Warn) << "rl step " << step << ": every group was filtered (rewards all agree) after "
+                   << ss.tries << " tries; no update this step";
+    }
     m["train/skipped"] = 1;
   } else {
     m.update(update(ss.groups));

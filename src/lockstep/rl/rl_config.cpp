@@ -87,6 +87,8 @@ void finish_config(RlConfig& c, const std::string& source) {
              << ") must be below [rollout] max_new_tokens (" << c.rollout.sampling.max_new_tokens << ")";
   if (c.env.enabled() && c.algo.routing_replay)
     LS_THROW << source << ": [algo] routing_replay is not supported with multi-turn rollouts ([rollout] env)";
+  check_partial_config(c.partial, source, c.rollout.sampling, c.algo.dynamic_sampling, c.algo.routing_replay,
+                       c.env.enabled());
   const bool batch_baseline =
       c.algo.advantage == Advantage::ReinforcePP || c.algo.advantage == Advantage::Gae;
   if (c.rollout.sampling.n < 2 && !batch_baseline)
@@ -107,6 +109,7 @@ RlConfig rl_config_from_toml(const toml::table& root, const std::string& source)
     c.batch_size = s.get_int("batch_size", c.batch_size, 1, 1 << 20);
     c.rollout = rollout::rollout_section_from_toml(s);
     c.env = env_config_from_toml(s);
+    c.partial = partial_config_from_toml(s);
     s.finish();
   }
   read_train(root, source, c);

@@ -13,6 +13,7 @@
 #include "lockstep/rl/algo.h"
 #include "lockstep/rl/critic_config.h"
 #include "lockstep/rl/env.h"
+#include "lockstep/rl/partial_rollout.h"
 #include "lockstep/rollout/rollout_config.h"
 #include "lockstep/train/trainer.h"
 
@@ -32,6 +33,7 @@ struct RlConfig {
   AlgoConfig algo;
   rollout::RolloutSection rollout;  // engine, sampling (n, temperature, ...), precisions ([model])
   EnvConfig env;                    // [rollout] env ...: multi-turn rollouts (docs/agents.md)
+  PartialConfig partial;            // [rollout] partial ...: samples paused at a step's token budget
   int64_t batch_size = 16;          // prompts per step ([rollout] batch_size)
   train::TrainerConfig trainer;     // optimizer, micro_batch_tokens
   CriticSection critic;             // [critic]: PPO's value model ([algo] advantage = "gae")
