@@ -157,6 +157,9 @@ TEST(VersionScorers, KeepsHeldVersionsOnlyAndReleasesTheRest) {
   EXPECT_FALSE(first_gap(m.scores(0, seqs), r.logprobs).has_value());
   vs.keep(*trainer, {1});
   EXPECT_EQ(vs.versions(), (std::vector<uint64_t>{1}));
+  vs.add(3, m.params(3));
+  vs.release_stale(/*version=*/4, /*max_staleness=*/2);  // version 1 lags 3 > 2: its groups go
+  EXPECT_EQ(vs.versions(), (std::vector<uint64_t>{3}));
   vs.release_unheld({});
   EXPECT_TRUE(vs.versions().empty());
 }

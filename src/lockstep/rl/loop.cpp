@@ -782,9 +782,10 @@ void Runner::weigh_samples(UpdateBatch& b) {
 }
 
 // Partial rollouts: the recomputed old logprobs are the trainer's current
-// weights, which sampled only the tokens of the current version; the
-// mismatch and the gap check cover those, the older tokens are counted
-// (train/partial_gap_left_out_tokens). Single-turn only: no loss mask.
+// weights, which sampled only the tokens of the current version. With
+// partial_gap = "current" the mismatch and the gap check cover those, the
+// older tokens are counted (train/partial_gap_left_out_tokens); with "all"
+// every token is compared at its own version. Single-turn only: no loss mask.
 void Runner::partial_gap(UpdateBatch& b) {
   const uint64_t v = trainer_.version();
   if (version_scorers_) {
@@ -805,7 +806,6 @@ void Runner::own_version_gap(UpdateBatch& b) {
   VersionRescore own = version_scorers_->rescore(b.seqs, b.versions, b.old_lp, v, score_options());
   perf_.old_logprob += t.seconds();
   b.gap.rescored = own.rescored;
-  b.gap.versions_kept = int64_t(version_scorers_->versions().size());
   b.gap.older = train::compute_mismatch(older_tokens(b.rollout_lp, b.versions, v),
                                         older_tokens(own.logprobs, b.versions, v));
   b.mismatch = train::compute_mismatch(b.rollout_lp, own.logprobs);
@@ -992,6 +992,7 @@ void Runner::optimizer_step(double loss, UpdateTotals& tot) {
   // The weights about to change still sampled tokens in flight: kept for their gap.
   if (version_scorers_) version_scorers_->keep(trainer_, partial_->held_versions());
   const train::OptimizerStats os = trainer_.step();
+  if (version_scorers_) version_scorers_->release_stale(trainer_.version(), cfg_.partial.max_staleness);
   tot.grad_norm_sum += os.grad_norm;
   tot.lr = os.lr;
   tot.skipped += os.skipped ? 1 : 0;
@@ -1021,7 +1022,7 @@ nlohmann::json Runner::update_metrics(const std::vector<Group>& groups, const Up
     m["train/tis_weight_mean"] = b.is_sum / all_tokens;
   }
   if (b.mismatch) m.update(b.mismatch->to_json());
-  if (partial_) m.update(b.gap.to_json(cfg_.partial.gap_all));
+  if (partial_) m.update(b.gap.to_json(version_scorers_.get()));
   std::vector<double> adv;
   for (auto& it : b.items) adv.push_back(groups[it.g].samples[it.s].advantage);
   m["train/advantage_mean"] = mean_of(adv);

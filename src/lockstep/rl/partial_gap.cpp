@@ -11,12 +11,12 @@
 
 namespace lockstep::rl {
 
-nlohmann::json PartialGapStats::to_json(bool all) const {
+nlohmann::json PartialGapStats::to_json(const VersionScorers* kept) const {
   nlohmann::json m = nlohmann::json::object();
   m["train/partial_gap_left_out_tokens"] = left_out;
-  if (!all) return m;
+  if (!kept) return m;
   m["train/partial_gap_rescored_tokens"] = rescored;
-  m["train/partial_gap_versions_kept"] = versions_kept;
+  m["train/partial_gap_versions_kept"] = int64_t(kept->versions().size());
   m["train/partial_gap_rescored_abs_diff"] = older.abs_diff_mean;
   m["train/partial_gap_rescored_abs_diff_max"] = older.abs_diff_max;
   return m;
@@ -63,6 +63,11 @@ void VersionScorers::keep(train::Trainer& trainer, const std::set<uint64_t>& hel
 void VersionScorers::release_unheld(const std::set<uint64_t>& held) {
   for (auto it = scorers_.begin(); it != scorers_.end();)
     it = held.count(it->first) ? std::next(it) : scorers_.erase(it);
+}
+
+void VersionScorers::release_stale(uint64_t version, int64_t max_staleness) {
+  if (version < uint64_t(max_staleness)) return;
+  scorers_.erase(scorers_.begin(), scorers_.lower_bound(version - uint64_t(max_staleness)));
 }
 
 void VersionScorers::add(uint64_t version, Buffer params) {

@@ -28,13 +28,15 @@ struct VersionRescore {
   int64_t rescored = 0;
 };
 
+class VersionScorers;
+
 // What the gap of one update covered (the train/partial_gap_* metrics).
 struct PartialGapStats {
   int64_t left_out = 0;        // "current": tokens of older versions, not compared
   int64_t rescored = 0;        // "all": tokens of older versions, compared at their own
-  int64_t versions_kept = 0;   // "all": model copies held when the update scored
   train::MismatchStats older;  // "all": the mismatch over the rescored tokens only
-  nlohmann::json to_json(bool all) const;
+  // kept: "all"'s copies (their count is reported), null with "current".
+  nlohmann::json to_json(const VersionScorers* kept) const;
 };
 
 // Per sequence, the entries of lp[i] whose token's version is not `version`
@@ -57,6 +59,9 @@ class VersionScorers {
   void keep(train::Trainer& trainer, const std::set<uint64_t>& held);
   // Releases every kept version not in `held`.
   void release_unheld(const std::set<uint64_t>& held);
+  // After the trainer stepped to `version`: releases the versions older than
+  // version - max_staleness, whose groups the next round discards.
+  void release_stale(uint64_t version, int64_t max_staleness);
   // Takes `params` (the whole model's f32 parameters) as version `version`.
   void add(uint64_t version, Buffer params);
 

@@ -92,8 +92,10 @@ struct PartialStats {
   nlohmann::json to_json() const;
 };
 
-// The gap of partial rollouts: the trainer's weights are one version, so only
-// the tokens of that version can be compared with the rollout's. Per
+// The gap of partial rollouts with partial_gap = "current": the trainer's
+// weights are one version, so only the tokens of that version are compared
+// with the rollout's ("all" scores the others on kept copies of their own
+// version's parameters: rl/partial_gap.h). Per
 // sequence i, the entries of lp[i] whose token has version v (all of them
 // when versions[i] is empty); *left_out (if given) counts the others.
 std::vector<std::vector<float>> tokens_of_version(const std::vector<std::vector<float>>& lp,
