@@ -6,7 +6,7 @@
 #     the rollout rank with the weights broadcast to it; the same samples,
 #     metrics and final weights (bit for bit) as the single process;
 #  2. 2 colocated trainers: every rank keeps the same groups in flight; the
-#     run completes with a zero gap on the trainer's version's tokens.
+#     run completes with a zero gap on every token (partial_gap = "all").
 # usage: rl_partial_mpi_test.sh MPIEXEC LOCKSTEP_BINARY
 source "$(dirname "$0")/mpi_test_lib.sh"
 
@@ -50,7 +50,8 @@ for run in ("single", "d11", "d20"):
 d11 = [m for m in run_files.metrics(f"{t}/d11") if m["step"] > 0]
 for a, b in zip(steps, d11):
     for k in ("rollout/partial_paused", "rollout/partial_resumed_tokens", "rollout/partial_finished_groups",
-              "rollout/response_len_mean", "train/partial_gap_left_out_tokens"):
+              "rollout/response_len_mean", "train/partial_gap_left_out_tokens",
+              "train/partial_gap_rescored_tokens"):
         assert a.get(k) == b.get(k), ("d11", a["step"], k, a.get(k), b.get(k))
 assert run_files.weights(f"{t}/d11", 4) == run_files.weights(f"{t}/single", 4), \
     "1 trainer + 1 rollout rank: final weights differ from the single-process run"

@@ -269,6 +269,15 @@ TEST(PartialRollout, ConfigKeysAndTheSettingsTheyRefuse) {
   EXPECT_TRUE(c.partial.enabled);
   EXPECT_EQ(c.partial.token_budget, 40);
   EXPECT_EQ(c.partial.max_staleness, 3);
+  EXPECT_TRUE(c.partial.gap_all);
+  EXPECT_FALSE(config({"rollout.partial=true", "rollout.partial_gap=\"current\""}).partial.gap_all);
+  test::expect_error(
+      [&] {
+        config({"rollout.partial=true", "rollout.partial_gap=\"some\""});
+      },
+      {"rl.toml", "partial_gap", "all, current"});
+  test::expect_error([&] { config({"rollout.partial_gap=\"all\""}); },
+                     {"rl.toml", "partial_gap", "partial = true"});
   test::expect_error([&] { config({"rollout.partial_token_budget=40"}); },
                      {"rl.toml", "partial_token_budget", "partial = true"});
   test::expect_error(
@@ -377,13 +386,9 @@ std::vector<nlohmann::json> metrics_of(const std::string& run) {
   return m;
 }
 
-// Responses longer than a step's share finish over several steps on newer
-// weights; aligned mode (on_gap = abort) checks every token of the trainer's
-// version bit for bit, and the run trains.
-TEST(PartialRolloutLoop, LongSamplesFinishAcrossStepsWithEveryTokensVersion) {
-  LoopFixture f;
-  RlConfig c = f.config(f.dir.str("run"));
-  c.algo.rollout_is = IsLevel::Token;
+// One run of the long-samples test below: its per-step checks; the trained
+// steps' pg_loss appended to *pg_loss.
+void check_long_samples_run(const LoopFixture& f, const RlConfig& c, std::vector<double>& pg_loss) {
   auto t = f.trainer(c);
   const RlResult r = run_rl(*t, f.inputs(), c, false);
   EXPECT_EQ(r.steps_run, 6);
@@ -391,7 +396,7 @@ TEST(PartialRolloutLoop, LongSamplesFinishAcrossStepsWithEveryTokensVersion) {
   EXPECT_GT(t->version(), 1u);
   const auto m = metrics_of(c.out_dir);
   ASSERT_EQ(m.size(), 6u);
-  int64_t paused = 0, resumed = 0, left_out = 0, trained_steps = 0, stale_tokens = 0;
+  int64_t paused = 0, resumed = 0, left_out = 0, covered = 0, trained_steps = 0, stale_tokens = 0;
   for (const auto& s : m) {
     paused += s["rollout/partial_paused"].get<int64_t>();
     resumed += s["rollout/partial_resumed_tokens"].get<int64_t>();
@@ -407,12 +412,23 @@ TEST(PartialRolloutLoop, LongSamplesFinishAcrossStepsWithEveryTokensVersion) {
               c.batch_size);
     if (!s.contains("train/pg_loss")) continue;
     ++trained_steps;
-    left_out += s["train/partial_gap_left_out_tokens"].get<int64_t>();
-    // The older tokens are the ones the gap leaves out, and they rule out the
-    // on-policy shortcut. Importance weights come from each token's own
-    // rollout logprob: exactly 1 for the trainer's version's tokens
-    // (aligned), not for the older ones.
-    EXPECT_EQ(s["train/partial_gap_left_out_tokens"].get<int64_t>(), step_stale);
+    pg_loss.push_back(s["train/pg_loss"].get<double>());
+    // The older tokens are the ones "all" rescores at their own version and
+    // "current" leaves out, and they rule out the on-policy shortcut.
+    // Importance weights come from each token's own rollout logprob: exactly
+    // 1 for the trainer's version's tokens (aligned), not for the older ones.
+    if (c.partial.gap_all) {
+      EXPECT_EQ(s["train/partial_gap_left_out_tokens"].get<int64_t>(), 0);
+      EXPECT_EQ(s["train/partial_gap_rescored_tokens"].get<int64_t>(), step_stale);
+      EXPECT_EQ(s["train/partial_gap_rescored_abs_diff_max"].get<double>(), 0.0);
+      // One copy per older version a token may still have: at most partial_max_staleness.
+      EXPECT_LE(s["train/partial_gap_versions_kept"].get<int64_t>(), c.partial.max_staleness);
+      covered += s["train/partial_gap_rescored_tokens"].get<int64_t>();
+    } else {
+      EXPECT_EQ(s["train/partial_gap_left_out_tokens"].get<int64_t>(), step_stale);
+      EXPECT_FALSE(s.contains("train/partial_gap_rescored_tokens"));
+      left_out += s["train/partial_gap_left_out_tokens"].get<int64_t>();
+    }
     if (step_stale == 0) {
       EXPECT_EQ(s["train/tis_weight_mean"].get<double>(), 1.0);
     } else {
@@ -425,7 +441,8 @@ TEST(PartialRolloutLoop, LongSamplesFinishAcrossStepsWithEveryTokensVersion) {
   EXPECT_GT(paused, 0);
   EXPECT_GT(resumed, 0);
   EXPECT_GT(stale_tokens, 0);
-  EXPECT_GT(left_out, 0) << "some trained sample should hold tokens of an older version";
+  EXPECT_GT(c.partial.gap_all ? covered : left_out, 0)
+      << "some trained sample should hold tokens of an older version";
   EXPECT_GE(trained_steps, 3);
   // samples/*.jsonl: every token's version, some samples of several.
   int64_t multi = 0, lines = 0;
@@ -444,10 +461,29 @@ TEST(PartialRolloutLoop, LongSamplesFinishAcrossStepsWithEveryTokensVersion) {
   EXPECT_GT(multi, 0);
 }
 
+// Responses longer than a step's share finish over several steps on newer
+// weights; aligned mode (on_gap = abort) checks every token bit for bit at
+// its own version (partial_gap = "all", the default), or the trainer's
+// version's tokens only ("current", the others counted as left out); the
+// run trains, the same way in both.
+TEST(PartialRolloutLoop, LongSamplesFinishAcrossStepsWithEveryTokensVersion) {
+  LoopFixture f;
+  std::vector<double> pg_loss[2];
+  for (bool all : {true, false}) {
+    SCOPED_TRACE(all ? "partial_gap = all" : "partial_gap = current");
+    RlConfig c = f.config(f.dir.str(all ? "run" : "run-current"));
+    c.algo.rollout_is = IsLevel::Token;
+    c.partial.gap_all = all;
+    check_long_samples_run(f, c, pg_loss[all ? 0 : 1]);
+  }
+  EXPECT_EQ(pg_loss[0], pg_loss[1]) << "the gap mode measures only; training is the same";
+}
+
 // Fast mode (bf16 rollout, f32 trainer): the rollout's own packed weights
-// carry the trainer's version, the gap is measured (not zero) on the
-// current version's tokens, and TIS corrects every token.
-TEST(PartialRolloutLoop, FastModeMeasuresTheGapOnTheCurrentVersionsTokens) {
+// carry the trainer's version, the gap is measured (not zero) on every
+// token, the older ones at their own version too, and TIS corrects every
+// token.
+TEST(PartialRolloutLoop, FastModeMeasuresTheGapOnEveryTokenAtItsVersion) {
   LoopFixture f;
   RlConfig c = f.config(f.dir.str("bf16"));
   c.rollout.precision = "bf16";
@@ -457,18 +493,25 @@ TEST(PartialRolloutLoop, FastModeMeasuresTheGapOnTheCurrentVersionsTokens) {
   auto t = f.trainer(c);
   const RlResult r = run_rl(*t, f.inputs(), c, false);
   EXPECT_GT(r.max_logprob_abs_diff, 0.0);
-  int64_t left_out = 0, trained = 0;
+  int64_t rescored = 0, trained = 0, older_gap_steps = 0;
   for (const auto& s : metrics_of(c.out_dir)) {
     if (!s.contains("train/pg_loss")) continue;
     ++trained;
-    left_out += s["train/partial_gap_left_out_tokens"].get<int64_t>();
+    EXPECT_EQ(s["train/partial_gap_left_out_tokens"].get<int64_t>(), 0);
+    const int64_t n = s["train/partial_gap_rescored_tokens"].get<int64_t>();
+    rescored += n;
+    const double older = s["train/partial_gap_rescored_abs_diff"].get<double>();
+    EXPECT_EQ(older > 0.0, n > 0) << "step " << s["step"];
+    EXPECT_LT(older, 0.1);
+    older_gap_steps += older > 0.0 ? 1 : 0;
     EXPECT_GT(s["train/train_rollout_logprob_abs_diff"].get<double>(), 0.0);
     EXPECT_LT(s["train/train_rollout_logprob_abs_diff"].get<double>(), 0.1);
     EXPECT_EQ(s["train/on_policy_shortcut"], 0);
     EXPECT_TRUE(s.contains("train/tis_weight_mean"));
   }
   EXPECT_GE(trained, 3);
-  EXPECT_GT(left_out, 0);
+  EXPECT_GT(rescored, 0);
+  EXPECT_GT(older_gap_steps, 0);
 }
 
 // The colocated engine with each sample's tokens forced: prompt i's samples
@@ -520,7 +563,8 @@ class HashParity : public reward::Reward {
 // Every sample of a group ends in the same step (forced lengths): a group
 // that trains holds tokens of this step's version and, when it ran over
 // several steps, older ones. Those rule out the on-policy shortcut (a sample's
-// version is its oldest token's), and the gap leaves exactly them out.
+// version is its oldest token's), and exactly them the gap rescores at their
+// own version.
 TEST(PartialRolloutLoop, OlderTokensRuleOutTheOnPolicyShortcut) {
   LoopFixture f;
   RlConfig c = f.config(f.dir.str("forced"));
@@ -542,13 +586,69 @@ TEST(PartialRolloutLoop, OlderTokensRuleOutTheOnPolicyShortcut) {
     if (!s.contains("train/pg_loss")) continue;
     int64_t stale = 0;
     for (int k = 1; k <= 3; ++k) stale += s["rollout/token_staleness_" + std::to_string(k)].get<int64_t>();
-    EXPECT_EQ(s["train/partial_gap_left_out_tokens"].get<int64_t>(), stale) << "step " << s["step"];
+    EXPECT_EQ(s["train/partial_gap_left_out_tokens"].get<int64_t>(), 0) << "step " << s["step"];
+    EXPECT_EQ(s["train/partial_gap_rescored_tokens"].get<int64_t>(), stale) << "step " << s["step"];
     EXPECT_EQ(s["train/on_policy_shortcut"], stale > 0 ? 0 : 1) << "step " << s["step"];
     EXPECT_EQ(s["train/train_rollout_logprob_abs_diff_max"].get<double>(), 0.0);
     (stale > 0 ? stale_steps : fresh_steps) += 1;
   }
   EXPECT_GT(stale_steps, 0);
   EXPECT_GT(fresh_steps, 0);
+}
+
+// ForcedRollout with a planted fault: the last logprob of every sample paused
+// at its share is one ulp off. Such a token trains at an older version than
+// the trainer's when an update ran before its sample finished.
+class NudgePaused : public ForcedRollout {
+ public:
+  using ForcedRollout::ForcedRollout;
+  std::vector<rollout::RequestResult> generate(std::vector<rollout::Request> requests,
+                                               const RolloutProgress& progress,
+                                               int64_t* generated_tokens) override {
+    auto out = ForcedRollout::generate(std::move(requests), progress, generated_tokens);
+    for (auto& r : out)
+      for (auto& s : r.samples)
+        if (s.finish_reason == "length" && !s.logprobs.empty())
+          s.logprobs.back() = std::nextafter(s.logprobs.back(), 0.0f);
+    return out;
+  }
+};
+
+// The gap check covers the older tokens: on_gap = "abort" stops the step
+// naming the token; with "warn" the rescored tokens' own mismatch shows it.
+TEST(PartialRolloutLoop, AnOlderTokensGapIsFound) {
+  LoopFixture f;
+  for (RlConfig::OnGap on_gap : {RlConfig::OnGap::Abort, RlConfig::OnGap::Warn}) {
+    const bool abort = on_gap == RlConfig::OnGap::Abort;
+    SCOPED_TRACE(abort ? "abort" : "warn");
+    RlConfig c = f.config(f.dir.str(abort ? "fault" : "fault-warn"));
+    c.on_gap = on_gap;
+    c.batch_size = 2;
+    c.rollout.sampling.n = 2;
+    c.rollout.sampling.max_new_tokens = 8;  // the forced lengths end before it: "length" is a pause
+    c.rollout.sampling.stop_token_ids.clear();
+    c.partial = partial(/*budget=*/8, /*max_staleness=*/3);
+    auto t = f.trainer(c);
+    RlInputs in = f.inputs();
+    in.reward = std::make_shared<HashParity>();
+    std::vector<int64_t> lengths;
+    for (size_t p = 0; p < f.train.size(); ++p) lengths.push_back(p % 3 == 0 ? 6 : 2);
+    in.rollout = std::make_shared<NudgePaused>(*t, c, f.train, lengths);
+    if (abort) {
+      test::expect_error([&] { run_rl(*t, in, c, false); },
+                         {"differs from the rollout's", "sample", "response token", "on_gap"});
+      continue;
+    }
+    run_rl(*t, in, c, false);
+    int64_t older_gap_steps = 0;
+    for (const auto& s : metrics_of(c.out_dir)) {
+      if (!s.contains("train/pg_loss")) continue;
+      const double d = s["train/partial_gap_rescored_abs_diff_max"].get<double>();
+      EXPECT_LT(d, 1e-5);  // one ulp
+      older_gap_steps += d > 0.0 ? 1 : 0;
+    }
+    EXPECT_GT(older_gap_steps, 0) << "no nudged token trained at an older version";
+  }
 }
 
 // A checkpoint while samples are paused: they are not saved; the resumed run

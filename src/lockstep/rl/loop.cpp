@@ -33,6 +33,7 @@
 #include "lockstep/rl/invariant_update.h"
 #include "lockstep/rl/multi_turn.h"
 #include "lockstep/rl/overlap_rollout.h"
+#include "lockstep/rl/partial_gap.h"
 #include "lockstep/rl/partial_rollout.h"
 #include "lockstep/rl/ppo_critic.h"
 #include "lockstep/rl/reward_watch.h"
@@ -154,10 +155,9 @@ struct UpdateBatch {
   std::vector<std::vector<double>> isw;  // importance weights (empty: none)
   std::vector<std::vector<double>> token_adv;  // GAE: per response token (empty: the samples' scalar)
   // Partial rollouts: per sequence, per response token, the weight version
-  // that sampled it (else empty); the tokens of older versions than the
-  // trainer's, left out of the gap check and the mismatch.
+  // that sampled it (else empty), and what the gap covered of them.
   std::vector<std::vector<uint64_t>> versions;
-  int64_t gap_left_out = 0;
+  PartialGapStats gap;
   bool shortcut = false;                 // old_lp are the rollout's (on-policy shortcut)
   bool same_version = false;             // every sample came from the trainer's current weights
   int64_t tokens = 0;                    // response tokens
@@ -252,6 +252,7 @@ class Runner {
       if (overlap_) LS_THROW << partial_overlap_error();
       partial_ = std::make_unique<PartialRollout>(cfg.partial, cfg.rollout.sampling.max_new_tokens,
                                                   trainer.config().max_position_embeddings);
+      if (cfg.partial.gap_all) version_scorers_ = std::make_unique<VersionScorers>(trainer);
     }
     if (cfg.env.enabled()) {
       if (overlap_)
@@ -308,6 +309,7 @@ class Runner {
   void ref_logprobs(UpdateBatch& b);
   void weigh_samples(UpdateBatch& b);
   void partial_gap(UpdateBatch& b);
+  void own_version_gap(UpdateBatch& b);
   std::string localise_gap(const train::TrainSequence* seq);
   void check_gap(const std::vector<std::vector<float>>& rollout, const std::vector<std::vector<float>>& trainer,
                  const UpdateBatch& b, size_t first_sample);
@@ -351,6 +353,8 @@ class Runner {
   std::optional<Ahead> ahead_;
   uint64_t synced_version_ = 0;  // the weights the rollout holds
   std::unique_ptr<PartialRollout> partial_;  // [rollout] partial: the groups in flight across steps
+  // partial_gap = "all": the trainer's parameters at the versions older tokens in flight hold.
+  std::unique_ptr<VersionScorers> version_scorers_;
   // Weight version -> the last step at whose end the trainer held it (the
   // start step for the weights a run starts or resumes from): staleness is
   // counted in steps, whatever the optimizer steps per batch.
@@ -484,6 +488,11 @@ std::vector<Group> Runner::partial_round() {
   perf_.rollout += secs;
   perf_.generate += secs;
   perf_.rollout_tokens += partial_->stats().generated_tokens;
+  if (version_scorers_) {  // discarded groups' versions go; this update still needs done's
+    std::set<uint64_t> held = partial_->held_versions(), done_versions = PartialRollout::versions_of(done);
+    held.insert(done_versions.begin(), done_versions.end());
+    version_scorers_->release_unheld(held);
+  }
   std::vector<Group> groups;
   for (PartialGroup& pg : done) {
     Group g;
@@ -773,14 +782,34 @@ void Runner::weigh_samples(UpdateBatch& b) {
 }
 
 // Partial rollouts: the recomputed old logprobs are the trainer's current
-// weights, which sampled only the tokens of the current version; the
-// mismatch and the gap check cover those, the older tokens are counted
-// (train/partial_gap_left_out_tokens). Single-turn only: no loss mask.
+// weights, which sampled only the tokens of the current version. With
+// partial_gap = "current" the mismatch and the gap check cover those, the
+// older tokens are counted (train/partial_gap_left_out_tokens); with "all"
+// every token is compared at its own version. Single-turn only: no loss mask.
 void Runner::partial_gap(UpdateBatch& b) {
   const uint64_t v = trainer_.version();
-  b.mismatch = train::compute_mismatch(tokens_of_version(b.rollout_lp, b.versions, v, &b.gap_left_out),
+  if (version_scorers_) {
+    own_version_gap(b);
+    return;
+  }
+  b.mismatch = train::compute_mismatch(tokens_of_version(b.rollout_lp, b.versions, v, &b.gap.left_out),
                                        tokens_of_version(b.old_lp, b.versions, v, nullptr));
   check_gap(b.rollout_lp, other_versions_as_rollout(b.old_lp, b.rollout_lp, b.versions, v), b, 0);
+}
+
+// partial_gap = "all": the older tokens scored on the trainer's parameters of
+// their own version (kept since), so the check and the mismatch cover every
+// token; in aligned mode each is the rollout's bits.
+void Runner::own_version_gap(UpdateBatch& b) {
+  const uint64_t v = trainer_.version();
+  Timer t;
+  VersionRescore own = version_scorers_->rescore(b.seqs, b.versions, b.old_lp, v, score_options());
+  perf_.old_logprob += t.seconds();
+  b.gap.rescored = own.rescored;
+  b.gap.older = train::compute_mismatch(older_tokens(b.rollout_lp, b.versions, v),
+                                        older_tokens(own.logprobs, b.versions, v));
+  b.mismatch = train::compute_mismatch(b.rollout_lp, own.logprobs);
+  check_gap(b.rollout_lp, own.logprobs, b, 0);
 }
 
 // Aligned mode fails closed ([rl] on_gap): any token whose trainer logprob
@@ -960,7 +989,10 @@ void Runner::optimizer_step(double loss, UpdateTotals& tot) {
     ++tot.skipped;
     return;
   }
+  // The weights about to change still sampled tokens in flight: kept for their gap.
+  if (version_scorers_) version_scorers_->keep(trainer_, partial_->held_versions());
   const train::OptimizerStats os = trainer_.step();
+  if (version_scorers_) version_scorers_->release_stale(trainer_.version(), cfg_.partial.max_staleness);
   tot.grad_norm_sum += os.grad_norm;
   tot.lr = os.lr;
   tot.skipped += os.skipped ? 1 : 0;
@@ -990,7 +1022,7 @@ nlohmann::json Runner::update_metrics(const std::vector<Group>& groups, const Up
     m["train/tis_weight_mean"] = b.is_sum / all_tokens;
   }
   if (b.mismatch) m.update(b.mismatch->to_json());
-  if (partial_) m["train/partial_gap_left_out_tokens"] = b.gap_left_out;
+  if (partial_) m.update(b.gap.to_json(version_scorers_.get()));
   std::vector<double> adv;
   for (auto& it : b.items) adv.push_back(groups[it.g].samples[it.s].advantage);
   m["train/advantage_mean"] = mean_of(adv);

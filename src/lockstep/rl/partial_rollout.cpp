@@ -14,7 +14,7 @@ PartialConfig partial_config_from_toml(TomlSection& s) {
   PartialConfig p;
   p.enabled = s.get_bool("partial", p.enabled);
   if (!p.enabled) {
-    for (const char* key : {"partial_token_budget", "partial_max_staleness"})
+    for (const char* key : {"partial_token_budget", "partial_max_staleness", "partial_gap"})
       if (s.has(key)) s.fail(key, "only used with [rollout] partial = true");
     s.not_saved("partial");
     return p;
@@ -22,6 +22,7 @@ PartialConfig partial_config_from_toml(TomlSection& s) {
   p.token_budget = s.get_int("partial_token_budget", p.token_budget, 1);
   // The loop maps the last 64 weight versions to steps (rollout/weight_staleness).
   p.max_staleness = s.get_int("partial_max_staleness", p.max_staleness, 0, 32);
+  p.gap_all = s.get_enum("partial_gap", "all", {"all", "current"}) == "all";
   return p;
 }
 
@@ -132,6 +133,13 @@ std::vector<std::vector<float>> other_versions_as_rollout(const std::vector<std:
 PartialRollout::PartialRollout(PartialConfig cfg, int64_t max_new_tokens, int64_t max_position_embeddings)
     : cfg_(cfg), max_new_tokens_(max_new_tokens), max_positions_(max_position_embeddings) {
   LS_CHECK(cfg_.enabled && cfg_.token_budget > 0) << "partial rollouts: no token budget";
+}
+
+std::set<uint64_t> PartialRollout::versions_of(const std::vector<PartialGroup>& groups) {
+  std::set<uint64_t> out;
+  for (const auto& g : groups)
+    for (const auto& s : g.samples) out.insert(s.versions.begin(), s.versions.end());
+  return out;
 }
 
 int64_t PartialRollout::unfinished_samples() const {

@@ -13,10 +13,10 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "lockstep/base/toml_section.h"
 #include "lockstep/rl/rollout_backend.h"
@@ -24,7 +24,7 @@
 
 namespace lockstep::rl {
 
-// [rollout] partial, partial_token_budget, partial_max_staleness.
+// [rollout] partial, partial_token_budget, partial_max_staleness, partial_gap.
 struct PartialConfig {
   bool enabled = false;
   // Response tokens one step may generate over every sample in flight, in
@@ -35,6 +35,11 @@ struct PartialConfig {
   // Most weight versions a token may lag the weights it trains under; a group
   // in flight whose oldest token would lag more is discarded (and counted).
   int64_t max_staleness = 2;
+  // partial_gap = "all": the gap check and the mismatch metrics compare every
+  // token with the trainer at the token's own version (rl/partial_gap.h:
+  // one f32 copy of the model per version still held); "current": only the
+  // tokens of the trainer's version (the others are counted as left out).
+  bool gap_all = true;
 };
 
 // Reads the keys from [rollout] (refused when partial is off).
@@ -87,8 +92,10 @@ struct PartialStats {
   nlohmann::json to_json() const;
 };
 
-// The gap of partial rollouts: the trainer's weights are one version, so only
-// the tokens of that version can be compared with the rollout's. Per
+// The gap of partial rollouts with partial_gap = "current": the trainer's
+// weights are one version, so only the tokens of that version are compared
+// with the rollout's ("all" scores the others on kept copies of their own
+// version's parameters: rl/partial_gap.h). Per
 // sequence i, the entries of lp[i] whose token has version v (all of them
 // when versions[i] is empty); *left_out (if given) counts the others.
 std::vector<std::vector<float>> tokens_of_version(const std::vector<std::vector<float>>& lp,
@@ -119,6 +126,10 @@ class PartialRollout {
   // generated this step, the same) across the sub-rounds.
   std::vector<PartialGroup> round(RolloutBackend& backend, uint64_t version, const RolloutProgress& progress);
   const PartialStats& stats() const { return stats_; }
+  // The weight versions of the tokens of the groups in flight.
+  std::set<uint64_t> held_versions() const { return versions_of(groups_); }
+  // The weight versions of the tokens of `groups`.
+  static std::set<uint64_t> versions_of(const std::vector<PartialGroup>& groups);
 
  private:
   void discard_stale(uint64_t version);
