@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "lockstep/base/error.h"
+#include "lockstep/kernels/gpu/backend.h"
 #include "lockstep/tensor/dtype.h"
 
 namespace lockstep::kernels {
@@ -101,6 +102,7 @@ void quantize_group(float* x, int64_t n) {
 }  // namespace
 
 void fp8_quantize_rows(const Context& ctx, Tensor x, int64_t group) {
+  LS_GPU_DISPATCH(ctx, fp8_quantize_rows, x, group);
   LS_CHECK(x.dtype == DType::F32 && x.ndim == 2)
       << "fp8_quantize_rows: x must be (T, K) f32, got " << x.shape_str();
   LS_CHECK(group > 0) << "fp8_quantize_rows: group must be positive, got " << group;
