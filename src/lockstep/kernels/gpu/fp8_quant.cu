@@ -83,11 +83,7 @@ LS_GLOBAL void fp8_quantize_kernel(float* x, int64_t ld, int64_t T, int64_t K, i
 }  // namespace
 
 void fp8_quantize_rows(const Context& ctx, Tensor x, int64_t group, const RowsLaunch& cfg) {
-  LS_CHECK(x.dtype == DType::F32 && x.ndim == 2)
-      << "fp8_quantize_rows: x must be (T, K) f32, got " << x.shape_str();
-  LS_CHECK(group > 0) << "fp8_quantize_rows: group must be positive, got " << group;
-  const int64_t T = x.shape[0], K = x.shape[1];
-  LS_CHECK(K <= 1 || x.stride[1] == 1) << "fp8_quantize_rows: rows must be contiguous, got " << x.shape_str();
+  const int64_t K = kernels::detail::check_fp8_quantize_rows(x, group), T = x.shape[0];
   check_rows_launch(cfg);
   const int64_t n = T * ((K + group - 1) / group);
   if (n == 0) return;
