@@ -279,10 +279,26 @@ void gather_layer_experts(Tensor out, const std::vector<int32_t>& all, int64_t l
     for (int64_t s = 0; s < k; ++s) o[t * k + s] = all[size_t((t * n_moe + layer) * k + s)];
 }
 
+void gather_layer_experts(const Context& ctx, Tensor out, const std::vector<int32_t>& all, int64_t layer,
+                          int64_t n_moe, int64_t k) {
+  const Allocator& memory = kernels::device_memory(ctx);
+  if (memory.host_visible()) {
+    gather_layer_experts(out, all, layer, n_moe, k);
+    return;
+  }
+  // Device memory: gathered on the host, then one copy in.
+  const int64_t T = out.dim(0);
+  LS_CHECK(out.is_contiguous()) << "gather_layer_experts: out must be contiguous";
+  std::vector<int32_t> host(static_cast<size_t>(T * k));  // (T, K)
+  gather_layer_experts(Tensor(host.data(), DType::I32, {T, k}), all, layer, n_moe, k);
+  if (!host.empty()) memory.copy_in(out.data, host.data(), host.size() * sizeof(int32_t));
+}
+
 void scatter_layer_experts(std::vector<int32_t>& all, const Tensor& layer_idx, int64_t layer, int64_t n_moe,
                            int64_t k) {
   const int64_t T = layer_idx.dim(0);
-  const int32_t* src = layer_idx.i32();
+  std::vector<unsigned char> keep;  // a copy of layer_idx when it lies in device memory
+  const int32_t* src = kernels::host_readable(layer_idx, keep).i32();
   for (int64_t t = 0; t < T; ++t)
     for (int64_t s = 0; s < k; ++s) all[size_t((t * n_moe + layer) * k + s)] = src[t * k + s];
 }
