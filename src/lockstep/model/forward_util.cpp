@@ -9,7 +9,6 @@
 #include "lockstep/base/error.h"
 #include "lockstep/kernels/cpu/fp8_quant.h"
 #include "lockstep/kernels/cpu/rows.h"
-#include "lockstep/kernels/cpu/simd.h"
 #include "lockstep/kernels/gpu/backend.h"
 
 namespace lockstep::model {
