@@ -217,5 +217,44 @@ TEST(GpuHostAccess, DispatchPlanAndQkvCopiesWorkOnStrictDeviceMemory) {
   }
 }
 
+// The trainer's scatter of the logit rows' gradients and the routing tables
+// (record and replay) on device memory: copies, the host's values.
+TEST(GpuHostAccess, ScatterRowsAndRoutingTablesWorkOnStrictDeviceMemory) {
+  const emu::ScopedOptions strict(with_host_access(false));
+  const Context dev = device_context();
+  // scatter_rows: rows 1 and 3 of a (5, W) strided output from src (2, W); the rest 0.
+  const int64_t T = 5, W = 6, ld = 8;
+  std::vector<float> src(size_t(2 * W)), out_host(size_t(T * ld), 7.0f);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = float(i) + 0.5f;
+  Buffer dsrc(src.size() * 4, device(), Fill::Undefined, "src"),
+      dout(out_host.size() * 4, device(), Fill::Undefined, "out");
+  device().copy_in(dsrc.data(), src.data(), dsrc.size());
+  device().copy_in(dout.data(), out_host.data(), dout.size());
+  Tensor out(dout.data(), DType::F32, {T, W});
+  out.stride[0] = ld;
+  model::scatter_rows(dev, out, Tensor(dsrc.data(), DType::F32, {2, W}), {1, 3});
+  device().copy_out(out_host.data(), dout.data(), dout.size());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < ld; ++j) {
+      const float want = j >= W ? 7.0f : t == 1 ? src[size_t(j)] : t == 3 ? src[size_t(W + j)] : 0.0f;
+      EXPECT_EQ(out_host[size_t(t * ld + j)], want) << "t=" << t << " j=" << j;
+    }
+  // Routing tables (T, L_moe, K) <-> one layer's (T, K) in device memory.
+  const int64_t Tr = 3, n_moe = 2, K = 2;
+  std::vector<int32_t> all(size_t(Tr * n_moe * K));
+  for (size_t i = 0; i < all.size(); ++i) all[i] = int32_t(i);
+  Buffer layer(size_t(Tr * K) * 4, device(), Fill::Undefined, "layer experts");
+  const Tensor lt(layer.data(), DType::I32, {Tr, K});
+  model::gather_layer_experts(dev, lt, all, 1, n_moe, K);
+  std::vector<int32_t> got(size_t(Tr * K));
+  device().copy_out(got.data(), layer.data(), layer.size());
+  for (int64_t t = 0; t < Tr; ++t)
+    for (int64_t s = 0; s < K; ++s) EXPECT_EQ(got[size_t(t * K + s)], all[size_t((t * n_moe + 1) * K + s)]);
+  std::vector<int32_t> back(all.size(), -1);
+  model::scatter_layer_experts(back, lt, 1, n_moe, K);
+  for (int64_t t = 0; t < Tr; ++t)
+    for (int64_t s = 0; s < K; ++s) EXPECT_EQ(back[size_t((t * n_moe + 1) * K + s)], got[size_t(t * K + s)]);
+}
+
 }  // namespace
 }  // namespace lockstep::kernels

@@ -23,9 +23,11 @@ TEST(GpuParity, InterpretBackendCoversTheRolloutForward) {
   std::string missing;
   for (const auto& m : b.missing()) missing += " " + m;
   missing += " ";
-  for (const char* need : {"gemm_xwt_packed", "embedding_forward", "rmsnorm_forward", "add_rmsnorm_forward",
-                           "rope_forward", "swiglu_forward", "token_logprob_forward", "kv_cache_write",
-                           "attention_forward", "moe_route", "moe_gather", "moe_combine", "sample_rows"})
+  for (const char* need :
+       {"gemm_xwt_packed", "embedding_forward", "rmsnorm_forward", "add_rmsnorm_forward", "rope_forward",
+        "swiglu_forward", "token_logprob_forward", "kv_cache_write", "attention_forward", "moe_route",
+        "moe_gather", "moe_combine", "sample_rows", "add_row_bias", "add_rows", "add_scaled_rows",
+        "sigmoid_forward", "fp8_quantize_rows"})
     EXPECT_EQ(missing.find(std::string(" ") + need + " "), std::string::npos)
         << need << " is not covered; missing:" << missing;
 }

@@ -15,8 +15,10 @@
 #include "common/test_util.h"
 #include "lockstep/base/error.h"
 #include "lockstep/kernels/cpu/adamw.h"
+#include "lockstep/kernels/cpu/fp8_quant.h"
 #include "lockstep/kernels/cpu/gemm.h"
 #include "lockstep/kernels/cpu/rmsnorm.h"
+#include "lockstep/kernels/cpu/rows.h"
 #include "lockstep/kernels/cpu/softmax.h"
 #include "lockstep/kernels/cpu/swiglu.h"
 #include "lockstep/kernels/gpu/device.h"
@@ -112,6 +114,37 @@ TEST(CudaKernels, RmsnormAndSwigluMatchTheCpu) {
   EXPECT_EQ(bits_of(*b, dy), bits_of(y));
   EXPECT_EQ(bits_of(*b, dr), bits_of(rstd));
   EXPECT_EQ(bits_of(*b, ds), bits_of(s));
+}
+
+// The row-wise adds, the sigmoid and the fp8 activation quantizer of the
+// rollout forward (kernels/cpu/rows.h, fp8_quant.h), in the forward's order.
+TEST(CudaKernels, RowAddsSigmoidAndFp8QuantizeMatchTheCpu) {
+  LS_NEED_CUDA(b);
+  const int64_t T = 21, N = 300;
+  const std::vector<float> y0 = test::randn(T * N, 6, 3.0f), x = test::randn(T * N, 7), s = test::randn(T, 8),
+                           bias = test::randn(N, 9);
+  std::vector<float> y = y0, sg(static_cast<size_t>(T));
+  Context cpu;
+  auto host = [](const std::vector<float>& v, std::vector<int64_t> shape) {
+    return Tensor(const_cast<float*>(v.data()), DType::F32, shape);
+  };
+  add_row_bias(cpu, host(y, {T, N}), host(bias, {N}));
+  add_rows(cpu, host(y, {T, N}), host(y, {T, N}), host(x, {T, N}));
+  sigmoid_forward(cpu, host(sg, {T}), host(s, {T}));
+  add_scaled_rows(cpu, host(y, {T, N}), host(x, {T, N}), host(sg, {T}));
+  fp8_quantize_rows(cpu, host(y, {T, N}), 128);
+  Context dev;
+  dev.gpu = b;
+  OwnedTensor dy = on_device(*b, y0, DType::F32, {T, N}), dx = on_device(*b, x, DType::F32, {T, N});
+  OwnedTensor ds = on_device(*b, s, DType::F32, {T}), db = on_device(*b, bias, DType::F32, {N});
+  OwnedTensor dsg = undefined(*b, {T});
+  add_row_bias(dev, dy.view(), db.view());
+  add_rows(dev, dy.view(), dy.view(), dx.view());
+  sigmoid_forward(dev, dsg.view(), ds.view());
+  add_scaled_rows(dev, dy.view(), dx.view(), dsg.view());
+  fp8_quantize_rows(dev, dy.view(), 128);
+  EXPECT_EQ(bits_of(*b, dsg), bits_of(sg));
+  EXPECT_EQ(bits_of(*b, dy), bits_of(y));
 }
 
 TEST(CudaKernels, TokenLogprobMatchesTheCpu) {

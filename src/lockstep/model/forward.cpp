@@ -273,7 +273,7 @@ Routing route_rows(const LayerEnv& env, int64_t l, int64_t moe_index, const Tens
   Tensor replay;
   if (opt.replay_experts != nullptr) {
     replay = env.ws.get(kSlotReplay, DType::I32, {T, K});
-    gather_layer_experts(replay, *opt.replay_experts, moe_index, n_moe, K);
+    gather_layer_experts(env.ctx, replay, *opt.replay_experts, moe_index, n_moe, K);
   }
   const LayerParams& p = env.weights.params().layers[static_cast<size_t>(l)];
   k::moe_route(env.ctx, topk_idx, topk_w, scores, logits, p.router_bias, replay, router_config(c));

@@ -8,7 +8,7 @@
 
 #include "lockstep/base/error.h"
 #include "lockstep/kernels/cpu/fp8_quant.h"
-#include "lockstep/kernels/cpu/simd.h"
+#include "lockstep/kernels/cpu/rows.h"
 #include "lockstep/kernels/gpu/backend.h"
 
 namespace lockstep::model {
@@ -70,7 +70,9 @@ void for_each_expert(const Context& ctx, const kernels::MoeDispatch& plan,
       total += plan.expert_rows(int(e));
     }
   const int P = ctx.threads();
-  if (P > 1 && ctx.pool != nullptr && int64_t(active.size()) >= P) {
+  // On a device the experts run one after another, each kernel on the whole
+  // device (and ctx keeps its backend: the host cannot read device memory).
+  if (P > 1 && ctx.pool != nullptr && ctx.gpu == nullptr && int64_t(active.size()) >= P) {
     // Longest rows first onto the least loaded thread (ties: lower expert,
     // lower thread): a pure function of the plan.
     std::vector<int64_t> order = active;
@@ -130,18 +132,7 @@ OwnedTensor copy_of(const Tensor& t) {
 }
 
 void add_row_bias(const Context& ctx, Tensor y, const Tensor& b) {
-  const int64_t T = y.dim(0), N = y.dim(1);
-  check_shape(b, {N}, "bias");
-  const float* bp = b.f32();
-  float* yp = y.f32();
-  const int64_t ys = y.stride[0];
-  ctx.parallel_for(
-      T,
-      [&](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; ++t)
-          for (int64_t n = 0; n < N; ++n) yp[t * ys + n] = yp[t * ys + n] + bp[n];
-      },
-      row_grain(N));
+  kernels::add_row_bias(ctx, y, b);
 }
 
 void add_column_sums(const Context& ctx, Tensor db, const Tensor& dy) {
@@ -223,19 +214,7 @@ void join_qkv(const Context& ctx, Tensor qkv, const Tensor& q, const Tensor& k, 
 }
 
 void add_into(const Context& ctx, Tensor out, const Tensor& a, const Tensor& b) {
-  const int64_t T = out.dim(0), N = out.dim(1);
-  check_shape(a, {T, N}, "add_into a");
-  check_shape(b, {T, N}, "add_into b");
-  float* o = out.f32();
-  const float *ap = a.f32(), *bp = b.f32();
-  ctx.parallel_for(
-      T,
-      [&](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; ++t)
-          for (int64_t n = 0; n < N; ++n)
-            o[t * out.stride[0] + n] = ap[t * a.stride[0] + n] + bp[t * b.stride[0] + n];
-      },
-      row_grain(N));
+  kernels::add_rows(ctx, out, a, b);
 }
 
 void gather_rows(Tensor out, const Tensor& x, const std::vector<int32_t>& rows) {
@@ -263,6 +242,16 @@ void gather_rows(const Context& ctx, Tensor out, const Tensor& x, const std::vec
 void scatter_rows(const Context& ctx, Tensor out, const Tensor& src, const std::vector<int32_t>& rows) {
   const int64_t T = out.dim(0), D = out.dim(1);
   check_shape(src, {static_cast<int64_t>(rows.size()), D}, "scattered rows");
+  const Allocator& memory = kernels::device_memory(ctx);
+  if (!memory.host_visible()) {  // device memory: zeros, then a device copy per row
+    if (T == 0 || D == 0) return;
+    const OwnedTensor zeros(DType::F32, {T, D}, memory, Fill::Zero, "scatter_rows zeros");  // (T, D)
+    memory.copy_2d(out.f32(), size_t(out.stride[0]) * 4, zeros.view().data, size_t(D) * 4, size_t(D) * 4,
+                   size_t(T));
+    for (size_t r = 0; r < rows.size(); ++r)
+      memory.copy(out.f32() + rows[r] * out.stride[0], src.f32() + int64_t(r) * src.stride[0], size_t(D) * 4);
+    return;
+  }
   // Rows are ascending: walk out's rows once, copying or zeroing each.
   ctx.parallel_for(
       T,
@@ -289,34 +278,40 @@ void gather_layer_experts(Tensor out, const std::vector<int32_t>& all, int64_t l
     for (int64_t s = 0; s < k; ++s) o[t * k + s] = all[size_t((t * n_moe + layer) * k + s)];
 }
 
+void gather_layer_experts(const Context& ctx, Tensor out, const std::vector<int32_t>& all, int64_t layer,
+                          int64_t n_moe, int64_t k) {
+  const Allocator& memory = kernels::device_memory(ctx);
+  if (memory.host_visible()) {
+    gather_layer_experts(out, all, layer, n_moe, k);
+    return;
+  }
+  // Device memory: gathered on the host, then one copy in.
+  const int64_t T = out.dim(0);
+  LS_CHECK(out.is_contiguous()) << "gather_layer_experts: out must be contiguous";
+  std::vector<int32_t> host(static_cast<size_t>(T * k));  // (T, K)
+  gather_layer_experts(Tensor(host.data(), DType::I32, {T, k}), all, layer, n_moe, k);
+  if (!host.empty()) memory.copy_in(out.data, host.data(), host.size() * sizeof(int32_t));
+}
+
 void scatter_layer_experts(std::vector<int32_t>& all, const Tensor& layer_idx, int64_t layer, int64_t n_moe,
                            int64_t k) {
   const int64_t T = layer_idx.dim(0);
-  const int32_t* src = layer_idx.i32();
+  std::vector<unsigned char> keep;  // a copy of layer_idx when it lies in device memory
+  const int32_t* src = kernels::host_readable(layer_idx, keep).i32();
   for (int64_t t = 0; t < T; ++t)
     for (int64_t s = 0; s < k; ++s) all[size_t((t * n_moe + layer) * k + s)] = src[t * k + s];
 }
 
 void shared_gate_forward(const Context& ctx, Tensor sgate, const Tensor& x, const kernels::PackedWeight& w) {
   const int64_t T = x.dim(0);
-  OwnedTensor logit(DType::F32, {T, 1});
+  OwnedTensor logit(DType::F32, {T, 1}, kernels::device_memory(ctx), Fill::Undefined,
+                    "shared gate logit");  // (T, 1)
   kernels::gemm_xwt(ctx, logit.view(), x, w);
-  kernels::vsigmoid(logit.f32(), sgate.f32(), T);
+  kernels::sigmoid_forward(ctx, sgate, logit.view());
 }
 
 void add_shared_expert(const Context& ctx, Tensor ffn, const Tensor& ys, const Tensor& sgate) {
-  const int64_t T = ffn.dim(0), D = ffn.dim(1);
-  float* f = ffn.f32();
-  const float* y = ys.f32();
-  const float* g = sgate.data ? sgate.f32() : nullptr;
-  ctx.parallel_for(
-      T,
-      [&](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; ++t)
-          for (int64_t d = 0; d < D; ++d)
-            f[t * D + d] = f[t * D + d] + (g ? y[t * D + d] * g[t] : y[t * D + d]);
-      },
-      row_grain(D));
+  kernels::add_scaled_rows(ctx, ffn, ys, sgate);
 }
 
 // Group width of the fp8 activation scales (DeepSeek's 1 x 128 tiles).
@@ -326,10 +321,11 @@ namespace {
 // x (M, K) quantized as an FP8 forward quantizes a projection's input, on a copy.
 OwnedTensor fp8_quantized_input(const Context& ctx, const Tensor& x) {
   const int64_t M = x.dim(0), K = x.dim(1);
-  OwnedTensor xq(DType::F32, {M, K});  // (M, K)
-  for (int64_t m = 0; m < M; ++m)
-    std::memcpy(xq.f32() + m * K, static_cast<const float*>(x.data) + m * x.stride[0],
-                size_t(K) * sizeof(float));
+  const Allocator& memory = kernels::device_memory(ctx);
+  OwnedTensor xq(DType::F32, {M, K}, memory, Fill::Undefined, "fp8 quantized input");  // (M, K)
+  if (M > 0 && K > 0)
+    memory.copy_2d(xq.f32(), size_t(K) * sizeof(float), x.data, size_t(x.stride[0]) * sizeof(float),
+                   size_t(K) * sizeof(float), size_t(M));
   kernels::fp8_quantize_rows(ctx, xq.view(), kFp8ActivationGroup);
   return xq;
 }

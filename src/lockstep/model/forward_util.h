@@ -162,6 +162,10 @@ void scatter_rows(const Context& ctx, Tensor out, const Tensor& src, const std::
 // Routing tables (T, L_moe, K) <-> one layer's (T, K).
 void gather_layer_experts(Tensor out, const std::vector<int32_t>& all, int64_t layer, int64_t n_moe,
                           int64_t k);
+// The same into `out` in the context's device memory (a copy in).
+void gather_layer_experts(const Context& ctx, Tensor out, const std::vector<int32_t>& all, int64_t layer,
+                          int64_t n_moe, int64_t k);
+// Reads layer_idx through a copy when it lies in device memory.
 void scatter_layer_experts(std::vector<int32_t>& all, const Tensor& layer_idx, int64_t layer, int64_t n_moe,
                            int64_t k);
 // Qwen2-MoE shared-expert gate: sgate (T) = sigmoid(x · w), w packed (1, D).

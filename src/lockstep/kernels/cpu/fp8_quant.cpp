@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "lockstep/base/error.h"
+#include "lockstep/kernels/gpu/backend.h"
 #include "lockstep/tensor/dtype.h"
 
 namespace lockstep::kernels {
@@ -100,12 +101,22 @@ void quantize_group(float* x, int64_t n) {
 
 }  // namespace
 
-void fp8_quantize_rows(const Context& ctx, Tensor x, int64_t group) {
+namespace detail {
+
+int64_t check_fp8_quantize_rows(const Tensor& x, int64_t group) {
   LS_CHECK(x.dtype == DType::F32 && x.ndim == 2)
       << "fp8_quantize_rows: x must be (T, K) f32, got " << x.shape_str();
   LS_CHECK(group > 0) << "fp8_quantize_rows: group must be positive, got " << group;
-  const int64_t T = x.shape[0], K = x.shape[1];
+  const int64_t K = x.shape[1];
   LS_CHECK(K <= 1 || x.stride[1] == 1) << "fp8_quantize_rows: rows must be contiguous, got " << x.shape_str();
+  return K;
+}
+
+}  // namespace detail
+
+void fp8_quantize_rows(const Context& ctx, Tensor x, int64_t group) {
+  LS_GPU_DISPATCH(ctx, fp8_quantize_rows, x, group);
+  const int64_t K = detail::check_fp8_quantize_rows(x, group), T = x.shape[0];
   float* base = static_cast<float*>(x.data);
   ctx.parallel_for(T, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t)

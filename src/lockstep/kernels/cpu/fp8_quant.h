@@ -69,4 +69,10 @@ float mxfp4_group_codes(const float* x, uint8_t* codes);
 // row's bits do not depend on the batch or the thread count.
 void fp8_quantize_rows(const Context& ctx, Tensor x, int64_t group);
 
+namespace detail {
+// fp8_quantize_rows' argument checks, shared with the GPU entry (same
+// messages); returns K, the row width.
+int64_t check_fp8_quantize_rows(const Tensor& x, int64_t group);
+}  // namespace detail
+
 }  // namespace lockstep::kernels

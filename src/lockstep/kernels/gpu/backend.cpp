@@ -65,6 +65,11 @@ void for_each_entry(const GpuBackend& b, Fn&& fn) {
   LS_ENTRY(rope_backward);
   LS_ENTRY(swiglu_forward);
   LS_ENTRY(swiglu_backward);
+  LS_ENTRY(add_row_bias);
+  LS_ENTRY(add_rows);
+  LS_ENTRY(add_scaled_rows);
+  LS_ENTRY(sigmoid_forward);
+  LS_ENTRY(fp8_quantize_rows);
   LS_ENTRY(token_logprob_forward);
   LS_ENTRY(token_logprob_backward);
   LS_ENTRY(kv_cache_write);

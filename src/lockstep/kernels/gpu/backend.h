@@ -52,6 +52,13 @@ struct GpuBackend {
   void (*swiglu_forward)(const Context&, Tensor out, const Tensor& gate, const Tensor& up) = nullptr;
   void (*swiglu_backward)(const Context&, Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate,
                           const Tensor& up) = nullptr;
+  // rows.h
+  void (*add_row_bias)(const Context&, Tensor y, const Tensor& b) = nullptr;
+  void (*add_rows)(const Context&, Tensor out, const Tensor& a, const Tensor& b) = nullptr;
+  void (*add_scaled_rows)(const Context&, Tensor y, const Tensor& x, const Tensor& s) = nullptr;
+  void (*sigmoid_forward)(const Context&, Tensor y, const Tensor& x) = nullptr;
+  // fp8_quant.h
+  void (*fp8_quantize_rows)(const Context&, Tensor x, int64_t group) = nullptr;
   // softmax.h
   void (*token_logprob_forward)(const Context&, Tensor logp, Tensor entropy, Tensor lse, const Tensor& logits,
                                 const Tensor& targets, float temperature) = nullptr;
