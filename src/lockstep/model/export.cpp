@@ -5,10 +5,12 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 
 #include "lockstep/base/error.h"
 #include "lockstep/base/file_util.h"
 #include "lockstep/model/model_source.h"
+#include "lockstep/model/peft.h"
 
 namespace lockstep {
 
@@ -34,14 +36,15 @@ fs::path target_path(const std::string& out) {
   return target;
 }
 
-}  // namespace
-
-void export_pretrained(const std::string& from_path, const std::string& out, SaveFormat format,
-                       const Context* ctx) {
+// export_pretrained, with `edit` (may be empty) applied to the loaded model
+// before it is written.
+void export_edited(const std::string& from_path, const std::string& out, SaveFormat format,
+                   const Context* ctx, const std::function<void(PretrainedModel&)>& edit) {
   const fs::path target = target_path(out);
   check_target(target);
   const std::string from = resolve_model_dir(from_path);
   PretrainedModel m = load_pretrained(from, ctx);
+  if (edit) edit(m);
   fs::path parent = target.parent_path();
   if (parent.empty()) parent = ".";
   fs::create_directories(parent);
@@ -64,6 +67,21 @@ void export_pretrained(const std::string& from_path, const std::string& out, Sav
     fs::remove_all(stage, ec);
     throw;
   }
+}
+
+}  // namespace
+
+void export_pretrained(const std::string& from, const std::string& out, SaveFormat format,
+                       const Context* ctx) {
+  export_edited(from, out, format, ctx, nullptr);
+}
+
+void export_merged_lora(const std::string& from, const std::string& adapter_dir, const std::string& out,
+                        SaveFormat format, const Context* ctx) {
+  export_edited(from, out, format, ctx, [&](PretrainedModel& m) {
+    const LoraAdapter adapter = load_adapter(adapter_dir, m.layout);
+    merge_lora(adapter.layout, adapter.params.data(), m.layout, m.params.as<float>(), ctx);
+  });
 }
 
 }  // namespace lockstep

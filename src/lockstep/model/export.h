@@ -21,4 +21,12 @@ namespace lockstep {
 void export_pretrained(const std::string& from, const std::string& out, SaveFormat format,
                        const Context* ctx = nullptr);
 
+// export_pretrained with a LoRA adapter merged in: loads `from`, the adapter
+// directory `adapter_dir` (adapter_config.json + adapter_model.safetensors,
+// peft.h load_adapter, checked against the model's shapes), adds s · B · A to
+// every adapted projection (merge_lora) and writes the merged model to `out`
+// as export_pretrained does.
+void export_merged_lora(const std::string& from, const std::string& adapter_dir, const std::string& out,
+                        SaveFormat format, const Context* ctx = nullptr);
+
 }  // namespace lockstep
