@@ -1,9 +1,8 @@
-// LoRA adapters: the layout's PEFT names and shapes, PEFT's initialisation,
-// the adapter product against a double-precision reference, its backward
-// (dA, dB, dx) by finite differences in double, whole-model gradients of
-// the adapters over a frozen base (dense and MoE), and the alignment
-// property with adapters on: decode, chunked prefill and batching give the
-// full prefill's logits bit for bit at f32, bf16 and fp8 base storage.
+// LoRA adapters in the engines: the [lora] section, the views over the PEFT
+// layout (peft.h, tested in peft_test), the adapter product against a double-precision reference, its
+// backward (dA, dB, dx) by finite differences in double, whole-model gradients of the adapters over a frozen
+// base (dense and MoE), and the alignment property with adapters on: decode, chunked prefill and batching
+// give the full prefill's logits bit for bit at f32, bf16 and fp8 base storage.
 #include "lockstep/model/lora.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +11,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <tuple>
 
 #include "common/test_util.h"
 #include "lockstep/model/forward.h"
@@ -78,14 +78,16 @@ LoraConfig all_linear(int64_t rank = 4, double alpha = 8) {
 // adapters change the output).
 struct LoraModel {
   LoraModel(const ModelConfig& c, const LoraConfig& lc, DType storage = DType::F32, bool effective = false)
-      : layout(c), buf(alloc_params(layout)), lora_layout(layout, lc), lora_buf(lora_layout.nbytes()) {
+      : layout(c),
+        buf(alloc_params(layout)),
+        lora_layout(layout, lc.spec()),
+        lora_buf(size_t(lora_layout.numel()) * 4) {
     init_params(layout, buf.as<float>(), 7, 0.2f);
-    init_lora(lora_layout, lora_buf.as<float>(), lc.init_seed);
+    lockstep::init_lora(lora_layout, lora_buf.as<float>(), lc.init_seed);
     auto noise = test::randn(lora_layout.numel(), 17, 0.2f);
-    for (const auto& t : lora_layout.tensors())
-      if (!t.is_a)
-        for (int64_t j = 0; j < t.numel; ++j)
-          lora_buf.as<float>()[t.offset + j] = noise[size_t(t.offset + j)];
+    for (const auto& p : lora_layout.projections())
+      for (int64_t j = 0; j < p.out_features * lc.rank; ++j)
+        lora_buf.as<float>()[p.b_offset + j] = noise[size_t(p.b_offset + j)];
     lora = std::make_unique<LoraWeights>(lora_layout, lora_buf.as<float>());
     weights =
         std::make_unique<ModelWeights>(ctx, layout, buf.as<float>(), storage, 0, ExpertShard{}, effective);
@@ -119,65 +121,43 @@ std::vector<int32_t> random_tokens(int n, int vocab, uint32_t seed) {
   return t;
 }
 
-TEST(LoraLayout, PeftNamesShapesAndTargets) {
-  const ParamLayout base(qwen3_moe_config());
-  LoraConfig lc = all_linear(4);
-  const LoraLayout all(base, lc);
-  // Per layer: q, k, v, o, then 4 experts x (gate, up, down); A and B each.
-  EXPECT_EQ(all.tensors().size(), size_t(2 * 2 * (4 + 4 * 3)));
-  const LoraTensorInfo& q_a = all.tensors()[0];
-  EXPECT_EQ(q_a.name, "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
-  EXPECT_EQ(q_a.shape, (std::vector<int64_t>{4, 32}));
-  const LoraTensorInfo& q_b = all.tensors()[1];
-  EXPECT_EQ(q_b.name, "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight");
-  EXPECT_EQ(q_b.shape, (std::vector<int64_t>{32, 4}));
-  bool found = false;
-  for (const auto& t : all.tensors())
-    if (t.name == "base_model.model.model.layers.1.mlp.experts.3.down_proj.lora_A.weight") {
-      found = true;
-      EXPECT_EQ(t.shape, (std::vector<int64_t>{4, 16}));
-    }
-  EXPECT_TRUE(found);
-  int64_t sum = 0;
-  for (const auto& t : all.tensors()) sum += t.numel;
-  EXPECT_EQ(sum, all.numel());
-
-  lc.target_modules = {"v_proj", "q_proj"};
-  const LoraLayout qv(base, lc);
-  ASSERT_EQ(qv.tensors().size(), size_t(2 * 2 * 2));
-  EXPECT_NE(qv.tensors()[2].name.find("v_proj.lora_A"), std::string::npos);
-  const LoraParams p = qv.bind(nullptr);
-  EXPECT_TRUE(p.layers[1].q.on());
-  EXPECT_FALSE(p.layers[1].o.on());
-  EXPECT_FALSE(p.layers[1].experts[0].gate.on());
-}
-
-TEST(LoraLayout, InitIsPeftsKaimingUniformAndZeroB) {
-  const ParamLayout base(dense_config());
-  const LoraLayout l(base, all_linear(4));
-  Buffer a(l.nbytes()), b(l.nbytes());
-  init_lora(l, a.as<float>(), 5);
-  init_lora(l, b.as<float>(), 5);
-  EXPECT_EQ(std::memcmp(a.data(), b.data(), l.nbytes()), 0);
-  for (const auto& t : l.tensors()) {
-    const float* v = a.as<float>() + t.offset;
-    if (!t.is_a) {
-      for (int64_t j = 0; j < t.numel; ++j) ASSERT_EQ(v[j], 0.0f) << t.name;
-      continue;
-    }
-    const double bound = 1.0 / std::sqrt(double(t.shape[1]));
-    double lo = 1, hi = -1;
-    for (int64_t j = 0; j < t.numel; ++j) {
-      ASSERT_LE(std::fabs(v[j]), bound) << t.name;
-      lo = std::min(lo, double(v[j]));
-      hi = std::max(hi, double(v[j]));
-    }
-    EXPECT_LT(lo, -0.5 * bound) << t.name;  // spread over the range, not a constant
-    EXPECT_GT(hi, 0.5 * bound) << t.name;
+// bind_lora puts every projection of the PEFT layout where forward looks
+// for it: q/k/v/o per layer, the dense MLP, each routed expert, the shared one.
+TEST(LoraBind, ViewsLandOnTheirProjections) {
+  const ParamLayout base(moe_config());
+  const LoraLayout all(base, all_linear(4).spec());
+  std::vector<float> buf(size_t(all.numel()));
+  const LoraParams p = bind_lora(all, buf.data());
+  ASSERT_EQ(p.layers.size(), 2u);
+  for (const LoraProjection& pr : all.projections()) {
+    const LoraLayer& L = p.layers[size_t(pr.layer)];
+    const LoraMlp& mlp = pr.expert >= 0 ? L.experts[size_t(pr.expert)]
+                         : pr.base_name.find("shared_expert") != std::string::npos ? L.shared
+                                                                                   : L.mlp;
+    const LoraPair& got = pr.module == "q_proj"      ? L.q
+                          : pr.module == "k_proj"    ? L.k
+                          : pr.module == "v_proj"    ? L.v
+                          : pr.module == "o_proj"    ? L.o
+                          : pr.module == "gate_proj" ? mlp.gate
+                          : pr.module == "up_proj"   ? mlp.up
+                                                     : mlp.down;
+    EXPECT_EQ(got.a.data, buf.data() + pr.a_offset) << pr.a_name;
+    EXPECT_EQ(got.b.data, buf.data() + pr.b_offset) << pr.b_name;
+    EXPECT_EQ(got.a.dim(0), 4);
+    EXPECT_EQ(got.a.dim(1), pr.in_features);
+    EXPECT_EQ(got.b.dim(0), pr.out_features);
   }
-  Buffer c(l.nbytes());
-  init_lora(l, c.as<float>(), 6);
-  EXPECT_NE(std::memcmp(a.data(), c.data(), l.nbytes()), 0);
+  EXPECT_FALSE(p.layers[0].experts[0].gate.on());  // layer 0 is dense
+  EXPECT_TRUE(p.layers[0].mlp.gate.on());
+  EXPECT_TRUE(p.layers[1].experts[3].down.on());
+  EXPECT_TRUE(p.layers[1].shared.up.on());
+  LoraConfig qv = all_linear(2);
+  qv.target_modules = {"v_proj", "q_proj"};
+  const LoraLayout l2(base, qv.spec());
+  const LoraParams p2 = bind_lora(l2, buf.data());
+  EXPECT_TRUE(p2.layers[1].q.on());
+  EXPECT_FALSE(p2.layers[1].o.on());
+  EXPECT_EQ(lora_expert(&p2.layers[1], 0), nullptr);
 }
 
 TEST(LoraConfig, ReadsTheSectionAndRefusesDropoutAndUnknownModules) {
@@ -290,17 +270,18 @@ void model_gradient_check(const ModelConfig& c) {
   opt.save_activations = true;
   opt.record_experts = true;
   forward(m.ctx, *m.weights, kv, ws, b, opt, &r, &acts);
-  Buffer scratch, lgrad(m.lora_layout.nbytes());
+  const size_t lbytes = size_t(m.lora_layout.numel()) * 4;
+  Buffer scratch, lgrad(lbytes);
   const ModelParams frozen = frozen_base_grads(m.layout, scratch);
-  const LoraParams lg = m.lora_layout.bind(lgrad.as<float>());
+  const LoraParams lg = bind_lora(m.lora_layout, lgrad.as<float>());
   acts.lora_grads = &lg;
   backward(m.ctx, *m.weights, kv, ws, b, acts, Tensor(probe.data(), DType::F32, {R, c.vocab_size}), frozen);
 
   // The same backward with the base's gradients taken too gives the same
   // adapter gradients: skipping the frozen GEMMs changes nothing else.
   {
-    Buffer full(m.layout.nbytes()), lgrad2(m.lora_layout.nbytes());
-    const LoraParams lg2 = m.lora_layout.bind(lgrad2.as<float>());
+    Buffer full(m.layout.nbytes()), lgrad2(lbytes);
+    const LoraParams lg2 = bind_lora(m.lora_layout, lgrad2.as<float>());
     KvCache kv2(c, 64, 4);
     Activations acts2;
     ForwardResult r2;
@@ -308,7 +289,7 @@ void model_gradient_check(const ModelConfig& c) {
     acts2.lora_grads = &lg2;
     backward(m.ctx, *m.weights, kv2, ws, b, acts2, Tensor(probe.data(), DType::F32, {R, c.vocab_size}),
              bind(m.layout, full.as<float>()));
-    EXPECT_EQ(std::memcmp(lgrad.data(), lgrad2.data(), m.lora_layout.nbytes()), 0);
+    EXPECT_EQ(std::memcmp(lgrad.data(), lgrad2.data(), lbytes), 0);
   }
 
   double gmax = 0;
@@ -317,9 +298,15 @@ void model_gradient_check(const ModelConfig& c) {
   ASSERT_GT(gmax, 0.0);
   std::mt19937 g(5);
   int checked = 0, skipped = 0;
-  for (const auto& t : m.lora_layout.tensors()) {
+  const int64_t rank = m.lora_layout.rank();
+  std::vector<std::tuple<std::string, int64_t, int64_t>> tensors;  // name, offset, numel
+  for (const auto& p : m.lora_layout.projections()) {
+    tensors.emplace_back(p.a_name, p.a_offset, rank * p.in_features);
+    tensors.emplace_back(p.b_name, p.b_offset, p.out_features * rank);
+  }
+  for (const auto& [name, offset, numel] : tensors) {
     for (int trial = 0; trial < 3; ++trial) {
-      const int64_t j = t.offset + int64_t(g() % uint64_t(t.numel));
+      const int64_t j = offset + int64_t(g() % uint64_t(numel));
       float* w = m.lora_buf.as<float>() + j;
       const float orig = *w;
       const float eps = 2e-3f * std::max(1.0f, std::fabs(orig));
@@ -343,11 +330,11 @@ void model_gradient_check(const ModelConfig& c) {
       }
       const double fd = (lp - lm) / (2.0 * double(eps));
       EXPECT_NEAR(lgrad.as<float>()[j], fd, 1e-2 * std::fabs(fd) + 2e-3 * gmax)
-          << t.name << " element " << j - t.offset;
+          << name << " element " << j - offset;
       ++checked;
     }
   }
-  EXPECT_GT(checked, int(m.lora_layout.tensors().size()));
+  EXPECT_GT(checked, int(tensors.size()));
   EXPECT_LE(skipped, checked / 4);
 }
 
@@ -419,13 +406,6 @@ TEST(LoraAlignment, Qwen3MoeBf16) {
 }
 TEST(LoraAlignment, Qwen3MoeFp8) {
   alignment_check(qwen3_moe_config(), DType::FP8E4M3);
-}
-
-TEST(LoraLayout, RefusesRankZero) {
-  ModelConfig c = dense_config();
-  LoraConfig lc = all_linear();
-  lc.rank = 0;
-  test::expect_error([&] { LoraLayout(ParamLayout(c), lc); }, {"[lora] rank"});
 }
 
 }  // namespace

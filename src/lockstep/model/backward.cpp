@@ -171,9 +171,8 @@ void backward_impl(const Context& ctx, const ModelWeights& weights, const KvCach
         mlp_backward(ectx, dxr.slice_rows(r0, r1), dyr.slice_rows(r0, r1), a.xe.view().slice_rows(r0, r1),
                      a.gu_e.view().slice_rows(r0, r1), a.act_e.view().slice_rows(r0, r1),
                      w.experts[size_t(e)], g.experts[size_t(e)], q.experts[size_t(e)], false,
-                     dact.slice_rows(r0, r1), dgu.slice_rows(r0, r1),
-                     lora.w ? &lora.w->experts[size_t(e)] : nullptr,
-                     lora.g ? &lora.g->experts[size_t(e)] : nullptr, lora.s);
+                     dact.slice_rows(r0, r1), dgu.slice_rows(r0, r1), lora_expert(lora.w, e),
+                     lora_expert(lora.g, e), lora.s);
       };
       const bool per_source = ep && saved.fold_expert_grads;
       for_each_expert(ctx, rows, [&](int64_t e, const Context& ectx) {

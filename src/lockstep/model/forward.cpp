@@ -323,8 +323,8 @@ void local_experts(const LayerEnv& env, int64_t l, const Tensor& normed2, const 
   for_each_expert(env.ctx, plan, [&](int64_t e, const Context& ectx) {
     const int64_t r0 = plan.offsets[size_t(e)], r1 = plan.offsets[size_t(e) + 1];
     mlp_forward(ectx, ye.slice_rows(r0, r1), gu_e.slice_rows(r0, r1), act_e.slice_rows(r0, r1),
-                xe.slice_rows(r0, r1), w.experts[size_t(e)], false,
-                lora ? &lora->experts[size_t(e)] : nullptr, lora_scale(env.weights));
+                xe.slice_rows(r0, r1), w.experts[size_t(e)], false, lora_expert(lora, e),
+                lora_scale(env.weights));
   });
 }
 
@@ -355,8 +355,8 @@ void parallel_experts(const LayerEnv& env, int64_t l, const Tensor& normed2, con
   for_each_expert(ctx, route.local, [&](int64_t e, const Context& ectx) {
     const int64_t r0 = route.local.offsets[size_t(e)], r1 = route.local.offsets[size_t(e) + 1];
     mlp_forward(ectx, yr.slice_rows(r0, r1), gu_e.slice_rows(r0, r1), act_e.slice_rows(r0, r1),
-                xr.slice_rows(r0, r1), w.experts[size_t(e)], false,
-                lora ? &lora->experts[size_t(e)] : nullptr, lora_scale(env.weights));
+                xr.slice_rows(r0, r1), w.experts[size_t(e)], false, lora_expert(lora, e),
+                lora_scale(env.weights));
   });
   expert_return(ctx, comm, route, yr, ye, stage);
 }

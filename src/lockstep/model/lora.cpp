@@ -6,7 +6,6 @@
 #include <cmath>
 
 #include "lockstep/base/error.h"
-#include "lockstep/base/rng.h"
 #include "lockstep/kernels/cpu/gemm.h"
 
 namespace lockstep::model {
@@ -18,46 +17,6 @@ const std::vector<std::string>& all_modules() {
   static const std::vector<std::string> kAll = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                                 "gate_proj", "up_proj", "down_proj"};
   return kAll;
-}
-
-// FNV-1a of a PEFT name: A's Philox stream.
-uint64_t name_stream(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char ch : s) {
-    h ^= ch;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
-// The PEFT module of a base parameter name ("...q_proj.weight" -> "q_proj"),
-// or "" for a tensor no adapter may target (norms, router, LM head, ...).
-std::string module_of(const ParamInfo& p) {
-  if (p.kind != ParamKind::Matrix || p.layer < 0) return "";
-  const std::string suffix = ".weight";
-  if (p.name.size() <= suffix.size() ||
-      p.name.compare(p.name.size() - suffix.size(), suffix.size(), suffix) != 0)
-    return "";
-  const std::string stem = p.name.substr(0, p.name.size() - suffix.size());
-  const size_t dot = stem.rfind('.');
-  const std::string leaf = dot == std::string::npos ? stem : stem.substr(dot + 1);
-  const auto& all = all_modules();
-  return std::find(all.begin(), all.end(), leaf) != all.end() ? leaf : "";
-}
-
-LoraPair& slot_of(LoraLayer& L, const LoraTensorInfo& t, const std::string& module, int64_t expert) {
-  LoraMlp* mlp = &L.mlp;
-  if (expert >= 0)
-    mlp = &L.experts[size_t(expert)];
-  else if (t.base.find("shared_expert") != std::string::npos)
-    mlp = &L.shared;
-  if (module == "q_proj") return L.q;
-  if (module == "k_proj") return L.k;
-  if (module == "v_proj") return L.v;
-  if (module == "o_proj") return L.o;
-  if (module == "gate_proj") return mlp->gate;
-  if (module == "up_proj") return mlp->up;
-  return mlp->down;
 }
 
 }  // namespace
@@ -97,65 +56,50 @@ LoraConfig lora_config_from_toml(TomlSection& s) {
   return c;
 }
 
-LoraLayout::LoraLayout(const ParamLayout& base, const LoraConfig& config) : config_(config) {
-  const ModelConfig& c = base.config();
-  if (c.is_v4()) LS_THROW << "[lora]: LoRA adapters are not supported for DeepSeek-V4 models";
-  if (config.rank <= 0) LS_THROW << "[lora] rank: must be > 0 for a LoRA layout, got " << config.rank;
-  if (!base.all_experts())
-    LS_THROW << "[lora]: LoRA needs a layout holding every expert (no expert parallelism)";
-  num_layers_ = c.num_layers;
-  num_experts_ = c.num_experts;
-  const std::vector<std::string> wanted = config.modules();
-  const int64_t r = config.rank;
-  for (const ParamInfo& p : base.params()) {
-    const std::string module = module_of(p);
-    if (module.empty() || std::find(wanted.begin(), wanted.end(), module) == wanted.end()) continue;
-    const std::string stem = "base_model.model." + p.name.substr(0, p.name.size() - 7);  // drop ".weight"
-    const int64_t out = p.shape[0], in = p.shape[1];
-    LoraTensorInfo a{stem + ".lora_A.weight", p.name, {r, in}, numel_, r * in, true};
-    numel_ += a.numel;
-    LoraTensorInfo b{stem + ".lora_B.weight", p.name, {out, r}, numel_, out * r, false};
-    numel_ += b.numel;
-    tensors_.push_back(std::move(a));
-    tensors_.push_back(std::move(b));
-  }
-  if (tensors_.empty()) LS_THROW << "[lora] target_modules: no projection of this model matches";
+LoraSpec LoraConfig::spec(const std::string& base) const {
+  LoraSpec s;
+  s.rank = rank;
+  s.alpha = alpha;
+  s.dropout = 0.0;
+  s.target_modules = modules();
+  s.base_model_name_or_path = base;
+  return s;
 }
 
-LoraParams LoraLayout::bind(float* base) const {
+LoraParams bind_lora(const LoraLayout& layout, float* base) {
+  int64_t L = 0, E = 0;
+  for (const LoraProjection& p : layout.projections()) {
+    L = std::max(L, p.layer + 1);
+    E = std::max(E, p.expert + 1);
+  }
   LoraParams m;
-  m.layers.resize(size_t(num_layers_));
-  for (LoraLayer& L : m.layers) L.experts.resize(size_t(num_experts_));
-  // The base layout's entries give each tensor's layer and expert.
-  for (size_t i = 0; i < tensors_.size(); i += 2) {
-    const LoraTensorInfo &a = tensors_[i], &b = tensors_[i + 1];
-    // "model.layers.<l>.": the layer; "experts.<e>.": the expert.
-    const std::string& n = a.base;
-    const int64_t layer = std::stoll(n.substr(13));
-    const size_t ex = n.find(".experts.");
-    const int64_t expert = ex == std::string::npos ? -1 : std::stoll(n.substr(ex + 9));
-    const std::string leaf = n.substr(0, n.size() - 7);
-    const std::string module = leaf.substr(leaf.rfind('.') + 1);
-    LoraPair& pair = slot_of(m.layers[size_t(layer)], a, module, expert);
-    pair.a = Tensor(base + a.offset, DType::F32, {a.shape[0], a.shape[1]});
-    pair.b = Tensor(base + b.offset, DType::F32, {b.shape[0], b.shape[1]});
+  m.layers.resize(size_t(L));
+  for (LoraLayer& layer : m.layers) layer.experts.resize(size_t(E));
+  const int64_t r = layout.rank();
+  for (const LoraProjection& p : layout.projections()) {
+    LoraLayer& layer = m.layers[size_t(p.layer)];
+    LoraMlp* mlp = &layer.mlp;
+    if (p.expert >= 0)
+      mlp = &layer.experts[size_t(p.expert)];
+    else if (p.base_name.find("shared_expert") != std::string::npos)
+      mlp = &layer.shared;
+    LoraPair* pair = &mlp->down;
+    if (p.module == "q_proj")
+      pair = &layer.q;
+    else if (p.module == "k_proj")
+      pair = &layer.k;
+    else if (p.module == "v_proj")
+      pair = &layer.v;
+    else if (p.module == "o_proj")
+      pair = &layer.o;
+    else if (p.module == "gate_proj")
+      pair = &mlp->gate;
+    else if (p.module == "up_proj")
+      pair = &mlp->up;
+    pair->a = Tensor(base + p.a_offset, DType::F32, {r, p.in_features});
+    pair->b = Tensor(base + p.b_offset, DType::F32, {p.out_features, r});
   }
   return m;
-}
-
-void init_lora(const LoraLayout& layout, float* base, uint64_t seed) {
-  const Philox rng(seed);
-  for (const LoraTensorInfo& t : layout.tensors()) {
-    float* dst = base + t.offset;
-    if (!t.is_a) {
-      std::fill(dst, dst + t.numel, 0.0f);
-      continue;
-    }
-    const double bound = 1.0 / std::sqrt(double(t.shape[1]));
-    const uint64_t stream = name_stream(t.name);
-    for (int64_t j = 0; j < t.numel; ++j)
-      dst[j] = static_cast<float>((2.0 * rng.uniform_double(stream, uint64_t(j)) - 1.0) * bound);
-  }
 }
 
 namespace {

@@ -1,7 +1,7 @@
 // LoRA adapters (PEFT's low-rank update) on the packed projections: y = x·Wᵀ
 // + s·(x·Aᵀ)·Bᵀ with A (r, in), B (out, r) f32 and s = alpha / r. The base W
 // stays frozen at its storage precision; the adapters live in one flat f32
-// buffer of their own (LoraLayout), so the optimizer, weight sync and
+// buffer of their own (LoraLayout, peft.h: PEFT's names and order), so the optimizer, weight sync and
 // checkpoints work on that range alone. ModelWeights carries a LoraWeights,
 // so the rollout engine and the trainer apply the same adapters in the same
 // order by construction (docs/kernels.md, "LoRA").
@@ -14,6 +14,7 @@
 #include "lockstep/base/thread_pool.h"
 #include "lockstep/base/toml_section.h"
 #include "lockstep/model/params.h"
+#include "lockstep/model/peft.h"
 #include "lockstep/tensor/tensor.h"
 
 namespace lockstep::model {
@@ -30,6 +31,8 @@ struct LoraConfig {
   float scale() const { return rank > 0 ? static_cast<float>(alpha / double(rank)) : 0.0f; }
   // The target list with "all-linear" spelled out, in the canonical order.
   std::vector<std::string> modules() const;
+  // As adapter_config.json says it (peft.h); base: base_model_name_or_path.
+  LoraSpec spec(const std::string& base = "") const;
 };
 
 // Reads [lora]: rank, alpha, dropout (only 0), target_modules, init_seed.
@@ -54,62 +57,31 @@ struct LoraLayer {
   LoraMlp shared;                // the shared expert, if any
 };
 
+// Routed expert e's adapters in layer l (null: no layer, or no MLP target).
+inline const LoraMlp* lora_expert(const LoraLayer* l, int64_t e) {
+  return l != nullptr && size_t(e) < l->experts.size() ? &l->experts[size_t(e)] : nullptr;
+}
+
 // Typed views over a flat LoRA buffer (parameters, gradients or moments).
 struct LoraParams {
   std::vector<LoraLayer> layers;
 };
 
-struct LoraTensorInfo {
-  std::string name;            // PEFT name: base_model.model.<base>.lora_A.weight
-  std::string base;            // the Hugging Face name of the adapted weight
-  std::vector<int64_t> shape;  // (r, in) for A, (out, r) for B
-  int64_t offset = 0;          // in floats
-  int64_t numel = 0;
-  bool is_a = false;
-};
-
-// The adapters of a model: for every adapted projection in ParamLayout order
-// (layers in order; within a layer q, k, v, o, then the MLP's gate, up,
-// down, routed experts 0..E-1 and the shared expert), its A then its B.
-class LoraLayout {
- public:
-  // Error for DeepSeek-V4 (not supported), a bad rank or a target no
-  // projection of this model matches.
-  LoraLayout(const ParamLayout& base, const LoraConfig& config);
-
-  const LoraConfig& config() const { return config_; }
-  int64_t rank() const { return config_.rank; }
-  float scale() const { return config_.scale(); }
-  const std::vector<LoraTensorInfo>& tensors() const { return tensors_; }
-  int64_t numel() const { return numel_; }
-  size_t nbytes() const { return static_cast<size_t>(numel_) * sizeof(float); }
-  int64_t num_layers() const { return num_layers_; }
-  int64_t num_experts() const { return num_experts_; }
-  // Views over base[0, numel()).
-  LoraParams bind(float* base) const;
-
- private:
-  LoraConfig config_;
-  std::vector<LoraTensorInfo> tensors_;
-  int64_t numel_ = 0;
-  int64_t num_layers_ = 0, num_experts_ = 0;
-};
-
-// PEFT's initialisation: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform_
-// with a = sqrt(5)), element j of A drawn from Philox(seed) on the stream of
-// its PEFT name: a pure function of (seed, name, j); B = 0.
-void init_lora(const LoraLayout& layout, float* base, uint64_t seed);
+// Views of the adapters of `layout` (peft.h) over base[0, layout.numel()).
+// The layout must hold every routed expert (no expert parallelism).
+LoraParams bind_lora(const LoraLayout& layout, float* base);
 
 // The adapters a forward applies: a layout and the views over its master
 // buffer (which must outlive this object; the optimizer updates it in place
 // between forwards).
 struct LoraWeights {
   LoraWeights(const LoraLayout& layout, float* params)
-      : layout(&layout), flat(params), params(layout.bind(params)) {}
+      : layout(&layout), flat(params), params(bind_lora(layout, params)) {}
   const LoraLayout* layout;
   float* flat;
   LoraParams params;
-  float scale() const { return layout->scale(); }
+  // s = alpha / r rounded to f32 once: the factor every engine multiplies by.
+  float scale() const { return static_cast<float>(layout->spec().scale()); }
 };
 
 // y (T, out) += (s·(x·Aᵀ))·Bᵀ: u = x·Aᵀ one f32 FMA chain over `in`, each u
