@@ -148,6 +148,9 @@ class ModelWeights {
   // rollout engine and the trainer attach the same adapters, so both run the
   // same products (docs/kernels.md, "LoRA").
   void set_lora(const LoraWeights* lora) { lora_ = lora; }
+  // The version, without repacking: after a step that changed only the
+  // attached adapters (which the kernels read where they are).
+  void set_version(uint64_t version) { version_ = version; }
   const LoraWeights* lora() const { return lora_; }
 
  private:
