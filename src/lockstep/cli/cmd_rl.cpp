@@ -196,6 +196,10 @@ int run_rl_cmd(const Args& args) {
   cfg.max_weight_staleness = dcfg.max_weight_staleness;
   cfg.rollout_threads = dcfg.rollout_threads;
   cfg.trainer.world_invariant = dcfg.world_invariant;
+  if (cfg.trainer.lora.enabled() && (has_dist || cfg.max_weight_staleness > 0))
+    LS_THROW << cfg_path
+             << ": [lora] runs in one process with the colocated rollout engine for now: MPI ranks ([dist]) "
+                "and max_weight_staleness > 0 are not supported with it yet";
   TomlSection data_s(root["data"].as_table(), cfg_path, "data");
   data::DataConfig dc = data::data_config_from_toml(data_s);
   data_s.finish();
@@ -225,7 +229,8 @@ int run_rl_cmd(const Args& args) {
 }
 
 LS_REGISTER_COMMAND(Command{
-    "rl", "RL post-training (GRPO family) with rollout, rewards, eval and checkpoints",
+    "rl",
+    "RL post-training (GRPO family) with rollout, rewards, eval and checkpoints",
     "usage: lockstep rl --config FILE [--resume | --resume-from step_N] [--out DIR] [--threads N]\n"
     "                   [--set section.key=value ...]\n"
     "       lockstep rl --check-config FILE [--set ...]   (validate the config and the data's rows; no "
@@ -258,7 +263,8 @@ LS_REGISTER_COMMAND(Command{
     "[model] precision = f32|bf16|fp8 runs both engines in that precision (aligned: a gap of\n"
     "exactly 0; [rl] on_gap = \"abort\" stops a step whose logprobs differ at all);\n"
     "[model] trainer_precision = \"f32\" with a bf16/fp8 precision is fast mode.\n"
-    "Sections: [model] [data] [rollout] [train] [algo] [reward] [eval] [log] [dist] [rl]; see\n"
+    "[lora] rank > 0 trains LoRA adapters on the frozen base (one process, colocated engine).\n"
+    "Sections: [model] [data] [rollout] [train] [algo] [reward] [eval] [log] [dist] [rl] [lora]; see\n"
     "docs/rl.md and docs/configuration.md. Recipes: configs/demo/rl.toml, configs/recipes/.\n",
     {"resume"},
     run_rl_cmd});

@@ -81,6 +81,8 @@ int train_sft(const Args& args, const toml::table& root, const std::string& cfg_
   std::unique_ptr<model::ExpertComm> experts;
   if (rc) {
     const parallel::Roles& r = rc->roles;
+    if (tc.lora.enabled())
+      LS_THROW << cfg_path << ": [lora] under mpirun is not supported yet: run sft in one process";
     experts = parallel::make_parallel_trainer(trainer, *rc, cfg_path);
     comm::Communicator* trainers = &rc->trainers;
     ranks.step = [trainers](train::Trainer& t, const std::vector<train::TrainSequence>& batch) {
@@ -109,15 +111,18 @@ int run_sft_cmd(const Args& args) {
   toml::table root = load_toml_with_overrides(cfg_path, args.sets());
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
-    if (key != "model" && key != "data" && key != "train" && key != "log" && key != "dist")
+    if (key != "model" && key != "data" && key != "train" && key != "log" && key != "dist" && key != "lora")
       LS_THROW << cfg_path << ": section [" << key
-               << "] is not used by sft (expected [model] [data] [train] [log] [dist])";
+               << "] is not used by sft (expected [model] [data] [train] [log] [dist] [lora])";
   }
   bool has_dist = false;
   const parallel::DistConfig dcfg = read_dist(root, cfg_path, &has_dist);
   TomlSection train_s(root["train"].as_table(), cfg_path, "train");
   train::TrainSection ts = train::train_section_from_toml(train_s);
   train_s.finish();
+  ts.trainer.lora = model::lora_config_from_root(root, cfg_path);
+  if (ts.trainer.lora.enabled() && has_dist)
+    LS_THROW << cfg_path << ": [lora] with [dist] (MPI ranks) is not supported yet: run sft in one process";
   TomlSection data_s(root["data"].as_table(), cfg_path, "data");
   data::DataConfig dc = data::data_config_from_toml(data_s);
   data_s.finish();
@@ -135,7 +140,8 @@ int run_sft_cmd(const Args& args) {
 }
 
 LS_REGISTER_COMMAND(Command{
-    "sft", "supervised fine-tuning on prompt/response JSONL",
+    "sft",
+    "supervised fine-tuning on prompt/response JSONL",
     "usage: lockstep sft --config FILE [--resume | --resume-from step_N] [--out DIR] [--threads N]\n"
     "                    [--set section.key=value ...]\n\n"
     "Trains with token cross-entropy on the response tokens of [data] train_file (lines with\n"
@@ -148,7 +154,8 @@ LS_REGISTER_COMMAND(Command{
     "--resume falls back to the newest intact one, saying why; --resume-from step_N (or N, or a\n"
     "checkpoint directory) picks one, and is an error if it is not intact.\n"
     "Sections: [model] (path = HF dir, or an inline architecture), [data], [train], [log],\n"
-    "[dist]; see docs/configuration.md. Paths in FILE are taken from FILE's folder, paths in\n"
+    "[dist], [lora] (LoRA adapters on a frozen base; one process); see docs/configuration.md. Paths in FILE "
+    "are taken from FILE's folder, paths in\n"
     "--set and --out from the current one. --threads N overrides [train] threads (0: all cores).\n\n"
     "Under mpirun (or with a [dist] section) every rank trains: each step's batch is split\n"
     "over the ranks by tokens and the gradients are summed; [dist] expert_parallel splits the\n"

@@ -56,6 +56,13 @@ LoraConfig lora_config_from_toml(TomlSection& s) {
   return c;
 }
 
+LoraConfig lora_config_from_root(const toml::table& root, const std::string& source) {
+  TomlSection s(root["lora"].as_table(), source, "lora");
+  LoraConfig c = lora_config_from_toml(s);
+  s.finish();
+  return c;
+}
+
 LoraSpec LoraConfig::spec(const std::string& base) const {
   LoraSpec s;
   s.rank = rank;

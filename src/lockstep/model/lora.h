@@ -38,6 +38,9 @@ struct LoraConfig {
 // Reads [lora]: rank, alpha, dropout (only 0), target_modules, init_seed.
 // Throws Error naming the file and key for a bad value.
 LoraConfig lora_config_from_toml(TomlSection& s);
+// The [lora] section of a config file's root (absent: rank 0, LoRA off),
+// every key checked (unknown keys are errors).
+LoraConfig lora_config_from_root(const toml::table& root, const std::string& source);
 
 // One adapted projection: A (r, in), B (out, r). Empty tensors: not adapted.
 struct LoraPair {

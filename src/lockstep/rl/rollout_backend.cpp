@@ -51,6 +51,7 @@ LocalRollout::LocalRollout(train::Trainer& trainer, const rollout::RolloutSectio
     fast_weights_ = std::make_unique<model::ModelWeights>(ctx_, trainer.model_layout(), params, storage,
                                                           storage == DType::FP8E4M3 ? cfg.fp8_block : 0);
     fast_weights_->refresh(ctx_, trainer.version());
+    fast_weights_->set_lora(trainer.weights().lora());  // the trainer's adapters, read in place
   }
   rollout::EngineConfig ec = cfg.engine;
   ec.seed = seed;

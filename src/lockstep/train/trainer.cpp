@@ -275,6 +275,7 @@ void Trainer::prepare_checkpoint(bool writer, const std::string& scratch) {
 }
 
 void Trainer::save_optimizer(const std::string& path) {
+  if (lora_) return lora_->save_optimizer(path);  // the adapters' moments only
   if (experts_ == nullptr) return optimizer_.save(path);
   LS_CHECK(!gathered_optimizer_.empty())
       << "save_optimizer: prepare_checkpoint(true, ...) first (expert parallelism)";
