@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "common/v4_config.h"
 #include "lockstep/base/rng.h"
@@ -174,7 +176,7 @@ TEST(LoraLayout, InitIsPeftsKaimingAAndZeroB) {
 TEST(LoraLayout, Errors) {
   const ParamLayout model(test::tiny_dense_config());
   expect_error([&] { LoraLayout(model, spec_of(0, 8, {"q_proj"})); }, {"r must be >= 1"});
-  expect_error([&] { LoraLayout(model, spec_of(2, 8, {"lm_head"})); }, {"unknown module \"lm_head\""});
+  expect_error([&] { LoraLayout(model, spec_of(2, 8, {"lm_head"})); }, {"cannot adapt module \"lm_head\""});
   expect_error([&] { LoraLayout(ParamLayout(test::tiny_v4()), spec_of(2, 8, {"q_proj"})); }, {"DeepSeek-V4"});
 }
 
@@ -201,6 +203,24 @@ TEST(AdapterWeights, F32RoundTripIsBitExact) {
   ASSERT_NE(b, nullptr);
   EXPECT_EQ(b->dtype, "F32");
   EXPECT_EQ(b->shape, (std::vector<int64_t>{p.out_features, 3}));
+
+  // The same file read by the format's definition alone (u64 header length,
+  // JSON header, data at data_offsets), as PEFT's safetensors reader sees it.
+  const std::string bytes = test::read_bytes(dir.str("adapter/adapter_model.safetensors"));
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  const nlohmann::json h = nlohmann::json::parse(bytes.substr(8, n));
+  EXPECT_EQ(h.at("__metadata__").at("format"), "pt");
+  for (const auto& q : l.projections())
+    for (const auto& [name, off, count] : {std::tuple{q.a_name, q.a_offset, 3 * q.in_features},
+                                           std::tuple{q.b_name, q.b_offset, 3 * q.out_features}}) {
+      const nlohmann::json& e = h.at(name);
+      ASSERT_EQ(e.at("dtype"), "F32") << name;
+      const uint64_t begin = e.at("data_offsets")[0].get<uint64_t>(),
+                     end = e.at("data_offsets")[1].get<uint64_t>();
+      ASSERT_EQ(end - begin, uint64_t(count) * 4) << name;
+      EXPECT_EQ(std::memcmp(bytes.data() + 8 + n + begin, v.data() + off, size_t(count) * 4), 0) << name;
+    }
 }
 
 TEST(AdapterWeights, Bf16IsRoundedToNearestEven) {

@@ -27,13 +27,19 @@ inline constexpr const char* kAdapterWeightsFile = "adapter_model.safetensors";
 // expert gate, the embeddings and the LM head are never adapted.
 const std::vector<std::string>& lora_module_names();
 
+// A user's target list as LoraSpec holds it: the names in lora_module_names()
+// order, each once; "all-linear" anywhere in the list gives all seven. Error
+// for an empty list or a name lockstep cannot adapt ("lm_head", a pattern, ...).
+std::vector<std::string> lora_target_modules(const std::vector<std::string>& names);
+
 // What adapter_config.json says, restricted to what lockstep honours: plain
 // LoRA (no rsLoRA, DoRA, biases, per-module ranks, modules_to_save).
 struct LoraSpec {
   int64_t rank = 8;      // r
   double alpha = 16.0;   // lora_alpha; the update is scale() · B · A
   double dropout = 0.0;  // lora_dropout, in [0, 1): training only
-  // PEFT module names from lora_module_names(), in that order, no repeats.
+  // PEFT module names from lora_module_names(), in that order, no repeats
+  // (lora_target_modules makes such a list from any list).
   // The JSON may say "all-linear" (a string, as PEFT writes it); it reads as
   // all seven names, and lockstep writes the list.
   std::vector<std::string> target_modules = {"q_proj", "k_proj", "v_proj", "o_proj"};
@@ -59,7 +65,8 @@ std::string adapter_config_json(const LoraSpec& spec);
 // modules_to_save, rank_pattern, alpha_pattern, layers_to_transform,
 // exclude_modules, target_parameters, layer_replication,
 // trainable_token_indices, alora_invocation_tokens or arrow_config, a target
-// module lockstep cannot adapt, and any key PEFT's LoraConfig does not have.
+// module lockstep cannot adapt, and any other key not at null, false or
+// empty (a feature lockstep does not know, switched on).
 // Keys that only say how PEFT initialised or ran the adapter
 // (init_lora_weights, loftq_config, revision, inference_mode, ...) are read
 // and ignored.

@@ -24,27 +24,28 @@ namespace {
 constexpr const char* kAllLinear = "all-linear";
 
 // Keys lockstep reads into LoraSpec.
-const char* const kReadKeys[] = {"peft_type",    "task_type",      "r",    "lora_alpha",
-                                 "lora_dropout", "target_modules", "bias", "base_model_name_or_path"};
+constexpr const char* kReadKeys[] = {"peft_type",    "task_type",      "r",    "lora_alpha",
+                                     "lora_dropout", "target_modules", "bias", "base_model_name_or_path"};
 
 // Flags that change the adapted model (rsLoRA's scale, DoRA's magnitude,
 // lora_bias's extra vector, Megatron's transposed weights, QALoRA's pooling):
 // only false is honoured.
-const char* const kMustBeFalse[] = {"fan_in_fan_out", "use_rslora", "use_dora", "lora_bias", "use_qalora"};
+constexpr const char* kMustBeFalse[] = {"fan_in_fan_out", "use_rslora", "use_dora", "lora_bias",
+                                        "use_qalora"};
 
 // Settings that adapt other modules, other ranks or only some layers, or
 // switch the adapter on and off per token: only null or empty is honoured.
-const char* const kMustBeEmpty[] = {
+constexpr const char* kMustBeEmpty[] = {
     "modules_to_save",         "rank_pattern",      "alpha_pattern",     "layers_to_transform",
     "exclude_modules",         "target_parameters", "layer_replication", "trainable_token_indices",
     "alora_invocation_tokens", "arrow_config"};
 
 // Keys about how PEFT created, initialised or ran the adapter: they do not
 // change W + s·B·A, so they are read and ignored.
-const char* const kIgnored[] = {"auto_mapping",        "revision",      "inference_mode", "init_lora_weights",
-                                "layers_pattern",      "loftq_config",  "eva_config",     "corda_config",
-                                "megatron_config",     "megatron_core", "runtime_config", "qalora_group_size",
-                                "ensure_weight_tying", "peft_version"};
+constexpr const char* kIgnored[] = {
+    "auto_mapping",   "revision",          "inference_mode",      "init_lora_weights", "layers_pattern",
+    "loftq_config",   "eva_config",        "corda_config",        "megatron_config",   "megatron_core",
+    "runtime_config", "qalora_group_size", "ensure_weight_tying", "peft_version"};
 
 template <size_t N>
 bool listed(const char* const (&keys)[N], const std::string& key) {
@@ -75,8 +76,11 @@ void check_key(const std::string& source, const std::string& key, const json& v)
              << "; lockstep adapts the same target modules with one r and lora_alpha in every layer and "
                 "supports only null or empty here";
   }
-  LS_THROW << source << ": unknown key \"" << excerpt(key)
-           << "\" (not a key of PEFT's LoraConfig that lockstep knows; it may change the adapter)";
+  // A key a newer PEFT added, left at null, false or empty, leaves its
+  // feature off; any other value may change the adapter.
+  if (empty_value(v) || (v.is_boolean() && !v.get<bool>())) return;
+  LS_THROW << source << ": unknown key \"" << excerpt(key) << "\" = " << excerpt(v.dump())
+           << " (not a key of PEFT's LoraConfig that lockstep knows; set, it may change the adapter)";
 }
 
 std::vector<std::string> read_targets(const std::string& source, const json& v) {
@@ -88,19 +92,17 @@ std::vector<std::string> read_targets(const std::string& source, const json& v) 
   if (!v.is_array() || v.empty())
     LS_THROW << source << ": key \"target_modules\" must be a non-empty list of module names or \""
              << kAllLinear << "\"";
-  std::vector<int> idx;
+  std::vector<std::string> names;
   for (const auto& m : v) {
-    const int i = m.is_string() ? module_index(m.get<std::string>()) : -1;
-    if (i < 0)
-      LS_THROW << source << ": key \"target_modules\": lockstep cannot adapt module " << excerpt(m.dump())
-               << " (it adapts q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)";
-    idx.push_back(i);
+    if (!m.is_string())
+      LS_THROW << source << ": key \"target_modules\": module names are strings, got " << excerpt(m.dump());
+    names.push_back(m.get<std::string>());
   }
-  std::sort(idx.begin(), idx.end());
-  idx.erase(std::unique(idx.begin(), idx.end()), idx.end());  // PEFT writes a set; order carries nothing
-  std::vector<std::string> out;
-  for (int i : idx) out.push_back(lora_module_names()[static_cast<size_t>(i)]);
-  return out;
+  try {
+    return lora_target_modules(names);  // PEFT writes a set: any order
+  } catch (const Error& e) {
+    LS_THROW << source << ": key \"target_modules\": " << e.what();
+  }
 }
 
 // The value of a required key, of the JSON type `ok` accepts.
@@ -135,6 +137,30 @@ const std::vector<std::string>& lora_module_names() {
   return names;
 }
 
+// The message of a module lockstep cannot adapt.
+[[noreturn]] static void throw_unknown_module(const std::string& m) {
+  LS_THROW << "LoRA: target_modules: lockstep cannot adapt module \"" << excerpt(m)
+           << "\" (it adapts q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or \""
+           << kAllLinear << "\": all seven)";
+}
+
+std::vector<std::string> lora_target_modules(const std::vector<std::string>& names) {
+  std::vector<int> idx;
+  for (const auto& m : names) {
+    if (m == kAllLinear) return lora_module_names();
+    const int i = module_index(m);
+    if (i < 0) throw_unknown_module(m);
+    idx.push_back(i);
+  }
+  if (idx.empty()) LS_THROW << "LoRA: target_modules is empty";
+  std::sort(idx.begin(), idx.end());
+  idx.erase(std::unique(idx.begin(), idx.end()), idx.end());
+  std::vector<std::string> out;
+  out.reserve(idx.size());
+  for (int i : idx) out.push_back(lora_module_names()[static_cast<size_t>(i)]);
+  return out;
+}
+
 bool LoraSpec::targets(const std::string& module) const {
   return std::find(target_modules.begin(), target_modules.end(), module) != target_modules.end();
 }
@@ -148,11 +174,10 @@ void LoraSpec::validate() const {
   int last = -1;
   for (const auto& m : target_modules) {
     const int i = module_index(m);
-    if (i < 0)
-      LS_THROW << "LoRA: target_modules: unknown module \"" << excerpt(m)
-               << "\" (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)";
+    if (i < 0) throw_unknown_module(m);
     if (i <= last)
-      LS_THROW << "LoRA: target_modules must list each module once, in the order q, k, v, o, gate, up, down";
+      LS_THROW << "LoRA: target_modules must list each module once, in the order q, k, v, o, gate, up, down "
+                  "(lora_target_modules gives that order)";
     last = i;
   }
 }
