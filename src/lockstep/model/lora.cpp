@@ -1,5 +1,5 @@
-// The [lora] config, the adapters' layout (PEFT names over one flat buffer),
-// PEFT's initialisation, and the adapters' forward and backward products.
+// The [lora] config, the engines' views of the adapters (over peft.h's
+// layout), and the adapters' forward and backward products.
 #include "lockstep/model/lora.h"
 
 #include <algorithm>
@@ -10,23 +10,8 @@
 
 namespace lockstep::model {
 
-namespace {
-
-// PEFT's module names in the canonical order (the order of ParamLayout).
-const std::vector<std::string>& all_modules() {
-  static const std::vector<std::string> kAll = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                                "gate_proj", "up_proj", "down_proj"};
-  return kAll;
-}
-
-}  // namespace
-
 std::vector<std::string> LoraConfig::modules() const {
-  if (target_modules.size() == 1 && target_modules[0] == "all-linear") return all_modules();
-  std::vector<std::string> out;
-  for (const std::string& m : all_modules())
-    if (std::find(target_modules.begin(), target_modules.end(), m) != target_modules.end()) out.push_back(m);
-  return out;
+  return lora_target_modules(target_modules);
 }
 
 LoraConfig lora_config_from_toml(TomlSection& s) {
@@ -41,7 +26,7 @@ LoraConfig lora_config_from_toml(TomlSection& s) {
   c.target_modules = s.get_string_list("target_modules", c.target_modules);
   c.init_seed = static_cast<uint64_t>(s.get_int("init_seed", 0, 0));
   if (c.target_modules.empty()) s.fail("target_modules", "is empty: name at least one module");
-  const auto& all = all_modules();
+  const auto& all = lora_module_names();
   for (const std::string& m : c.target_modules) {
     if (m == "all-linear") {
       if (c.target_modules.size() != 1) s.fail("target_modules", "\"all-linear\" must be the only entry");

@@ -165,6 +165,8 @@ class Trainer {
   const ParamLayout& model_layout() const { return model_layout_; }
   const model::ModelWeights& weights() const { return *weights_; }
   float* params() { return params_.as<float>(); }
+  // Full fine-tuning's gradients (layout()); a LoRA trainer has none (null):
+  // its adapters' gradients are lora()->grads().
   float* grads() { return grads_.as<float>(); }
   uint64_t version() const { return weights_->version(); }
   AdamW& optimizer() { return optimizer_; }
