@@ -81,8 +81,6 @@ int train_sft(const Args& args, const toml::table& root, const std::string& cfg_
   std::unique_ptr<model::ExpertComm> experts;
   if (rc) {
     const parallel::Roles& r = rc->roles;
-    if (tc.lora.enabled())
-      LS_THROW << cfg_path << ": [lora] under mpirun is not supported yet: run sft in one process";
     experts = parallel::make_parallel_trainer(trainer, *rc, cfg_path);
     comm::Communicator* trainers = &rc->trainers;
     ranks.step = [trainers](train::Trainer& t, const std::vector<train::TrainSequence>& batch) {
@@ -121,8 +119,8 @@ int run_sft_cmd(const Args& args) {
   train::TrainSection ts = train::train_section_from_toml(train_s);
   train_s.finish();
   ts.trainer.lora = model::lora_config_from_root(root, cfg_path);
-  if (ts.trainer.lora.enabled() && has_dist)
-    LS_THROW << cfg_path << ": [lora] with [dist] (MPI ranks) is not supported yet: run sft in one process";
+  if (ts.trainer.lora.enabled() && dcfg.expert_parallel > 1)
+    LS_THROW << cfg_path << ": [lora] with [dist] expert_parallel > 1 is not supported yet (data parallelism is)";
   TomlSection data_s(root["data"].as_table(), cfg_path, "data");
   data::DataConfig dc = data::data_config_from_toml(data_s);
   data_s.finish();
@@ -140,8 +138,7 @@ int run_sft_cmd(const Args& args) {
 }
 
 LS_REGISTER_COMMAND(Command{
-    "sft",
-    "supervised fine-tuning on prompt/response JSONL",
+    "sft", "supervised fine-tuning on prompt/response JSONL",
     "usage: lockstep sft --config FILE [--resume | --resume-from step_N] [--out DIR] [--threads N]\n"
     "                    [--set section.key=value ...]\n\n"
     "Trains with token cross-entropy on the response tokens of [data] train_file (lines with\n"
@@ -154,8 +151,8 @@ LS_REGISTER_COMMAND(Command{
     "--resume falls back to the newest intact one, saying why; --resume-from step_N (or N, or a\n"
     "checkpoint directory) picks one, and is an error if it is not intact.\n"
     "Sections: [model] (path = HF dir, or an inline architecture), [data], [train], [log],\n"
-    "[dist], [lora] (LoRA adapters on a frozen base; one process); see docs/configuration.md. Paths in FILE "
-    "are taken from FILE's folder, paths in\n"
+    "[dist], [lora] (LoRA adapters on a frozen base; data parallelism, no expert_parallel yet);\n"
+    "see docs/configuration.md. Paths in FILE are taken from FILE's folder, paths in\n"
     "--set and --out from the current one. --threads N overrides [train] threads (0: all cores).\n\n"
     "Under mpirun (or with a [dist] section) every rank trains: each step's batch is split\n"
     "over the ranks by tokens and the gradients are summed; [dist] expert_parallel splits the\n"
