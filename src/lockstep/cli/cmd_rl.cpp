@@ -180,7 +180,8 @@ int run_rollout_rank(const toml::table& root, const std::string& cfg_path, const
   ctx.gpu = kernels::device_backend(kernels::parse_device(device_from_toml(root, cfg_path), where), where);
   LoadedModel m = load_model_from_config(root, cfg_path, ctx);
   const rl::ServeStats st =
-      rl::serve_rollout(rc.weight_sync, ctx, m.config, m.params.as<float>(), cfg.rollout, cfg.seed, cfg.trainer.lora);
+      rl::serve_rollout(rc.weight_sync, ctx, m.config, m.params.as<float>(), cfg.rollout, cfg.seed,
+                        cfg.trainer.lora);
   std::cout << "rl: " << parallel::describe(rc.roles) << ": served " << st.generate_calls << " rollouts ("
             << st.requests << " prompts, " << st.generated_tokens << " tokens, " << st.generate_seconds
             << " s) and " << st.syncs << " weight syncs (" << st.sync_seconds << " s), last version "

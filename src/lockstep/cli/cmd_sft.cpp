@@ -120,7 +120,8 @@ int run_sft_cmd(const Args& args) {
   train_s.finish();
   ts.trainer.lora = model::lora_config_from_root(root, cfg_path);
   if (ts.trainer.lora.enabled() && dcfg.expert_parallel > 1)
-    LS_THROW << cfg_path << ": [lora] with [dist] expert_parallel > 1 is not supported yet (data parallelism is)";
+    LS_THROW << cfg_path
+             << ": [lora] with [dist] expert_parallel > 1 is not supported yet (data parallelism is)";
   TomlSection data_s(root["data"].as_table(), cfg_path, "data");
   data::DataConfig dc = data::data_config_from_toml(data_s);
   data_s.finish();
