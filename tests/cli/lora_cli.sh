@@ -5,9 +5,10 @@
 #     adapter_config.json and adapter_model.safetensors (PEFT names, shapes);
 #  2. 4 steps straight and 2 steps + --resume + 2 steps end with the same
 #     adapters, bit for bit;
-#  3. `lockstep sft` with [lora] trains and writes the adapters too (its
+#  3. fast mode (bf16 rollout, f32 trainer) runs with a small, measured gap;
+#  4. `lockstep sft` with [lora] trains and writes the adapters too (its
 #     target list as given);
-#  4. bad [lora] values are refused with the key named (dropout says why),
+#  5. bad [lora] values are refused with the key named (dropout says why),
 #     and what LoRA does not support yet is refused with the reason.
 set -euo pipefail
 BIN=$1
@@ -72,6 +73,17 @@ assert a == b, "a resumed LoRA run ends with other adapters"
 o1 = open(f"{ck}/optimizer.bin", "rb").read()
 o2 = open(f"{t}/split/checkpoints/step_4/optimizer.bin", "rb").read()
 assert o1 == o2, "a resumed LoRA run ends with another optimizer state"
+PY
+
+# Fast mode (bf16 rollout, f32 trainer): the engine packs its own bf16 base
+# once and reads the trainer's adapters; the gap is measured, small, not 0.
+"$BIN" rl --config "$cfg" --out "$T/fast" --set train.steps=2 "${lora[@]}" --set 'model.precision="bf16"' \
+  --set 'model.trainer_precision="f32"' > "$T/fast.log" 2>&1 || { cat "$T/fast.log"; exit 1; }
+python3 - "$T/fast/metrics.jsonl" <<'PY'
+import json, sys
+gaps = [json.loads(l).get("train/train_rollout_logprob_abs_diff") for l in open(sys.argv[1])]
+gaps = [g for g in gaps if g is not None]
+assert len(gaps) == 2 and all(0 < g < 0.05 for g in gaps), gaps
 PY
 
 # SFT with [lora] on the same model: trains the adapters and checkpoints them.
