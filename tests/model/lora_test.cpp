@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "common/test_util.h"
+#include "common/v4_config.h"
 #include "lockstep/model/forward.h"
 #include "lockstep/model/params.h"
 #include "lockstep/model/weights.h"
@@ -344,6 +345,11 @@ TEST(LoraGrad, DenseQwen3) {
 TEST(LoraGrad, MoeWithSharedExpertAndDenseFirstLayer) {
   model_gradient_check(moe_config());
 }
+// DeepSeek-V4: wq_a, wkv, wq_b, wo_b and every expert's w1, w3, w2 (routed
+// and shared) through its own forward and backward.
+TEST(LoraGrad, DeepSeekV4) {
+  model_gradient_check(test::tiny_v4());
+}
 
 // Logits of every token of two sequences: prefilled whole in one batch, and
 // each sequence alone, in chunks of 3 then decoded token by token.
@@ -406,6 +412,15 @@ TEST(LoraAlignment, Qwen3MoeBf16) {
 }
 TEST(LoraAlignment, Qwen3MoeFp8) {
   alignment_check(qwen3_moe_config(), DType::FP8E4M3);
+}
+TEST(LoraAlignment, DeepSeekV4F32) {
+  alignment_check(test::tiny_v4(), DType::F32);
+}
+TEST(LoraAlignment, DeepSeekV4Bf16) {
+  alignment_check(test::tiny_v4(), DType::BF16);
+}
+TEST(LoraAlignment, DeepSeekV4Fp8) {
+  alignment_check(test::tiny_v4(), DType::FP8E4M3);
 }
 
 }  // namespace

@@ -177,7 +177,49 @@ TEST(LoraLayout, Errors) {
   const ParamLayout model(test::tiny_dense_config());
   expect_error([&] { LoraLayout(model, spec_of(0, 8, {"q_proj"})); }, {"r must be >= 1"});
   expect_error([&] { LoraLayout(model, spec_of(2, 8, {"lm_head"})); }, {"cannot adapt module \"lm_head\""});
-  expect_error([&] { LoraLayout(ParamLayout(test::tiny_v4()), spec_of(2, 8, {"q_proj"})); }, {"DeepSeek-V4"});
+  expect_error([&] { LoraLayout(ParamLayout(test::tiny_v4()), spec_of(2, 8, {"q_proj"})); },
+               {"\"q_proj\"", "DeepSeek-V4", "wq_a"});
+  expect_error([&] { LoraLayout(model, spec_of(2, 8, {"wq_a"})); }, {"\"wq_a\"", "q_proj"});
+}
+
+// DeepSeek-V4: its own module names, on the main layers' plain projections
+// only (not the grouped wo_a, the router, the compressors, the indexer or
+// the MTP block), "all-linear" reading as V4's seven.
+TEST(LoraLayout, DeepSeekV4Names) {
+  ModelConfig c = test::tiny_v4();
+  c.num_nextn_predict_layers = 1;
+  c.compress_ratios.push_back(0);  // the MTP block's
+  const ParamLayout model(c);
+  const LoraLayout all(model, spec_of(2, 4, lora_module_names()));
+  EXPECT_EQ(all.spec().target_modules, lora_v4_module_names());
+  const int64_t L = c.num_layers, E = c.num_experts;
+  ASSERT_EQ(int64_t(all.projections().size()), L * (4 + 3 * E + 3));
+  for (const LoraProjection& p : all.projections()) {
+    EXPECT_LT(p.layer, L) << p.base_name;
+    EXPECT_EQ(p.base_name.find("compressor"), std::string::npos) << p.base_name;
+    EXPECT_EQ(p.base_name.find("indexer"), std::string::npos) << p.base_name;
+    EXPECT_EQ(p.base_name.rfind("layers.", 0), 0u) << p.base_name;
+  }
+  const LoraProjection* q = all.find_base("layers.3.attn.wq_b.weight");
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(q->a_name, "base_model.model.layers.3.attn.wq_b.lora_A.weight");
+  EXPECT_EQ(q->in_features, c.q_lora_rank);
+  EXPECT_EQ(q->out_features, c.num_heads * c.head_dim);
+  const LoraProjection* w2 = all.find_base("layers.1.ffn.experts.2.w2.weight");
+  ASSERT_NE(w2, nullptr);
+  EXPECT_EQ(w2->expert, 2);
+  EXPECT_EQ(w2->b_name, "base_model.model.layers.1.ffn.experts.2.w2.lora_B.weight");
+  EXPECT_NE(all.find_base("layers.0.ffn.shared_experts.w3.weight"), nullptr);
+  EXPECT_EQ(all.find_base("layers.0.attn.wo_a.weight"), nullptr);
+  EXPECT_EQ(all.find_base("layers.1.attn.compressor.wkv.weight"), nullptr);
+  EXPECT_EQ(all.find_base("layers.1.attn.indexer.wq_b.weight"), nullptr);
+  EXPECT_EQ(all.find_base("layers.0.ffn.gate.weight"), nullptr);
+  const LoraLayout attn(model, spec_of(2, 4, lora_target_modules({"wo_b", "wkv"})));
+  EXPECT_EQ(attn.spec().target_modules, (std::vector<std::string>{"wkv", "wo_b"}));
+  EXPECT_EQ(int64_t(attn.projections().size()), 2 * L);
+  // adapter_config.json round-trips V4's names.
+  EXPECT_EQ(parse_adapter_config(adapter_config_json(all.spec()), "a.json").target_modules,
+            lora_v4_module_names());
 }
 
 // ---- adapter_model.safetensors ----

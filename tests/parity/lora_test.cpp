@@ -2,11 +2,13 @@
 // steps (so B is non-zero), the rollout engine generates on the trainer's
 // weights (which carry the adapters) under several scheduler settings, and
 // every sampled token's logprob equals the trainer's rescoring bit for bit,
-// on a dense and a Qwen3-MoE model, with the base at f32, bf16 and fp8.
+// on a dense, a Qwen3-MoE and a DeepSeek-V4 model, with the base at f32,
+// bf16 and fp8.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
+#include "common/v4_config.h"
 #include "parity/parity_util.h"
 
 namespace lockstep::parity {
@@ -165,6 +167,17 @@ TEST(LoraParity, Qwen3MoeBf16) {
 }
 TEST(LoraParity, Qwen3MoeFp8) {
   check_lora_parity(qwen3_moe_model(), DType::FP8E4M3, 36);
+}
+// DeepSeek-V4 (hash, CSA and HCA layers, mHC): wq_a, wkv, wq_b, wo_b and
+// every expert's w1, w3, w2 adapted.
+TEST(LoraParity, DeepSeekV4F32) {
+  check_lora_parity(test::tiny_v4(), DType::F32, 37);
+}
+TEST(LoraParity, DeepSeekV4Bf16) {
+  check_lora_parity(test::tiny_v4(), DType::BF16, 38);
+}
+TEST(LoraParity, DeepSeekV4Fp8) {
+  check_lora_parity(test::tiny_v4(), DType::FP8E4M3, 39);
 }
 
 }  // namespace

@@ -27,16 +27,17 @@ LoraConfig lora_config_from_toml(TomlSection& s) {
   c.init_seed = static_cast<uint64_t>(s.get_int("init_seed", 0, 0));
   if (c.target_modules.empty()) s.fail("target_modules", "is empty: name at least one module");
   const auto& all = lora_module_names();
+  const auto& v4 = lora_v4_module_names();
   for (const std::string& m : c.target_modules) {
     if (m == "all-linear") {
       if (c.target_modules.size() != 1) s.fail("target_modules", "\"all-linear\" must be the only entry");
       continue;
     }
-    if (std::find(all.begin(), all.end(), m) == all.end())
+    if (std::find(all.begin(), all.end(), m) == all.end() && std::find(v4.begin(), v4.end(), m) == v4.end())
       s.fail("target_modules",
              "unknown module \"" + m +
-                 "\" (expected q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj "
-                 "or \"all-linear\")");
+                 "\" (expected q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; on DeepSeek-V4 "
+                 "wq_a, wkv, wq_b, wo_b, w1, w3, w2; or \"all-linear\")");
   }
   return c;
 }
@@ -75,8 +76,20 @@ LoraParams bind_lora(const LoraLayout& layout, float* base) {
       mlp = &layer.experts[size_t(p.expert)];
     else if (p.base_name.find("shared_expert") != std::string::npos)
       mlp = &layer.shared;
-    LoraPair* pair = &mlp->down;
-    if (p.module == "q_proj")
+    LoraPair* pair = &mlp->down;  // down_proj, w2
+    if (p.module == "wq_a")
+      pair = &layer.wq_a;
+    else if (p.module == "wkv")
+      pair = &layer.wkv;
+    else if (p.module == "wq_b")
+      pair = &layer.wq_b;
+    else if (p.module == "wo_b")
+      pair = &layer.wo_b;
+    else if (p.module == "w1")
+      pair = &mlp->gate;
+    else if (p.module == "w3")
+      pair = &mlp->up;
+    else if (p.module == "q_proj")
       pair = &layer.q;
     else if (p.module == "k_proj")
       pair = &layer.k;
@@ -127,8 +140,35 @@ void lora_backward(const Context& ctx, Tensor dx, const Tensor& dy, const Tensor
   if (dx.data != nullptr) kernels::gemm_dyw(ctx, dx, du.view(), p.a, true);
 }
 
+namespace {
+// DeepSeek-V4: the small f32 tensors (norms, mHC mixers, sinks, the
+// compressors' positional biases), whose gradients V4's kernels always
+// accumulate, get views into a scratch buffer the layout's size; every
+// projection's view is empty, so backward skips its weight-gradient GEMM.
+ModelParams frozen_v4_grads(const ParamLayout& layout, Buffer& scratch) {
+  scratch = Buffer(layout.nbytes());
+  ModelParams m = bind(layout, scratch.as<float>());
+  m.embed = m.lm_head = Tensor();
+  auto freeze = [](LayerParams& L) {
+    L.wq_a = L.wkv = L.wq_b = L.wo_a = L.wo_b = L.router = Tensor();
+    L.cmp_wkv = L.cmp_wgate = Tensor();
+    L.idx_wq_b = L.idx_wproj = L.idx_cmp_wkv = L.idx_cmp_wgate = Tensor();
+    L.experts_gate_up = L.experts_down = Tensor();
+    for (MlpParams& e : L.experts) e.w_gate = e.w_up = e.w_gate_up = e.w_down = Tensor();
+    L.shared.w_gate = L.shared.w_up = L.shared.w_gate_up = L.shared.w_down = Tensor();
+  };
+  for (LayerParams& L : m.layers) freeze(L);
+  for (MtpParams& t : m.mtp) {
+    t.e_proj = t.h_proj = Tensor();
+    freeze(t.block);
+  }
+  return m;
+}
+}  // namespace
+
 ModelParams frozen_base_grads(const ParamLayout& layout, Buffer& scratch) {
   const ModelConfig& c = layout.config();
+  if (c.is_v4()) return frozen_v4_grads(layout, scratch);
   const int64_t D = c.hidden_size, Dh = c.head_dim;
   scratch = Buffer(size_t(std::max(D, Dh)) * sizeof(float));
   float* s = scratch.as<float>();

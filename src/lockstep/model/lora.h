@@ -24,7 +24,8 @@ struct LoraConfig {
   int64_t rank = 0;
   double alpha = 16;  // scale s = alpha / rank (PEFT's rule)
   // PEFT module names (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj,
-  // down_proj), or the one entry "all-linear" (all seven).
+  // down_proj; DeepSeek-V4: wq_a, wkv, wq_b, wo_b, w1, w3, w2), or the one
+  // entry "all-linear" (all seven of the model's family).
   std::vector<std::string> target_modules = {"q_proj", "v_proj"};
   uint64_t init_seed = 0;  // A's kaiming-uniform draw
   bool enabled() const { return rank > 0; }
@@ -55,9 +56,10 @@ struct LoraMlp {
 
 struct LoraLayer {
   LoraPair q, k, v, o;
-  LoraMlp mlp;                   // dense layers
-  std::vector<LoraMlp> experts;  // (E) MoE layers' routed experts
-  LoraMlp shared;                // the shared expert, if any
+  LoraPair wq_a, wkv, wq_b, wo_b;  // DeepSeek-V4's attention
+  LoraMlp mlp;                     // dense layers
+  std::vector<LoraMlp> experts;    // (E) MoE layers' routed experts (V4: w1, w3, w2 as gate, up, down)
+  LoraMlp shared;                  // the shared expert(s), if any
 };
 
 // Routed expert e's adapters in layer l (null: no layer, or no MLP target).
@@ -105,6 +107,8 @@ void lora_backward(const Context& ctx, Tensor dx, const Tensor& dy, const Tensor
 // projection, router, embedding, LM head and bias view is empty, so backward
 // skips their weight gradients; the norm weights' gradients, which the norm
 // kernels always accumulate and nobody reads, all land in `scratch` (sized here).
+// DeepSeek-V4: the gradients of its small f32 tensors (norms, mHC mixers,
+// sinks, positional biases) land in a scratch of the layout's size.
 ModelParams frozen_base_grads(const ParamLayout& layout, Buffer& scratch);
 
 }  // namespace lockstep::model

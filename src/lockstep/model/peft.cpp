@@ -3,6 +3,7 @@
 // PEFT's initialisation, and the merge W + s·B·A in one documented order.
 #include "lockstep/model/peft.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -95,17 +96,41 @@ void merge_rows(const LoraProjection& p, int64_t r, double s, const float* a, co
   }
 }
 
+// V4's targets: the dense model's full list (what "all-linear" reads as)
+// stands for V4's full list.
+std::vector<std::string> v4_targets(const std::vector<std::string>& targets) {
+  return targets == lora_module_names() ? lora_v4_module_names() : targets;
+}
+
+// A V4 tensor whose module name is a target but which is no adapted
+// projection: the compressors' and the indexer's wkv / wq_b (f32 side paths
+// that only feed the cache and the selection), and the MTP blocks' (which
+// the rollout never runs).
+bool v4_adapted(const ParamInfo& info, const ModelConfig& c) {
+  if (info.layer < 0 || info.layer >= c.num_layers) return false;
+  return info.name.find(".compressor.") == std::string::npos &&
+         info.name.find(".indexer.") == std::string::npos;
+}
+
 }  // namespace
 
 LoraLayout::LoraLayout(const ParamLayout& model, const LoraSpec& spec) : spec_(spec) {
   spec_.validate();
-  if (model.config().is_v4())
-    LS_THROW << "LoRA: DeepSeek-V4 is not supported (its projections are not q_proj ... down_proj)";
+  const ModelConfig& c = model.config();
+  if (c.is_v4()) spec_.target_modules = v4_targets(spec_.target_modules);
+  const auto& family = c.is_v4() ? lora_v4_module_names() : lora_module_names();
+  for (const std::string& m : spec_.target_modules)
+    if (std::find(family.begin(), family.end(), m) == family.end())
+      LS_THROW << "LoRA: target module \"" << m << "\" is not a projection of this "
+               << (c.is_v4()
+                       ? "DeepSeek-V4 model (it adapts wq_a, wkv, wq_b, wo_b, w1, w3, w2)"
+                       : "model (it adapts q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
   const int64_t r = spec_.rank;
   for (const ParamInfo& info : model.params()) {
     const std::string module = module_of(info.name);
     if (module.empty() || !spec_.targets(module) || info.kind != ParamKind::Matrix || info.shape.size() != 2)
       continue;
+    if (c.is_v4() && !v4_adapted(info, c)) continue;
     LoraProjection p;
     p.module = module;
     p.base_name = info.name;

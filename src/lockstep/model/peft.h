@@ -26,6 +26,13 @@ inline constexpr const char* kAdapterWeightsFile = "adapter_model.safetensors";
 // names by their last component). The MoE router (mlp.gate), the shared
 // expert gate, the embeddings and the LM head are never adapted.
 const std::vector<std::string>& lora_module_names();
+// DeepSeek-V4's adaptable projections, by the last component of its own
+// tensor names: "wq_a", "wkv", "wq_b", "wo_b" (attention) and "w1", "w3",
+// "w2" (gate, up, down of every routed and shared expert). The grouped
+// wo_a (not one linear map of its input), the router (ffn.gate), the
+// compressors, the indexer and the MTP blocks are never adapted; on V4,
+// "all-linear" (read as lora_module_names()) means these seven.
+const std::vector<std::string>& lora_v4_module_names();
 
 // A user's target list as LoraSpec holds it: the names in lora_module_names()
 // order, each once; "all-linear" anywhere in the list gives all seven. Error
@@ -97,8 +104,10 @@ struct LoraProjection {
 // buffer of numel() floats. The tensor names are the model's Hugging Face
 // names with PEFT's "base_model.model." prefix and ".weight" replaced by
 // ".lora_A.weight" / ".lora_B.weight". A layout of some experts only (expert
-// parallelism) adapts the experts it holds. Error for DeepSeek-V4 (its
-// projections have other names).
+// parallelism) adapts the experts it holds. On DeepSeek-V4 the targets are
+// lora_v4_module_names() of the main layers (the spec's target_modules
+// become V4's seven when they are lora_module_names(), i.e. "all-linear");
+// error for a dense name on V4 or a V4 name on another model.
 class LoraLayout {
  public:
   LoraLayout() = default;

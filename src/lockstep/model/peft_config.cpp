@@ -56,11 +56,20 @@ bool empty_value(const json& v) {
   return v.is_null() || ((v.is_array() || v.is_object() || v.is_string()) && v.empty());
 }
 
-// The canonical order of lora_module_names(); -1 if `m` is not one of them.
+// The canonical order: lora_module_names(), then lora_v4_module_names(); -1
+// if `m` is neither.
 int module_index(const std::string& m) {
   const auto& names = lora_module_names();
   auto it = std::find(names.begin(), names.end(), m);
-  return it == names.end() ? -1 : static_cast<int>(it - names.begin());
+  if (it != names.end()) return static_cast<int>(it - names.begin());
+  const auto& v4 = lora_v4_module_names();
+  auto jt = std::find(v4.begin(), v4.end(), m);
+  return jt == v4.end() ? -1 : static_cast<int>(names.size()) + static_cast<int>(jt - v4.begin());
+}
+
+std::string module_by_index(int i) {
+  const auto& names = lora_module_names();
+  return size_t(i) < names.size() ? names[size_t(i)] : lora_v4_module_names()[size_t(i) - names.size()];
 }
 
 void check_key(const std::string& source, const std::string& key, const json& v) {
@@ -137,11 +146,17 @@ const std::vector<std::string>& lora_module_names() {
   return names;
 }
 
+const std::vector<std::string>& lora_v4_module_names() {
+  static const std::vector<std::string> names = {"wq_a", "wkv", "wq_b", "wo_b", "w1", "w3", "w2"};
+  return names;
+}
+
 // The message of a module lockstep cannot adapt.
 [[noreturn]] static void throw_unknown_module(const std::string& m) {
   LS_THROW << "LoRA: target_modules: lockstep cannot adapt module \"" << excerpt(m)
-           << "\" (it adapts q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or \""
-           << kAllLinear << "\": all seven)";
+           << "\" (it adapts q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; on DeepSeek-V4 "
+              "wq_a, wkv, wq_b, wo_b, w1, w3, w2; or \""
+           << kAllLinear << "\")";
 }
 
 std::vector<std::string> lora_target_modules(const std::vector<std::string>& names) {
@@ -157,7 +172,7 @@ std::vector<std::string> lora_target_modules(const std::vector<std::string>& nam
   idx.erase(std::unique(idx.begin(), idx.end()), idx.end());
   std::vector<std::string> out;
   out.reserve(idx.size());
-  for (int i : idx) out.push_back(lora_module_names()[static_cast<size_t>(i)]);
+  for (int i : idx) out.push_back(module_by_index(i));
   return out;
 }
 
@@ -176,8 +191,8 @@ void LoraSpec::validate() const {
     const int i = module_index(m);
     if (i < 0) throw_unknown_module(m);
     if (i <= last)
-      LS_THROW << "LoRA: target_modules must list each module once, in the order q, k, v, o, gate, up, down "
-                  "(lora_target_modules gives that order)";
+      LS_THROW << "LoRA: target_modules must list each module once, in the order q, k, v, o, gate, up, down, "
+                  "wq_a, wkv, wq_b, wo_b, w1, w3, w2 (lora_target_modules gives that order)";
     last = i;
   }
 }

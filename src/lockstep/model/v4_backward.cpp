@@ -39,6 +39,46 @@ struct V4BackEnv {
 
 void zero(Tensor t) { std::memset(t.data, 0, t.nbytes()); }
 
+// A projection's weight gradient, skipped where dw is empty (a LoRA
+// trainer's frozen base: frozen_base_grads).
+void weight_grad(const Context& ctx, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                 const kernels::PackedWeight& pw) {
+  if (dw.data != nullptr) project_dw(ctx, dw, dy, x, pw);
+}
+void weight_grad(const Context& ctx, const Tensor& dw, const Tensor& dy, const Tensor& x) {
+  if (dw.data != nullptr) k::gemm_dytx(ctx, dw, dy, x);
+}
+
+// Layer l's adapters and their gradients (null without LoRA or in an MTP
+// block), and their scale.
+struct V4LayerLora {
+  const LoraLayer* w = nullptr;
+  const LoraLayer* g = nullptr;
+  float s = 0.0f;
+  V4LayerLora(const V4BackEnv& env, int64_t l) : w(v4_lora(env.weights, l)), s(v4_lora_scale(env.weights)) {
+    if (w == nullptr) return;
+    LS_CHECK(env.saved.lora_grads != nullptr)
+        << "backward: the weights carry LoRA adapters, no gradient was given";
+    g = &env.saved.lora_grads->layers[size_t(l)];
+  }
+  const LoraMlp* shared_w() const { return w ? &w->shared : nullptr; }
+  const LoraMlp* shared_g() const { return g ? &g->shared : nullptr; }
+};
+
+// The adapters' backward of one expert (MLP) on rows: the down adapter
+// into dact (before the SwiGLU), or gate and up into dx (after it).
+void lora_mlp_down(const Context& ctx, Tensor dact, const Tensor& dy, const Tensor& act, const LoraMlp* w,
+                   const LoraMlp* g, float s) {
+  if (w) lora_backward(ctx, dact, dy, act, w->down, g->down, s);
+}
+void lora_mlp_gate_up(const Context& ctx, Tensor dx, const Tensor& dgu, const Tensor& x, const LoraMlp* w,
+                      const LoraMlp* g, float s) {
+  if (!w) return;
+  const int64_t F = dgu.dim(1) / 2;
+  lora_backward(ctx, dx, dgu.slice_cols(0, F), x, w->gate, g->gate, s);
+  lora_backward(ctx, dx, dgu.slice_cols(F, 2 * F), x, w->up, g->up, s);
+}
+
 // Backward of expert_rows_forward (v4_forward.cpp) on the rows of `rows` (a
 // plan, or an expert route's local rows): dy (rows, D) the outputs'
 // gradient, x the rows' inputs, w their routing weights. Writes dx (rows, D)
@@ -57,25 +97,30 @@ void expert_rows_backward(const V4BackEnv& env, int64_t l, const V4LayerActivati
   const PackedLayer& q = env.weights.layer(l);
   OwnedTensor dacts(f32, {R, Fe}), dact(f32, {R, Fe}), dgu(f32, {R, 2 * Fe});
   const Tensor gu = a.gu_e.view();
+  const V4LayerLora lora(env, l);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = rows.offsets[size_t(e)], r1 = rows.offsets[size_t(e) + 1];
-    if (r1 > r0)
-      k::gemm_dyw(ctx, dacts.view().slice_rows(r0, r1), dy.slice_rows(r0, r1), p.experts[size_t(e)].w_down);
+    if (r1 == r0) continue;
+    k::gemm_dyw(ctx, dacts.view().slice_rows(r0, r1), dy.slice_rows(r0, r1), p.experts[size_t(e)].w_down);
+    lora_mlp_down(ctx, dacts.view().slice_rows(r0, r1), dy.slice_rows(r0, r1),
+                  a.acts_e.view().slice_rows(r0, r1), lora_expert(lora.w, e), lora_expert(lora.g, e), lora.s);
   }
   k::moe_scale_rows_backward(ctx, dact.view(), dw, dacts.view(), a.act_e.view(), w, rows);
   swiglu_v4_backward(ctx, dgu.view().slice_cols(0, Fe), dgu.view().slice_cols(Fe, 2 * Fe), dact.view(),
                      gu.slice_cols(0, Fe), gu.slice_cols(Fe, 2 * Fe), c.swiglu_limit);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = rows.offsets[size_t(e)], r1 = rows.offsets[size_t(e) + 1];
-    if (r1 > r0)
-      k::gemm_dyw(ctx, dx.slice_rows(r0, r1), dgu.view().slice_rows(r0, r1), p.experts[size_t(e)].w_gate_up);
+    if (r1 == r0) continue;
+    k::gemm_dyw(ctx, dx.slice_rows(r0, r1), dgu.view().slice_rows(r0, r1), p.experts[size_t(e)].w_gate_up);
+    lora_mlp_gate_up(ctx, dx.slice_rows(r0, r1), dgu.view().slice_rows(r0, r1), x.slice_rows(r0, r1),
+                     lora_expert(lora.w, e), lora_expert(lora.g, e), lora.s);
   }
   // The weight gradients of rows [r0, r1) of expert e.
   const auto weight_grads = [&](int64_t e, int64_t r0, int64_t r1) {
-    project_dw(ctx, g.experts[size_t(e)].w_down, dy.slice_rows(r0, r1), a.acts_e.view().slice_rows(r0, r1),
-               q.experts[size_t(e)].down);
-    project_dw(ctx, g.experts[size_t(e)].w_gate_up, dgu.view().slice_rows(r0, r1), x.slice_rows(r0, r1),
-               q.experts[size_t(e)].gate_up);
+    weight_grad(ctx, g.experts[size_t(e)].w_down, dy.slice_rows(r0, r1), a.acts_e.view().slice_rows(r0, r1),
+                q.experts[size_t(e)].down);
+    weight_grad(ctx, g.experts[size_t(e)].w_gate_up, dgu.view().slice_rows(r0, r1), x.slice_rows(r0, r1),
+                q.experts[size_t(e)].gate_up);
   };
   const bool per_source = env.saved.experts != nullptr && env.saved.fold_expert_grads;
   for (int64_t e = 0; e < E; ++e) {
@@ -109,13 +154,16 @@ void moe_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations& a, 
   const PackedLayer& q = env.weights.layer(l);
   // The shared expert.
   OwnedTensor dact_s(f32, {T, Fe}), dgu_s(f32, {T, 2 * Fe});
+  const V4LayerLora lora(env, l);
   k::gemm_dyw(ctx, dact_s.view(), df, p.shared.w_down);
-  project_dw(ctx, g.shared.w_down, df, a.act_s.view(), q.shared.down);
+  lora_mlp_down(ctx, dact_s.view(), df, a.act_s.view(), lora.shared_w(), lora.shared_g(), lora.s);
+  weight_grad(ctx, g.shared.w_down, df, a.act_s.view(), q.shared.down);
   const Tensor gu_s = a.gu_s.view();
   swiglu_v4_backward(ctx, dgu_s.view().slice_cols(0, Fe), dgu_s.view().slice_cols(Fe, 2 * Fe), dact_s.view(),
                      gu_s.slice_cols(0, Fe), gu_s.slice_cols(Fe, 2 * Fe), c.swiglu_limit);
   k::gemm_dyw(ctx, dz, dgu_s.view(), p.shared.w_gate_up);
-  project_dw(ctx, g.shared.w_gate_up, dgu_s.view(), a.z.view(), q.shared.gate_up);
+  lora_mlp_gate_up(ctx, dz, dgu_s.view(), a.z.view(), lora.shared_w(), lora.shared_g(), lora.s);
+  weight_grad(ctx, g.shared.w_gate_up, dgu_s.view(), a.z.view(), q.shared.gate_up);
   // The routed experts: down projection, routing weight, SwiGLU, up projection.
   OwnedTensor dye(f32, {T * K, D}), dxe(f32, {T * K, D}), dw(f32, {T, K});
   k::moe_sum_backward(ctx, dye.view(), df, plan);
@@ -142,7 +190,7 @@ void moe_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations& a, 
   OwnedTensor dlogits(f32, {T, E});
   k::moe_route_backward(ctx, dlogits.view(), dw.view(), a.scores.view(), a.topk_idx.view(), router_config(c));
   k::gemm_dyw(ctx, dz, dlogits.view(), p.router, true);
-  k::gemm_dytx(ctx, g.router, dlogits.view(), a.z.view());
+  weight_grad(ctx, g.router, dlogits.view(), a.z.view());
 }
 
 // da += the compressed entries' gradient through the compressor (rows of
@@ -171,7 +219,8 @@ void compressor_backward(const V4BackEnv& env, int64_t l, const V4LayerActivatio
   }
   load_rows(dcz.view(), dcz_store.view(), env.vb.slots, 1, 0);
   k::gemm_dyw(ctx, da, dcz.view(), stacked_rows(p.cmp_wkv, p.cmp_wgate), true);
-  k::gemm_dytx(ctx, stacked_rows(g.cmp_wkv, g.cmp_wgate), dcz.view(), a.a.view());
+  if (g.cmp_wkv.data != nullptr)
+    k::gemm_dytx(ctx, stacked_rows(g.cmp_wkv, g.cmp_wgate), dcz.view(), a.a.view());
 }
 
 // The indexer loss's gradient (indexer_kl in v4_forward.cpp) into the
@@ -264,15 +313,18 @@ void attention_backward(const V4BackEnv& env, int64_t l, const V4LayerActivation
   const PackedLayer& q = env.weights.layer(l);
   // Output projections, then the inverse RoPE's transpose (the forward rotation).
   OwnedTensor dyo(f32, {T, G * Ro}), dattn(f32, {T, H, Dh});
+  const V4LayerLora lora(env, l);
   k::gemm_dyw(ctx, dyo.view(), df, p.wo_b);
-  project_dw(ctx, g.wo_b, df, a.yo.view(), q.wo_b);
+  if (lora.w) lora_backward(ctx, dyo.view(), df, a.yo.view(), lora.w->wo_b, lora.g->wo_b, lora.s);
+  weight_grad(ctx, g.wo_b, df, a.yo.view(), q.wo_b);
   Tensor do_ = dattn.view().reshape({T, H * Dh});
   for (int64_t gi = 0; gi < G; ++gi) {
     const Tensor dy_g = dyo.view().slice_cols(gi * Ro, (gi + 1) * Ro);
     k::gemm_dyw(ctx, do_.slice_cols(gi * per_group, (gi + 1) * per_group), dy_g,
                 p.wo_a.slice_rows(gi * Ro, (gi + 1) * Ro));
-    project_dw(ctx, g.wo_a.slice_rows(gi * Ro, (gi + 1) * Ro), dy_g,
-               a.o.view().slice_cols(gi * per_group, (gi + 1) * per_group), q.wo_a[size_t(gi)]);
+    if (g.wo_a.data != nullptr)
+      project_dw(ctx, g.wo_a.slice_rows(gi * Ro, (gi + 1) * Ro), dy_g,
+                 a.o.view().slice_cols(gi * per_group, (gi + 1) * per_group), q.wo_a[size_t(gi)]);
   }
   k::rope_interleaved_forward(ctx, rope_tail(dattn.view(), Dr), positions, rope);
   // The attention core: dq, and the gradient of every store row it read.
@@ -289,10 +341,12 @@ void attention_backward(const V4BackEnv& env, int64_t l, const V4LayerActivation
                       a.q_pre.view().reshape({T * H, Dh}), env.weights.ones(), a.rstd_q.view());
   const Tensor dq_rows = dq_pre.view().reshape({T, H * Dh});
   k::gemm_dyw(ctx, dqr.view(), dq_rows, p.wq_b);
-  project_dw(ctx, g.wq_b, dq_rows, a.qr.view(), q.wq_b);
+  if (lora.w) lora_backward(ctx, dqr.view(), dq_rows, a.qr.view(), lora.w->wq_b, lora.g->wq_b, lora.s);
+  weight_grad(ctx, g.wq_b, dq_rows, a.qr.view(), q.wq_b);
   k::rmsnorm_backward(ctx, dqa.view(), g.q_a_norm, dqr.view(), a.qa.view(), p.q_a_norm, a.rstd_qa.view());
   k::gemm_dyw(ctx, da, dqa.view(), p.wq_a);
-  project_dw(ctx, g.wq_a, dqa.view(), a.a.view(), q.wq_a);
+  if (lora.w) lora_backward(ctx, da, dqa.view(), a.a.view(), lora.w->wq_a, lora.g->wq_a, lora.s);
+  weight_grad(ctx, g.wq_a, dqa.view(), a.a.view(), q.wq_a);
   // The window key = value of each token.
   OwnedTensor dkv(f32, {T, 1, Dh}), dkv_pre(f32, {T, Dh});
   load_rows(dkv.view().reshape({T, Dh}), dstore.view(), env.vb.slots, 2, 0);
@@ -300,7 +354,8 @@ void attention_backward(const V4BackEnv& env, int64_t l, const V4LayerActivation
   k::rmsnorm_backward(ctx, dkv_pre.view(), g.kv_norm, dkv.view().reshape({T, Dh}), a.kv_pre.view(), p.kv_norm,
                       a.rstd_kv.view());
   k::gemm_dyw(ctx, da, dkv_pre.view(), p.wkv, true);
-  project_dw(ctx, g.wkv, dkv_pre.view(), a.a.view(), q.wkv);
+  if (lora.w) lora_backward(ctx, da, dkv_pre.view(), a.a.view(), lora.w->wkv, lora.g->wkv, lora.s);
+  weight_grad(ctx, g.wkv, dkv_pre.view(), a.a.view(), q.wkv);
   if (c.compress_ratio(l) > 0) compressor_backward(env, l, a, dstore.view(), da);
   if (c.compress_ratio(l) == 4 && env.saved.indexer_loss_scale != 0)
     indexer_backward(env, l, a, env.saved.indexer_loss_scale);
@@ -363,7 +418,7 @@ void head_backward(const V4BackEnv& env, const RaggedBatch& batch, const V4HeadA
   OwnedTensor dnormed(f32, {dhead ? 0 : R, D}), dh(f32, {R, D}), drows(f32, {R, n * D});
   if (!dhead) {
     k::gemm_dyw(ctx, dnormed.view(), dlogits, env.p.lm_head);
-    project_dw(ctx, env.g.lm_head, dlogits, s.normed_rows.view(), env.weights.lm_head());
+    weight_grad(ctx, env.g.lm_head, dlogits, s.normed_rows.view(), env.weights.lm_head());
   }
   k::rmsnorm_backward(ctx, dh.view(), w.dnorm, dhead ? dlogits : dnormed.view(), s.h_rows.view(), w.norm,
                       s.rstd_f.view());
@@ -441,7 +496,7 @@ void v4_backward(const Context& ctx, const ModelWeights& weights, const KvCache&
   }
   OwnedTensor de(f32, {T, D});
   sum_streams(ctx, de.view(), dx.view(), n);
-  k::embedding_backward(ctx, grads.embed, de.view(), vb.tokens_t.view());
+  if (grads.embed.data != nullptr) k::embedding_backward(ctx, grads.embed, de.view(), vb.tokens_t.view());
 }
 
 }  // namespace lockstep::model

@@ -76,10 +76,14 @@ void query(const V4Env& env, int64_t l, V4LayerActivations& a) {
   const float eps = float(c.rms_norm_eps);
   const LayerParams& p = block_params(env.weights.params(), l);
   const PackedLayer& w = env.weights.layer(l);
+  const LoraLayer* lora = v4_lora(env.weights, l);
+  const float s = v4_lora_scale(env.weights);
   project(env.ctx, reuse(env.ctx, a.qa, f32, {T, Rq}), a.a.view(), w.wq_a);
+  if (lora) lora_forward(env.ctx, a.qa.view(), a.a.view(), lora->wq_a, s);
   k::rmsnorm_forward(env.ctx, reuse(env.ctx, a.qr, f32, {T, Rq}), reuse(env.ctx, a.rstd_qa, f32, {T}),
                      a.qa.view(), p.q_a_norm, eps);
   project(env.ctx, reuse(env.ctx, a.q_pre, f32, {T, H, Dh}).reshape({T, H * Dh}), a.qr.view(), w.wq_b);
+  if (lora) lora_forward(env.ctx, a.q_pre.view().reshape({T, H * Dh}), a.qr.view(), lora->wq_b, s);
   Tensor q = reuse(env.ctx, a.q, f32, {T, H, Dh});
   k::rmsnorm_forward(env.ctx, q.reshape({T * H, Dh}), reuse(env.ctx, a.rstd_q, f32, {T * H}),
                      a.q_pre.view().reshape({T * H, Dh}), env.weights.ones(), eps);
@@ -94,6 +98,8 @@ void window_kv(const V4Env& env, int64_t l, V4LayerActivations& a) {
   const int64_t T = env.T, Dh = c.head_dim;
   const LayerParams& p = block_params(env.weights.params(), l);
   project(env.ctx, reuse(env.ctx, a.kv_pre, f32, {T, Dh}), a.a.view(), env.weights.layer(l).wkv);
+  if (const LoraLayer* lora = v4_lora(env.weights, l))
+    lora_forward(env.ctx, a.kv_pre.view(), a.a.view(), lora->wkv, v4_lora_scale(env.weights));
   OwnedTensor kvn(f32, {T, 1, Dh});
   k::rmsnorm_forward(env.ctx, kvn.view().reshape({T, Dh}), reuse(env.ctx, a.rstd_kv, f32, {T}),
                      a.kv_pre.view(), p.kv_norm, float(c.rms_norm_eps));
@@ -318,6 +324,8 @@ void attention(const V4Env& env, int64_t l, V4LayerActivations& a) {
     project(env.ctx, yo.slice_cols(g * Ro, (g + 1) * Ro), o.slice_cols(g * per_group, (g + 1) * per_group),
             w.wo_a[size_t(g)]);
   project(env.ctx, reuse(env.ctx, a.f_attn, f32, {T, D}), yo, w.wo_b);
+  if (const LoraLayer* lora = v4_lora(env.weights, l))
+    lora_forward(env.ctx, a.f_attn.view(), yo, lora->wo_b, v4_lora_scale(env.weights));
   env.capture("attn_out", l, a.f_attn.view());
 }
 
@@ -347,11 +355,16 @@ void route(const V4Env& env, int64_t l, V4LayerActivations& a) {
     scatter_layer_experts(env.result->routed_experts, a.topk_idx.view(), l, c.num_moe_layers(), K);
 }
 
-// The first half of an expert on rows x: gu = x · w_gate_upᵀ, act = the clamped SwiGLU.
+// The first half of an expert on rows x: gu = x · w_gate_upᵀ (plus the w1,
+// w3 adapters of lora, if any), act = the clamped SwiGLU.
 void expert_act(const Context& ctx, const ModelConfig& c, Tensor gu, Tensor act, const Tensor& x,
-                const PackedMlp& w) {
+                const PackedMlp& w, const LoraMlp* lora, float s) {
   const int64_t F = act.dim(1);
   project(ctx, gu, x, w.gate_up);
+  if (lora) {
+    lora_forward(ctx, gu.slice_cols(0, F), x, lora->gate, s);
+    lora_forward(ctx, gu.slice_cols(F, 2 * F), x, lora->up, s);
+  }
   swiglu_v4(ctx, act, gu.slice_cols(0, F), gu.slice_cols(F, 2 * F), c.swiglu_limit);
 }
 
@@ -364,18 +377,22 @@ void expert_rows_forward(const V4Env& env, int64_t l, const k::MoeDispatch& rows
   const Context& ctx = env.ctx;
   const int64_t R = x.dim(0), Fe = c.moe_intermediate_size;
   const PackedLayer& pw = env.weights.layer(l);
+  const LoraLayer* lora = v4_lora(env.weights, l);
+  const float s = v4_lora_scale(env.weights);
   Tensor gu = reuse(env.ctx, a.gu_e, f32, {R, 2 * Fe});
   Tensor act = reuse(env.ctx, a.act_e, f32, {R, Fe}), acts = reuse(env.ctx, a.acts_e, f32, {R, Fe});
   for_each_expert(ctx, rows, [&](int64_t e, const Context& ectx) {
     const int64_t r0 = rows.offsets[size_t(e)], r1 = rows.offsets[size_t(e) + 1];
     expert_act(ectx, c, gu.slice_rows(r0, r1), act.slice_rows(r0, r1), x.slice_rows(r0, r1),
-               pw.experts[size_t(e)]);
+               pw.experts[size_t(e)], lora_expert(lora, e), s);
   });
   // The routing weight multiplies each row before the down projection.
   k::moe_scale_rows(ctx, acts, act, w, rows);
   for_each_expert(ctx, rows, [&](int64_t e, const Context& ectx) {
     const int64_t r0 = rows.offsets[size_t(e)], r1 = rows.offsets[size_t(e) + 1];
     project(ectx, y.slice_rows(r0, r1), acts.slice_rows(r0, r1), pw.experts[size_t(e)].down);
+    if (const LoraMlp* le = lora_expert(lora, e))
+      lora_forward(ectx, y.slice_rows(r0, r1), acts.slice_rows(r0, r1), le->down, s);
   });
 }
 
@@ -428,9 +445,12 @@ void moe(const V4Env& env, int64_t l, V4LayerActivations& a) {
   env.capture("moe_out", l, f);
   // The shared expert: the same clamp, no routing weight.
   OwnedTensor ys(f32, {T, D});
+  const LoraLayer* lora = v4_lora(env.weights, l);
+  const float s = v4_lora_scale(env.weights);
   expert_act(ctx, c, reuse(env.ctx, a.gu_s, f32, {T, 2 * Fe}), reuse(env.ctx, a.act_s, f32, {T, Fe}),
-             a.z.view(), w.shared);
+             a.z.view(), w.shared, lora ? &lora->shared : nullptr, s);
   project(ctx, ys.view(), a.act_s.view(), w.shared.down);
+  if (lora) lora_forward(ctx, ys.view(), a.act_s.view(), lora->shared.down, s);
   env.capture("shared_out", l, ys.view());
   add_into(ctx, f, f, ys.view());
   env.capture("ffn_out", l, f);

@@ -204,4 +204,14 @@ void sum_streams(const Context& ctx, Tensor de, const Tensor& dx, int64_t n) {
   });
 }
 
+const LoraLayer* v4_lora(const ModelWeights& weights, int64_t l) {
+  const LoraWeights* lora = weights.lora();
+  if (lora == nullptr || size_t(l) >= lora->params.layers.size()) return nullptr;
+  return &lora->params.layers[size_t(l)];
+}
+
+float v4_lora_scale(const ModelWeights& weights) {
+  return weights.lora() ? weights.lora()->scale() : 0.0f;
+}
+
 }  // namespace lockstep::model

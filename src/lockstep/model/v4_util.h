@@ -83,4 +83,9 @@ void add_to_streams(const Context& ctx, Tensor x, const Tensor& e, int64_t n);
 void repeat_streams(const Context& ctx, Tensor x, const Tensor& e, int64_t n);
 void sum_streams(const Context& ctx, Tensor de, const Tensor& dx, int64_t n);
 
+// Layer l's LoRA adapters (null: the weights carry none, or l is an MTP
+// block, which is never adapted) and their scale s (0 without adapters).
+const LoraLayer* v4_lora(const ModelWeights& weights, int64_t l);
+float v4_lora_scale(const ModelWeights& weights);
+
 }  // namespace lockstep::model
