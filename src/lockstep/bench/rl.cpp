@@ -152,7 +152,8 @@ size_t RlBenchResult::rest() const {
 
 RlBenchResult run_rl_bench(const RlBenchOptions& opt) {
   RlBenchResult r;
-  r.model = model_name(opt.config_path) + (opt.lora_rank > 0 ? " lora r" + std::to_string(opt.lora_rank) : "");
+  r.model =
+      model_name(opt.config_path) + (opt.lora_rank > 0 ? " lora r" + std::to_string(opt.lora_rank) : "");
   r.opt = opt;
   const ModelConfig c = model_config_from_toml_file(opt.config_path);
   if (c.vocab_size < 259)

@@ -44,7 +44,7 @@ struct RlBenchResult {
   int64_t params = 0;
   size_t peak_rss = 0;
   size_t master = 0, packed = 0, effective = 0, grads = 0, moments = 0;  // the trainer's, as in bench train
-  size_t adapters = 0;  // LoRA: the adapters' f32 values (in master; grads and moments are theirs only)
+  size_t adapters = 0;   // LoRA: the adapters' f32 values (in master; grads and moments are theirs only)
   size_t reference = 0;  // kl_coef > 0: the reference's f32 parameters and packed weights
   size_t rollout_master = 0, rollout_packed = 0;  // the rollout's own copies (unpacked, packed)
   size_t kv_cache = 0;                            // the rollout engine's KV cache (allocated)
