@@ -4,7 +4,7 @@
 # prefill over the FMA peak, decode over its roofline at each batch, GRPO with
 # prefix sharing over without); `bench rl` accounts for the memory each
 # configuration holds (the KL reference, the rollout's own copies in fast mode
-# and one step ahead, the KV cache); bad flags and an unknown name are
+# and one step ahead, the KV cache, LoRA's adapter-only state); bad flags and an unknown name are
 # refused, naming them. Speed itself is not checked (tests never assert on
 # wall-clock time).
 set -euo pipefail
@@ -50,6 +50,19 @@ row=$(rl_memory_row "$T/rl.txt")
 for f in 10 11 12 13; do
   positive "$(field "$row" $f)" || { cat "$T/rl.txt"; fail "fast mode, staleness 1, KL: field $f should be > 0: $row"; }
 done
+# --lora-rank 0,4: full fine-tuning and LoRA on the same model in one run; the LoRA
+# row's gradients and moments are the adapters' only (fields 10 and 11: the name
+# "moe-tiny lora r4" takes three), the full row's 4 and 8 bytes per parameter.
+"$BIN" bench rl --config "$SRC/configs/bench/moe-tiny.toml" --steps 1 --prompts 2 --samples 2 --prompt-len 8 \
+  --new-tokens 4 --lora-rank 0,4 > "$T/lora.txt" 2>&1 || { cat "$T/lora.txt"; fail "lockstep bench rl --lora-rank"; }
+full=$(sed -n '/rollout master/,$p' "$T/lora.txt" | grep -E '^ *moe-tiny +[0-9]')
+lora=$(sed -n '/rollout master/,$p' "$T/lora.txt" | grep -E '^ *moe-tiny lora r4 ')
+[ "$(field "$full" 8)" = "4.00" ] && [ "$(field "$full" 9)" = "8.00" ] || { cat "$T/lora.txt"; fail "full row: $full"; }
+awk -v g="$(field "$lora" 10)" -v m="$(field "$lora" 11)" 'BEGIN { exit !(g > 0 && g < 0.5 && m > 0 && m < 1) }' \
+  || { cat "$T/lora.txt"; fail "LoRA row: gradients and moments should be the adapters' only: $lora"; }
+grep -qE '^ *moe-tiny lora r4 +f32 ' "$T/lora.txt" || { cat "$T/lora.txt"; fail "no LoRA row in the step table"; }
+if "$BIN" bench rl --lora-rank 4,-1 > "$T/bad.txt" 2>&1; then fail "--lora-rank -1 was accepted"; fi
+grep -q "flag --lora-rank" "$T/bad.txt" || { cat "$T/bad.txt"; fail "the refusal does not name --lora-rank"; }
 if "$BIN" bench rl --staleness 2 > "$T/bad.txt" 2>&1; then fail "--staleness 2 was accepted"; fi
 grep -q "flag --staleness" "$T/bad.txt" || { cat "$T/bad.txt"; fail "the refusal does not name --staleness"; }
 

@@ -96,6 +96,11 @@ rl::RlConfig rl_config(const RlBenchOptions& opt, const std::string& out_dir) {
   cfg.trainer.precision = opt.trainer_precision;
   cfg.trainer.in_place_weights = opt.precision != opt.trainer_precision;  // as `lockstep rl` (fast mode)
   cfg.trainer.optim.lr = 1e-4;
+  if (opt.lora_rank > 0) {  // as bench train --lora-rank
+    cfg.trainer.lora.rank = opt.lora_rank;
+    cfg.trainer.lora.alpha = 2.0 * double(opt.lora_rank);
+    cfg.trainer.lora.target_modules = {"all-linear"};
+  }
   return cfg;
 }
 
@@ -124,6 +129,12 @@ void record_memory(RlBenchResult& r, train::Trainer& trainer, const rl::RolloutB
   r.moments = 2 * f32;
   r.packed = model::packed_bytes(trainer.weights());
   r.effective = trainer.trainer_config().precision != DType::F32 ? f32 : 0;
+  if (const train::LoraState* lora = trainer.lora()) {  // gradients and moments of the adapters only
+    r.adapters = size_t(lora->numel()) * sizeof(float);
+    r.master = f32 + r.adapters;
+    r.grads = r.adapters;
+    r.moments = 2 * r.adapters;
+  }
   if (reference) r.reference = f32 + model::packed_bytes(reference->weights());
   const rl::RolloutBackend::Memory m = rollout.memory();
   r.rollout_master = m.master;
@@ -141,7 +152,8 @@ size_t RlBenchResult::rest() const {
 
 RlBenchResult run_rl_bench(const RlBenchOptions& opt) {
   RlBenchResult r;
-  r.model = model_name(opt.config_path);
+  r.model =
+      model_name(opt.config_path) + (opt.lora_rank > 0 ? " lora r" + std::to_string(opt.lora_rank) : "");
   r.opt = opt;
   const ModelConfig c = model_config_from_toml_file(opt.config_path);
   if (c.vocab_size < 259)
@@ -198,7 +210,7 @@ RlBenchResult run_rl_bench(const RlBenchOptions& opt) {
 Table rl_table() {
   return Table({"model", "precision", "staleness", "threads", "prompts x n", "generated/step", "trained/step",
                 "step s", "rollout s", "old logprob s", "ref logprob s", "train s", "sync s",
-                "rollout wait s", "step tok/s"});
+                "rollout wait s", "step tok/s", "rollout tok/s", "train tok/s"});
 }
 
 void add_row(Table& t, const RlBenchResult& r) {
@@ -211,7 +223,9 @@ void add_row(Table& t, const RlBenchResult& r) {
          fmt("%.0f", r.generated_tokens), fmt("%.0f", r.trained_tokens), fmt("%.2f", r.step_s),
          fmt("%.2f", r.rollout_s), fmt("%.2f", r.old_logprob_s), fmt("%.2f", r.ref_logprob_s),
          fmt("%.2f", r.train_s), fmt("%.3f", r.sync_s), fmt("%.2f", r.wait_s),
-         fmt("%.0f", r.trained_tokens / std::max(r.step_s, 1e-9))});
+         fmt("%.0f", r.trained_tokens / std::max(r.step_s, 1e-9)),
+         fmt("%.0f", r.generated_tokens / std::max(r.rollout_s, 1e-9)),
+         fmt("%.0f", r.trained_tokens / std::max(r.train_s, 1e-9))});
 }
 
 Table rl_memory_table() {

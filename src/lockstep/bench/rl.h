@@ -27,6 +27,9 @@ struct RlBenchOptions {
   int64_t staleness = 0;                 // [dist] max_weight_staleness (1: generate one step ahead)
   int64_t rollout_threads = 0;           // [dist] rollout_threads (staleness 1)
   double kl_coef = 0;                    // [algo] kl_coef (> 0: a frozen reference model)
+  // [lora] rank (> 0: LoRA adapters on every projection, alpha = 2 x rank,
+  // as bench train --lora-rank; 0: full fine-tuning).
+  int64_t lora_rank = 0;
 };
 
 struct RlBenchResult {
@@ -41,6 +44,7 @@ struct RlBenchResult {
   int64_t params = 0;
   size_t peak_rss = 0;
   size_t master = 0, packed = 0, effective = 0, grads = 0, moments = 0;  // the trainer's, as in bench train
+  size_t adapters = 0;   // LoRA: the adapters' f32 values (in master; grads and moments are theirs only)
   size_t reference = 0;  // kl_coef > 0: the reference's f32 parameters and packed weights
   size_t rollout_master = 0, rollout_packed = 0;  // the rollout's own copies (unpacked, packed)
   size_t kv_cache = 0;                            // the rollout engine's KV cache (allocated)

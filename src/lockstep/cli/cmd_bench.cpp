@@ -17,8 +17,8 @@
 namespace lockstep::cli {
 namespace {
 
-// "1,16,64" -> {1, 16, 64}.
-std::vector<int64_t> parse_list(const std::string& flag, const std::string& s) {
+// "1,16,64" -> {1, 16, 64}, each at least `min`.
+std::vector<int64_t> parse_list(const std::string& flag, const std::string& s, int64_t min = 1) {
   std::vector<int64_t> out;
   std::stringstream ss(s);
   std::string item;
@@ -26,10 +26,11 @@ std::vector<int64_t> parse_list(const std::string& flag, const std::string& s) {
     try {
       size_t used = 0;
       const int64_t v = std::stoll(item, &used);
-      if (used != item.size() || v < 1) throw std::invalid_argument("bad");
+      if (used != item.size() || v < min) throw std::invalid_argument("bad");
       out.push_back(v);
     } catch (const std::exception&) {
-      LS_THROW << "flag --" << flag << ": expected positive integers separated by commas, got '" << s << "'";
+      LS_THROW << "flag --" << flag << ": expected integers >= " << min << " separated by commas, got '" << s
+               << "'";
     }
   }
   if (out.empty()) LS_THROW << "flag --" << flag << " is empty";
@@ -100,7 +101,8 @@ const std::vector<std::string> rl_flags = {"config",
                                            "trainer-precision",
                                            "staleness",
                                            "rollout-threads",
-                                           "kl-coef"};
+                                           "kl-coef",
+                                           "lora-rank"};
 
 perf::TrainBenchOptions train_options(const Args& args) {
   perf::TrainBenchOptions o;
@@ -155,6 +157,12 @@ perf::RlBenchOptions rl_options(const Args& args) {
   return o;
 }
 
+// bench rl --lora-rank: a list, each rank run on every config (0: full fine-tuning).
+std::vector<int64_t> rl_lora_ranks(const Args& args) {
+  const auto list = args.maybe("lora-rank");
+  return list ? parse_list("lora-rank", *list, 0) : std::vector<int64_t>{0};
+}
+
 // The training benchmark over every config: its two tables, and the results.
 std::vector<perf::TrainBenchResult> train_benches(perf::TrainBenchOptions o, const Args& args,
                                                   const perf::Peak& peak) {
@@ -193,19 +201,23 @@ std::vector<perf::RolloutBenchResult> rollout_benches(perf::RolloutBenchOptions 
 // The RL-step benchmark over every config: its two tables.
 void rl_benches(perf::RlBenchOptions o, const Args& args) {
   perf::Table t = perf::rl_table(), mem = perf::rl_memory_table();
-  for (const auto& path : configs(args)) {
-    o.config_path = path;
-    const perf::RlBenchResult r = perf::run_rl_bench(o);
-    add_row(t, r);
-    add_memory_row(mem, r);
-  }
+  for (const auto& path : configs(args))
+    for (const int64_t rank : rl_lora_ranks(args)) {
+      o.config_path = path;
+      o.lora_rank = rank;
+      const perf::RlBenchResult r = perf::run_rl_bench(o);
+      add_row(t, r);
+      add_memory_row(mem, r);
+    }
   std::cout
       << t.str()
       << "\nOne RL step of `lockstep rl` in this process (GRPO, random prompts, a synthetic 0/1 reward,\n"
-         "every response --new-tokens long); seconds are per step, step tok/s = trained tokens / step s.\n\n"
+         "every response --new-tokens long); seconds are per step, step tok/s = trained tokens / step s,\n"
+         "rollout tok/s = generated tokens / rollout s, train tok/s = trained tokens / train s.\n\n"
       << mem.str()
       << "\nPeak resident memory of the RL run above the process before the trainer existed, in bytes per\n"
-         "parameter: the trainer's master, packed copy, widened weights, gradients and moments; the KL\n"
+         "parameter of the model (the base, with --lora-rank): the trainer's master (with LoRA also\n"
+         "the adapters), packed copy, widened weights, gradients and moments (LoRA: the adapters'); the KL\n"
          "reference's weights; the rollout's own packed copy (fast mode or staleness 1: the aligned\n"
          "rollout in step reads the trainer's) and, staleness 1, its copy of the tensors read unpacked\n"
          "(rollout master: embedding, norms, biases); its KV cache as allocated (pages it never wrote\n"
@@ -290,7 +302,7 @@ LS_REGISTER_COMMAND(Command{
     "                              [--prompt-len N] [--new-tokens N] [--micro-batch-tokens N]\n"
     "                              [--steps N] [--precision f32|bf16|fp8]\n"
     "                              [--trainer-precision f32|bf16|fp8] [--staleness 0|1]\n"
-    "                              [--rollout-threads N] [--kl-coef X]\n\n"
+    "                              [--rollout-threads N] [--kl-coef X] [--lora-rank N[,N]]\n\n"
     "Runs on randomly initialised weights of the [model] in each config (default: both\n"
     "configs/bench/moe-tiny.toml and moe-small.toml) with 2 threads unless --threads says\n"
     "otherwise, and prints a table.\n\n"
@@ -324,6 +336,8 @@ LS_REGISTER_COMMAND(Command{
     "  own copies, KV cache, activations). --precision sets both engines (aligned);\n"
     "  --trainer-precision f32 with a bf16/fp8 --precision is fast mode; --staleness 1 generates\n"
     "  one step ahead on --rollout-threads of its own; --kl-coef > 0 adds the frozen reference.\n"
+    "  --lora-rank N[,N]: LoRA adapters of each rank on every projection ([lora] all-linear,\n"
+    "  alpha 2 x N) over the frozen base, one run per rank (0: full fine-tuning), e.g. 0,16.\n"
     "--device interpret runs the model's kernels through the GPU kernel sources on the CPU\n"
     "(the emulator of docs/gpu.md): its speed, not a GPU's.\n"
     "See docs/benchmarks.md for what each number means.\n",

@@ -45,12 +45,22 @@ VersionScorers::VersionScorers(const train::Trainer& trainer)
       fp8_block_(trainer.trainer_config().fp8_block),
       logits_chunk_(trainer.trainer_config().logits_chunk),
       kv_block_size_(trainer.trainer_config().kv_block_size),
-      precision_(trainer.trainer_config().precision) {}
+      precision_(trainer.trainer_config().precision) {
+  if (const train::LoraState* lora = trainer.lora()) lora_layout_ = &lora->layout();
+}
 
 void VersionScorers::keep(train::Trainer& trainer, const std::set<uint64_t>& held) {
   release_unheld(held);
   const uint64_t v = trainer.version();
   if (!held.count(v) || scorers_.count(v)) return;
+  if (train::LoraState* lora = trainer.lora()) {  // only the adapters differ between versions
+    // Made here, not in the constructor: a resume loads the base after that.
+    if (!base_scorer_)
+      base_scorer_ = std::make_unique<train::Scorer>(ctx_, config_, trainer.params(), micro_batch_tokens_,
+                                                     kv_block_size_, precision_, fp8_block_, logits_chunk_);
+    add_adapters(v, std::vector<float>(lora->params(), lora->params() + lora->numel()));
+    return;
+  }
   const ParamLayout layout(config_);
   Buffer copy = alloc_params(layout);
   if (trainer.expert_comm() != nullptr)
@@ -71,8 +81,29 @@ void VersionScorers::release_stale(uint64_t version, int64_t max_staleness) {
 }
 
 void VersionScorers::add(uint64_t version, Buffer params) {
-  scorers_[version] = std::make_unique<train::Scorer>(ctx_, config_, std::move(params), micro_batch_tokens_,
-                                                      kv_block_size_, precision_, fp8_block_, logits_chunk_);
+  LS_CHECK(!lora_layout_) << "partial gap: a LoRA trainer's versions keep their adapters only";
+  Kept k;
+  k.scorer = std::make_unique<train::Scorer>(ctx_, config_, std::move(params), micro_batch_tokens_,
+                                             kv_block_size_, precision_, fp8_block_, logits_chunk_);
+  scorers_[version] = std::move(k);
+}
+
+void VersionScorers::add_adapters(uint64_t version, std::vector<float> adapters) {
+  LS_CHECK(lora_layout_) << "partial gap: adapters kept for a trainer without [lora]";
+  LS_CHECK(int64_t(adapters.size()) == lora_layout_->numel())
+      << "partial gap: " << adapters.size() << " adapter values, the LoRA layout has "
+      << lora_layout_->numel();
+  LS_CHECK(base_scorer_) << "partial gap: adapters added before keep() saw the trainer's base";
+  Kept k;
+  k.adapters = std::move(adapters);
+  k.lora = std::make_unique<model::LoraWeights>(*lora_layout_, k.adapters.data());
+  scorers_[version] = std::move(k);  // moving the vector keeps its data, so the views stay valid
+}
+
+train::Scorer& VersionScorers::scorer_of(Kept& k) {
+  if (k.scorer) return *k.scorer;
+  base_scorer_->set_lora(k.lora.get());
+  return *base_scorer_;
 }
 
 std::vector<uint64_t> VersionScorers::versions() const {
@@ -124,7 +155,7 @@ VersionRescore VersionScorers::rescore(const std::vector<train::TrainSequence>& 
                                    << version << ")";
     std::vector<train::TrainSequence> cut;
     for (const auto& [i, t] : seq_last) cut.push_back(cut_after(seqs[i], t));
-    const std::vector<train::TokenScores> sc = it->second->score(cut, opt);
+    const std::vector<train::TokenScores> sc = scorer_of(it->second).score(cut, opt);
     for (size_t k = 0; k < seq_last.size(); ++k) {
       const size_t i = seq_last[k].first;
       for (size_t t = 0; t < sc[k].logp.size(); ++t)

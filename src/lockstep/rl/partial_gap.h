@@ -3,7 +3,10 @@
 // versions than the trainer's, so the loop keeps a copy of the trainer's f32
 // parameters for every version a token in flight still has, and scores those
 // tokens on it. In aligned mode each token then equals its rollout logprob
-// bit for bit, whatever its version.
+// bit for bit, whatever its version. With [lora] only the adapters change
+// from version to version: a version keeps a copy of them alone, and every
+// version's scoring runs on one scorer over the trainer's frozen base (read
+// in place, not copied) with that version's adapters attached.
 #pragma once
 
 #include <cstdint>
@@ -64,6 +67,9 @@ class VersionScorers {
   void release_stale(uint64_t version, int64_t max_staleness);
   // Takes `params` (the whole model's f32 parameters) as version `version`.
   void add(uint64_t version, Buffer params);
+  // [lora]: takes `adapters` (the LoRA layout's f32 parameters) as version
+  // `version`, scored on the trainer's frozen base (after a first keep()).
+  void add_adapters(uint64_t version, std::vector<float> adapters);
 
   // `current`: the trainer's logprobs of seqs' response tokens, at its
   // version `version`. Each token whose version (versions[i][t]; none when
@@ -80,12 +86,26 @@ class VersionScorers {
   std::vector<uint64_t> versions() const;
 
  private:
+  // One kept version: its own scorer (full fine-tuning), or its adapters for
+  // the shared base scorer (LoRA).
+  struct Kept {
+    std::unique_ptr<train::Scorer> scorer;
+    std::vector<float> adapters;               // (LoRA numel)
+    std::unique_ptr<model::LoraWeights> lora;  // views over adapters
+  };
+  // The scorer of version v's kept entry, its adapters attached.
+  train::Scorer& scorer_of(Kept& k);
+
   Context ctx_;
   ModelConfig config_;
   int64_t micro_batch_tokens_, fp8_block_, logits_chunk_;
   int kv_block_size_;
   DType precision_;
-  std::map<uint64_t, std::unique_ptr<train::Scorer>> scorers_;
+  std::map<uint64_t, Kept> scorers_;
+  // [lora]: the trainer's adapter layout (null: full fine-tuning), and the
+  // one scorer over its frozen base, made at the first keep.
+  const LoraLayout* lora_layout_ = nullptr;
+  std::unique_ptr<train::Scorer> base_scorer_;
 };
 
 }  // namespace lockstep::rl

@@ -736,22 +736,36 @@ void Trainer::zero_grad() {
   expert_refused_ = 0;
 }
 
+namespace {
+// p's floats, checked to hold config's whole model before anything reads them.
+const float* whole_model(const Buffer& p, const ModelConfig& config) {
+  const size_t need = ParamLayout(config).nbytes();
+  LS_CHECK(p.size() >= need) << "parameter buffer of " << p.size() << " bytes, model needs " << need;
+  return p.as<float>();
+}
+}  // namespace
+
 Scorer::Scorer(const Context& ctx, const ModelConfig& config, Buffer params, int64_t micro_batch_tokens,
+               int kv_block_size, DType precision, int64_t fp8_block, int64_t logits_chunk)
+    : Scorer(ctx, config, whole_model(params, config), micro_batch_tokens, kv_block_size, precision,
+             fp8_block, logits_chunk) {
+  params_ = std::move(params);  // the views made above point into it; moving keeps the memory
+}
+
+Scorer::Scorer(const Context& ctx, const ModelConfig& config, const float* params, int64_t micro_batch_tokens,
                int kv_block_size, DType precision, int64_t fp8_block, int64_t logits_chunk)
     : ctx_(ctx),
       layout_(config),
-      params_(std::move(params)),
       micro_batch_tokens_(micro_batch_tokens),
       kv_block_size_(kv_block_size),
       logits_chunk_(logits_chunk),
       buffers_(std::make_shared<RunBuffers>(kernels::device_memory(ctx))) {
-  LS_CHECK(params_.size() >= layout_.nbytes())
-      << "parameter buffer of " << params_.size() << " bytes, model needs " << layout_.nbytes();
   LS_CHECK(micro_batch_tokens_ >= 1) << "micro_batch_tokens must be >= 1";
-  // Nothing else reads a scorer's weights: the kernels read its f32 master in place.
-  weights_ =
-      std::make_unique<model::ModelWeights>(ctx_, layout_, params_.as<float>(), precision, fp8_block,
-                                            model::ExpertShard{}, /*effective=*/false, /*in_place=*/true);
+  // Nothing else reads a scorer's weights: the kernels read its f32 master in
+  // place, and nothing writes through it (refresh is never called).
+  weights_ = std::make_unique<model::ModelWeights>(ctx_, layout_, const_cast<float*>(params), precision,
+                                                   fp8_block, model::ExpertShard{}, /*effective=*/false,
+                                                   /*in_place=*/true);
 }
 
 std::vector<TokenScores> Scorer::score(const std::vector<TrainSequence>& seqs, const ScoreOptions& opt) {

@@ -286,8 +286,15 @@ class Scorer {
          int kv_block_size = TrainerConfig{}.kv_block_size, DType precision = DType::F32,
          int64_t fp8_block = 128, int64_t logits_chunk = TrainerConfig{}.logits_chunk);
 
+  // As above on parameters it does not own: `params` must outlive the scorer
+  // and stay as they are (a LoRA run's frozen base, shared rather than copied).
+  Scorer(const Context& ctx, const ModelConfig& config, const float* params, int64_t micro_batch_tokens,
+         int kv_block_size, DType precision, int64_t fp8_block, int64_t logits_chunk);
+
   std::vector<TokenScores> score(const std::vector<TrainSequence>& seqs, const ScoreOptions& opt);
   const model::ModelWeights& weights() const { return *weights_; }
+  // The adapters the next score applies (null: none); not owned.
+  void set_lora(const model::LoraWeights* lora) { weights_->set_lora(lora); }
 
  private:
   Context ctx_;
