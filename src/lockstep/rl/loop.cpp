@@ -152,17 +152,17 @@ struct UpdateBatch {
   // Per sequence, per response token: the rollout's, the trainer's before
   // the update (old) and the reference's logprobs (ref: empty without KL).
   std::vector<std::vector<float>> rollout_lp, old_lp, ref_lp;
-  std::vector<std::vector<double>> isw;  // importance weights (empty: none)
+  std::vector<std::vector<double>> isw;        // importance weights (empty: none)
   std::vector<std::vector<double>> token_adv;  // GAE: per response token (empty: the samples' scalar)
   // Partial rollouts: per sequence, per response token, the weight version
   // that sampled it (else empty), and what the gap covered of them.
   std::vector<std::vector<uint64_t>> versions;
   PartialGapStats gap;
-  bool shortcut = false;                 // old_lp are the rollout's (on-policy shortcut)
-  bool same_version = false;             // every sample came from the trainer's current weights
-  int64_t tokens = 0;                    // response tokens
-  int64_t is_corrected = 0;              // tokens whose importance weight was clipped or masked
-  double is_sum = 0;                     // sum of the importance weights
+  bool shortcut = false;      // old_lp are the rollout's (on-policy shortcut)
+  bool same_version = false;  // every sample came from the trainer's current weights
+  int64_t tokens = 0;         // response tokens
+  int64_t is_corrected = 0;   // tokens whose importance weight was clipped or masked
+  double is_sum = 0;          // sum of the importance weights
   std::optional<train::MismatchStats> mismatch;
 };
 

@@ -7,10 +7,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "lockstep/rl/algo.h"
 #include "lockstep/rl/critic_config.h"

@@ -17,8 +17,9 @@ namespace {
 
 // Every top-level key is a known section.
 void check_sections(const toml::table& root, const std::string& source) {
-  static const std::vector<std::string> kSections = {"model", "data", "rollout", "train", "algo", "reward",
-                                                     "eval",  "log",  "sync",    "dist",  "rl",   "critic", "lora"};
+  static const std::vector<std::string> kSections = {"model",  "data",   "rollout", "train", "algo",
+                                                     "reward", "eval",   "log",     "sync",  "dist",
+                                                     "rl",     "critic", "lora"};
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
     if (std::find(kSections.begin(), kSections.end(), key) == kSections.end())

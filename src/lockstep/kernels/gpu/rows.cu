@@ -75,7 +75,8 @@ dim3 block_of(const RowsLaunch& cfg) {
 }  // namespace
 
 void check_rows_launch(const RowsLaunch& cfg) {
-  LS_CHECK(cfg.threads >= 1 && cfg.threads <= 1024) << "RowsLaunch: threads must be in [1, 1024], got " << cfg.threads;
+  LS_CHECK(cfg.threads >= 1 && cfg.threads <= 1024)
+      << "RowsLaunch: threads must be in [1, 1024], got " << cfg.threads;
   LS_CHECK(cfg.max_blocks >= 0) << "RowsLaunch: max_blocks must be >= 0, got " << cfg.max_blocks;
 }
 
