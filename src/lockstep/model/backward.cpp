@@ -63,6 +63,9 @@ void backward_impl(const Context& ctx, const ModelWeights& weights, const KvCach
                 Dh = c.head_dim, R = static_cast<int64_t>(batch.logit_rows.size());
   check_shape(dlogits, {R, dhead ? D : c.vocab_size}, dhead ? "dhead_input" : "dlogits");
   LS_CHECK(saved.layers.size() == size_t(c.num_layers)) << "no saved activations for this batch";
+  LS_CHECK(saved.recompute || !kv.shared_layers())
+      << "backward on a K/V cache shared by all layers needs the forward's recompute (only it rewrites a "
+         "layer's keys and values)";
   BatchTensors bt(batch, kv.block_size(), kernels::device_memory(ctx));
   const k::AttentionBatch ab = bt.attention_batch();
   const DType f32 = DType::F32;

@@ -171,8 +171,9 @@ void add_shared_expert(const Context& ctx, Tensor ffn, const Tensor& ys, const T
 
 // Activation recompute (ForwardOptions::recompute), defined in forward.cpp:
 // drop_layer frees a layer's saved activations except its input x_in;
-// recompute_layer refills layer l's from that input (keys and values are
-// already in the cache), with opt's routing replay.
+// recompute_layer refills layer l's from that input, with opt's routing
+// replay; its keys and values are already in the cache, or, when every layer
+// shares one K/V array (KvCache::shared_layers), written there again.
 void drop_layer(LayerActivations& a);
 // Moves `from`'s recomputed buffers (all but x_in) into `to`, for reuse.
 void pass_layer_buffers(LayerActivations& from, LayerActivations& to);
