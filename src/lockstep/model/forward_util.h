@@ -69,18 +69,12 @@ enum WorkspaceSlot : size_t {
   kSlotXr,       // (N, D) expert parallelism: rows received for this rank's experts
   kSlotYr,       // (N, D) their outputs
   kSlotEpStage,  // (N, D) all-to-all staging
-  // Backward only.
-  kSlotDx,       // (T, D)
+  // Backward only. Its other buffers take forward slots dead by then
+  // (backward.cpp: dx kSlotX, the layer's dtmp kSlotFfn, dk, dv, dqkv
+  // kSlotK, kSlotV, kSlotQkv; the attention's dattn, dq_pre kSlotDact and dq,
+  // dk_pre kSlotDgu once the FFN backward is done with them).
   kSlotDh,       // (T, D)
   kSlotDnormed,  // (T, D)
-  kSlotDtmp,     // (T, D)
-  kSlotDattn,    // (T, H*Dh)
-  kSlotDq,       // (T, H, Dh)
-  kSlotDk,       // (T, Hkv, Dh)
-  kSlotDv,       // (T, Hkv, Dh)
-  kSlotDqPre,    // (T, H, Dh)
-  kSlotDkPre,    // (T, Hkv, Dh)
-  kSlotDqkv,     // (T, (H+2Hkv)*Dh)
   kSlotDact,     // (N, F) per FFN
   kSlotDgu,      // (N, 2F)
   kSlotDye,      // (T*K, D)
