@@ -96,7 +96,7 @@ LS_REGISTER_COMMAND(Command{
     "--precision runs the forward with the weights in that precision (fp8: power-of-two\n"
     "scales per --fp8-block square); with the same --precision as `generate`, every logprob\n"
     "equals the rollout's bit for bit.\n"
-    "--logits-chunk N (default 1024) computes the logits and logprobs N rows at a time, so\n"
+    "--logits-chunk N (default 256) computes the logits and logprobs N rows at a time, so\n"
     "a long response never holds all its (tokens x vocabulary) logits; every value gives the\n"
     "same bits, 0 takes all rows at once.\n"
     "--mtp (DeepSeek-V4 with MTP blocks) adds `mtp_logprobs`: MTP block 0's log-probability\n"

@@ -95,12 +95,19 @@ void backward_impl(const Context& ctx, const ModelWeights& weights, const KvCach
                 Dh = c.head_dim, R = static_cast<int64_t>(batch.logit_rows.size());
   check_shape(dlogits, {R, dhead ? D : c.vocab_size}, dhead ? "dhead_input" : "dlogits");
   LS_CHECK(saved.layers.size() == size_t(c.num_layers)) << "no saved activations for this batch";
+  LS_CHECK(saved.recompute || !kv.shared_layers())
+      << "backward on a K/V cache shared by all layers needs the forward's recompute (only it rewrites a "
+         "layer's keys and values)";
   BatchTensors bt(batch, kv.block_size(), kernels::device_memory(ctx));
   const k::AttentionBatch ab = bt.attention_batch();
   const DType f32 = DType::F32;
 
+  // Backward's buffers take the slots of forward scratch that nothing reads
+  // once the forward (or a layer's recompute) is past it: the last layer's
+  // output (kSlotX), qkv, the new K/V and the FFN output (the recompute
+  // fills them again with the same shapes, so these views stay valid).
   // Vocabulary projection and final norm: only the logit rows carry gradient.
-  Tensor dx = ws.get(kSlotDx, f32, {T, D});  // gradient w.r.t. the residual stream
+  Tensor dx = ws.get(kSlotX, f32, {T, D});  // gradient w.r.t. the residual stream
   if (R > 0) {
     Tensor dnormed_rows = dlogits, drows = ws.get(kSlotRows, f32, {R, D});
     if (!dhead) {
@@ -115,11 +122,10 @@ void backward_impl(const Context& ctx, const ModelWeights& weights, const KvCach
     zero(ctx, dx);
   }
 
-  Tensor dnormed = ws.get(kSlotDnormed, f32, {T, D}), dtmp = ws.get(kSlotDtmp, f32, {T, D}),
+  Tensor dnormed = ws.get(kSlotDnormed, f32, {T, D}), dtmp = ws.get(kSlotFfn, f32, {T, D}),
          dh = ws.get(kSlotDh, f32, {T, D});
-  Tensor dattn = ws.get(kSlotDattn, f32, {T, H * Dh}), dq = ws.get(kSlotDq, f32, {T, H, Dh}),
-         dk = ws.get(kSlotDk, f32, {T, Hkv, Dh}), dv = ws.get(kSlotDv, f32, {T, Hkv, Dh}),
-         dqkv = ws.get(kSlotDqkv, f32, {T, (H + 2 * Hkv) * Dh});
+  Tensor dk = ws.get(kSlotK, f32, {T, Hkv, Dh}), dv = ws.get(kSlotV, f32, {T, Hkv, Dh}),
+         dqkv = ws.get(kSlotQkv, f32, {T, (H + 2 * Hkv) * Dh});
   const float scale = attention_scale(c);
 
   // Recompute mode: the layer's forward again from its saved input, with the
@@ -228,7 +234,10 @@ void backward_impl(const Context& ctx, const ModelWeights& weights, const KvCach
     k::rmsnorm_backward(ctx, dtmp, g.mlp_norm, dnormed, a.h.view(), w.mlp_norm, a.rstd2.view());
     add_into(ctx, dh, dx, dtmp);
 
-    // h = x_in + attn · Woᵀ.
+    // h = x_in + attn · Woᵀ. The attention's gradients take the FFN
+    // backward's slots (dead by now): dattn and then dq_pre kSlotDact, dq
+    // and then dk_pre kSlotDgu, each after the last read of the one before.
+    Tensor dattn = ws.get(kSlotDact, f32, {T, H * Dh}), dq = ws.get(kSlotDgu, f32, {T, H, Dh});
     k::gemm_dyw(ctx, dattn, dh, w.wo);
     weight_grad(ctx, g.wo, dh, a.attn.view(), q.wo);
     if (lora.w) lora_backward(ctx, dattn, dh, a.attn.view(), lora.w->o, lora.g->o, lora.s);
@@ -237,9 +246,10 @@ void backward_impl(const Context& ctx, const ModelWeights& weights, const KvCach
     k::rope_backward(ctx, dq, bt.positions_t.view(), weights.rope());
     k::rope_backward(ctx, dk, bt.positions_t.view(), weights.rope());
     if (c.qk_norm) {
-      Tensor dq_pre = ws.get(kSlotDqPre, f32, {T, H, Dh}), dk_pre = ws.get(kSlotDkPre, f32, {T, Hkv, Dh});
+      Tensor dq_pre = ws.get(kSlotDact, f32, {T, H, Dh});
       k::rmsnorm_backward(ctx, dq_pre.reshape({T * H, Dh}), g.q_norm, dq.reshape({T * H, Dh}),
                           a.q_pre.view().reshape({T * H, Dh}), w.q_norm, a.rstd_q.view());
+      Tensor dk_pre = ws.get(kSlotDgu, f32, {T, Hkv, Dh});
       k::rmsnorm_backward(ctx, dk_pre.reshape({T * Hkv, Dh}), g.k_norm, dk.reshape({T * Hkv, Dh}),
                           a.k_pre.view().reshape({T * Hkv, Dh}), w.k_norm, a.rstd_k.view());
       join_qkv(ctx, dqkv, dq_pre, dk_pre, dv);

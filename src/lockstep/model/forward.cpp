@@ -481,7 +481,10 @@ void recompute_layer(const Context& ctx, const ModelWeights& weights, const KvCa
   const k::AttentionBatch ab = bt.attention_batch();
   const LayerEnv env(ctx, weights, kv, ws, bt, ab, capture, opt, result);
   LayerActivations& a = saved.layers[static_cast<size_t>(l)];
-  run_layer(env, l, a.x_in.view(), &a, moe_index, false);
+  // A cache with one K/V array for every layer no longer holds this layer's
+  // keys and values (later layers wrote over them): the recompute writes
+  // them again, the same bits, before attention reads them.
+  run_layer(env, l, a.x_in.view(), &a, moe_index, kv.shared_layers());
 }
 
 // Buffers: what backward needs is computed straight into the saved

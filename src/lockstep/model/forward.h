@@ -228,7 +228,10 @@ void lm_head_forward(const Context& ctx, const ModelWeights& weights, Tensor log
 // parameters' layout).
 // With saved.recompute, each layer's activations are recomputed from its saved
 // input (and freed again) as backward reaches it. `kv` holds the forward's
-// keys and values (read only); `ws` may be the forward's workspace.
+// keys and values (read only), or, with saved.recompute, may be a cache whose
+// layers share one K/V array (KvCache::scoring_scratch), into which each
+// layer's recompute writes that layer's keys and values again (1/L of the
+// K/V memory). `ws` may be the forward's workspace.
 // dmtp_logits: DeepSeek-V4 with ForwardOptions::mtp, the gradient of each
 // MTP block's logits (empty: none).
 void backward(const Context& ctx, const ModelWeights& weights, const KvCache& kv, Workspace& ws,

@@ -69,18 +69,12 @@ enum WorkspaceSlot : size_t {
   kSlotXr,       // (N, D) expert parallelism: rows received for this rank's experts
   kSlotYr,       // (N, D) their outputs
   kSlotEpStage,  // (N, D) all-to-all staging
-  // Backward only.
-  kSlotDx,       // (T, D)
+  // Backward only. Its other buffers take forward slots dead by then
+  // (backward.cpp: dx kSlotX, the layer's dtmp kSlotFfn, dk, dv, dqkv
+  // kSlotK, kSlotV, kSlotQkv; the attention's dattn, dq_pre kSlotDact and dq,
+  // dk_pre kSlotDgu once the FFN backward is done with them).
   kSlotDh,       // (T, D)
   kSlotDnormed,  // (T, D)
-  kSlotDtmp,     // (T, D)
-  kSlotDattn,    // (T, H*Dh)
-  kSlotDq,       // (T, H, Dh)
-  kSlotDk,       // (T, Hkv, Dh)
-  kSlotDv,       // (T, Hkv, Dh)
-  kSlotDqPre,    // (T, H, Dh)
-  kSlotDkPre,    // (T, Hkv, Dh)
-  kSlotDqkv,     // (T, (H+2Hkv)*Dh)
   kSlotDact,     // (N, F) per FFN
   kSlotDgu,      // (N, 2F)
   kSlotDye,      // (T*K, D)
@@ -175,8 +169,9 @@ void add_shared_expert(const Context& ctx, Tensor ffn, const Tensor& ys, const T
 
 // Activation recompute (ForwardOptions::recompute), defined in forward.cpp:
 // drop_layer frees a layer's saved activations except its input x_in;
-// recompute_layer refills layer l's from that input (keys and values are
-// already in the cache), with opt's routing replay.
+// recompute_layer refills layer l's from that input, with opt's routing
+// replay; its keys and values are already in the cache, or, when every layer
+// shares one K/V array (KvCache::shared_layers), written there again.
 void drop_layer(LayerActivations& a);
 // Moves `from`'s recomputed buffers (all but x_in) into `to`, for reuse.
 void pass_layer_buffers(LayerActivations& from, LayerActivations& to);

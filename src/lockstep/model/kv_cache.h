@@ -28,7 +28,8 @@ class KvCache {
 
   // Scratch for a forward in which every token is new (n_ctx == 0) and
   // nothing reads a layer's keys and values after that layer has run (scoring,
-  // no backward): dense and MoE models get one f32 K/V array that every layer
+  // no backward; or training with recompute, whose backward writes each
+  // layer's keys again before reading them): dense and MoE models get one f32 K/V array that every layer
   // writes and reads in turn (a forward writes a layer's new keys before its
   // attention reads any), 1/L of a full cache; DeepSeek-V4 the full cache.
   static KvCache scoring_scratch(const ModelConfig& config, int64_t num_blocks, int block_size,

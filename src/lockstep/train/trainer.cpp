@@ -30,7 +30,7 @@ struct RunBuffers {
   const Allocator& memory;
   model::Workspace ws;
   model::KvCache kv;        // training passes: every layer's keys, for backward
-  model::KvCache score_kv;  // scoring passes: KvCache::scoring_scratch
+  model::KvCache score_kv;  // scoring and recompute passes: KvCache::scoring_scratch
   model::Activations acts;
   model::ForwardResult fr;
   OwnedTensor logp, ent, tgt, dlogp, dent;  // (R)
@@ -520,11 +520,14 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
     for (size_t i = b0; i < b1; ++i) nb += blocks_of(seqs[i], bs);
     max_blocks_total = std::max(max_blocks_total, nb);
   }
-  // Scoring keeps no layer's keys past that layer: one K/V array serves all.
-  model::KvCache& kv = loss ? rb.kv : rb.score_kv;
+  // Scoring keeps no layer's keys past that layer, and recompute rewrites a
+  // layer's keys in its backward: one K/V array serves all layers.
+  const bool every_layer_kv = loss && !r.recompute;
+  model::KvCache& kv = every_layer_kv ? rb.kv : rb.score_kv;
   if (kv.num_blocks() < max_blocks_total || kv.block_size() != bs)
-    kv = loss ? model::KvCache(c, max_blocks_total, bs, DType::F32, rb.memory)
-              : model::KvCache::scoring_scratch(c, max_blocks_total, bs, rb.memory);
+    kv = every_layer_kv ? model::KvCache(c, max_blocks_total, bs, DType::F32, rb.memory)
+                        : model::KvCache::scoring_scratch(c, max_blocks_total, bs, rb.memory);
+  if (!every_layer_kv) rb.kv = model::KvCache();  // a full cache left by an earlier pass
   OwnedTensor &logp = rb.logp, &ent = rb.ent, &tgt = rb.tgt, &dlogp = rb.dlogp, &dent = rb.dent;
   const bool mtp = loss != nullptr && r.mtp_loss_coef > 0;
   std::vector<int64_t> mtp_norm;
@@ -610,10 +613,9 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
       total += rb.acts.indexer_loss_scale * rb.fr.indexer_kl;
     }
     if (train_chunked) {
-      model::backward_from_head_input(r.ctx, r.weights, rb.kv, rb.ws, batch, rb.acts, dlogits, *r.grads,
-                                      dmtp);
+      model::backward_from_head_input(r.ctx, r.weights, kv, rb.ws, batch, rb.acts, dlogits, *r.grads, dmtp);
     } else {
-      model::backward(r.ctx, r.weights, rb.kv, rb.ws, batch, rb.acts, dlogits, *r.grads, dmtp);
+      model::backward(r.ctx, r.weights, kv, rb.ws, batch, rb.acts, dlogits, *r.grads, dmtp);
     }
     if (r.after_backward) (*r.after_backward)();
   }

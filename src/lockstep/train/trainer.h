@@ -69,10 +69,16 @@ struct TrainerConfig {
   // vocabulary-column blocks for its weight gradient (train/chunked_head.h;
   // on the CPU, for f32 and bf16 heads; fp8 heads and the GPU train
   // unchunked). The same bits at every value; 0 takes all rows at once.
-  int64_t logits_chunk = 1024;
+  // 256 rows hold 156 MB of logits at V = 151,936 (1,024 held 622 MB, more
+  // than the rest of a recomputed 4,096-token step's activations); a row
+  // block's projection still reuses each packed lm_head panel 256 times, so
+  // it stays compute-bound.
+  int64_t logits_chunk = 256;
   // Keep only each layer's input during the forward and recompute the rest in
   // backward, one layer at a time: activation memory of one layer instead of
-  // all, for about one more forward's work. Gradients have the same bits.
+  // all, for about one more forward's work. Its K/V too: the layers share one
+  // K/V array, whose keys and values each layer's recompute writes again.
+  // Gradients have the same bits.
   bool recompute_activations = false;
   int kv_block_size = 16;
   // The precision of the forward's projections (docs/alignment.md): F32, BF16
