@@ -24,6 +24,12 @@ void record_memory(TrainBenchResult& r, train::Trainer& trainer, const ParamLayo
   r.packed = model::packed_bytes(trainer.weights());
   r.effective = trainer.trainer_config().precision != DType::F32 ? f32 : 0;
   r.exact_sum = trainer.trainer_config().world_invariant ? (n + 2) * sizeof(comm::Fixed) : 0;
+  if (const train::LoraState* lora = trainer.lora()) {  // gradients and moments of the adapters only
+    const size_t a = size_t(lora->numel()) * sizeof(float);
+    r.master = f32 + a;
+    r.grads = a;
+    r.moments = 2 * a;
+  }
 }
 }  // namespace
 
@@ -34,7 +40,8 @@ size_t TrainBenchResult::rest() const {
 
 TrainBenchResult run_train_bench(const TrainBenchOptions& opt, Peak peak) {
   TrainBenchResult r;
-  r.model = model_name(opt.config_path);
+  r.model =
+      model_name(opt.config_path) + (opt.lora_rank > 0 ? " lora r" + std::to_string(opt.lora_rank) : "");
   r.opt = opt;
   const ModelConfig c = model_config_from_toml_file(opt.config_path);
   ThreadPool pool(opt.threads);
@@ -52,6 +59,11 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& opt, Peak peak) {
   tc.precision = opt.precision;
   tc.in_place_weights = opt.in_place;
   tc.optim.lr = 1e-4;  // small enough that the weights stay sane over a few steps
+  if (opt.lora_rank > 0) {
+    tc.lora.rank = opt.lora_rank;
+    tc.lora.alpha = 2.0 * double(opt.lora_rank);
+    tc.lora.target_modules = {"all-linear"};
+  }
   train::Trainer trainer(ctx, c, bench_params(layout, ctx), tc);
 
   // Uniformly random tokens: every token a target (prompt_len 1).

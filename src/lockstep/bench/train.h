@@ -30,6 +30,9 @@ struct TrainBenchOptions {
   // TrainerConfig::in_place_weights, as SFT runs; false keeps the packed f32
   // copy that aligned RL's colocated rollout reads (--packed-copy).
   bool in_place = true;
+  // TrainerConfig::lora: rank > 0 trains LoRA adapters of that rank on every
+  // projection ("all-linear", alpha = 2 x rank) over the frozen base.
+  int64_t lora_rank = 0;
   int64_t steps = 2;       // measured steps, after one warm-up step
   const kernels::GpuBackend* gpu = nullptr;  // --device; null: the CPU kernels
 };

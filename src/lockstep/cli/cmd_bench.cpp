@@ -82,7 +82,7 @@ const kernels::GpuBackend* device_flag(const Args& args) {
 
 const std::vector<std::string> train_flags = {
     "config",    "threads",         "seq-len",   "seqs",   "micro-batch-tokens", "steps",
-    "recompute", "world-invariant", "precision", "device", "packed-copy"};
+    "recompute", "world-invariant", "precision", "device", "packed-copy",        "lora-rank"};
 const std::vector<std::string> rollout_flags = {
     "config",          "threads",     "batches",      "new-tokens",   "prompt-len",
     "prefill-prompts", "prefill-len", "grpo-prompts", "grpo-samples", "grpo-prompt-len",
@@ -111,6 +111,8 @@ perf::TrainBenchOptions train_options(const Args& args) {
   o.recompute = args.flag("recompute");
   o.world_invariant = args.flag("world-invariant");
   o.in_place = !args.flag("packed-copy");
+  o.lora_rank = args.get_int("lora-rank", 0);
+  if (o.lora_rank < 0) LS_THROW << "--lora-rank must be >= 0, got " << o.lora_rank;
   o.steps = positive(args, "steps", o.steps);
   if (auto p = args.maybe("precision")) o.precision = precision_flag(*p);
   return o;
@@ -278,7 +280,7 @@ LS_REGISTER_COMMAND(Command{
     "       lockstep bench train   [--config FILE[,FILE]] [--threads N] [--seq-len N] [--seqs N]\n"
     "                              [--micro-batch-tokens N] [--steps N] [--recompute]\n"
     "                              [--world-invariant] [--precision f32|bf16|fp8] [--packed-copy]\n"
-    "                              [--device cpu|interpret]\n"
+    "                              [--lora-rank N] [--device cpu|interpret]\n"
     "       lockstep bench rollout [--config FILE[,FILE]] [--threads N] [--batches 1,16,64,256]\n"
     "                              [--new-tokens N] [--prompt-len N] [--prefill-prompts N]\n"
     "                              [--prefill-len N] [--grpo-prompts N] [--grpo-samples N]\n"
@@ -305,6 +307,8 @@ LS_REGISTER_COMMAND(Command{
     "  --precision: the forward's weights in bf16 or fp8 (master weights and AdamW stay f32).\n"
     "  --packed-copy: keep the packed copy of f32 weights (aligned RL's rollout reads it); by\n"
     "  default the f32 forward reads the master in place, as SFT does.\n"
+    "  --lora-rank N: train LoRA adapters of rank N on every projection ([lora] all-linear)\n"
+    "  over the frozen base instead of every weight.\n"
     "rollout: decode tokens/s at each --batches size (prompts of --prompt-len tokens,\n"
     "  --new-tokens generated each) next to its roofline: the larger of the step's FLOPs at\n"
     "  the FMA peak and its weight and KV bytes at the measured read bandwidth (and the\n"

@@ -129,6 +129,10 @@ int run_trainer(const Args& args, const toml::table& root, const std::string& cf
   std::unique_ptr<model::ExpertComm> experts;
   if (rc) {
     const parallel::Roles& r = rc->roles;
+    if (tc.lora.enabled() && (r.trainer_ranks > 1 || r.ep_size > 1))
+      LS_THROW << cfg_path
+               << ": [lora] in rl runs on one trainer rank (with rollout ranks, which receive only the "
+                  "adapters) for now: several trainer ranks are not supported with it yet";
     in.group = rl::make_trainer_group(rc->trainers, writer);
     experts = parallel::make_parallel_trainer(trainer, *rc, cfg_path);
     if (!r.colocated) {
@@ -176,7 +180,8 @@ int run_rollout_rank(const toml::table& root, const std::string& cfg_path, const
   ctx.gpu = kernels::device_backend(kernels::parse_device(device_from_toml(root, cfg_path), where), where);
   LoadedModel m = load_model_from_config(root, cfg_path, ctx);
   const rl::ServeStats st =
-      rl::serve_rollout(rc.weight_sync, ctx, m.config, m.params.as<float>(), cfg.rollout, cfg.seed);
+      rl::serve_rollout(rc.weight_sync, ctx, m.config, m.params.as<float>(), cfg.rollout, cfg.seed,
+                        cfg.trainer.lora);
   std::cout << "rl: " << parallel::describe(rc.roles) << ": served " << st.generate_calls << " rollouts ("
             << st.requests << " prompts, " << st.generated_tokens << " tokens, " << st.generate_seconds
             << " s) and " << st.syncs << " weight syncs (" << st.sync_seconds << " s), last version "
@@ -196,6 +201,8 @@ int run_rl_cmd(const Args& args) {
   cfg.max_weight_staleness = dcfg.max_weight_staleness;
   cfg.rollout_threads = dcfg.rollout_threads;
   cfg.trainer.world_invariant = dcfg.world_invariant;
+  if (cfg.trainer.lora.enabled() && cfg.max_weight_staleness > 0)
+    LS_THROW << cfg_path << ": [lora] with max_weight_staleness > 0 is not supported yet";
   TomlSection data_s(root["data"].as_table(), cfg_path, "data");
   data::DataConfig dc = data::data_config_from_toml(data_s);
   data_s.finish();
@@ -263,8 +270,10 @@ LS_REGISTER_COMMAND(Command{
     "[model] precision = f32|bf16|fp8 runs both engines in that precision (aligned: a gap of\n"
     "exactly 0; [rl] on_gap = \"abort\" stops a step whose logprobs differ at all);\n"
     "[model] trainer_precision = \"f32\" with a bf16/fp8 precision is fast mode.\n"
-    "Sections: [model] [data] [rollout] [train] [algo] [critic] [reward] [eval] [log] [dist] [rl]; see\n"
-    "docs/rl.md and docs/configuration.md. Recipes: configs/demo/rl.toml, configs/recipes/.\n",
+    "[lora] rank > 0 trains LoRA adapters on the frozen base (one trainer rank; rollout ranks\n"
+    "receive only the adapters).\n"
+    "Sections: [model] [data] [rollout] [train] [algo] [critic] [reward] [eval] [log] [dist] [rl]\n"
+    "[lora]; see docs/rl.md and docs/configuration.md. Recipes: configs/demo/rl.toml, configs/recipes/.\n",
     {"resume"},
     run_rl_cmd});
 

@@ -109,15 +109,19 @@ int run_sft_cmd(const Args& args) {
   toml::table root = load_toml_with_overrides(cfg_path, args.sets());
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
-    if (key != "model" && key != "data" && key != "train" && key != "log" && key != "dist")
+    if (key != "model" && key != "data" && key != "train" && key != "log" && key != "dist" && key != "lora")
       LS_THROW << cfg_path << ": section [" << key
-               << "] is not used by sft (expected [model] [data] [train] [log] [dist])";
+               << "] is not used by sft (expected [model] [data] [train] [log] [dist] [lora])";
   }
   bool has_dist = false;
   const parallel::DistConfig dcfg = read_dist(root, cfg_path, &has_dist);
   TomlSection train_s(root["train"].as_table(), cfg_path, "train");
   train::TrainSection ts = train::train_section_from_toml(train_s);
   train_s.finish();
+  ts.trainer.lora = model::lora_config_from_root(root, cfg_path);
+  if (ts.trainer.lora.enabled() && dcfg.expert_parallel > 1)
+    LS_THROW << cfg_path
+             << ": [lora] with [dist] expert_parallel > 1 is not supported yet (data parallelism is)";
   TomlSection data_s(root["data"].as_table(), cfg_path, "data");
   data::DataConfig dc = data::data_config_from_toml(data_s);
   data_s.finish();
@@ -148,7 +152,8 @@ LS_REGISTER_COMMAND(Command{
     "--resume falls back to the newest intact one, saying why; --resume-from step_N (or N, or a\n"
     "checkpoint directory) picks one, and is an error if it is not intact.\n"
     "Sections: [model] (path = HF dir, or an inline architecture), [data], [train], [log],\n"
-    "[dist]; see docs/configuration.md. Paths in FILE are taken from FILE's folder, paths in\n"
+    "[dist], [lora] (LoRA adapters on a frozen base; data parallelism, no expert_parallel yet);\n"
+    "see docs/configuration.md. Paths in FILE are taken from FILE's folder, paths in\n"
     "--set and --out from the current one. --threads N overrides [train] threads (0: all cores).\n\n"
     "Under mpirun (or with a [dist] section) every rank trains: each step's batch is split\n"
     "over the ranks by tokens and the gradients are summed; [dist] expert_parallel splits the\n"

@@ -23,20 +23,52 @@ namespace k = lockstep::kernels;
 
 namespace {
 
+// A projection's weight gradient, skipped for a frozen weight (an empty
+// gradient view: a LoRA trainer's base, where skipping it is the saving).
+void weight_grad(const Context& ctx, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                 const kernels::PackedWeight& pw) {
+  if (dw.data != nullptr) project_dw(ctx, dw, dy, x, pw);
+}
+void weight_grad(const Context& ctx, const Tensor& dw, const Tensor& dy, const Tensor& x) {
+  if (dw.data != nullptr) k::gemm_dytx(ctx, dw, dy, x);
+}
+
+// The LoRA adapters of layer l and their gradients (null without LoRA).
+struct LayerLora {
+  const LoraLayer* w = nullptr;
+  const LoraLayer* g = nullptr;
+  float s = 0.0f;
+  LayerLora(const ModelWeights& weights, const Activations& saved, int64_t l) {
+    if (weights.lora() == nullptr) return;
+    LS_CHECK(saved.lora_grads != nullptr)
+        << "backward: the weights carry LoRA adapters, no gradient was given";
+    w = &weights.lora()->params.layers[size_t(l)];
+    g = &saved.lora_grads->layers[size_t(l)];
+    s = weights.lora()->scale();
+  }
+};
+
 // Backward of y = down(silu(gate(x)) * up(x)) for rows x (N, D).
 // dx (N, D) is written (or accumulated when accumulate), parameter grads +=.
 // dact (N, F) and dgu (N, 2F) are scratch.
 // pw: the packed weights the forward ran (project_dw takes fp8's quantized inputs).
+// lora, lg (null without adapters): the MLP's adapters and their gradients.
 void mlp_backward(const Context& ctx, Tensor dx, const Tensor& dy, const Tensor& x, const Tensor& gu,
-                  const Tensor& act, const MlpParams& w, const MlpParams& g, const PackedMlp& pw, bool accumulate,
-                  Tensor dact, Tensor dgu) {
+                  const Tensor& act, const MlpParams& w, const MlpParams& g, const PackedMlp& pw,
+                  bool accumulate, Tensor dact, Tensor dgu, const LoraMlp* lora = nullptr,
+                  const LoraMlp* lg = nullptr, float lora_s = 0.0f) {
   const int64_t F = act.dim(1);
-  k::gemm_dyw(ctx, dact, dy, w.w_down);         // dact = dy · Wd   (N,F) = (N,D)(D,F)
-  project_dw(ctx, g.w_down, dy, act, pw.down);  // dWd += dyᵀ act   (D,F)
+  k::gemm_dyw(ctx, dact, dy, w.w_down);          // dact = dy · Wd   (N,F) = (N,D)(D,F)
+  weight_grad(ctx, g.w_down, dy, act, pw.down);  // dWd += dyᵀ act   (D,F)
+  if (lora) lora_backward(ctx, dact, dy, act, lora->down, lg->down, lora_s);
   k::swiglu_backward(ctx, dgu.slice_cols(0, F), dgu.slice_cols(F, 2 * F), dact, gu.slice_cols(0, F),
                      gu.slice_cols(F, 2 * F));
   k::gemm_dyw(ctx, dx, dgu, w.w_gate_up, accumulate);  // dx = dgu · Wgu  (N,D)
-  project_dw(ctx, g.w_gate_up, dgu, x, pw.gate_up);    // dWgu += dguᵀ x  (2F,D)
+  weight_grad(ctx, g.w_gate_up, dgu, x, pw.gate_up);   // dWgu += dguᵀ x  (2F,D)
+  if (lora) {
+    lora_backward(ctx, dx, dgu.slice_cols(0, F), x, lora->gate, lg->gate, lora_s);
+    lora_backward(ctx, dx, dgu.slice_cols(F, 2 * F), x, lora->up, lg->up, lora_s);
+  }
 }
 
 void zero(const Context& ctx, Tensor t) {
@@ -77,7 +109,7 @@ void backward_impl(const Context& ctx, const ModelWeights& weights, const KvCach
     if (!dhead) {
       dnormed_rows = ws.get(kSlotRowsNormed, f32, {R, D});
       k::gemm_dyw(ctx, dnormed_rows, dlogits, p.lm_head);
-      project_dw(ctx, grads.lm_head, dlogits, saved.normed_rows.view(), weights.lm_head());
+      weight_grad(ctx, grads.lm_head, dlogits, saved.normed_rows.view(), weights.lm_head());
     }
     k::rmsnorm_backward(ctx, drows, grads.final_norm, dnormed_rows, saved.x_final.view(), p.final_norm,
                         saved.rstd_f.view());
@@ -108,13 +140,15 @@ void backward_impl(const Context& ctx, const ModelWeights& weights, const KvCach
     if (saved.recompute) recompute_layer(ctx, weights, kv, ws, batch, bt, ro, &rr, l, moe_index, saved);
     const LayerActivations& a = saved.layers[size_t(l)];
     const PackedLayer& q = weights.layer(l);
+    const LayerLora lora(weights, saved, l);
     // x_out = h + ffn(normed2): both branches receive dx.
 
     // FFN backward into dnormed (= d normed2).
     if (!w.is_moe) {
       const int64_t F = c.intermediate_size;
       mlp_backward(ctx, dnormed, dx, a.normed2.view(), a.gu.view(), a.act.view(), w.mlp, g.mlp, q.mlp, false,
-                   ws.get(kSlotDact, f32, {T, F}), ws.get(kSlotDgu, f32, {T, 2 * F}));
+                   ws.get(kSlotDact, f32, {T, F}), ws.get(kSlotDgu, f32, {T, 2 * F}),
+                   lora.w ? &lora.w->mlp : nullptr, lora.g ? &lora.g->mlp : nullptr, lora.s);
     } else {
       const int64_t E = c.num_experts, K = c.num_experts_per_tok, Fe = c.moe_intermediate_size;
       zero(ctx, dnormed);
@@ -138,9 +172,10 @@ void backward_impl(const Context& ctx, const ModelWeights& weights, const KvCach
       // Experts own disjoint rows of every buffer and their own gradients.
       const auto expert_rows = [&](int64_t e, int64_t r0, int64_t r1, const Context& ectx) {
         mlp_backward(ectx, dxr.slice_rows(r0, r1), dyr.slice_rows(r0, r1), a.xe.view().slice_rows(r0, r1),
-                     a.gu_e.view().slice_rows(r0, r1), a.act_e.view().slice_rows(r0, r1), w.experts[size_t(e)],
-                     g.experts[size_t(e)], q.experts[size_t(e)], false, dact.slice_rows(r0, r1),
-                     dgu.slice_rows(r0, r1));
+                     a.gu_e.view().slice_rows(r0, r1), a.act_e.view().slice_rows(r0, r1),
+                     w.experts[size_t(e)], g.experts[size_t(e)], q.experts[size_t(e)], false,
+                     dact.slice_rows(r0, r1), dgu.slice_rows(r0, r1), lora_expert(lora.w, e),
+                     lora_expert(lora.g, e), lora.s);
       };
       const bool per_source = ep && saved.fold_expert_grads;
       for_each_expert(ctx, rows, [&](int64_t e, const Context& ectx) {
@@ -163,7 +198,7 @@ void backward_impl(const Context& ctx, const ModelWeights& weights, const KvCach
       Tensor dlog = ws.get(kSlotDlog, f32, {T, E});
       k::moe_route_backward(ctx, dlog, dtopk_w, a.scores.view(), a.topk_idx.view(), router_config(c));
       k::gemm_dyw(ctx, dnormed, dlog, w.router, true);
-      k::gemm_dytx(ctx, g.router, dlog, a.normed2.view());
+      weight_grad(ctx, g.router, dlog, a.normed2.view());
       if (c.has_shared_expert()) {
         const int64_t Fs = c.shared_expert_intermediate_size;
         Tensor dys = dx;
@@ -185,10 +220,11 @@ void backward_impl(const Context& ctx, const ModelWeights& weights, const KvCach
             }
           });
           k::gemm_dyw(ctx, dnormed, dglogit, w.shared_gate, true);
-          k::gemm_dytx(ctx, g.shared_gate, dglogit, a.normed2.view());
+          weight_grad(ctx, g.shared_gate, dglogit, a.normed2.view());
         }
         mlp_backward(ctx, dnormed, dys, a.normed2.view(), a.gu_s.view(), a.act_s.view(), w.shared, g.shared,
-                     q.shared, true, ws.get(kSlotDact, f32, {T, Fs}), ws.get(kSlotDgu, f32, {T, 2 * Fs}));
+                     q.shared, true, ws.get(kSlotDact, f32, {T, Fs}), ws.get(kSlotDgu, f32, {T, 2 * Fs}),
+                     lora.w ? &lora.w->shared : nullptr, lora.g ? &lora.g->shared : nullptr, lora.s);
       }
     }
     // normed2 = rmsnorm(h): dh = dx + rmsnorm_backward(dnormed).
@@ -197,7 +233,8 @@ void backward_impl(const Context& ctx, const ModelWeights& weights, const KvCach
 
     // h = x_in + attn · Woᵀ.
     k::gemm_dyw(ctx, dattn, dh, w.wo);
-    project_dw(ctx, g.wo, dh, a.attn.view(), q.wo);
+    weight_grad(ctx, g.wo, dh, a.attn.view(), q.wo);
+    if (lora.w) lora_backward(ctx, dattn, dh, a.attn.view(), lora.w->o, lora.g->o, lora.s);
     k::attention_backward(ctx, dq, dk, dv, dattn.reshape({T, H, Dh}), a.attn.view().reshape({T, H, Dh}),
                           a.lse.view(), a.q.view(), kv.k(l), kv.v(l), ab, scale);
     k::rope_backward(ctx, dq, bt.positions_t.view(), weights.rope());
@@ -212,9 +249,16 @@ void backward_impl(const Context& ctx, const ModelWeights& weights, const KvCach
     } else {
       join_qkv(ctx, dqkv, dq, dk, dv);
     }
-    if (c.qkv_bias) add_column_sums(ctx, g.bqkv, dqkv);
+    if (c.qkv_bias && g.bqkv.data != nullptr) add_column_sums(ctx, g.bqkv, dqkv);
     k::gemm_dyw(ctx, dnormed, dqkv, w.wqkv);
-    project_dw(ctx, g.wqkv, dqkv, a.normed1.view(), q.wqkv);
+    weight_grad(ctx, g.wqkv, dqkv, a.normed1.view(), q.wqkv);
+    if (lora.w) {
+      const int64_t nq = H * Dh, nk = Hkv * Dh;
+      const Tensor x1 = a.normed1.view();
+      lora_backward(ctx, dnormed, dqkv.slice_cols(0, nq), x1, lora.w->q, lora.g->q, lora.s);
+      lora_backward(ctx, dnormed, dqkv.slice_cols(nq, nq + nk), x1, lora.w->k, lora.g->k, lora.s);
+      lora_backward(ctx, dnormed, dqkv.slice_cols(nq + nk, nq + 2 * nk), x1, lora.w->v, lora.g->v, lora.s);
+    }
     // normed1 = rmsnorm(x_in): dx = dh + rmsnorm_backward(dnormed).
     k::rmsnorm_backward(ctx, dtmp, g.attn_norm, dnormed, a.x_in.view(), w.attn_norm, a.rstd1.view());
     add_into(ctx, dx, dh, dtmp);
@@ -225,7 +269,7 @@ void backward_impl(const Context& ctx, const ModelWeights& weights, const KvCach
         drop_layer(saved.layers[0]);
     }
   }
-  k::embedding_backward(ctx, grads.embed, dx, bt.tokens.view());
+  if (grads.embed.data != nullptr) k::embedding_backward(ctx, grads.embed, dx, bt.tokens.view());
 }
 
 }  // namespace

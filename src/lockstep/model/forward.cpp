@@ -75,13 +75,28 @@ void RaggedBatch::validate(const ModelConfig& c, const KvCache& kv) const {
 
 namespace {
 
+// The LoRA adapters of layer l, or null (no adapters on these weights).
+const LoraLayer* lora_of(const ModelWeights& weights, int64_t l) {
+  return weights.lora() ? &weights.lora()->params.layers[static_cast<size_t>(l)] : nullptr;
+}
+float lora_scale(const ModelWeights& weights) {
+  return weights.lora() ? weights.lora()->scale() : 0.0f;
+}
+
 // Runs one SwiGLU FFN on rows x (N, D): gu (N, 2F) = x·[Wg;Wu]ᵀ, act = silu(g)*u, y = act·Wdᵀ.
+// lora (may be null): each adapter adds to its projection's output before
+// the next step reads it (gate and up on their halves of gu).
 void mlp_forward(const Context& ctx, Tensor y, Tensor gu, Tensor act, const Tensor& x, const PackedMlp& w,
-                 bool accumulate) {
+                 bool accumulate, const LoraMlp* lora = nullptr, float lora_s = 0.0f) {
   const int64_t F = act.dim(1);
   project(ctx, gu, x, w.gate_up);
+  if (lora) {
+    lora_forward(ctx, gu.slice_cols(0, F), x, lora->gate, lora_s);
+    lora_forward(ctx, gu.slice_cols(F, 2 * F), x, lora->up, lora_s);
+  }
   k::swiglu_forward(ctx, act, gu.slice_cols(0, F), gu.slice_cols(F, 2 * F));
   project(ctx, y, act, w.down, accumulate);
+  if (lora) lora_forward(ctx, y, act, lora->down, lora_s);
 }
 
 // The one place an activation's buffer is chosen: the saved tensor backward
@@ -216,6 +231,14 @@ AttentionOut attention_block(const LayerEnv& env, int64_t l, const Tensor& x, co
   env.capture("attn_norm", l, normed1);
   project(ctx, env.qkv, normed1, w.wqkv);
   if (c.qkv_bias) add_row_bias(ctx, env.qkv, p.bqkv);
+  const LoraLayer* lora = lora_of(env.weights, l);
+  const float lora_s = lora_scale(env.weights);
+  if (lora) {  // q, k, v adapters on their column blocks of the fused output
+    const int64_t nq = H * Dh, nk = c.num_kv_heads * Dh;
+    lora_forward(ctx, env.qkv.slice_cols(0, nq), normed1, lora->q, lora_s);
+    lora_forward(ctx, env.qkv.slice_cols(nq, nq + nk), normed1, lora->k, lora_s);
+    lora_forward(ctx, env.qkv.slice_cols(nq + nk, nq + 2 * nk), normed1, lora->v, lora_s);
+  }
   Tensor q = out.get(&LA::q, kSlotQ, f32, {T, H, Dh});
   split_heads(env, p, out, q);
   k::rope_forward(ctx, q, positions, env.weights.rope());
@@ -231,6 +254,7 @@ AttentionOut attention_block(const LayerEnv& env, int64_t l, const Tensor& x, co
   env.capture("attn", l, attn);
   // h = x + attn·Woᵀ, then normed2 = rmsnorm(h).
   project(ctx, env.ffn, attn, w.wo);
+  if (lora) lora_forward(ctx, env.ffn, attn, lora->o, lora_s);
   env.capture("attn_out", l, env.ffn);
   Tensor h = out.get(&LA::h, kSlotH, f32, {T, D});
   Tensor rstd2 = out.get(&LA::rstd2, kSlotRstd, f32, {T});
@@ -248,7 +272,8 @@ void dense_ffn(const LayerEnv& env, int64_t l, const Tensor& normed2, const Laye
             &LA::act_s, &LA::ys, &LA::sgate});
   out.drop_routing();
   mlp_forward(env.ctx, env.ffn, out.get(&LA::gu, kSlotGu, DType::F32, {T, 2 * F}),
-              out.get(&LA::act, kSlotAct, DType::F32, {T, F}), normed2, env.weights.layer(l).mlp, false);
+              out.get(&LA::act, kSlotAct, DType::F32, {T, F}), normed2, env.weights.layer(l).mlp, false,
+              lora_of(env.weights, l) ? &lora_of(env.weights, l)->mlp : nullptr, lora_scale(env.weights));
 }
 
 struct Routing {
@@ -294,10 +319,12 @@ void local_experts(const LayerEnv& env, int64_t l, const Tensor& normed2, const 
   Tensor gu_e = out.get(&LA::gu_e, kSlotGu, f32, {T * K, 2 * Fe});
   Tensor act_e = out.get(&LA::act_e, kSlotAct, f32, {T * K, Fe});
   k::moe_gather(env.ctx, xe, normed2, plan);
+  const LoraLayer* lora = lora_of(env.weights, l);
   for_each_expert(env.ctx, plan, [&](int64_t e, const Context& ectx) {
     const int64_t r0 = plan.offsets[size_t(e)], r1 = plan.offsets[size_t(e) + 1];
     mlp_forward(ectx, ye.slice_rows(r0, r1), gu_e.slice_rows(r0, r1), act_e.slice_rows(r0, r1),
-                xe.slice_rows(r0, r1), w.experts[size_t(e)], false);
+                xe.slice_rows(r0, r1), w.experts[size_t(e)], false, lora_expert(lora, e),
+                lora_scale(env.weights));
   });
 }
 
@@ -321,13 +348,15 @@ void parallel_experts(const LayerEnv& env, int64_t l, const Tensor& normed2, con
   Tensor xr = out.get(&LA::xe, kSlotXr, f32, {N, D});
   Tensor stage = env.ws.get(kSlotEpStage, f32, {N, D});
   expert_dispatch(ctx, comm, route, xs, xr, stage);
+  const LoraLayer* lora = lora_of(env.weights, l);
   Tensor gu_e = out.get(&LA::gu_e, kSlotGu, f32, {N, 2 * Fe});
   Tensor act_e = out.get(&LA::act_e, kSlotAct, f32, {N, Fe});
   Tensor yr = env.ws.get(kSlotYr, f32, {N, D});
   for_each_expert(ctx, route.local, [&](int64_t e, const Context& ectx) {
     const int64_t r0 = route.local.offsets[size_t(e)], r1 = route.local.offsets[size_t(e) + 1];
     mlp_forward(ectx, yr.slice_rows(r0, r1), gu_e.slice_rows(r0, r1), act_e.slice_rows(r0, r1),
-                xr.slice_rows(r0, r1), w.experts[size_t(e)], false);
+                xr.slice_rows(r0, r1), w.experts[size_t(e)], false, lora_expert(lora, e),
+                lora_scale(env.weights));
   });
   expert_return(ctx, comm, route, yr, ye, stage);
 }
@@ -345,7 +374,9 @@ void shared_expert(const LayerEnv& env, int64_t l, const Tensor& normed2, const 
   Tensor gu_s = out.get(&LA::gu_s, kSlotGuS, f32, {T, 2 * Fs});
   Tensor act_s = out.get(&LA::act_s, kSlotActS, f32, {T, Fs});
   Tensor ys = out.get(&LA::ys, kSlotYs, f32, {T, D});
-  mlp_forward(env.ctx, ys, gu_s, act_s, normed2, w.shared, false);
+  const LoraLayer* lora = lora_of(env.weights, l);
+  mlp_forward(env.ctx, ys, gu_s, act_s, normed2, w.shared, false, lora ? &lora->shared : nullptr,
+              lora_scale(env.weights));
   env.capture("shared_out", l, ys);
   Tensor sgate;
   if (c.shared_expert_gate) {

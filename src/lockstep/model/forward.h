@@ -194,6 +194,9 @@ struct Activations {
   // for different experts; ectx is the expert's context. Unset: one gradient
   // over the rows of every source.
   std::function<void(const MlpParams& grads, const Context& ectx)> fold_expert_grads;
+  // Where backward accumulates the gradients of the weights' LoRA adapters
+  // (ModelWeights::lora); required when the weights carry adapters.
+  const LoraParams* lora_grads = nullptr;
   // DeepSeek-V4 with ForwardOptions::indexer_loss: the factor d(loss)/d(sum of
   // the rows' KL) that backward takes the indexer's gradient with (0: none).
   double indexer_loss_scale = 0;

@@ -14,6 +14,7 @@
 #include "lockstep/kernels/cpu/gemm.h"
 #include "lockstep/kernels/cpu/rope.h"
 #include "lockstep/model/expert_parallel.h"
+#include "lockstep/model/lora.h"
 #include "lockstep/model/params.h"
 
 namespace lockstep::model {
@@ -142,6 +143,15 @@ class ModelWeights {
   // A snapshot: the bytes of the tensors it copies (its own resident master);
   // otherwise 0.
   size_t snapshot_bytes() const;
+  // LoRA adapters every forward and backward on these weights applies (null:
+  // none). Not owned; they must outlive every forward that reads them. The
+  // rollout engine and the trainer attach the same adapters, so both run the
+  // same products (docs/kernels.md, "LoRA").
+  void set_lora(const LoraWeights* lora) { lora_ = lora; }
+  // The version, without repacking: after a step that changed only the
+  // attached adapters (which the kernels read where they are).
+  void set_version(uint64_t version) { version_ = version; }
+  const LoraWeights* lora() const { return lora_; }
 
  private:
   // Packs every projection of `from` (params_, or a snapshot's source).
@@ -180,6 +190,7 @@ class ModelWeights {
   Buffer effective_flat_;  // (layout numel) f32; empty unless effective and storage != F32
   ModelParams effective_;  // views into effective_flat_
   uint64_t version_ = 0;
+  const LoraWeights* lora_ = nullptr;
 };
 
 }  // namespace lockstep::model

@@ -163,9 +163,15 @@ void MpiRollout::sync(train::Trainer& trainer) {
   LS_CHECK(!stopped_) << "MpiRollout::sync after shutdown";
   Command c{kSync};
   sync_->broadcast_value(c, 0);
-  parallel::WeightBroadcaster out(*sync_, size_t(trainer.model_layout().numel()), trainer.version(), 0);
-  trainer.stream_model(true, [&](const float* d, int64_t n) { out.push(d, size_t(n)); });
-  last_sync_ = out.finish();
+  if (train::LoraState* lora = trainer.lora()) {  // the base never changes: only the adapters travel
+    parallel::WeightBroadcaster out(*sync_, size_t(lora->numel()), trainer.version(), 0);
+    out.push(lora->params(), size_t(lora->numel()));
+    last_sync_ = out.finish();
+  } else {
+    parallel::WeightBroadcaster out(*sync_, size_t(trainer.model_layout().numel()), trainer.version(), 0);
+    trainer.stream_model(true, [&](const float* d, int64_t n) { out.push(d, size_t(n)); });
+    last_sync_ = out.finish();
+  }
   const model::ExpertShard shard = trainer.weights().experts();
   PackedSum ps{aligned_ ? 1 : 0, aligned_ ? model::packed_checksum(trainer.weights(), shard) : 0, shard.first,
                shard.count};
@@ -242,12 +248,25 @@ void check_packed_bits(comm::Communicator& sync, const model::ModelWeights& weig
 
 }  // namespace
 
-ServeStats serve_rollout(comm::Communicator& sync, const Context& ctx, const ModelConfig& config, float* params,
-                         const rollout::RolloutSection& cfg, uint64_t seed) {
+ServeStats serve_rollout(comm::Communicator& sync, const Context& ctx, const ModelConfig& config,
+                         float* params, const rollout::RolloutSection& cfg, uint64_t seed,
+                         const model::LoraConfig& lora) {
   LS_CHECK(sync.valid() && sync.rank() != 0) << "serve_rollout runs on rollout ranks (rank >= 1 of weight_sync)";
   const ParamLayout layout(config);  // outlives weights, which point into it
   const DType storage = rollout::precision_dtype(cfg.precision);
   model::ModelWeights weights(ctx, layout, params, storage, storage == DType::FP8E4M3 ? cfg.fp8_block : 0);
+  // LoRA: the base stays as loaded (the trainer's is frozen); every sync
+  // overwrites the adapters.
+  std::unique_ptr<LoraLayout> lora_layout;
+  std::vector<float> lora_params;
+  std::unique_ptr<model::LoraWeights> adapters;
+  if (lora.enabled()) {
+    lora_layout = std::make_unique<LoraLayout>(layout, lora.spec());
+    lora_params.assign(size_t(lora_layout->numel()), 0.0f);
+    init_lora(*lora_layout, lora_params.data(), lora.init_seed);  // the trainer's start, until the first sync
+    adapters = std::make_unique<model::LoraWeights>(*lora_layout, lora_params.data());
+    weights.set_lora(adapters.get());
+  }
   rollout::EngineConfig ec = cfg.engine;
   ec.seed = seed;
   rollout::Engine engine(ctx, &weights, ec);
@@ -258,8 +277,13 @@ ServeStats serve_rollout(comm::Communicator& sync, const Context& ctx, const Mod
     if (c.kind == kStop) return st;
     Timer t;
     if (c.kind == kSync) {
-      const parallel::WeightSyncStats ws = parallel::broadcast_weights(sync, params, size_t(layout.numel()), 0, 0);
-      weights.refresh(ctx, ws.version);  // repack the projections from the new f32 buffer
+      float* into = adapters ? lora_params.data() : params;
+      const size_t n = adapters ? lora_params.size() : size_t(layout.numel());
+      const parallel::WeightSyncStats ws = parallel::broadcast_weights(sync, into, n, 0, 0);
+      if (adapters)
+        weights.set_version(ws.version);  // the engine reads the adapters in place
+      else
+        weights.refresh(ctx, ws.version);  // repack the projections from the new f32 buffer
       check_packed_bits(sync, weights);
       engine.update_weights(&weights);   // drops KV state built on the old weights
       st.version = ws.version;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "lockstep/comm/communicator.h"
+#include "lockstep/model/lora.h"
 #include "lockstep/parallel/data_parallel.h"
 #include "lockstep/parallel/weight_broadcast.h"
 #include "lockstep/rl/rollout_backend.h"
@@ -98,9 +99,11 @@ struct ServeStats {
 // A rollout rank (rank != 0 of `sync`): builds an engine on `params` (the
 // model's f32 buffer, ParamLayout(config); overwritten by every weight
 // broadcast) in the precision of `cfg`, then serves the trainer root's
-// commands until it sends stop.
-ServeStats serve_rollout(comm::Communicator& sync, const Context& ctx, const ModelConfig& config, float* params,
-                         const rollout::RolloutSection& cfg, uint64_t seed);
+// commands until it sends stop. lora ([lora], enabled): the trainer trains
+// adapters on the frozen base, and every sync carries only the adapters.
+ServeStats serve_rollout(comm::Communicator& sync, const Context& ctx, const ModelConfig& config,
+                         float* params, const rollout::RolloutSection& cfg, uint64_t seed,
+                         const model::LoraConfig& lora = {});
 
 // Gives requests without a sampling seed one derived from (seed, call, index),
 // so their samples do not depend on which rank's engine runs them.

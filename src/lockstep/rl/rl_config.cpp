@@ -8,6 +8,7 @@
 
 #include "lockstep/base/error.h"
 #include "lockstep/base/excerpt.h"
+#include "lockstep/model/lora.h"
 #include "lockstep/model/model_source.h"
 #include "lockstep/train/train_config.h"
 
@@ -17,13 +18,13 @@ namespace {
 // Every top-level key is a known section.
 void check_sections(const toml::table& root, const std::string& source) {
   static const std::vector<std::string> kSections = {"model", "data", "rollout", "train", "algo", "reward",
-                                                     "eval",  "log",  "sync",    "dist",  "rl",   "critic"};
+                                                     "eval",  "log",  "sync",    "dist",  "rl",   "critic", "lora"};
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
     if (std::find(kSections.begin(), kSections.end(), key) == kSections.end())
       LS_THROW << source << ": unknown section [" << excerpt(key)
                << "] (rl reads [model] [data] [rollout] [train] [algo] "
-               << "[reward] [eval] [log] [dist] [rl] [critic])";
+               << "[reward] [eval] [log] [dist] [rl] [critic] [lora])";
     if (!v.is_table()) LS_THROW << source << ": '" << excerpt(key) << "' must be a section";
   }
   // [dist] is read by the command that launches the ranks (cli/cmd_rl.cpp).
@@ -113,6 +114,7 @@ RlConfig rl_config_from_toml(const toml::table& root, const std::string& source)
     s.finish();
   }
   read_train(root, source, c);
+  c.trainer.lora = model::lora_config_from_root(root, source);
   read_precision(root, source, c);
   {
     TomlSection s(root["rl"].as_table(), source, "rl");

@@ -51,6 +51,7 @@ LocalRollout::LocalRollout(train::Trainer& trainer, const rollout::RolloutSectio
     fast_weights_ = std::make_unique<model::ModelWeights>(ctx_, trainer.model_layout(), params, storage,
                                                           storage == DType::FP8E4M3 ? cfg.fp8_block : 0);
     fast_weights_->refresh(ctx_, trainer.version());
+    fast_weights_->set_lora(trainer.weights().lora());  // the trainer's adapters, read in place
   }
   rollout::EngineConfig ec = cfg.engine;
   ec.seed = seed;
@@ -120,7 +121,12 @@ void LocalRollout::check_packed_bits(train::Trainer& trainer) const {
 
 void LocalRollout::sync(train::Trainer& trainer) {
   if (model_.size()) trainer.gather_model(model_.as<float>(), true);  // collective over the trainer's EP group
-  if (own_weights_) fast_weights_->refresh(ctx_, trainer.version());
+  // LoRA: the base is frozen, so the engine's packing of it stays valid and
+  // only the version moves (the adapters are read in place).
+  if (own_weights_ && trainer.lora())
+    fast_weights_->set_version(trainer.version());
+  else if (own_weights_)
+    fast_weights_->refresh(ctx_, trainer.version());
   if (aligned_ && own_weights_ && !trainer.weights().in_place()) check_packed_bits(trainer);
   // Aligned: the trainer repacked its weights in place; the engine reads
   // them as they are (no copy) and only drops KV state built on the old ones.

@@ -92,9 +92,11 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, Trainer& t
   save_pretrained(tmp_dir.string(), trainer.config(), trainer.model_layout(), trainer.checkpoint_params(), DType::F32);
   copy_tokenizer(tokenizer_dir, tmp_dir.string());
   trainer.save_optimizer((tmp_dir / "optimizer.bin").string());
+  // LoRA: the adapters in PEFT's layout beside the (frozen) base.
+  if (LoraState* lora = trainer.lora()) save_adapter(tmp_dir.string(), lora->layout(), lora->params());
   state["step"] = step;
   state["weight_version"] = trainer.version();
-  state["optimizer_steps"] = trainer.optimizer().steps_done();
+  state["optimizer_steps"] = trainer.lora() ? trainer.lora()->steps_done() : trainer.optimizer().steps_done();
   write_file_atomic((tmp_dir / "trainer_state.json").string(), state.dump(2) + "\n");
   if (extra) extra(tmp_dir.string());
   write_checksum_manifest(tmp_dir.string());  // last: it covers every other file but the weights
@@ -156,7 +158,17 @@ CheckpointInfo load_checkpoint(const CheckpointInfo& info, Trainer& trainer) {
   if (!(ParamLayout(saved).same_as(trainer.model_layout())))
     LS_THROW << info.dir << ": checkpoint model does not match the configured model";
   load_params(info.dir, trainer.layout(), trainer.params(), &trainer.context());
-  trainer.optimizer().load((fs::path(info.dir) / "optimizer.bin").string());
+  if (LoraState* lora = trainer.lora()) {
+    const LoraSpec saved_spec = read_adapter_config(info.dir);
+    if (saved_spec.rank != lora->layout().rank() ||
+        saved_spec.target_modules != lora->layout().spec().target_modules)
+      LS_THROW << info.dir << ": its adapter (r = " << saved_spec.rank
+               << ") does not match [lora] (r = " << lora->layout().rank() << ", or other target_modules)";
+    read_adapter_weights(info.dir, lora->layout(), lora->params());
+    lora->load_optimizer((fs::path(info.dir) / "optimizer.bin").string());
+  } else {
+    trainer.optimizer().load((fs::path(info.dir) / "optimizer.bin").string());
+  }
   trainer.params_changed(info.state.value("weight_version", uint64_t(0)));
   LS_LOG(Info) << "resumed from " << info.dir << " (step " << info.step << ")";
   return info;

@@ -71,6 +71,7 @@ Tensor chunked_head_backward(const Context& ctx, const model::ModelWeights& weig
                                     targets.slice_rows(r0, r1), temperature);
     model::lm_head_backward_dx(ctx, weights, dhead.slice_rows(r0, r1), dlogits);
   }
+  if (grads.lm_head.data == nullptr) return dhead;  // a frozen head (LoRA): no weight gradient
   // lm_head's gradient by column blocks over every row: dlogits[:, v0:v1]
   // from the saved row statistics, element by element.
   const int64_t vc = column_block(R, V, chunk);

@@ -44,8 +44,9 @@ Trainer::Trainer(const Context& ctx, const ModelConfig& config, Buffer params, T
       model_layout_(config),
       layout_(model_layout_),
       params_(in_memory(std::move(params), kernels::device_memory(ctx), "parameters")),
-      grads_(layout_.nbytes(), kernels::device_memory(ctx), Fill::Zero, "gradients"),
-      grad_views_(bind(layout_, grads_.as<float>())),
+      // A LoRA trainer takes no base gradient: no buffer for one.
+      grads_(cfg.lora.enabled() ? 0 : layout_.nbytes(), kernels::device_memory(ctx), Fill::Zero, "gradients"),
+      grad_views_(cfg.lora.enabled() ? ModelParams{} : bind(layout_, grads_.as<float>())),
       cfg_(cfg),
       optimizer_(layout_, cfg.optim, nullptr, kernels::device_memory(ctx)) {
   LS_CHECK(params_.size() >= layout_.nbytes())
@@ -71,6 +72,18 @@ Trainer::Trainer(const Context& ctx, const ModelConfig& config, Buffer params, T
   weights_ = std::make_unique<model::ModelWeights>(ctx_, layout_, params_.as<float>(), cfg_.precision,
                                                    cfg_.fp8_block, model::ExpertShard{}, /*effective=*/true,
                                                    cfg_.in_place_weights);
+  if (cfg_.lora.enabled()) start_lora();
+}
+
+void Trainer::start_lora() {
+  if (cfg_.world_invariant) LS_THROW << "[lora] does not support [dist] world_invariant = true yet";
+  if (cfg_.mtp_loss_coef != 0 || cfg_.indexer_loss_coef != 0)
+    LS_THROW << "[lora] trains adapters only: set [train] mtp_loss_coef and indexer_loss_coef to 0";
+  if (!kernels::device_memory(ctx_).host_visible())
+    LS_THROW << "[lora]: LoRA adapters run on the CPU backend only for now";
+  lora_ = std::make_unique<LoraState>(layout_, cfg_.lora);
+  grad_views_ = lora_->base_grads();
+  weights_->set_lora(&lora_->weights());
 }
 
 void Trainer::params_changed(uint64_t version) {
@@ -99,6 +112,7 @@ void Trainer::set_expert_comm(model::ExpertComm* comm) {
   const ModelConfig& c = config();
   LS_CHECK(optimizer_.steps_done() == 0)
       << "set_expert_comm after optimizer steps would lose the optimizer state";
+  if (lora_) LS_THROW << "[lora]: LoRA adapters do not support expert parallelism yet";
   LS_CHECK(layout_.all_experts() || comm == experts_)
       << "set_expert_comm: this trainer already holds only some experts; build it again from the whole model";
   model::ExpertShard shard;
@@ -262,6 +276,7 @@ void Trainer::prepare_checkpoint(bool writer, const std::string& scratch) {
 }
 
 void Trainer::save_optimizer(const std::string& path) {
+  if (lora_) return lora_->save_optimizer(path);  // the adapters' moments only
   if (experts_ == nullptr) return optimizer_.save(path);
   LS_CHECK(!gathered_optimizer_.empty())
       << "save_optimizer: prepare_checkpoint(true, ...) first (expert parallelism)";
@@ -314,6 +329,7 @@ struct RunSpec {
   bool recompute = false;
   model::ExpertComm* experts = nullptr;
   const ModelParams* grads = nullptr;  // null: forward only (the loss must be null too)
+  const model::LoraParams* lora_grads = nullptr;  // the adapters' gradients (LoRA trainer)
   double mtp_loss_coef = 0.0;          // TrainerConfig::mtp_loss_coef
   double indexer_loss_coef = 0.0;      // TrainerConfig::indexer_loss_coef
   // Called after each micro-batch's backward (world_invariant: the fold).
@@ -591,6 +607,7 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
     std::vector<Tensor> dmtp;
     if (mtp) total += mtp_loss(r, rb.fr, seqs, b0, b1, first_row, mtp_norm, dmtp);
     rb.acts.fold_expert_grads = r.fold_expert_grads ? *r.fold_expert_grads : nullptr;
+    rb.acts.lora_grads = r.lora_grads;
     rb.acts.indexer_loss_scale = 0;
     if (fo.indexer_loss) {
       rb.acts.indexer_loss_scale = r.indexer_loss_coef / indexer_rows;
@@ -627,6 +644,7 @@ double Trainer::run(const std::vector<TrainSequence>& seqs, const LossFn* loss, 
   r.recompute = cfg_.recompute_activations;
   r.experts = experts_;
   r.grads = &grad_views_;
+  r.lora_grads = lora_ ? &lora_->grad_views() : nullptr;
   r.mtp_loss_coef = cfg_.mtp_loss_coef;
   r.indexer_loss_coef = cfg_.indexer_loss_coef;
   const std::function<void()> fold = [this] { fold_gradients(); };
@@ -716,6 +734,7 @@ void Trainer::finish_exact_sum() {
 }
 
 void Trainer::zero_grad() {
+  if (lora_) return lora_->zero_grad();
   zero_memory(ctx_, grads_.memory(), grads_.data(), layout_.nbytes());
   exact_empty_ = true;
   expert_refused_ = 0;
@@ -747,6 +766,11 @@ std::vector<TokenScores> Scorer::score(const std::vector<TrainSequence>& seqs, c
 }
 
 OptimizerStats Trainer::step() {
+  if (lora_) {  // only the adapters change: the packed base stays as it is
+    const OptimizerStats s = lora_->step(ctx_, optimizer_.config(), cfg_.grad_reduce);
+    if (!s.skipped) weights_->set_version(weights_->version() + 1);
+    return s;
+  }
   if (cfg_.world_invariant)
     finish_exact_sum();
   else if (cfg_.grad_reduce)

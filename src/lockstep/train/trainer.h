@@ -19,6 +19,7 @@
 #include "lockstep/model/forward.h"
 #include "lockstep/model/params.h"
 #include "lockstep/model/weights.h"
+#include "lockstep/train/lora_state.h"
 #include "lockstep/train/optimizer.h"
 
 namespace lockstep::train {
@@ -114,6 +115,9 @@ struct TrainerConfig {
   // indexer loss.
   bool world_invariant = false;
   std::function<void(comm::Fixed* sums, size_t n)> exact_reduce;
+  // [lora] (docs/rl.md, "LoRA"): rank > 0 trains LoRA adapters only
+  // (LoraState); the base stays frozen at `precision` and takes no gradient.
+  model::LoraConfig lora;
 };
 
 struct ScoreOptions {
@@ -161,6 +165,8 @@ class Trainer {
   const ParamLayout& model_layout() const { return model_layout_; }
   const model::ModelWeights& weights() const { return *weights_; }
   float* params() { return params_.as<float>(); }
+  // Full fine-tuning's gradients (layout()); a LoRA trainer has none (null):
+  // its adapters' gradients are lora()->grads().
   float* grads() { return grads_.as<float>(); }
   uint64_t version() const { return weights_->version(); }
   AdamW& optimizer() { return optimizer_; }
@@ -182,6 +188,9 @@ class Trainer {
   // outlive the trainer's use of it.
   void set_expert_comm(model::ExpertComm* comm);
   model::ExpertComm* expert_comm() const { return experts_; }
+  // The LoRA adapters this trainer trains ([lora] rank > 0), or null.
+  LoraState* lora() { return lora_.get(); }
+  const LoraState* lora() const { return lora_.get(); }
   // The whole model's f32 parameters (model_layout()) into `out`: on every
   // rank of the expert-parallel group (all), or on its rank 0 only (out may
   // be null elsewhere). Collective over the group; without expert
@@ -220,6 +229,8 @@ class Trainer {
   // zeroed (with expert parallelism, all but the experts': those were folded
   // per source by fold_expert_gradients).
   void fold_gradients();
+  // [lora]: checks the settings, makes lora_ and attaches its adapters.
+  void start_lora();
   // world_invariant with expert parallelism: exact_ allocated, and its
   // experts' sums zeroed when a step starts.
   void start_exact_sum();
@@ -260,6 +271,7 @@ class Trainer {
   bool exact_empty_ = true;
   // Terms fold_expert_gradients refused since the last fold_gradients.
   std::atomic<int64_t> expert_refused_{0};
+  std::unique_ptr<LoraState> lora_;  // [lora]: the adapters; grads_ then stays empty
 };
 
 // Weights that only score: the f32 parameters (held, not copied) and their

@@ -1,0 +1,150 @@
+// The [lora] config, the engines' views of the adapters (over peft.h's
+// layout), and the adapters' forward and backward products.
+#include "lockstep/model/lora.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "lockstep/base/error.h"
+#include "lockstep/kernels/cpu/gemm.h"
+
+namespace lockstep::model {
+
+std::vector<std::string> LoraConfig::modules() const {
+  return lora_target_modules(target_modules);
+}
+
+LoraConfig lora_config_from_toml(TomlSection& s) {
+  LoraConfig c;
+  c.rank = s.get_int("rank", 0, 0, 4096);
+  c.alpha = s.get_double("alpha", c.alpha, 1e-12, 1e12);
+  const double dropout = s.get_double("dropout", 0.0, 0.0, 1.0);
+  if (dropout != 0.0)
+    s.fail("dropout",
+           "only 0 is supported: a dropout mask would make the trainer's forward differ from the rollout's, "
+           "and lockstep's engines must agree bit for bit");
+  c.target_modules = s.get_string_list("target_modules", c.target_modules);
+  c.init_seed = static_cast<uint64_t>(s.get_int("init_seed", 0, 0));
+  if (c.target_modules.empty()) s.fail("target_modules", "is empty: name at least one module");
+  const auto& all = lora_module_names();
+  for (const std::string& m : c.target_modules) {
+    if (m == "all-linear") {
+      if (c.target_modules.size() != 1) s.fail("target_modules", "\"all-linear\" must be the only entry");
+      continue;
+    }
+    if (std::find(all.begin(), all.end(), m) == all.end())
+      s.fail("target_modules",
+             "unknown module \"" + m +
+                 "\" (expected q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj "
+                 "or \"all-linear\")");
+  }
+  return c;
+}
+
+LoraConfig lora_config_from_root(const toml::table& root, const std::string& source) {
+  TomlSection s(root["lora"].as_table(), source, "lora");
+  LoraConfig c = lora_config_from_toml(s);
+  s.finish();
+  return c;
+}
+
+LoraSpec LoraConfig::spec(const std::string& base) const {
+  LoraSpec s;
+  s.rank = rank;
+  s.alpha = alpha;
+  s.dropout = 0.0;
+  s.target_modules = modules();
+  s.base_model_name_or_path = base;
+  return s;
+}
+
+LoraParams bind_lora(const LoraLayout& layout, float* base) {
+  int64_t L = 0, E = 0;
+  for (const LoraProjection& p : layout.projections()) {
+    L = std::max(L, p.layer + 1);
+    E = std::max(E, p.expert + 1);
+  }
+  LoraParams m;
+  m.layers.resize(size_t(L));
+  for (LoraLayer& layer : m.layers) layer.experts.resize(size_t(E));
+  const int64_t r = layout.rank();
+  for (const LoraProjection& p : layout.projections()) {
+    LoraLayer& layer = m.layers[size_t(p.layer)];
+    LoraMlp* mlp = &layer.mlp;
+    if (p.expert >= 0)
+      mlp = &layer.experts[size_t(p.expert)];
+    else if (p.base_name.find("shared_expert") != std::string::npos)
+      mlp = &layer.shared;
+    LoraPair* pair = &mlp->down;
+    if (p.module == "q_proj")
+      pair = &layer.q;
+    else if (p.module == "k_proj")
+      pair = &layer.k;
+    else if (p.module == "v_proj")
+      pair = &layer.v;
+    else if (p.module == "o_proj")
+      pair = &layer.o;
+    else if (p.module == "gate_proj")
+      pair = &mlp->gate;
+    else if (p.module == "up_proj")
+      pair = &mlp->up;
+    pair->a = Tensor(base + p.a_offset, DType::F32, {r, p.in_features});
+    pair->b = Tensor(base + p.b_offset, DType::F32, {p.out_features, r});
+  }
+  return m;
+}
+
+namespace {
+// us (T, r) = s·(x·Aᵀ): the chain over `in`, then one f32 multiply each.
+OwnedTensor scaled_down(const Context& ctx, const Tensor& x, const LoraPair& p, float s) {
+  const int64_t T = x.dim(0), r = p.a.dim(0);
+  OwnedTensor us(DType::F32, {T, r});  // (T, r)
+  if (T == 0) return us;
+  kernels::gemm_xwt(ctx, us.view(), x, p.a);
+  float* u = us.f32();
+  for (int64_t i = 0; i < T * r; ++i) u[i] = u[i] * s;
+  return us;
+}
+}  // namespace
+
+void lora_forward(const Context& ctx, Tensor y, const Tensor& x, const LoraPair& p, float s) {
+  if (!p.on() || x.dim(0) == 0) return;
+  const OwnedTensor us = scaled_down(ctx, x, p, s);
+  kernels::gemm_xwt(ctx, y, us.view(), p.b, true);
+}
+
+void lora_backward(const Context& ctx, Tensor dx, const Tensor& dy, const Tensor& x, const LoraPair& p,
+                   const LoraPair& g, float s) {
+  if (!p.on() || x.dim(0) == 0) return;
+  const int64_t T = x.dim(0), r = p.a.dim(0);
+  // du (T, r) = s·(dy·B): the gradient of the scaled down-projection.
+  OwnedTensor du(DType::F32, {T, r});
+  kernels::gemm_dyw(ctx, du.view(), dy, p.b);
+  float* d = du.f32();
+  for (int64_t i = 0; i < T * r; ++i) d[i] = d[i] * s;
+  if (g.b.data != nullptr) kernels::gemm_dytx(ctx, g.b, dy, scaled_down(ctx, x, p, s).view());
+  if (g.a.data != nullptr) kernels::gemm_dytx(ctx, g.a, du.view(), x);
+  if (dx.data != nullptr) kernels::gemm_dyw(ctx, dx, du.view(), p.a, true);
+}
+
+ModelParams frozen_base_grads(const ParamLayout& layout, Buffer& scratch) {
+  const ModelConfig& c = layout.config();
+  const int64_t D = c.hidden_size, Dh = c.head_dim;
+  scratch = Buffer(size_t(std::max(D, Dh)) * sizeof(float));
+  float* s = scratch.as<float>();
+  ModelParams m;
+  m.final_norm = Tensor(s, DType::F32, {D});
+  m.layers.resize(size_t(c.num_layers));
+  for (LayerParams& L : m.layers) {
+    L.attn_norm = Tensor(s, DType::F32, {D});
+    L.mlp_norm = Tensor(s, DType::F32, {D});
+    if (c.qk_norm) {
+      L.q_norm = Tensor(s, DType::F32, {Dh});
+      L.k_norm = Tensor(s, DType::F32, {Dh});
+    }
+    L.experts.resize(size_t(c.num_experts));
+  }
+  return m;
+}
+
+}  // namespace lockstep::model
