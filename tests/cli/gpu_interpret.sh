@@ -12,14 +12,10 @@
 #  4. --device cuda on a machine without a CUDA device (or in a build without
 #     the CUDA runtime; tests/cli/device_cli.sh checks which message), and an
 #     unknown device, fail with a clear message (exit 2).
-# The rollout engine's commands (generate, check-alignment) run in strict
-# interpret mode: host code touching device memory stops them. Those that run
-# the trainer on the device (score, demo) still read device memory from the
-# host (docs/gpu.md, "Host reads not yet moved"), so they alone get the
-# debugging switch.
+# Every command runs in strict interpret mode: host code touching device
+# memory stops it, as it would fault on a device (docs/gpu.md).
 set -euo pipefail
 unset LOCKSTEP_INTERPRET_HOST_ACCESS
-trainer_host_access=(env LOCKSTEP_INTERPRET_HOST_ACCESS=1)
 BIN=$1
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
@@ -91,7 +87,7 @@ with open(sys.argv[1], "w") as f:
         f.write(json.dumps({"prompt_ids": p, "response_ids": r}) + "\n")
 PY
 "$BIN" score --model "$T/hf" --input "$T/score_in.jsonl" --output "$T/cpu.jsonl" --entropy 2>/dev/null
-"${trainer_host_access[@]}" "$BIN" score --model "$T/hf" --input "$T/score_in.jsonl" --output "$T/interp.jsonl" \
+"$BIN" score --model "$T/hf" --input "$T/score_in.jsonl" --output "$T/interp.jsonl" \
   --entropy --device interpret \
   --threads 2 2>/dev/null
 printf '{"prompt_ids":[5,6,7,8]}\n{"prompt_ids":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19]}\n{"prompt_ids":[40]}\n' \
@@ -124,7 +120,7 @@ python3 -c "import json; j=json.load(open('$T/a.json')); assert j['train/train_r
 
 short=(--sft-steps 4 --rl-steps 2 --threads 2 --set eval.interval=2 --set rollout.batch_size=4 --set eval.n=1)
 "$BIN" demo --out "$T/dcpu" "${short[@]}" > "$T/dcpu.log" 2>&1 || { cat "$T/dcpu.log"; exit 1; }
-"${trainer_host_access[@]}" "$BIN" demo --out "$T/dint" "${short[@]}" --device interpret > "$T/dint.log" 2>&1 ||
+"$BIN" demo --out "$T/dint" "${short[@]}" --device interpret > "$T/dint.log" 2>&1 ||
   { cat "$T/dint.log"; exit 1; }
 python3 - "$T" <<'PY'
 import json, sys

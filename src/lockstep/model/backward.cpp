@@ -72,6 +72,9 @@ void mlp_backward(const Context& ctx, Tensor dx, const Tensor& dy, const Tensor&
 }
 
 void zero(const Context& ctx, Tensor t) {
+  // Device memory is zeroed by its allocator (the host cannot write it).
+  const Allocator& memory = kernels::device_memory(ctx);
+  if (!memory.host_visible()) return memory.fill(t.data, 0, t.nbytes());
   const int64_t rows = t.dim(0), row_bytes = int64_t(t.nbytes()) / std::max<int64_t>(rows, 1);
   ctx.parallel_for(rows, [&](int64_t r0, int64_t r1) {
     std::memset(static_cast<char*>(t.data) + r0 * row_bytes, 0, size_t((r1 - r0) * row_bytes));

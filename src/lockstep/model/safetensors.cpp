@@ -15,12 +15,14 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "lockstep/base/error.h"
 #include "lockstep/base/excerpt.h"
 #include "lockstep/base/file_util.h"
 #include "lockstep/comm/checksum.h"
+#include "lockstep/kernels/gpu/backend.h"
 #include "lockstep/model/hf_quant.h"
 
 namespace lockstep {
@@ -430,22 +432,37 @@ std::string stored_dtype(const SafetensorsTensor& t, DType dtype) {
     LS_THROW << "tensor '" << t.name << "': unknown safetensors dtype '" << t.raw_dtype << "'";
   return t.raw_dtype;
 }
+// Floats of a tensor the writer handles at once: its bf16 scratch, and the
+// host copy of a tensor in device memory, stay bounded whatever its size.
+constexpr size_t kChunk = size_t{1} << 20;
+
+// Calls fn(values, m) over a tensor's f32 values, kChunk at a time, in order:
+// the values themselves in host memory, a copy of each chunk where they lie
+// in device memory the host cannot read (a trainer on a device).
+void for_each_f32_chunk(const float* data, size_t numel,
+                        const std::function<void(const float*, size_t)>& fn) {
+  std::vector<unsigned char> keep;
+  for (size_t i = 0; i < numel; i += kChunk) {
+    const size_t m = std::min(kChunk, numel - i);
+    const Tensor chunk(const_cast<float*>(data + i), DType::F32, {int64_t(m)});
+    fn(kernels::host_readable(chunk, keep).f32(), m);
+  }
+}
+
 // XXH64 of the bytes a tensor is stored as: of the values themselves for
 // F32 and raw tensors, of their bf16 rounding (made chunk by chunk, as the
 // writer makes it again) for BF16.
 uint64_t stored_checksum(const SafetensorsTensor& t, DType dtype, uint64_t nbytes) {
   LS_CHECK(t.data != nullptr || t.raw != nullptr || nbytes == 0) << "tensor " << t.name << " has no data";
   if (t.raw) return comm::checksum64(t.raw, nbytes);
-  if (dtype == DType::F32) return comm::checksum64(t.data, nbytes);
-  const size_t numel = nbytes / 2;
-  constexpr size_t kChunk = size_t{1} << 20;
-  std::vector<bf16_t> scratch(std::min(numel, kChunk));
+  const size_t numel = nbytes / dtype_size(dtype);
+  std::vector<bf16_t> scratch(dtype == DType::BF16 ? std::min(numel, kChunk) : 0);
   comm::Xxh64 hash;
-  for (size_t i = 0; i < numel; i += kChunk) {
-    const size_t m = std::min(kChunk, numel - i);
-    convert_f32_to_bf16(t.data + i, scratch.data(), m);
+  for_each_f32_chunk(t.data, numel, [&](const float* x, size_t m) {
+    if (dtype == DType::F32) return hash.update(x, m * 4);
+    convert_f32_to_bf16(x, scratch.data(), m);
     hash.update(scratch.data(), m * 2);
-  }
+  });
   return hash.digest();
 }
 }  // namespace
@@ -486,18 +503,13 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
       f.write(t.raw, safetensors_nbytes(t, dtype));
       continue;
     }
-    if (dtype == DType::F32) {
-      f.write(t.data, numel * 4);
-      continue;
-    }
     // Convert in bounded chunks so a huge tensor needs no full bf16 copy.
-    constexpr size_t kChunk = size_t{1} << 20;
-    scratch.resize(std::min(numel, kChunk));
-    for (size_t i = 0; i < numel; i += kChunk) {
-      const size_t m = std::min(kChunk, numel - i);
-      convert_f32_to_bf16(t.data + i, scratch.data(), m);
+    scratch.resize(dtype == DType::BF16 ? std::min(numel, kChunk) : 0);
+    for_each_f32_chunk(t.data, numel, [&](const float* x, size_t m) {
+      if (dtype == DType::F32) return f.write(x, m * 4);
+      convert_f32_to_bf16(x, scratch.data(), m);
       f.write(scratch.data(), m * 2);
-    }
+    });
   }
   f.commit();
 }

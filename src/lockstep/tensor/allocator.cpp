@@ -1,9 +1,11 @@
 // The host allocator: aligned, zero-filled host memory.
 #include "lockstep/tensor/allocator.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "lockstep/base/error.h"
 #include "lockstep/tensor/tensor.h"
@@ -44,6 +46,9 @@ class HostAllocator final : public Allocator {
   void copy(void* dst, const void* src, size_t bytes) const override {
     if (bytes) std::memcpy(dst, src, bytes);
   }
+  void fill(void* dst, unsigned char byte, size_t bytes) const override {
+    if (bytes) std::memset(dst, byte, bytes);
+  }
 };
 
 }  // namespace
@@ -52,6 +57,14 @@ void Allocator::copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src
                         size_t rows) const {
   for (size_t r = 0; r < rows; ++r)
     copy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, row_bytes);
+}
+
+void Allocator::fill(void* dst, unsigned char byte, size_t bytes) const {
+  // 1 MiB: a bounded host block, whatever the size of the memory filled.
+  constexpr size_t kBlock = size_t{1} << 20;
+  const std::vector<unsigned char> block(std::min(bytes, kBlock), byte);
+  for (size_t at = 0; at < bytes; at += kBlock)
+    copy_in(static_cast<char*>(dst) + at, block.data(), std::min(kBlock, bytes - at));
 }
 
 // Never destroyed: Buffers with static storage duration release through it

@@ -39,6 +39,10 @@ class Allocator {
   // default copies row by row.
   virtual void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
                        size_t rows) const;
+  // Sets `bytes` bytes at dst (this allocator's memory) to `byte`
+  // (cudaMemset's shape): how host code zeroes memory it may not touch. The
+  // default copies in a bounded host block of `byte`s, chunk by chunk.
+  virtual void fill(void* dst, unsigned char byte, size_t bytes) const;
 };
 
 // Aligned host memory (the CPU, and the default of every Buffer).

@@ -8,8 +8,9 @@
 #include <fstream>
 
 #include "lockstep/base/error.h"
-#include "lockstep/kernels/cpu/adamw.h"
 #include "lockstep/base/file_util.h"
+#include "lockstep/kernels/cpu/adamw.h"
+#include "lockstep/train/host_copies.h"
 
 namespace lockstep::train {
 
@@ -40,15 +41,15 @@ OptimizerStats AdamW::step(const Context& ctx, float* params, float* grads, cons
   // A frozen tensor's gradient slots are cleared first, so whatever they hold
   // counts neither in the norm (this buffer's or `norm`'s) nor in clipping.
   for (const auto& info : layout_->params())
-    if (info.frozen) std::fill(grads + info.offset, grads + info.offset + info.numel, 0.0f);
-  s.grad_norm = norm ? norm(ctx, grads) : kernels::global_grad_norm(ctx, grads, n);
+    if (info.frozen) memory_->fill(grads + info.offset, 0, size_t(info.numel) * sizeof(float));
+  s.grad_norm = norm ? norm(ctx, grads) : grad_norm(ctx, *memory_, grads, n);
   if (!std::isfinite(s.grad_norm)) {
     s.skipped = true;
-    std::memset(grads, 0, size_t(n) * sizeof(float));
+    memory_->fill(grads, 0, size_t(n) * sizeof(float));
     return s;
   }
   if (config_.grad_clip > 0 && s.grad_norm > config_.grad_clip)
-    kernels::scale_grads(ctx, {kernels::FloatSegment{grads, n}}, float(config_.grad_clip / s.grad_norm));
+    scale_gradients(ctx, *memory_, grads, n, float(config_.grad_clip / s.grad_norm));
   ensure_state();
   ++step_;
   s.lr = lr_at(config_, step_);
@@ -71,6 +72,8 @@ OptimizerStats AdamW::step(const Context& ctx, float* params, float* grads, cons
 
 namespace {
 constexpr char kMagic[8] = {'L', 'S', 'A', 'D', 'A', 'M', 'W', '1'};
+// Floats of a moment a save or load holds on the host at once (16 MiB).
+constexpr int64_t kStateChunk = int64_t{1} << 22;
 }
 
 OptimizerStateWriter::OptimizerStateWriter(const std::string& path, int64_t step, int64_t n) : file_(path), n_(n) {
@@ -95,8 +98,10 @@ void AdamW::save(const std::string& path) {
       << "AdamW::save: this optimizer holds part of the model's moments (Trainer::prepare_checkpoint gathers them)";
   ensure_state();
   OptimizerStateWriter w(path, step_, layout_->numel());
-  w.write(m_.as<float>(), layout_->numel());
-  w.write(v_.as<float>(), layout_->numel());
+  // Through a bounded host copy where the moments lie in device memory.
+  const auto write = [&w](const float* d, int64_t k) { w.write(d, k); };
+  for_each_host_chunk(*memory_, m_.as<float>(), layout_->numel(), kStateChunk, write);
+  for_each_host_chunk(*memory_, v_.as<float>(), layout_->numel(), kStateChunk, write);
   w.commit();
 }
 
@@ -116,16 +121,19 @@ void AdamW::load(const std::string& path) {
   // (one read of each moment when the layouts are the same).
   const std::streamoff header = 24;
   for (int moment = 0; moment < 2; ++moment) {
-    char* dst = static_cast<char*>(moment == 0 ? m_.data() : v_.data());
+    float* dst = moment == 0 ? m_.as<float>() : v_.as<float>();
+    const auto read = [&in](float* d, int64_t k) {
+      in.read(reinterpret_cast<char*>(d), std::streamsize(k) * 4);
+    };
     if (layout_->numel() == n) {
       in.seekg(header + std::streamoff(moment) * n * 4);
-      in.read(dst, std::streamsize(n) * 4);
+      fill_from_host(*memory_, dst, n, kStateChunk, read);
       continue;
     }
     for (size_t i = 0; i < layout_->params().size(); ++i) {
       const ParamInfo& info = layout_->params()[i];
       in.seekg(header + (std::streamoff(moment) * n + model_offset_[i]) * 4);
-      in.read(dst + info.offset * 4, std::streamsize(info.numel) * 4);
+      fill_from_host(*memory_, dst + info.offset, info.numel, kStateChunk, read);
     }
   }
   if (!in) LS_THROW << path << ": truncated optimizer state";

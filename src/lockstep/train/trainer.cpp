@@ -16,6 +16,7 @@
 #include "lockstep/kernels/gpu/backend.h"
 #include "lockstep/model/v4_forward.h"
 #include "lockstep/train/chunked_head.h"
+#include "lockstep/train/host_copies.h"
 
 namespace lockstep::train {
 
@@ -573,21 +574,24 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
       kernels::token_logprob_forward(r.ctx, logp.view(), opt.entropy ? ent.view() : Tensor(), Tensor(),
                                      rb.fr.logits.view(), tgt.view(), opt.temperature);
     }
-    // Zeroed: a loss may leave the gradient of tokens it ignores unwritten.
-    std::memset(model::reuse(r.ctx, dlogp, DType::F32, {R}).data, 0, size_t(R) * 4);
-    std::memset(model::reuse(r.ctx, dent, DType::F32, {R}).data, 0, size_t(R) * 4);
+    // The losses run on host copies; their gradients start zeroed (a loss may
+    // leave the gradient of tokens it ignores unwritten).
+    HostTokenRows h;
+    h.read(rb.memory, logp.view(), opt.entropy ? ent.view() : Tensor());
     for (size_t i = b0; i < b1; ++i) {
       const int64_t r0 = first_row[i - b0], n = seqs[i].num_targets();
       if (scores) {
         auto& sc = (*scores)[i];
-        sc.logp.assign(logp.f32() + r0, logp.f32() + r0 + n);
-        if (opt.entropy) sc.entropy.assign(ent.f32() + r0, ent.f32() + r0 + n);
+        sc.logp.assign(h.logp.data() + r0, h.logp.data() + r0 + n);
+        if (opt.entropy) sc.entropy.assign(h.ent.data() + r0, h.ent.data() + r0 + n);
       }
       if (loss) {
-        total += (*loss)(i, logp.f32() + r0, opt.entropy ? ent.f32() + r0 : nullptr, n, dlogp.f32() + r0,
-                         opt.entropy ? dent.f32() + r0 : nullptr);
+        total += (*loss)(i, h.logp.data() + r0, opt.entropy ? h.ent.data() + r0 : nullptr, n,
+                         h.dlogp.data() + r0, opt.entropy ? h.dent.data() + r0 : nullptr);
       }
     }
+    h.write_grads(rb.memory, model::reuse(r.ctx, dlogp, DType::F32, {R}),
+                  model::reuse(r.ctx, dent, DType::F32, {R}));
     if (opt.mtp && scores) mtp_scores(r, rb.fr, seqs, b0, b1, first_row, *scores);
     if (!loss || (R == 0 && r.experts == nullptr)) continue;
     // The logits are not needed once their gradient is known: the kernel
@@ -733,7 +737,7 @@ void Trainer::finish_exact_sum() {
 
 void Trainer::zero_grad() {
   if (lora_) return lora_->zero_grad();
-  std::memset(grads_.data(), 0, layout_.nbytes());
+  zero_memory(ctx_, grads_.memory(), grads_.data(), layout_.nbytes());
   exact_empty_ = true;
   expert_refused_ = 0;
 }
@@ -793,12 +797,7 @@ OptimizerStats Trainer::step() {
   else if (experts_)
     norm = [this](const Context& ctx, const float* g) { return expert_grad_norm(ctx, g); };
   OptimizerStats s = optimizer_.step(ctx_, params_.as<float>(), grads_.as<float>(), norm);
-  // Zero the gradients on every thread: a single thread does not saturate
-  // memory bandwidth on a buffer of hundreds of MB.
-  char* g = static_cast<char*>(grads_.data());
-  const int64_t n = int64_t(layout_.nbytes());
-  ctx_.parallel_for(
-      n, [&](int64_t b0, int64_t b1) { std::memset(g + b0, 0, size_t(b1 - b0)); }, int64_t{1} << 20);
+  zero_memory(ctx_, grads_.memory(), grads_.data(), layout_.nbytes());
   if (!s.skipped) weights_->refresh(ctx_, weights_->version() + 1);
   return s;
 }

@@ -46,6 +46,9 @@ class DeviceMemory final : public Allocator {
                size_t rows) const override {
     ::lockstep::gpu::emu::copy_on_device_2d(dst, dst_pitch, src, src_pitch, row_bytes, rows);
   }
+  void fill(void* dst, unsigned char byte, size_t bytes) const override {
+    if (bytes) ::lockstep::gpu::emu::fill_device(dst, byte, bytes);
+  }
 };
 
 #else
@@ -114,6 +117,9 @@ class DeviceMemory final : public Allocator {
   void copy(void* dst, const void* src, size_t bytes) const override {
     if (bytes)
       check(LS_RT(MemcpyAsync)(dst, src, bytes, LS_RT(MemcpyDeviceToDevice), stream()), "copy on the device");
+  }
+  void fill(void* dst, unsigned char byte, size_t bytes) const override {
+    if (bytes) check(LS_RT(MemsetAsync)(dst, byte, bytes, stream()), "memset");
   }
 
  private:
