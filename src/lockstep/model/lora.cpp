@@ -85,9 +85,9 @@ LoraParams bind_lora(const LoraLayout& layout, float* base) {
       pair = &layer.wq_b;
     else if (p.module == "wo_b")
       pair = &layer.wo_b;
-    else if (p.module == "w1")
+    else if (p.module == "w1" || p.module == "gate_proj")  // DeepSeek-V4's name, then PEFT's
       pair = &mlp->gate;
-    else if (p.module == "w3")
+    else if (p.module == "w3" || p.module == "up_proj")
       pair = &mlp->up;
     else if (p.module == "q_proj")
       pair = &layer.q;
@@ -97,10 +97,6 @@ LoraParams bind_lora(const LoraLayout& layout, float* base) {
       pair = &layer.v;
     else if (p.module == "o_proj")
       pair = &layer.o;
-    else if (p.module == "gate_proj")
-      pair = &mlp->gate;
-    else if (p.module == "up_proj")
-      pair = &mlp->up;
     pair->a = Tensor(base + p.a_offset, DType::F32, {r, p.in_features});
     pair->b = Tensor(base + p.b_offset, DType::F32, {p.out_features, r});
   }
