@@ -63,6 +63,19 @@ awk -v g="$(field "$lora" 10)" -v m="$(field "$lora" 11)" 'BEGIN { exit !(g > 0 
 grep -qE '^ *moe-tiny lora r4 +f32 ' "$T/lora.txt" || { cat "$T/lora.txt"; fail "no LoRA row in the step table"; }
 if "$BIN" bench rl --lora-rank 4,-1 > "$T/bad.txt" 2>&1; then fail "--lora-rank -1 was accepted"; fi
 grep -q "flag --lora-rank" "$T/bad.txt" || { cat "$T/bad.txt"; fail "the refusal does not name --lora-rank"; }
+# --steps 0 --recompute: the warm-up step alone, memory only (the step table shows no
+# times), with the trainer's activation recompute.
+"$BIN" bench rl --config "$SRC/configs/bench/moe-tiny.toml" --steps 0 --recompute --prompts 1 --samples 2 \
+  --prompt-len 40 --new-tokens 2 > "$T/mem.txt" 2>&1 || { cat "$T/mem.txt"; fail "lockstep bench rl --steps 0"; }
+grep -qE '^ *moe-tiny +f32 +0 +2 +1 x 2 +- +- ' "$T/mem.txt" || { cat "$T/mem.txt"; fail "--steps 0 should time nothing"; }
+positive "$(field "$(rl_memory_row "$T/mem.txt")" 3)" || { cat "$T/mem.txt"; fail "--steps 0 reports no peak"; }
+"$BIN" bench train --config "$SRC/configs/bench/moe-tiny.toml" --steps 0 --seq-len 16 --seqs 1 > "$T/tmem.txt" 2>&1 \
+  || { cat "$T/tmem.txt"; fail "lockstep bench train --steps 0"; }
+grep -qE '^ *moe-tiny +2 +16 +16 +- +- ' "$T/tmem.txt" || { cat "$T/tmem.txt"; fail "train --steps 0 should time nothing"; }
+if "$BIN" bench all --steps 0 > "$T/bad.txt" 2>&1; then fail "bench all --steps 0 was accepted"; fi
+grep -q "memory only" "$T/bad.txt" || { cat "$T/bad.txt"; fail "bench all --steps 0: no reason given"; }
+if "$BIN" bench rl --steps -1 > "$T/bad.txt" 2>&1; then fail "--steps -1 was accepted"; fi
+grep -q "flag --steps" "$T/bad.txt" || { cat "$T/bad.txt"; fail "the refusal does not name --steps"; }
 if "$BIN" bench rl --staleness 2 > "$T/bad.txt" 2>&1; then fail "--staleness 2 was accepted"; fi
 grep -q "flag --staleness" "$T/bad.txt" || { cat "$T/bad.txt"; fail "the refusal does not name --staleness"; }
 

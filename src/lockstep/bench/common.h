@@ -88,6 +88,7 @@ class Table {
  public:
   explicit Table(std::vector<std::string> header) { rows_.push_back(std::move(header)); }
   void add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  size_t columns() const { return rows_.front().size(); }
   std::string str() const;
 
  private:

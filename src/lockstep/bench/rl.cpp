@@ -94,6 +94,7 @@ rl::RlConfig rl_config(const RlBenchOptions& opt, const std::string& out_dir) {
   cfg.rollout.trainer_precision = precision_name(opt.trainer_precision);
   cfg.trainer.micro_batch_tokens = opt.micro_batch_tokens;
   cfg.trainer.precision = opt.trainer_precision;
+  cfg.trainer.recompute_activations = opt.recompute;
   cfg.trainer.in_place_weights = opt.precision != opt.trainer_precision;  // as `lockstep rl` (fast mode)
   cfg.trainer.optim.lr = 1e-4;
   if (opt.lora_rank > 0) {  // as bench train --lora-rank
@@ -218,14 +219,22 @@ void add_row(Table& t, const RlBenchResult& r) {
       r.opt.precision == r.opt.trainer_precision
           ? precision_name(r.opt.precision)
           : precision_name(r.opt.precision) + "/" + precision_name(r.opt.trainer_precision);
-  t.add({r.model, prec, fmt("%lld", (long long)r.opt.staleness), fmt("%d", r.opt.threads),
-         fmt("%lld x %lld", (long long)r.opt.prompts, (long long)r.opt.samples),
-         fmt("%.0f", r.generated_tokens), fmt("%.0f", r.trained_tokens), fmt("%.2f", r.step_s),
-         fmt("%.2f", r.rollout_s), fmt("%.2f", r.old_logprob_s), fmt("%.2f", r.ref_logprob_s),
-         fmt("%.2f", r.train_s), fmt("%.3f", r.sync_s), fmt("%.2f", r.wait_s),
-         fmt("%.0f", r.trained_tokens / std::max(r.step_s, 1e-9)),
-         fmt("%.0f", r.generated_tokens / std::max(r.rollout_s, 1e-9)),
-         fmt("%.0f", r.trained_tokens / std::max(r.train_s, 1e-9))});
+  std::vector<std::string> row = {r.model, prec, fmt("%lld", (long long)r.opt.staleness), fmt("%d", r.opt.threads),
+                                  fmt("%lld x %lld", (long long)r.opt.prompts, (long long)r.opt.samples)};
+  if (r.opt.steps == 0) {  // --steps 0: the warm-up step alone, for its memory; nothing timed
+    row.resize(rl_table().columns(), "-");
+    t.add(row);
+    return;
+  }
+  for (std::string cell :
+       {fmt("%.0f", r.generated_tokens), fmt("%.0f", r.trained_tokens), fmt("%.2f", r.step_s),
+        fmt("%.2f", r.rollout_s), fmt("%.2f", r.old_logprob_s), fmt("%.2f", r.ref_logprob_s),
+        fmt("%.2f", r.train_s), fmt("%.3f", r.sync_s), fmt("%.2f", r.wait_s),
+        fmt("%.0f", r.trained_tokens / std::max(r.step_s, 1e-9)),
+        fmt("%.0f", r.generated_tokens / std::max(r.rollout_s, 1e-9)),
+        fmt("%.0f", r.trained_tokens / std::max(r.train_s, 1e-9))})
+    row.push_back(std::move(cell));
+  t.add(row);
 }
 
 Table rl_memory_table() {

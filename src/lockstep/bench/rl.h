@@ -21,7 +21,8 @@ struct RlBenchOptions {
   int64_t prompt_len = 64;  // tokens per prompt (random bytes)
   int64_t new_tokens = 64;  // [rollout] max_new_tokens, always all of them (ignore_eos)
   int64_t micro_batch_tokens = 4096;
-  int64_t steps = 2;                     // measured steps, after one warm-up step
+  int64_t steps = 2;                     // measured steps, after one warm-up step (0: memory only)
+  bool recompute = false;                // [train] recompute_activations
   DType precision = DType::F32;          // [model] precision (the rollout's)
   DType trainer_precision = DType::F32;  // [model] trainer_precision (differs: fast mode)
   int64_t staleness = 0;                 // [dist] max_weight_staleness (1: generate one step ahead)

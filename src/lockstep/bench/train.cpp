@@ -109,7 +109,7 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& opt, Peak peak) {
   r.optim_s /= steps;
   r.cpu_s /= steps;
   const double tokens = double(opt.seqs_per_step * opt.seq_len);
-  r.tokens_per_s = tokens / (r.fwd_bwd_s + r.optim_s);
+  r.tokens_per_s = opt.steps > 0 ? tokens / (r.fwd_bwd_s + r.optim_s) : 0.0;  // 0 steps: nothing timed
   r.flops_per_token = train_flops_per_token(c, opt.seq_len);
   r.gflops = r.tokens_per_s * r.flops_per_token * 1e-9;
   return r;
@@ -138,6 +138,13 @@ void add_row(Table& t, const TrainBenchResult& r) {
   const double wall = r.fwd_bwd_s + r.optim_s, tokens = double(r.opt.seq_len * r.opt.seqs_per_step);
   const double cpu_gflops = tokens * r.flops_per_token / (r.cpu_s / r.opt.threads) * 1e-9;
   const double peak = r.peak.gflops();
+  if (r.opt.steps == 0) {  // --steps 0: the warm-up step alone, for its memory; nothing timed
+    std::vector<std::string> row = {r.model, fmt("%d", r.opt.threads), fmt("%lld", (long long)r.opt.seq_len),
+                                    fmt("%lld", (long long)(r.opt.seq_len * r.opt.seqs_per_step))};
+    row.resize(train_table().columns(), "-");
+    t.add(row);
+    return;
+  }
   t.add({r.model, fmt("%d", r.opt.threads), fmt("%lld", (long long)r.opt.seq_len),
          fmt("%lld", (long long)(r.opt.seq_len * r.opt.seqs_per_step)), fmt("%.0f", r.tokens_per_s),
          fmt("%.1f", r.flops_per_token * 1e-6), fmt("%.1f", r.gflops), fmt("%.1f", peak),

@@ -33,7 +33,7 @@ struct TrainBenchOptions {
   // TrainerConfig::lora: rank > 0 trains LoRA adapters of that rank on every
   // projection ("all-linear", alpha = 2 x rank) over the frozen base.
   int64_t lora_rank = 0;
-  int64_t steps = 2;       // measured steps, after one warm-up step
+  int64_t steps = 2;       // measured steps, after one warm-up step (0: memory only)
   const kernels::GpuBackend* gpu = nullptr;  // --device; null: the CPU kernels
 };
 

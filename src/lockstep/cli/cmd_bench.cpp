@@ -102,7 +102,16 @@ const std::vector<std::string> rl_flags = {"config",
                                            "staleness",
                                            "rollout-threads",
                                            "kl-coef",
-                                           "lora-rank"};
+                                           "lora-rank",
+                                           "recompute"};
+
+// --steps of train and rl: the measured steps after the warm-up; 0 runs the
+// warm-up step alone, for its memory.
+int64_t memory_only_steps(const Args& args, int64_t fallback) {
+  const int64_t steps = args.get_int("steps", fallback);
+  if (steps < 0) LS_THROW << "flag --steps must be >= 0 (0: the warm-up step alone, for memory), got " << steps;
+  return steps;
+}
 
 perf::TrainBenchOptions train_options(const Args& args) {
   perf::TrainBenchOptions o;
@@ -115,7 +124,7 @@ perf::TrainBenchOptions train_options(const Args& args) {
   o.in_place = !args.flag("packed-copy");
   o.lora_rank = args.get_int("lora-rank", 0);
   if (o.lora_rank < 0) LS_THROW << "--lora-rank must be >= 0, got " << o.lora_rank;
-  o.steps = positive(args, "steps", o.steps);
+  o.steps = memory_only_steps(args, o.steps);
   if (auto p = args.maybe("precision")) o.precision = precision_flag(*p);
   return o;
 }
@@ -144,7 +153,8 @@ perf::RlBenchOptions rl_options(const Args& args) {
   o.prompt_len = positive(args, "prompt-len", o.prompt_len);
   o.new_tokens = positive(args, "new-tokens", o.new_tokens);
   o.micro_batch_tokens = positive(args, "micro-batch-tokens", o.micro_batch_tokens);
-  o.steps = positive(args, "steps", o.steps);
+  o.steps = memory_only_steps(args, o.steps);
+  o.recompute = args.flag("recompute");
   if (auto p = args.maybe("precision")) o.precision = o.trainer_precision = precision_flag(*p);
   if (auto p = args.maybe("trainer-precision")) o.trainer_precision = precision_flag(*p);
   o.staleness = args.get_int("staleness", 0);
@@ -262,6 +272,7 @@ int run_all(const Args& args) {
   perf::TrainBenchOptions to = train_options(args);
   perf::RolloutBenchOptions ro = rollout_options(args);
   const perf::RlBenchOptions lo = rl_options(args);
+  if (to.steps == 0) LS_THROW << "bench all: --steps 0 (memory only) is for bench train and bench rl; all reports ratios";
   if (!args.maybe("batches")) ro.decode_batches = {1, 16, 64};
   to.gpu = ro.gpu = device_flag(args);
   const perf::Peak peak = perf::measure_fma_peak(to.threads);
@@ -300,7 +311,7 @@ LS_REGISTER_COMMAND(Command{
     "                              [--device cpu|interpret]\n"
     "       lockstep bench rl      [--config FILE[,FILE]] [--threads N] [--prompts N] [--samples N]\n"
     "                              [--prompt-len N] [--new-tokens N] [--micro-batch-tokens N]\n"
-    "                              [--steps N] [--precision f32|bf16|fp8]\n"
+    "                              [--steps N] [--recompute] [--precision f32|bf16|fp8]\n"
     "                              [--trainer-precision f32|bf16|fp8] [--staleness 0|1]\n"
     "                              [--rollout-threads N] [--kl-coef X] [--lora-rank N[,N]]\n\n"
     "Runs on randomly initialised weights of the [model] in each config (default: both\n"
@@ -315,6 +326,7 @@ LS_REGISTER_COMMAND(Command{
     "  --micro-batch-tokens 4096), the model FLOPs per\n"
     "  token and the fraction of the machine's fp32 FMA peak, measured in the same run.\n"
     "  --recompute: activation recompute (keep only layer inputs; backward recomputes).\n"
+    "  --steps 0: the warm-up step alone, for its memory (the speed table shows no times).\n"
     "  --world-invariant: [dist] world_invariant's exact gradient sum (a fold per micro-batch).\n"
     "  --precision: the forward's weights in bf16 or fp8 (master weights and AdamW stay f32).\n"
     "  --packed-copy: keep the packed copy of f32 weights (aligned RL's rollout reads it); by\n"
@@ -336,6 +348,9 @@ LS_REGISTER_COMMAND(Command{
     "  own copies, KV cache, activations). --precision sets both engines (aligned);\n"
     "  --trainer-precision f32 with a bf16/fp8 --precision is fast mode; --staleness 1 generates\n"
     "  one step ahead on --rollout-threads of its own; --kl-coef > 0 adds the frozen reference.\n"
+    "  --recompute: the trainer's activation recompute, as bench train. --steps 0 runs the\n"
+    "  warm-up step alone and reports its memory only (a long --prompt-len then measures memory\n"
+    "  against sequence length without the decode of as many tokens).\n"
     "  --lora-rank N[,N]: LoRA adapters of each rank on every projection ([lora] all-linear,\n"
     "  alpha 2 x N) over the frozen base, one run per rank (0: full fine-tuning), e.g. 0,16.\n"
     "--device interpret runs the model's kernels through the GPU kernel sources on the CPU\n"
