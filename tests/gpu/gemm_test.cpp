@@ -292,6 +292,40 @@ TEST(GpuGemm, XwtPackedMxfp4) {
       }
 }
 
+// unpack_weight: the values the products multiply by (bf16/fp8 training's
+// widened copy), GPU entry against the CPU at every storage, in-place f32
+// rows too, padded output rows kept as they were.
+TEST(GpuGemm, UnpackWeightMatchesCpu) {
+  ThreadPool pool(2);
+  Context ctx;
+  ctx.pool = &pool;
+  const Context cpu;
+  int i = 0;
+  for (Storage s : {Storage::F32, Storage::BF16, Storage::Fp8Tensor, Storage::Fp8Block16, Storage::Fp8Bytes,
+                    Storage::Mxfp4})
+    for (int64_t N : {1, 7, 16, 33})
+      for (int64_t K : {32, 64, 96}) {
+        std::mt19937 g(3000u + uint32_t(i++));
+        const PackedWeight w = make_packed(cpu, s, N, K, g, true);
+        OutPair out(N, K, pick_ld(g, K), g);
+        unpack_weight(cpu, out.cpu(), w);
+        dev::unpack_weight(ctx, out.dev.view(), w);
+        out.compare(std::string("unpack_weight ") + storage_name(s) + " N=" + std::to_string(N) +
+                    " K=" + std::to_string(K));
+        if (HasFatalFailure()) return;
+      }
+  std::mt19937 g(7);
+  DevMat rows(9, 40, 43, DType::F32, "rows");
+  fill(rows, g, true);
+  std::vector<float> host_rows(static_cast<float*>(rows.p), static_cast<float*>(rows.p) + rows.elems());
+  Tensor host_view = rows.view();
+  host_view.data = host_rows.data();
+  OutPair out(9, 40, 41, g);
+  unpack_weight(cpu, out.cpu(), in_place_weight(host_view));
+  dev::unpack_weight(ctx, out.dev.view(), in_place_weight(rows.view()));
+  out.compare("unpack_weight in place");
+}
+
 // A sample of the size grid for the plain-operand products.
 void for_sampled_shapes(uint32_t seed, int count,
                         const std::function<void(int64_t, int64_t, int64_t, int)>& fn) {

@@ -43,7 +43,8 @@ int run_serve(const Args& args) {
                     "shutdown-timeout",
                     "update-policy",
                     "precision",
-                    "fp8-block"});
+                    "fp8-block",
+                    "device"});
   serve::ServerOptions o;
   o.model_dir = args.require("model");
   o.host = args.get("host", "127.0.0.1");
@@ -101,6 +102,7 @@ int run_serve(const Args& args) {
 
   auto pool = make_pool(args.get_int("threads", 0));
   Context ctx{pool.get(), e.seed};
+  set_device(ctx, args);
   serve::ApiServer server(ctx, o);
   const int bound = server.bind();
   std::cout << "lockstep serve: listening on http://" << o.host << ":" << bound << " (model " << o.model_dir
@@ -148,7 +150,7 @@ LS_REGISTER_COMMAND(Command{
     "                      [--request-timeout 30] [--header-timeout 5] [--keep-alive-timeout 5]\n"
     "                      [--max-samples 65536]\n"
     "                      [--shutdown-timeout 30] [--update-policy finish|abort]\n"
-    "                      [--precision f32|bf16|fp8] [--fp8-block 128]\n\n"
+    "                      [--precision f32|bf16|fp8] [--fp8-block 128] [--device cpu|interpret|cuda|hip]\n\n"
     "Serves the Hugging Face model directory DIR (config.json, safetensors, tokenizer.json):\n"
     "  POST /generate                  SGLang native generation (text or input_ids, batches, n, stream)\n"
     "  POST /v1/completions            OpenAI completions        POST /v1/chat/completions  OpenAI chat\n"
@@ -168,7 +170,9 @@ LS_REGISTER_COMMAND(Command{
     "more than --max-samples samples (prompts x n) in one request get 400.\n"
     "--precision f32 (default), bf16 or fp8 packs the weights in that precision: logprobs\n"
     "equal a trainer's in the same precision bit for bit (`lockstep score --precision`,\n"
-    "`lockstep rl` with [model] precision). SIGINT/SIGTERM: stop accepting, finish requests\n"
+    "`lockstep rl` with [model] precision). --device runs the engine's kernels on a GPU backend\n"
+    "(interpret: the GPU kernel sources emulated on the CPU; docs/gpu.md), with the CPU's bits.\n"
+    "SIGINT/SIGTERM: stop accepting, finish requests\n"
     "in flight (abort them after --shutdown-timeout seconds, or on a second signal).\n"
     "See docs/server.md.\n",
     {"no-prefix-cache"},

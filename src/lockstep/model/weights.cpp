@@ -278,7 +278,7 @@ void ModelWeights::unpack_layer(const Context& ctx, const PackedLayer& q, LayerP
 }
 
 void ModelWeights::unpack_effective(const Context& ctx) {
-  std::memcpy(effective_flat_.data(), flat_, layout_->nbytes());
+  effective_flat_.memory().copy(effective_flat_.data(), flat_, layout_->nbytes());  // both device memory
   for (size_t i = 0; i < params_.layers.size(); ++i) unpack_layer(ctx, layers_[i], effective_.layers[i]);
   for (size_t j = 0; j < mtp_.size(); ++j) {
     unpack_layer(ctx, mtp_[j].block, effective_.mtp[j].block);

@@ -59,8 +59,13 @@ void top_logprobs(const Context& ctx, const Tensor& logits, int64_t k, float tem
   out->assign(size_t(R), {});
   if (R == 0 || k <= 0) return;
   k = std::min(k, V);
+  // The ranking on the host: every token's logprob from a host copy of the
+  // logits where they lie in device memory (the CPU kernel, so the same order
+  // on every device; the values come from the backend below).
   Buffer all(static_cast<size_t>(R * V) * sizeof(float));  // (R, V) every token's logprob
-  kernels::log_softmax_forward(ctx, Tensor(all.as<float>(), DType::F32, {R, V}), logits, temperature);
+  std::vector<unsigned char> keep;
+  kernels::log_softmax_forward(kernels::cpu_context(ctx), Tensor(all.as<float>(), DType::F32, {R, V}),
+                               kernels::host_readable(logits, keep), temperature);
   ctx.parallel_for(R, [&](int64_t r0, int64_t r1) {
     std::vector<int32_t> idx(static_cast<size_t>(V));
     for (int64_t r = r0; r < r1; ++r) {

@@ -3,12 +3,14 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <vector>
 
 #include "lockstep/base/error.h"
-#include "lockstep/base/log.h"
 #include "lockstep/base/file_util.h"
+#include "lockstep/base/log.h"
 #include "lockstep/base/pause_point.h"
+#include "lockstep/kernels/gpu/backend.h"
 #include "lockstep/model/pretrained.h"
 #include "lockstep/train/checkpoint_integrity.h"
 
@@ -153,18 +155,39 @@ std::optional<CheckpointInfo> find_latest_checkpoint(const std::string& run_dir)
   return info;
 }
 
+namespace {
+
+// Runs read(dst) that writes n floats: straight into `dst` where host code may
+// write the trainer's memory, else into a host copy then copied in (a trainer
+// on a device: the host cannot touch its parameters).
+void read_into(const Allocator& memory, float* dst, int64_t n, const std::function<void(float*)>& read) {
+  if (memory.host_visible() ||
+      !memory.holds(dst)) {  // host memory, or a buffer the trainer keeps on the host
+    read(dst);
+    return;
+  }
+  std::vector<float> host(static_cast<size_t>(n));
+  read(host.data());
+  memory.copy_in(dst, host.data(), host.size() * sizeof(float));
+}
+
+}  // namespace
+
 CheckpointInfo load_checkpoint(const CheckpointInfo& info, Trainer& trainer) {
   ModelConfig saved = load_hf_config((fs::path(info.dir) / "config.json").string());
   if (!(ParamLayout(saved).same_as(trainer.model_layout())))
     LS_THROW << info.dir << ": checkpoint model does not match the configured model";
-  load_params(info.dir, trainer.layout(), trainer.params(), &trainer.context());
+  const Allocator& memory = kernels::device_memory(trainer.context());
+  read_into(memory, trainer.params(), trainer.layout().numel(),
+            [&](float* dst) { load_params(info.dir, trainer.layout(), dst, &trainer.context()); });
   if (LoraState* lora = trainer.lora()) {
     const LoraSpec saved_spec = read_adapter_config(info.dir);
     if (saved_spec.rank != lora->layout().rank() ||
         saved_spec.target_modules != lora->layout().spec().target_modules)
       LS_THROW << info.dir << ": its adapter (r = " << saved_spec.rank
                << ") does not match [lora] (r = " << lora->layout().rank() << ", or other target_modules)";
-    read_adapter_weights(info.dir, lora->layout(), lora->params());
+    read_into(memory, lora->params(), lora->numel(),
+              [&](float* dst) { read_adapter_weights(info.dir, lora->layout(), dst); });
     lora->load_optimizer((fs::path(info.dir) / "optimizer.bin").string());
   } else {
     trainer.optimizer().load((fs::path(info.dir) / "optimizer.bin").string());

@@ -553,6 +553,7 @@ void unpack_weight(const Context& ctx, Tensor w_out, const PackedWeight& pw) {
       (pw.k > 1 && w_out.stride[1] != 1) || (pw.n > 1 && w_out.stride[0] < pw.k))
     LS_THROW << "unpack_weight: w_out must be (" << pw.n << ", " << pw.k << ") f32 with contiguous rows, got "
              << w_out.shape_str();
+  LS_GPU_DISPATCH(ctx, unpack_weight, w_out, pw);
   if (pw.in_place()) {
     ctx.parallel_for(pw.n, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r)

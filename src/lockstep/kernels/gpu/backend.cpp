@@ -53,6 +53,7 @@ template <typename Fn>
 void for_each_entry(const GpuBackend& b, Fn&& fn) {
 #define LS_ENTRY(e) fn(#e, b.e != nullptr)
   LS_ENTRY(gemm_xwt_packed);
+  LS_ENTRY(unpack_weight);
   LS_ENTRY(gemm_xwt);
   LS_ENTRY(gemm_dyw);
   LS_ENTRY(gemm_dytx);

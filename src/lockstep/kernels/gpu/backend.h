@@ -36,6 +36,8 @@ struct GpuBackend {
   void (*gemm_xwt)(const Context&, Tensor y, const Tensor& x, const Tensor& w, bool accumulate) = nullptr;
   void (*gemm_dyw)(const Context&, Tensor dx, const Tensor& dy, const Tensor& w, bool accumulate) = nullptr;
   void (*gemm_dytx)(const Context&, Tensor dw, const Tensor& dy, const Tensor& x, bool accumulate) = nullptr;
+  // gemm_pack.cpp: the values a packed weight's products multiply by (bf16/fp8 training's widened copy)
+  void (*unpack_weight)(const Context&, Tensor w_out, const PackedWeight& pw) = nullptr;
   // embedding.h
   void (*embedding_forward)(const Context&, Tensor out, const Tensor& table, const Tensor& ids) = nullptr;
   void (*embedding_backward)(const Context&, Tensor dtable, const Tensor& dout, const Tensor& ids) = nullptr;

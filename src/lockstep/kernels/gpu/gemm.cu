@@ -167,6 +167,18 @@ LS_GLOBAL void gemm_tiled_kernel(GemmArgs g) {
   }
 }
 
+// out(r, t) = B(t, r): every value a product multiplies by, one thread per
+// element (each is one exact widening, or the fp8/MXFP4 one rounding, of load_b).
+template <int kB>
+LS_GLOBAL void unpack_weight_kernel(GemmArgs g, float* out, int64_t ldo) {
+  const int64_t n = g.C * g.T;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    const int64_t r = i / g.T, t = i % g.T;
+    out[r * ldo + t] = load_b<kB>(g, t, r);
+  }
+}
+
 // CUDA's limit on gridDim.y (row tiles).
 constexpr int64_t kMaxGridY = 65535;
 
@@ -215,21 +227,21 @@ void check_gemm_launch(const GemmLaunch& cfg) {
              << ", at most 1024 threads";
 }
 
-void gemm_xwt(const Context& ctx, Tensor y, const Tensor& x, const PackedWeight& w, bool accumulate,
-              const GemmLaunch& cfg) {
-  check_gemm_xwt(y, x, w);
-  GemmArgs g;
-  g.R = x.shape[0];
+namespace {
+
+// The B side of products with a packed weight: its source and arguments.
+BSource packed_source(const PackedWeight& w, GemmArgs& g) {
   g.T = w.k;
   g.C = w.n;
-  g.a = static_cast<const float*>(x.data);
-  g.a_rs = x.stride[0];
-  g.a_ts = 1;
+  if (w.in_place()) {  // f32 rows read in place: B(t, c) = rows[c * rows_ld + t]
+    g.b = w.rows;
+    g.b_ts = 1;
+    g.b_cs = w.rows_ld;
+    g.b_t_fastest = 1;
+    return kPlainF32;
+  }
   g.b = w.data.data();
   g.b_t_fastest = 0;  // a panel row holds 16 columns of one t
-  g.c = static_cast<float*>(y.data);
-  g.ldc = y.stride[0];
-  g.accumulate = accumulate ? 1 : 0;
   BSource src = kPackedF32;
   if (w.storage == DType::BF16) {
     src = kPackedBF16;
@@ -239,10 +251,45 @@ void gemm_xwt(const Context& ctx, Tensor y, const Tensor& x, const PackedWeight&
     g.scale_kb = w.scale_blocks_k();
     g.block_k = w.block_k > 0 ? w.block_k : (w.k > 1 ? w.k : 1);  // as the CPU's run_range
   } else {
-    LS_CHECK(w.storage == DType::F32) << "gemm_xwt (gpu): packed storage " << dtype_name(w.storage);
+    LS_CHECK(w.storage == DType::F32) << "gemm (gpu): packed storage " << dtype_name(w.storage);
   }
+  return src;
+}
+
+}  // namespace
+
+void gemm_xwt(const Context& ctx, Tensor y, const Tensor& x, const PackedWeight& w, bool accumulate,
+              const GemmLaunch& cfg) {
+  check_gemm_xwt(y, x, w);
+  GemmArgs g;
+  const BSource src = packed_source(w, g);
+  g.R = x.shape[0];
+  g.a = static_cast<const float*>(x.data);
+  g.a_rs = x.stride[0];
+  g.a_ts = 1;
+  g.c = static_cast<float*>(y.data);
+  g.ldc = y.stride[0];
+  g.accumulate = accumulate ? 1 : 0;
   launch(ctx, src, g, cfg);
 }
+
+void unpack_weight(const Context& ctx, Tensor w_out, const PackedWeight& pw) {
+  GemmArgs g;
+  const BSource src = packed_source(pw, g);
+  if (pw.n == 0 || pw.k == 0) return;
+  float* out = static_cast<float*>(w_out.data);
+  const int64_t ldo = w_out.stride[0];
+  const dim3 grid(blocks_for(pw.n * pw.k, 256)), block(256);
+  switch (src) {
+    case kPlainF32: LS_LAUNCH(ctx, unpack_weight_kernel<kPlainF32>, grid, block)(g, out, ldo); break;
+    case kPlainBF16: LS_LAUNCH(ctx, unpack_weight_kernel<kPlainBF16>, grid, block)(g, out, ldo); break;
+    case kPackedF32: LS_LAUNCH(ctx, unpack_weight_kernel<kPackedF32>, grid, block)(g, out, ldo); break;
+    case kPackedBF16: LS_LAUNCH(ctx, unpack_weight_kernel<kPackedBF16>, grid, block)(g, out, ldo); break;
+    case kPackedFP8: LS_LAUNCH(ctx, unpack_weight_kernel<kPackedFP8>, grid, block)(g, out, ldo); break;
+    case kPackedFP4: LS_LAUNCH(ctx, unpack_weight_kernel<kPackedFP4>, grid, block)(g, out, ldo); break;
+  }
+}
+
 
 void gemm_xwt(const Context& ctx, Tensor y, const Tensor& x, const Tensor& w, bool accumulate,
               const GemmLaunch& cfg) {
@@ -307,6 +354,7 @@ void register_gemm(GpuBackend& b) {
   b.gemm_xwt_packed = [](const Context& ctx, Tensor y, const Tensor& x, const PackedWeight& w, bool acc) {
     gemm_xwt(ctx, y, x, w, acc, GemmLaunch{});
   };
+  b.unpack_weight = unpack_weight;
   b.gemm_xwt = [](const Context& ctx, Tensor y, const Tensor& x, const Tensor& w, bool acc) {
     gemm_xwt(ctx, y, x, w, acc, GemmLaunch{});
   };

@@ -40,5 +40,7 @@ void gemm_dyw(const Context& ctx, Tensor dx, const Tensor& dy, const Tensor& w, 
               const GemmLaunch& cfg);
 void gemm_dytx(const Context& ctx, Tensor dw, const Tensor& dy, const Tensor& x, bool accumulate,
                const GemmLaunch& cfg);
+// The values the products with pw multiply by, as kernels::unpack_weight (w_out (N, K) f32).
+void unpack_weight(const Context& ctx, Tensor w_out, const PackedWeight& pw);
 
 }  // namespace lockstep::kernels::gpu::LS_GPU_NS
