@@ -4,13 +4,12 @@
 // values, the Sinkhorn steps) run sequentially in index order on one thread
 // per token, with the CPU's operations one by one; the GEMMs are gemm.cu's;
 // the token-order sums of dbase and dscale take one thread per output.
-#include "lockstep/kernels/gpu/mhc.h"
-
 #include <algorithm>
 #include <vector>
 
 #include "lockstep/base/error.h"
 #include "lockstep/kernels/gpu/gemm.h"
+#include "lockstep/kernels/gpu/mhc.h"
 #include "lockstep/kernels/gpu/registry.h"
 #include "lockstep/kernels/gpu/row_lanes.h"
 #include "lockstep/kernels/numerics.h"
@@ -150,8 +149,8 @@ LS_DEVICE void mix_token(const MixArgs& a, float* m, float r, float* pre, float*
 }
 
 // The CPU's mix_token_dlogit (dpost, dcomb null: zero). work: (n*n + tape).
-LS_DEVICE void mix_token_dlogit(const MixArgs& a, float* dlog, const float* m, const float* dpre, const float* dpost,
-                                const float* dcomb, float* work) {
+LS_DEVICE void mix_token_dlogit(const MixArgs& a, float* dlog, const float* m, const float* dpre,
+                                const float* dpost, const float* dcomb, float* work) {
   const int64_t n = a.n;
   for (int64_t i = 0; i < n; ++i) {
     const float g = num::sigmoid(logit(a, 0, m, i));
@@ -239,8 +238,9 @@ LS_GLOBAL void mix_backward_token_kernel(MixBackArgs b, MixArgs a) {
   const int64_t n = a.n, M = 2 * n + n * n;
   const float* m = b.raw + t * b.raw_ld;
   float* dl = b.dlog + t * M;
-  mix_token_dlogit(a, dl, m, b.dpre.p + t * b.dpre.ld, b.dpost.p != nullptr ? b.dpost.p + t * b.dpost.ld : nullptr,
-                   b.dcomb.p != nullptr ? b.dcomb.p + t * b.dcomb.ld : nullptr, b.work + t * b.work_per_token);
+  mix_token_dlogit(
+      a, dl, m, b.dpre.p + t * b.dpre.ld, b.dpost.p != nullptr ? b.dpost.p + t * b.dpost.ld : nullptr,
+      b.dcomb.p != nullptr ? b.dcomb.p + t * b.dcomb.ld : nullptr, b.work + t * b.work_per_token);
   token_param_terms(dl, m, b.rstd[t], a.scale, n, M, a.width, b.g + t * M, b.ds + t * 3, b.c + t);
 }
 
@@ -304,8 +304,8 @@ LS_GLOBAL void weighted_streams_backward_kernel(Rows dx, Rows dw, ConstRows du, 
 }
 
 // y_c[t, d] = post_c * f[d], then fma(comb[a][c], X_a[d], .) for a in order.
-LS_GLOBAL void post_kernel(Rows y, ConstRows f, ConstRows x, ConstRows post, const float* comb, int64_t comb_ld,
-                           int64_t T, int64_t n, int64_t D) {
+LS_GLOBAL void post_kernel(Rows y, ConstRows f, ConstRows x, ConstRows post, const float* comb,
+                           int64_t comb_ld, int64_t T, int64_t n, int64_t D) {
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= T * n * D) return;
   const int64_t t = k / (n * D), c = (k / D) % n, d = k % D;
@@ -422,7 +422,8 @@ LS_GLOBAL void head_backward_token_kernel(float* dlog, float* g, float* ds, floa
 template <typename T>
 class DeviceArray {
  public:
-  DeviceArray(int64_t n, const char* what) : bytes_(static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(T)) {
+  DeviceArray(int64_t n, const char* what)
+      : bytes_(static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(T)) {
 #if defined(LOCKSTEP_GPU_INTERP)
     p_ = static_cast<T*>(::lockstep::gpu::emu::device_alloc(bytes_, what));
 #elif defined(LOCKSTEP_GPU_CUDA)
@@ -442,7 +443,9 @@ class DeviceArray {
   }
   DeviceArray(const DeviceArray&) = delete;
   DeviceArray& operator=(const DeviceArray&) = delete;
-  T* get() const { return p_; }
+  T* get() const {
+    return p_;
+  }
 
  private:
   size_t bytes_;
@@ -474,7 +477,10 @@ dim3 grid_over(int64_t n, const MhcLaunch& launch) {
 // dlogit and g (T, K), the dscale terms (T, 3), the rstd coefficient (T).
 struct MixGrads {
   MixGrads(int64_t T, int64_t K)
-      : dlog(T * K, "mhc dlogit"), g(T * K, "mhc dm * r"), ds(T * 3, "mhc dscale terms"), c(T, "mhc rstd term") {}
+      : dlog(T * K, "mhc dlogit"),
+        g(T * K, "mhc dm * r"),
+        ds(T * 3, "mhc dscale terms"),
+        c(T, "mhc rstd term") {}
   DeviceArray<float> dlog, g, ds, c;
 };
 
@@ -500,37 +506,49 @@ void check_mhc_launch(const MhcLaunch& launch) {
       << "MhcLaunch: threads must be a multiple of 16 in [16, 1024], got " << launch.threads;
 }
 
-void mhc_mix_forward(const Context& ctx, const MhcMix& out, const Tensor& x, const Tensor& fn, const Tensor& base,
-                     const Tensor& scale, const MhcConfig& cfg, const MhcLaunch& launch) {
+void mhc_mix_forward(const Context& ctx, const MhcMix& out, const Tensor& x, const Tensor& fn,
+                     const Tensor& base, const Tensor& scale, const MhcConfig& cfg, const MhcLaunch& launch) {
   const auto [T, D] = kernels::detail::check_mhc_mix_forward(out, x, fn, base, scale, cfg);
   check_mhc_launch(launch);
   if (T == 0) return;
   gemm_xwt(ctx, out.raw, x, fn, /*accumulate=*/false, GemmLaunch{});  // fn·x̂ per token; r is applied after
   LS_LAUNCH(ctx, mix_forward_kernel, dim3(static_cast<unsigned>(T)), per_token_block(launch))
-  (rows(out.raw), out.rstd.f32(), rows(out.pre), rows(out.post), out.comb.f32(), out.comb.stride[0], const_rows(x),
-   mix_args(base, scale, cfg.n, x.shape[1], cfg));
+  (rows(out.raw), out.rstd.f32(), rows(out.pre), rows(out.post), out.comb.f32(), out.comb.stride[0],
+   const_rows(x), mix_args(base, scale, cfg.n, x.shape[1], cfg));
 }
 
-void mhc_mix_backward(const Context& ctx, Tensor dx, Tensor dfn, Tensor dbase, Tensor dscale, const Tensor& dpre,
-                      const Tensor& dpost, const Tensor& dcomb, const Tensor& x, const MhcMix& saved,
-                      const Tensor& fn, const Tensor& base, const Tensor& scale, const MhcConfig& cfg,
-                      const MhcLaunch& launch) {
-  const auto [T, D] = kernels::detail::check_mhc_mix_backward(dx, dfn, dbase, dscale, dpre, dpost, dcomb, x, saved,
-                                                              fn, base, scale, cfg);
+void mhc_mix_backward(const Context& ctx, Tensor dx, Tensor dfn, Tensor dbase, Tensor dscale,
+                      const Tensor& dpre, const Tensor& dpost, const Tensor& dcomb, const Tensor& x,
+                      const MhcMix& saved, const Tensor& fn, const Tensor& base, const Tensor& scale,
+                      const MhcConfig& cfg, const MhcLaunch& launch) {
+  const auto [T, D] = kernels::detail::check_mhc_mix_backward(dx, dfn, dbase, dscale, dpre, dpost, dcomb, x,
+                                                              saved, fn, base, scale, cfg);
   check_mhc_launch(launch);
   if (T == 0) return;
   const int64_t n = cfg.n, M = 2 * n + n * n;
   const int64_t per_token = n * n + kernels::detail::mhc_tape_floats(n, cfg.sinkhorn_iters);
   MixGrads mg(T, M);
   DeviceArray<float> work(dcomb.ndim != 0 ? T * per_token : 0, "mhc Sinkhorn tape");
-  MixBackArgs b{saved.raw.f32(), saved.raw.stride[0], saved.rstd.f32(), const_rows(dpre), optional_rows(dpost),
-                optional_rows(dcomb), mg.dlog.get(), mg.g.get(), mg.ds.get(), mg.c.get(), work.get(), per_token, T};
+  MixBackArgs b{saved.raw.f32(),
+                saved.raw.stride[0],
+                saved.rstd.f32(),
+                const_rows(dpre),
+                optional_rows(dpost),
+                optional_rows(dcomb),
+                mg.dlog.get(),
+                mg.g.get(),
+                mg.ds.get(),
+                mg.c.get(),
+                work.get(),
+                per_token,
+                T};
   LS_LAUNCH(ctx, mix_backward_token_kernel, grid_over(T, launch), per_token_block(launch))
   (b, mix_args(base, scale, n, x.shape[1], cfg));
   param_backward(ctx, dx, dfn, dbase, dscale, mg, x, fn, launch);
 }
 
-void mhc_pre_apply(const Context& ctx, Tensor u, const Tensor& x, const Tensor& pre, int n, const MhcLaunch& launch) {
+void mhc_pre_apply(const Context& ctx, Tensor u, const Tensor& x, const Tensor& pre, int n,
+                   const MhcLaunch& launch) {
   const auto [T, D] = kernels::detail::check_mhc_pre_apply(u, x, pre, n);
   check_mhc_launch(launch);
   if (T * D == 0) return;
@@ -547,8 +565,8 @@ void mhc_pre_apply_backward(const Context& ctx, Tensor dx, Tensor dpre, const Te
   (rows(dx), rows(dpre), const_rows(du), const_rows(x), const_rows(pre), int64_t{n}, D);
 }
 
-void mhc_post(const Context& ctx, Tensor y, const Tensor& f, const Tensor& x, const Tensor& post, const Tensor& comb,
-              int n, const MhcLaunch& launch) {
+void mhc_post(const Context& ctx, Tensor y, const Tensor& f, const Tensor& x, const Tensor& post,
+              const Tensor& comb, int n, const MhcLaunch& launch) {
   const auto [T, D] = kernels::detail::check_mhc_post(y, f, x, post, comb, n);
   check_mhc_launch(launch);
   if (T * D == 0) return;
@@ -563,9 +581,13 @@ void mhc_post_backward(const Context& ctx, Tensor dx, Tensor df, Tensor dpost, T
   check_mhc_launch(launch);
   if (T == 0) return;
   DeviceArray<float> scratch(T * n * D, "mhc_post_backward dx");
-  const PostBackArgs b{rows(dx),       rows(df),         rows(dpost),    dcomb.f32(), dcomb.stride[0],
-                       const_rows(dy), const_rows(f),    const_rows(x),  const_rows(post),
-                       comb.f32(),     comb.stride[0],   scratch.get(),  int64_t{n}, D};
+  const PostBackArgs b{rows(dx),         rows(df),
+                       rows(dpost),      dcomb.f32(),
+                       dcomb.stride[0],  const_rows(dy),
+                       const_rows(f),    const_rows(x),
+                       const_rows(post), comb.f32(),
+                       comb.stride[0],   scratch.get(),
+                       int64_t{n},       D};
   LS_LAUNCH(ctx, post_backward_kernel, dim3(static_cast<unsigned>(T)), per_token_block(launch))(b);
 }
 
@@ -580,11 +602,12 @@ void mhc_head_forward(const Context& ctx, Tensor h, Tensor w, Tensor raw, Tensor
   (rows(h), rows(w), rows(raw), rstd.f32(), const_rows(x), mix_args(base, scale, cfg.n, x.shape[1], cfg));
 }
 
-void mhc_head_backward(const Context& ctx, Tensor dx, Tensor dfn, Tensor dbase, Tensor dscale, const Tensor& dh,
-                       const Tensor& x, const Tensor& w, const Tensor& raw, const Tensor& rstd, const Tensor& fn,
-                       const Tensor& base, const Tensor& scale, const MhcConfig& cfg, const MhcLaunch& launch) {
-  const auto [T, D] = kernels::detail::check_mhc_head_backward(dx, dfn, dbase, dscale, dh, x, w, raw, rstd, fn,
-                                                               base, scale, cfg);
+void mhc_head_backward(const Context& ctx, Tensor dx, Tensor dfn, Tensor dbase, Tensor dscale,
+                       const Tensor& dh, const Tensor& x, const Tensor& w, const Tensor& raw,
+                       const Tensor& rstd, const Tensor& fn, const Tensor& base, const Tensor& scale,
+                       const MhcConfig& cfg, const MhcLaunch& launch) {
+  const auto [T, D] = kernels::detail::check_mhc_head_backward(dx, dfn, dbase, dscale, dh, x, w, raw, rstd,
+                                                               fn, base, scale, cfg);
   check_mhc_launch(launch);
   if (T == 0) return;
   const int64_t n = cfg.n;
@@ -602,14 +625,16 @@ void mhc_head_backward(const Context& ctx, Tensor dx, Tensor dfn, Tensor dbase, 
 namespace {
 
 // The backend table's forms: the calls above with MhcLaunch{}.
-void mix_forward_entry(const Context& ctx, const MhcMix& out, const Tensor& x, const Tensor& fn, const Tensor& base,
-                       const Tensor& scale, const MhcConfig& cfg) {
+void mix_forward_entry(const Context& ctx, const MhcMix& out, const Tensor& x, const Tensor& fn,
+                       const Tensor& base, const Tensor& scale, const MhcConfig& cfg) {
   mhc_mix_forward(ctx, out, x, fn, base, scale, cfg, MhcLaunch{});
 }
-void mix_backward_entry(const Context& ctx, Tensor dx, Tensor dfn, Tensor dbase, Tensor dscale, const Tensor& dpre,
-                        const Tensor& dpost, const Tensor& dcomb, const Tensor& x, const MhcMix& saved,
-                        const Tensor& fn, const Tensor& base, const Tensor& scale, const MhcConfig& cfg) {
-  mhc_mix_backward(ctx, dx, dfn, dbase, dscale, dpre, dpost, dcomb, x, saved, fn, base, scale, cfg, MhcLaunch{});
+void mix_backward_entry(const Context& ctx, Tensor dx, Tensor dfn, Tensor dbase, Tensor dscale,
+                        const Tensor& dpre, const Tensor& dpost, const Tensor& dcomb, const Tensor& x,
+                        const MhcMix& saved, const Tensor& fn, const Tensor& base, const Tensor& scale,
+                        const MhcConfig& cfg) {
+  mhc_mix_backward(ctx, dx, dfn, dbase, dscale, dpre, dpost, dcomb, x, saved, fn, base, scale, cfg,
+                   MhcLaunch{});
 }
 void pre_apply_entry(const Context& ctx, Tensor u, const Tensor& x, const Tensor& pre, int n) {
   mhc_pre_apply(ctx, u, x, pre, n, MhcLaunch{});
@@ -622,17 +647,19 @@ void post_entry(const Context& ctx, Tensor y, const Tensor& f, const Tensor& x, 
                 const Tensor& comb, int n) {
   mhc_post(ctx, y, f, x, post, comb, n, MhcLaunch{});
 }
-void post_backward_entry(const Context& ctx, Tensor dx, Tensor df, Tensor dpost, Tensor dcomb, const Tensor& dy,
-                         const Tensor& f, const Tensor& x, const Tensor& post, const Tensor& comb, int n) {
+void post_backward_entry(const Context& ctx, Tensor dx, Tensor df, Tensor dpost, Tensor dcomb,
+                         const Tensor& dy, const Tensor& f, const Tensor& x, const Tensor& post,
+                         const Tensor& comb, int n) {
   mhc_post_backward(ctx, dx, df, dpost, dcomb, dy, f, x, post, comb, n, MhcLaunch{});
 }
 void head_forward_entry(const Context& ctx, Tensor h, Tensor w, Tensor raw, Tensor rstd, const Tensor& x,
                         const Tensor& fn, const Tensor& base, const Tensor& scale, const MhcConfig& cfg) {
   mhc_head_forward(ctx, h, w, raw, rstd, x, fn, base, scale, cfg, MhcLaunch{});
 }
-void head_backward_entry(const Context& ctx, Tensor dx, Tensor dfn, Tensor dbase, Tensor dscale, const Tensor& dh,
-                         const Tensor& x, const Tensor& w, const Tensor& raw, const Tensor& rstd, const Tensor& fn,
-                         const Tensor& base, const Tensor& scale, const MhcConfig& cfg) {
+void head_backward_entry(const Context& ctx, Tensor dx, Tensor dfn, Tensor dbase, Tensor dscale,
+                         const Tensor& dh, const Tensor& x, const Tensor& w, const Tensor& raw,
+                         const Tensor& rstd, const Tensor& fn, const Tensor& base, const Tensor& scale,
+                         const MhcConfig& cfg) {
   mhc_head_backward(ctx, dx, dfn, dbase, dscale, dh, x, w, raw, rstd, fn, base, scale, cfg, MhcLaunch{});
 }
 void add_to_streams_entry(const Context& ctx, Tensor x, const Tensor& e, int64_t n) {

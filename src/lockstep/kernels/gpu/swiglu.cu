@@ -2,10 +2,10 @@
 // (DeepSeek-V4's limit L; the plain forms are L = +inf, as on the CPU): one
 // thread per element, silu/sigmoid from kernels/numerics.h (the bits of
 // vsilu/vsigmoid) at the CPU's clamped gate max(min(g, L), -100).
-#include "lockstep/kernels/cpu/swiglu.h"
 #include <limits>
 
 #include "lockstep/base/error.h"
+#include "lockstep/kernels/cpu/swiglu.h"
 #include "lockstep/kernels/gpu/mhc.h"
 #include "lockstep/kernels/gpu/registry.h"
 #include "lockstep/kernels/gpu/swiglu.h"
@@ -48,7 +48,8 @@ struct ConstRows {
 
 // out = silu(max(min(g, L), -100)) * clamp(up, -L, L). out may alias gate or
 // up (element for element).
-LS_GLOBAL void swiglu_forward_kernel(Rows out, ConstRows gate, ConstRows up, int64_t T, int64_t F, float limit) {
+LS_GLOBAL void swiglu_forward_kernel(Rows out, ConstRows gate, ConstRows up, int64_t T, int64_t F,
+                                     float limit) {
   const int64_t n = T * F;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < n; k += step) {
@@ -133,7 +134,8 @@ void swiglu_backward(const Context& ctx, Tensor dgate, Tensor dup, const Tensor&
   swiglu_backward(ctx, dgate, dup, dout, gate, up, SwigluLaunch{});
 }
 
-void swiglu_clamped_forward(const Context& ctx, Tensor out, const Tensor& gate, const Tensor& up, float limit) {
+void swiglu_clamped_forward(const Context& ctx, Tensor out, const Tensor& gate, const Tensor& up,
+                            float limit) {
   check_limit(limit, "swiglu_clamped_forward");
   const auto [T, F] = kernels::detail::check_swiglu_forward(out, gate, up, "swiglu_clamped_forward");
   const SwigluLaunch cfg;
@@ -142,8 +144,8 @@ void swiglu_clamped_forward(const Context& ctx, Tensor out, const Tensor& gate, 
   (rows(out), const_rows(gate), const_rows(up), T, F, limit);
 }
 
-void swiglu_clamped_backward(const Context& ctx, Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate,
-                             const Tensor& up, float limit) {
+void swiglu_clamped_backward(const Context& ctx, Tensor dgate, Tensor dup, const Tensor& dout,
+                             const Tensor& gate, const Tensor& up, float limit) {
   check_limit(limit, "swiglu_clamped_backward");
   const auto [T, F] =
       kernels::detail::check_swiglu_backward(dgate, dup, dout, gate, up, "swiglu_clamped_backward");
