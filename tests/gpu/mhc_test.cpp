@@ -7,9 +7,11 @@
 // and the dispatch from the CPU entries. The CPU references run on host
 // copies, so this binary runs in strict interpret mode.
 //
-// Negative control (done once by hand): reversing the column/row alternation
-// of the Sinkhorn steps in mhc.cu's sinkhorn_forward (k % 2 == 1 for columns)
-// failed MixForwardMatchesCpu at its first case with iters > 1.
+// Negative controls (done once by hand): reversing the column/row
+// alternation of the Sinkhorn steps in mhc.cu's sinkhorn_forward (k % 2 == 1
+// for columns) failed MixForwardAndBackwardMatchCpu at its first case (comb 1
+// ulp off, then every gradient); summing df over the streams from the last in
+// post_backward_kernel failed PostMixMatchesCpuAlsoInPlace.
 #include "lockstep/kernels/gpu/mhc.h"
 
 #include <gtest/gtest.h>

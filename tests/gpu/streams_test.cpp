@@ -10,6 +10,8 @@
 // Negative control (done once by hand): summing the streams from the last
 // one in sum_streams_kernel failed StreamsMatchCpu at its first case with
 // n = 3.
+#include "lockstep/kernels/cpu/streams.h"
+
 #include <gtest/gtest.h>
 
 #include <cfloat>
@@ -20,7 +22,6 @@
 
 #include "common/test_util.h"
 #include "gpu/row_kernel_util.h"
-#include "lockstep/kernels/cpu/streams.h"
 #include "lockstep/kernels/cpu/swiglu.h"
 #include "lockstep/kernels/gpu/backend.h"
 #include "lockstep/kernels/gpu/mhc.h"
@@ -43,9 +44,8 @@ size_t sz(int64_t n) {
 vf with_specials(int64_t n, uint32_t seed, float limit = 7.0f) {
   vf v = test::randn(n, seed, 6.0f);
   const float inf = std::numeric_limits<float>::infinity();
-  const float specials[] = {-0.0f, 0.0f,   inf,          -inf, std::numeric_limits<float>::quiet_NaN(),
-                            limit, -limit, FLT_MAX,      -150.0f,
-                            1e-40f};
+  const float specials[] = {-0.0f, 0.0f,   inf,     -inf,    std::numeric_limits<float>::quiet_NaN(),
+                            limit, -limit, FLT_MAX, -150.0f, 1e-40f};
   for (size_t i = 0; i < std::size(specials) && i < v.size(); ++i) v[(i * 37 + 5) % v.size()] = specials[i];
   return v;
 }
@@ -69,7 +69,8 @@ void check_streams(int64_t n, int64_t D, int64_t T, const G::MhcLaunch& launch, 
   vf crep(sz(T * ld), -7.0f);
   repeat_streams(pc.ctx, rows_view(crep.data(), T, W, ld), rows_view(cde.data(), T, D, D), n);
 
-  DeviceArray<float> dx(x0, "x"), de(e0, "e"), dde(vf(sz(T * D), -7.0f), "de"), drep(vf(sz(T * ld), -7.0f), "rep");
+  DeviceArray<float> dx(x0, "x"), de(e0, "e"), dde(vf(sz(T * D), -7.0f), "de"),
+      drep(vf(sz(T * ld), -7.0f), "rep");
   G::add_to_streams(pc.ctx, rows_view(dx.data(), T, W, ld), rows_view(de.data(), T, D, D), n, launch);
   G::sum_streams(pc.ctx, rows_view(dde.data(), T, D, D), rows_view(dx.data(), T, W, ld), n, launch);
   G::sum_streams(pc.ctx, rows_view(dx.data(), T, D, ld), rows_view(dx.data(), T, W, ld), n, launch);
@@ -92,7 +93,8 @@ void check_clamped(int64_t T, int64_t F, float limit, int threads, uint32_t seed
     const auto [g, u] = halves(c.data());
     const Tensor o = rows_view(cout.data(), T, F, F), d = rows_view(cd.data(), T, F, F);
     swiglu_clamped_forward(pc.ctx, o, g, u, limit);
-    swiglu_clamped_backward(pc.ctx, rows_view(cdg.data(), T, F, F), rows_view(cdu.data(), T, F, F), d, g, u, limit);
+    swiglu_clamped_backward(pc.ctx, rows_view(cdg.data(), T, F, F), rows_view(cdu.data(), T, F, F), d, g, u,
+                            limit);
     swiglu_clamped_backward(pc.ctx, g, u, d, g, u, limit);
   }
   DeviceArray<float> dgu(gu, "gate|up"), dd(d0, "dout"), dout(vf(sz(T * F), -7.0f), "out"),
@@ -101,8 +103,8 @@ void check_clamped(int64_t T, int64_t F, float limit, int threads, uint32_t seed
     const auto [g, u] = halves(dgu.data());
     const Tensor o = rows_view(dout.data(), T, F, F), d = rows_view(dd.data(), T, F, F);
     G::swiglu_clamped_forward(pc.ctx, o, g, u, limit);
-    G::swiglu_clamped_backward(pc.ctx, rows_view(ddg.data(), T, F, F), rows_view(ddu.data(), T, F, F), d, g, u,
-                               limit);
+    G::swiglu_clamped_backward(pc.ctx, rows_view(ddg.data(), T, F, F), rows_view(ddu.data(), T, F, F), d, g,
+                               u, limit);
     G::swiglu_clamped_backward(pc.ctx, g, u, d, g, u, limit);
   }
   expect_same_bits(dout.host(), cout, what + ": out");
@@ -175,7 +177,8 @@ TEST(GpuStreams, ShapeErrorsAreTheCpuKernelsErrors) {
   Context cpu, dev;
   dev.gpu = &interpret_backend();
   vf a(64), b(64);
-  const Tensor x(a.data(), DType::F32, {2, 8}), e(b.data(), DType::F32, {2, 2}), e_bad(b.data(), DType::F32, {2, 3});
+  const Tensor x(a.data(), DType::F32, {2, 8}), e(b.data(), DType::F32, {2, 2}),
+      e_bad(b.data(), DType::F32, {2, 3});
   const std::vector<std::function<void(const Context&)>> calls = {
       [&](const Context& c) { add_to_streams(c, x, e_bad, 4); },
       [&](const Context& c) { repeat_streams(c, x, e, 0); },

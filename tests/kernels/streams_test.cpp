@@ -141,14 +141,16 @@ TEST(Streams, BatchAndThreadInvariant) {
 TEST(Streams, BadShapesNameTheArgument) {
   Context ctx;
   std::vector<float> a(64), b(64);
-  const Tensor x(a.data(), DType::F32, {2, 8}), e(b.data(), DType::F32, {2, 2}), e_bad(b.data(), DType::F32, {2, 3});
+  const Tensor x(a.data(), DType::F32, {2, 8}), e(b.data(), DType::F32, {2, 2}),
+      e_bad(b.data(), DType::F32, {2, 3});
   EXPECT_NE(error_of([&] { add_to_streams(ctx, x, e_bad, 4); }).find("add_to_streams: x (T, n*D)"),
             std::string::npos);
   EXPECT_NE(error_of([&] { repeat_streams(ctx, x, e, 0); }).find("repeat_streams: n (hc_mult) must be >= 1"),
             std::string::npos);
   EXPECT_NE(error_of([&] { sum_streams(ctx, e, x, 3); }).find("sum_streams: dx (T, n*D)"), std::string::npos);
-  EXPECT_NE(error_of([&] { sum_streams(ctx, Tensor(b.data(), DType::I32, {2, 2}), x, 4); })
-                .find("sum_streams: de (T, D)"),
+  EXPECT_NE(error_of([&] {
+              sum_streams(ctx, Tensor(b.data(), DType::I32, {2, 2}), x, 4);
+            }).find("sum_streams: de (T, D)"),
             std::string::npos);
   EXPECT_EQ(error_of([&] { add_to_streams(ctx, x, e, 4); }), "");
 }
