@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "lockstep/base/error.h"
+#include "lockstep/kernels/cpu/streams.h"
 #include "lockstep/kernels/cpu/swiglu.h"
 
 namespace lockstep::model {
@@ -169,39 +170,15 @@ std::vector<int32_t> shifted_tokens(const RaggedBatch& b, int64_t shift) {
 }
 
 void add_to_streams(const Context& ctx, Tensor x, const Tensor& e, int64_t n) {
-  const int64_t T = e.dim(0), D = e.dim(1);
-  ctx.parallel_for(T, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t)
-      for (int64_t i = 0; i < n; ++i) {
-        float* o = x.f32() + t * x.stride[0] + i * D;
-        const float* a = e.f32() + t * e.stride[0];
-        for (int64_t d = 0; d < D; ++d) o[d] = o[d] + a[d];
-      }
-  });
+  kernels::add_to_streams(ctx, x, e, n);
 }
 
 void repeat_streams(const Context& ctx, Tensor x, const Tensor& e, int64_t n) {
-  const int64_t T = e.dim(0), D = e.dim(1);
-  ctx.parallel_for(T, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t)
-      for (int64_t i = 0; i < n; ++i)
-        std::memcpy(x.f32() + t * x.stride[0] + i * D, e.f32() + t * e.stride[0], size_t(D) * sizeof(float));
-  });
+  kernels::repeat_streams(ctx, x, e, n);
 }
 
 void sum_streams(const Context& ctx, Tensor de, const Tensor& dx, int64_t n) {
-  const int64_t T = de.dim(0), D = de.dim(1);
-  ctx.parallel_for(T, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      float* o = de.f32() + t * de.stride[0];
-      const float* g = dx.f32() + t * dx.stride[0];
-      for (int64_t d = 0; d < D; ++d) {
-        float acc = g[d];
-        for (int64_t i = 1; i < n; ++i) acc += g[i * D + d];
-        o[d] = acc;
-      }
-    }
-  });
+  kernels::sum_streams(ctx, de, dx, n);
 }
 
 const LoraLayer* v4_lora(const ModelWeights& weights, int64_t l) {

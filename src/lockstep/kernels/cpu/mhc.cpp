@@ -11,6 +11,7 @@
 
 #include "lockstep/kernels/cpu/gemm.h"
 #include "lockstep/kernels/cpu/simd.h"
+#include "lockstep/kernels/gpu/backend.h"
 
 namespace lockstep::kernels {
 
@@ -322,11 +323,13 @@ void check_mix_params(const Tensor& fn, const Tensor& base, const Tensor& scale,
 
 // ---- site mixing values ---------------------------------------------------------
 
-void mhc_mix_forward(const Context& ctx, const MhcMix& out, const Tensor& x, const Tensor& fn,
-                     const Tensor& base, const Tensor& scale, const MhcConfig& cfg) {
+namespace detail {
+
+MhcShape check_mhc_mix_forward(const MhcMix& out, const Tensor& x, const Tensor& fn, const Tensor& base,
+                               const Tensor& scale, const MhcConfig& cfg) {
   check_cfg(cfg, "mhc_mix_forward");
   const int64_t n = cfg.n, M = 2 * n + n * n;
-  check_streams(x, n, "mhc_mix_forward: x (T, n*D)");
+  const int64_t D = check_streams(x, n, "mhc_mix_forward: x (T, n*D)");
   const int64_t T = x.shape[0], width = x.shape[1];
   check_mix_params(fn, base, scale, M, width, "mhc_mix_forward: fn (M, n*D)", "mhc_mix_forward: base (M)",
                    "mhc_mix_forward: scale (3)", 3);
@@ -335,6 +338,137 @@ void mhc_mix_forward(const Context& ctx, const MhcMix& out, const Tensor& x, con
   check_mat(out.pre, T, n, "mhc_mix_forward: out.pre (T, n)");
   check_mat(out.post, T, n, "mhc_mix_forward: out.post (T, n)");
   check_comb(out.comb, T, n, "mhc_mix_forward: out.comb (T, n, n)");
+  return {T, D};
+}
+
+MhcShape check_mhc_mix_backward(const Tensor& dx, const Tensor& dfn, const Tensor& dbase,
+                                const Tensor& dscale, const Tensor& dpre, const Tensor& dpost,
+                                const Tensor& dcomb, const Tensor& x, const MhcMix& saved, const Tensor& fn,
+                                const Tensor& base, const Tensor& scale, const MhcConfig& cfg) {
+  check_cfg(cfg, "mhc_mix_backward");
+  const int64_t n = cfg.n, M = 2 * n + n * n;
+  const int64_t D = check_streams(x, n, "mhc_mix_backward: x (T, n*D)");
+  const int64_t T = x.shape[0], width = x.shape[1];
+  check_mix_params(fn, base, scale, M, width, "mhc_mix_backward: fn (M, n*D)", "mhc_mix_backward: base (M)",
+                   "mhc_mix_backward: scale (3)", 3);
+  check_mat(dx, T, width, "mhc_mix_backward: dx (T, n*D)");
+  check_mat(dfn, M, width, "mhc_mix_backward: dfn (M, n*D)");
+  check_vec(dbase, M, "mhc_mix_backward: dbase (M)");
+  check_vec(dscale, 3, "mhc_mix_backward: dscale (3)");
+  check_mat(dpre, T, n, "mhc_mix_backward: dpre (T, n)");
+  if (dpost.ndim != 0) check_mat(dpost, T, n, "mhc_mix_backward: dpost (T, n)");
+  if (dcomb.ndim != 0) check_comb(dcomb, T, n, "mhc_mix_backward: dcomb (T, n, n)");
+  check_mat(saved.raw, T, M, "mhc_mix_backward: saved.raw (T, M)");
+  check_vec(saved.rstd, T, "mhc_mix_backward: saved.rstd (T)");
+  return {T, D};
+}
+
+MhcShape check_mhc_pre_apply(const Tensor& u, const Tensor& x, const Tensor& pre, int n) {
+  check_n(n, "mhc_pre_apply");
+  const int64_t D = check_streams(x, n, "mhc_pre_apply: x (T, n*D)");
+  const int64_t T = x.shape[0];
+  check_mat(u, T, D, "mhc_pre_apply: u (T, D)");
+  check_mat(pre, T, n, "mhc_pre_apply: pre (T, n)");
+  if (overlaps(u, x)) LS_THROW << "mhc_pre_apply: u must not alias x";
+  return {T, D};
+}
+
+MhcShape check_mhc_pre_apply_backward(const Tensor& dx, const Tensor& dpre, const Tensor& du, const Tensor& x,
+                                      const Tensor& pre, int n) {
+  check_n(n, "mhc_pre_apply_backward");
+  const int64_t D = check_streams(x, n, "mhc_pre_apply_backward: x (T, n*D)");
+  const int64_t T = x.shape[0];
+  check_mat(dx, T, n * D, "mhc_pre_apply_backward: dx (T, n*D)");
+  check_mat(dpre, T, n, "mhc_pre_apply_backward: dpre (T, n)");
+  check_mat(du, T, D, "mhc_pre_apply_backward: du (T, D)");
+  check_mat(pre, T, n, "mhc_pre_apply_backward: pre (T, n)");
+  if (overlaps(dx, du)) LS_THROW << "mhc_pre_apply_backward: dx must not alias du";
+  return {T, D};
+}
+
+MhcShape check_mhc_post(const Tensor& y, const Tensor& f, const Tensor& x, const Tensor& post,
+                        const Tensor& comb, int n) {
+  check_n(n, "mhc_post");
+  const int64_t D = check_streams(x, n, "mhc_post: x (T, n*D)");
+  const int64_t T = x.shape[0];
+  check_mat(y, T, n * D, "mhc_post: y (T, n*D)");
+  check_mat(f, T, D, "mhc_post: f (T, D)");
+  check_mat(post, T, n, "mhc_post: post (T, n)");
+  check_comb(comb, T, n, "mhc_post: comb (T, n, n)");
+  if (overlaps(y, x)) LS_THROW << "mhc_post: y must not alias x";
+  return {T, D};
+}
+
+MhcShape check_mhc_post_backward(const Tensor& dx, const Tensor& df, const Tensor& dpost, const Tensor& dcomb,
+                                 const Tensor& dy, const Tensor& f, const Tensor& x, const Tensor& post,
+                                 const Tensor& comb, int n) {
+  check_n(n, "mhc_post_backward");
+  const int64_t D = check_streams(x, n, "mhc_post_backward: x (T, n*D)");
+  const int64_t T = x.shape[0];
+  check_mat(dx, T, n * D, "mhc_post_backward: dx (T, n*D)");
+  check_mat(df, T, D, "mhc_post_backward: df (T, D)");
+  check_mat(dpost, T, n, "mhc_post_backward: dpost (T, n)");
+  check_comb(dcomb, T, n, "mhc_post_backward: dcomb (T, n, n)");
+  check_mat(dy, T, n * D, "mhc_post_backward: dy (T, n*D)");
+  check_mat(f, T, D, "mhc_post_backward: f (T, D)");
+  check_mat(post, T, n, "mhc_post_backward: post (T, n)");
+  check_comb(comb, T, n, "mhc_post_backward: comb (T, n, n)");
+  if (overlaps(dx, x)) LS_THROW << "mhc_post_backward: dx must not alias x";
+  if (overlaps(df, dy)) LS_THROW << "mhc_post_backward: df must not alias dy";
+  return {T, D};
+}
+
+MhcShape check_mhc_head_forward(const Tensor& h, const Tensor& w, const Tensor& raw, const Tensor& rstd,
+                                const Tensor& x, const Tensor& fn, const Tensor& base, const Tensor& scale,
+                                const MhcConfig& cfg) {
+  check_n(cfg.n, "mhc_head_forward");
+  const int64_t n = cfg.n;
+  const int64_t D = check_streams(x, n, "mhc_head_forward: x (T, n*D)");
+  const int64_t T = x.shape[0], width = x.shape[1];
+  check_mix_params(fn, base, scale, n, width, "mhc_head_forward: fn (n, n*D)", "mhc_head_forward: base (n)",
+                   "mhc_head_forward: scale (1)", 1);
+  check_mat(h, T, D, "mhc_head_forward: h (T, D)");
+  check_mat(w, T, n, "mhc_head_forward: w (T, n)");
+  check_mat(raw, T, n, "mhc_head_forward: raw (T, n)");
+  check_vec(rstd, T, "mhc_head_forward: rstd (T)");
+  if (overlaps(h, x)) LS_THROW << "mhc_head_forward: h must not alias x";
+  return {T, D};
+}
+
+MhcShape check_mhc_head_backward(const Tensor& dx, const Tensor& dfn, const Tensor& dbase,
+                                 const Tensor& dscale, const Tensor& dh, const Tensor& x, const Tensor& w,
+                                 const Tensor& raw, const Tensor& rstd, const Tensor& fn, const Tensor& base,
+                                 const Tensor& scale, const MhcConfig& cfg) {
+  check_n(cfg.n, "mhc_head_backward");
+  const int64_t n = cfg.n;
+  const int64_t D = check_streams(x, n, "mhc_head_backward: x (T, n*D)");
+  const int64_t T = x.shape[0], width = x.shape[1];
+  check_mix_params(fn, base, scale, n, width, "mhc_head_backward: fn (n, n*D)", "mhc_head_backward: base (n)",
+                   "mhc_head_backward: scale (1)", 1);
+  check_mat(dx, T, width, "mhc_head_backward: dx (T, n*D)");
+  check_mat(dfn, n, width, "mhc_head_backward: dfn (n, n*D)");
+  check_vec(dbase, n, "mhc_head_backward: dbase (n)");
+  check_vec(dscale, 1, "mhc_head_backward: dscale (1)");
+  check_mat(dh, T, D, "mhc_head_backward: dh (T, D)");
+  check_mat(w, T, n, "mhc_head_backward: w (T, n)");
+  check_mat(raw, T, n, "mhc_head_backward: raw (T, n)");
+  check_vec(rstd, T, "mhc_head_backward: rstd (T)");
+  if (overlaps(dx, dh)) LS_THROW << "mhc_head_backward: dx must not alias dh";
+  return {T, D};
+}
+
+int64_t mhc_tape_floats(int64_t n, int iters) {
+  return tape_floats(n, iters);
+}
+
+}  // namespace detail
+
+void mhc_mix_forward(const Context& ctx, const MhcMix& out, const Tensor& x, const Tensor& fn,
+                     const Tensor& base, const Tensor& scale, const MhcConfig& cfg) {
+  LS_GPU_DISPATCH(ctx, mhc_mix_forward, out, x, fn, base, scale, cfg);
+  detail::check_mhc_mix_forward(out, x, fn, base, scale, cfg);
+  const int64_t n = cfg.n;
+  const int64_t T = x.shape[0], width = x.shape[1];
 
   gemm_xwt(ctx, out.raw, x, fn);  // fn·x̂ per token; r is applied after
   const float* bp = base.f32();
@@ -357,22 +491,12 @@ void mhc_mix_backward(const Context& ctx, Tensor dx, Tensor dfn, Tensor dbase, T
                       const Tensor& dpre, const Tensor& dpost, const Tensor& dcomb, const Tensor& x,
                       const MhcMix& saved, const Tensor& fn, const Tensor& base, const Tensor& scale,
                       const MhcConfig& cfg) {
-  check_cfg(cfg, "mhc_mix_backward");
+  LS_GPU_DISPATCH(ctx, mhc_mix_backward, dx, dfn, dbase, dscale, dpre, dpost, dcomb, x, saved, fn, base,
+                  scale, cfg);
+  detail::check_mhc_mix_backward(dx, dfn, dbase, dscale, dpre, dpost, dcomb, x, saved, fn, base, scale, cfg);
   const int64_t n = cfg.n, M = 2 * n + n * n;
-  check_streams(x, n, "mhc_mix_backward: x (T, n*D)");
   const int64_t T = x.shape[0], width = x.shape[1];
-  check_mix_params(fn, base, scale, M, width, "mhc_mix_backward: fn (M, n*D)", "mhc_mix_backward: base (M)",
-                   "mhc_mix_backward: scale (3)", 3);
-  check_mat(dx, T, width, "mhc_mix_backward: dx (T, n*D)");
-  check_mat(dfn, M, width, "mhc_mix_backward: dfn (M, n*D)");
-  check_vec(dbase, M, "mhc_mix_backward: dbase (M)");
-  check_vec(dscale, 3, "mhc_mix_backward: dscale (3)");
-  check_mat(dpre, T, n, "mhc_mix_backward: dpre (T, n)");
   const bool has_post = dpost.ndim != 0, has_comb = dcomb.ndim != 0;
-  if (has_post) check_mat(dpost, T, n, "mhc_mix_backward: dpost (T, n)");
-  if (has_comb) check_comb(dcomb, T, n, "mhc_mix_backward: dcomb (T, n, n)");
-  check_mat(saved.raw, T, M, "mhc_mix_backward: saved.raw (T, M)");
-  check_vec(saved.rstd, T, "mhc_mix_backward: saved.rstd (T)");
 
   MixGrads mg{OwnedTensor(DType::F32, {T, M}), OwnedTensor(DType::F32, {T, M}),
               OwnedTensor(DType::F32, {T, 3}), OwnedTensor(DType::F32, {T})};
@@ -401,12 +525,8 @@ void mhc_mix_backward(const Context& ctx, Tensor dx, Tensor dfn, Tensor dbase, T
 // ---- pre-mix --------------------------------------------------------------------
 
 void mhc_pre_apply(const Context& ctx, Tensor u, const Tensor& x, const Tensor& pre, int n) {
-  check_n(n, "mhc_pre_apply");
-  const int64_t D = check_streams(x, n, "mhc_pre_apply: x (T, n*D)");
-  const int64_t T = x.shape[0];
-  check_mat(u, T, D, "mhc_pre_apply: u (T, D)");
-  check_mat(pre, T, n, "mhc_pre_apply: pre (T, n)");
-  if (overlaps(u, x)) LS_THROW << "mhc_pre_apply: u must not alias x";
+  LS_GPU_DISPATCH(ctx, mhc_pre_apply, u, x, pre, n);
+  const auto [T, D] = detail::check_mhc_pre_apply(u, x, pre, n);
   ctx.parallel_for(
       T,
       [&](int64_t t0, int64_t t1) {
@@ -418,14 +538,8 @@ void mhc_pre_apply(const Context& ctx, Tensor u, const Tensor& x, const Tensor& 
 
 void mhc_pre_apply_backward(const Context& ctx, Tensor dx, Tensor dpre, const Tensor& du, const Tensor& x,
                             const Tensor& pre, int n) {
-  check_n(n, "mhc_pre_apply_backward");
-  const int64_t D = check_streams(x, n, "mhc_pre_apply_backward: x (T, n*D)");
-  const int64_t T = x.shape[0];
-  check_mat(dx, T, n * D, "mhc_pre_apply_backward: dx (T, n*D)");
-  check_mat(dpre, T, n, "mhc_pre_apply_backward: dpre (T, n)");
-  check_mat(du, T, D, "mhc_pre_apply_backward: du (T, D)");
-  check_mat(pre, T, n, "mhc_pre_apply_backward: pre (T, n)");
-  if (overlaps(dx, du)) LS_THROW << "mhc_pre_apply_backward: dx must not alias du";
+  LS_GPU_DISPATCH(ctx, mhc_pre_apply_backward, dx, dpre, du, x, pre, n);
+  const auto [T, D] = detail::check_mhc_pre_apply_backward(dx, dpre, du, x, pre, n);
   ctx.parallel_for(
       T,
       [&](int64_t t0, int64_t t1) {
@@ -440,14 +554,8 @@ void mhc_pre_apply_backward(const Context& ctx, Tensor dx, Tensor dpre, const Te
 
 void mhc_post(const Context& ctx, Tensor y, const Tensor& f, const Tensor& x, const Tensor& post,
               const Tensor& comb, int n) {
-  check_n(n, "mhc_post");
-  const int64_t D = check_streams(x, n, "mhc_post: x (T, n*D)");
-  const int64_t T = x.shape[0];
-  check_mat(y, T, n * D, "mhc_post: y (T, n*D)");
-  check_mat(f, T, D, "mhc_post: f (T, D)");
-  check_mat(post, T, n, "mhc_post: post (T, n)");
-  check_comb(comb, T, n, "mhc_post: comb (T, n, n)");
-  if (overlaps(y, x)) LS_THROW << "mhc_post: y must not alias x";
+  LS_GPU_DISPATCH(ctx, mhc_post, y, f, x, post, comb, n);
+  const auto [T, D] = detail::check_mhc_post(y, f, x, post, comb, n);
   ctx.parallel_for(
       T,
       [&](int64_t t0, int64_t t1) {
@@ -473,19 +581,8 @@ void mhc_post(const Context& ctx, Tensor y, const Tensor& f, const Tensor& x, co
 
 void mhc_post_backward(const Context& ctx, Tensor dx, Tensor df, Tensor dpost, Tensor dcomb, const Tensor& dy,
                        const Tensor& f, const Tensor& x, const Tensor& post, const Tensor& comb, int n) {
-  check_n(n, "mhc_post_backward");
-  const int64_t D = check_streams(x, n, "mhc_post_backward: x (T, n*D)");
-  const int64_t T = x.shape[0];
-  check_mat(dx, T, n * D, "mhc_post_backward: dx (T, n*D)");
-  check_mat(df, T, D, "mhc_post_backward: df (T, D)");
-  check_mat(dpost, T, n, "mhc_post_backward: dpost (T, n)");
-  check_comb(dcomb, T, n, "mhc_post_backward: dcomb (T, n, n)");
-  check_mat(dy, T, n * D, "mhc_post_backward: dy (T, n*D)");
-  check_mat(f, T, D, "mhc_post_backward: f (T, D)");
-  check_mat(post, T, n, "mhc_post_backward: post (T, n)");
-  check_comb(comb, T, n, "mhc_post_backward: comb (T, n, n)");
-  if (overlaps(dx, x)) LS_THROW << "mhc_post_backward: dx must not alias x";
-  if (overlaps(df, dy)) LS_THROW << "mhc_post_backward: df must not alias dy";
+  LS_GPU_DISPATCH(ctx, mhc_post_backward, dx, df, dpost, dcomb, dy, f, x, post, comb, n);
+  const auto [T, D] = detail::check_mhc_post_backward(dx, df, dpost, dcomb, dy, f, x, post, comb, n);
   ctx.parallel_for(
       T,
       [&](int64_t t0, int64_t t1) {
@@ -521,17 +618,9 @@ void mhc_post_backward(const Context& ctx, Tensor dx, Tensor df, Tensor dpost, T
 
 void mhc_head_forward(const Context& ctx, Tensor h, Tensor w, Tensor raw, Tensor rstd, const Tensor& x,
                       const Tensor& fn, const Tensor& base, const Tensor& scale, const MhcConfig& cfg) {
-  check_n(cfg.n, "mhc_head_forward");
-  const int64_t n = cfg.n;
-  const int64_t D = check_streams(x, n, "mhc_head_forward: x (T, n*D)");
-  const int64_t T = x.shape[0], width = x.shape[1];
-  check_mix_params(fn, base, scale, n, width, "mhc_head_forward: fn (n, n*D)", "mhc_head_forward: base (n)",
-                   "mhc_head_forward: scale (1)", 1);
-  check_mat(h, T, D, "mhc_head_forward: h (T, D)");
-  check_mat(w, T, n, "mhc_head_forward: w (T, n)");
-  check_mat(raw, T, n, "mhc_head_forward: raw (T, n)");
-  check_vec(rstd, T, "mhc_head_forward: rstd (T)");
-  if (overlaps(h, x)) LS_THROW << "mhc_head_forward: h must not alias x";
+  LS_GPU_DISPATCH(ctx, mhc_head_forward, h, w, raw, rstd, x, fn, base, scale, cfg);
+  const auto [T, D] = detail::check_mhc_head_forward(h, w, raw, rstd, x, fn, base, scale, cfg);
+  const int64_t n = cfg.n, width = x.shape[1];
 
   gemm_xwt(ctx, raw, x, fn);
   const float* bp = base.f32();
@@ -559,21 +648,10 @@ void mhc_head_backward(const Context& ctx, Tensor dx, Tensor dfn, Tensor dbase, 
                        const Tensor& dh, const Tensor& x, const Tensor& w, const Tensor& raw,
                        const Tensor& rstd, const Tensor& fn, const Tensor& base, const Tensor& scale,
                        const MhcConfig& cfg) {
-  check_n(cfg.n, "mhc_head_backward");
-  const int64_t n = cfg.n;
-  const int64_t D = check_streams(x, n, "mhc_head_backward: x (T, n*D)");
-  const int64_t T = x.shape[0], width = x.shape[1];
-  check_mix_params(fn, base, scale, n, width, "mhc_head_backward: fn (n, n*D)", "mhc_head_backward: base (n)",
-                   "mhc_head_backward: scale (1)", 1);
-  check_mat(dx, T, width, "mhc_head_backward: dx (T, n*D)");
-  check_mat(dfn, n, width, "mhc_head_backward: dfn (n, n*D)");
-  check_vec(dbase, n, "mhc_head_backward: dbase (n)");
-  check_vec(dscale, 1, "mhc_head_backward: dscale (1)");
-  check_mat(dh, T, D, "mhc_head_backward: dh (T, D)");
-  check_mat(w, T, n, "mhc_head_backward: w (T, n)");
-  check_mat(raw, T, n, "mhc_head_backward: raw (T, n)");
-  check_vec(rstd, T, "mhc_head_backward: rstd (T)");
-  if (overlaps(dx, dh)) LS_THROW << "mhc_head_backward: dx must not alias dh";
+  LS_GPU_DISPATCH(ctx, mhc_head_backward, dx, dfn, dbase, dscale, dh, x, w, raw, rstd, fn, base, scale, cfg);
+  const auto [T, D] =
+      detail::check_mhc_head_backward(dx, dfn, dbase, dscale, dh, x, w, raw, rstd, fn, base, scale, cfg);
+  const int64_t n = cfg.n, width = x.shape[1];
 
   MixGrads mg{OwnedTensor(DType::F32, {T, n}), OwnedTensor(DType::F32, {T, n}),
               OwnedTensor(DType::F32, {T, 3}), OwnedTensor(DType::F32, {T})};

@@ -113,4 +113,37 @@ void mhc_head_backward(const Context& ctx, Tensor dx, Tensor dfn, Tensor dbase, 
                        const Tensor& rstd, const Tensor& fn, const Tensor& base, const Tensor& scale,
                        const MhcConfig& cfg);
 
+namespace detail {
+// The argument checks of the entries above, shared with the GPU backend so
+// both raise the same errors. Each returns the token count T and, where the
+// entry has one, the stream width D.
+struct MhcShape {
+  int64_t T, D;
+};
+MhcShape check_mhc_mix_forward(const MhcMix& out, const Tensor& x, const Tensor& fn, const Tensor& base,
+                               const Tensor& scale, const MhcConfig& cfg);
+MhcShape check_mhc_mix_backward(const Tensor& dx, const Tensor& dfn, const Tensor& dbase,
+                                const Tensor& dscale, const Tensor& dpre, const Tensor& dpost,
+                                const Tensor& dcomb, const Tensor& x, const MhcMix& saved, const Tensor& fn,
+                                const Tensor& base, const Tensor& scale, const MhcConfig& cfg);
+MhcShape check_mhc_pre_apply(const Tensor& u, const Tensor& x, const Tensor& pre, int n);
+MhcShape check_mhc_pre_apply_backward(const Tensor& dx, const Tensor& dpre, const Tensor& du, const Tensor& x,
+                                      const Tensor& pre, int n);
+MhcShape check_mhc_post(const Tensor& y, const Tensor& f, const Tensor& x, const Tensor& post,
+                        const Tensor& comb, int n);
+MhcShape check_mhc_post_backward(const Tensor& dx, const Tensor& df, const Tensor& dpost, const Tensor& dcomb,
+                                 const Tensor& dy, const Tensor& f, const Tensor& x, const Tensor& post,
+                                 const Tensor& comb, int n);
+MhcShape check_mhc_head_forward(const Tensor& h, const Tensor& w, const Tensor& raw, const Tensor& rstd,
+                                const Tensor& x, const Tensor& fn, const Tensor& base, const Tensor& scale,
+                                const MhcConfig& cfg);
+MhcShape check_mhc_head_backward(const Tensor& dx, const Tensor& dfn, const Tensor& dbase,
+                                 const Tensor& dscale, const Tensor& dh, const Tensor& x, const Tensor& w,
+                                 const Tensor& raw, const Tensor& rstd, const Tensor& fn, const Tensor& base,
+                                 const Tensor& scale, const MhcConfig& cfg);
+// Floats of one token's Sinkhorn tape: the softmax, then per normalisation
+// step its input (n*n) and divisors (n).
+int64_t mhc_tape_floats(int64_t n, int iters);
+}  // namespace detail
+
 }  // namespace lockstep::kernels

@@ -160,12 +160,14 @@ void swiglu_backward(const Context& ctx, Tensor dgate, Tensor dup, const Tensor&
 }
 
 void swiglu_clamped_forward(const Context& ctx, Tensor out, const Tensor& gate, const Tensor& up, float limit) {
+  LS_GPU_DISPATCH(ctx, swiglu_clamped_forward, out, gate, up, limit);
   check_limit(limit, "swiglu_clamped_forward");
   forward_impl(ctx, out, gate, up, limit, "swiglu_clamped_forward");
 }
 
 void swiglu_clamped_backward(const Context& ctx, Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate,
                              const Tensor& up, float limit) {
+  LS_GPU_DISPATCH(ctx, swiglu_clamped_backward, dgate, dup, dout, gate, up, limit);
   check_limit(limit, "swiglu_clamped_backward");
   backward_impl(ctx, dgate, dup, dout, gate, up, limit, "swiglu_clamped_backward");
 }

@@ -84,6 +84,20 @@ void for_each_entry(const GpuBackend& b, Fn&& fn) {
   LS_ENTRY(moe_combine_backward);
   LS_ENTRY(adamw_step);
   LS_ENTRY(sample_rows);
+  // mhc.h, streams.h, swiglu.h's clamped forms
+  LS_ENTRY(mhc_mix_forward);
+  LS_ENTRY(mhc_mix_backward);
+  LS_ENTRY(mhc_pre_apply);
+  LS_ENTRY(mhc_pre_apply_backward);
+  LS_ENTRY(mhc_post);
+  LS_ENTRY(mhc_post_backward);
+  LS_ENTRY(mhc_head_forward);
+  LS_ENTRY(mhc_head_backward);
+  LS_ENTRY(add_to_streams);
+  LS_ENTRY(repeat_streams);
+  LS_ENTRY(sum_streams);
+  LS_ENTRY(swiglu_clamped_forward);
+  LS_ENTRY(swiglu_clamped_backward);
 #undef LS_ENTRY
 }
 

@@ -24,6 +24,7 @@ GpuBackend make_backend() {
   register_moe(b);
   register_adamw(b);
   register_sampling(b);
+  register_mhc(b);
   return b;
 }
 

@@ -24,6 +24,8 @@ struct MoeDispatch;
 struct RouterConfig;
 struct AdamWParams;
 struct SampleSpec;
+struct MhcMix;
+struct MhcConfig;
 
 struct GpuBackend {
   const char* name = "";  // "interpret", "cuda", "hip"
@@ -91,6 +93,35 @@ struct GpuBackend {
   // sampling.h
   void (*sample_rows)(const Context&, Tensor tokens_out, const Tensor& logits,
                       const std::vector<SampleSpec>& rows) = nullptr;
+  // mhc.h (DeepSeek-V4 hyper-connections), streams.h, swiglu.h's clamped forms
+  void (*mhc_mix_forward)(const Context&, const MhcMix& out, const Tensor& x, const Tensor& fn,
+                          const Tensor& base, const Tensor& scale, const MhcConfig& cfg) = nullptr;
+  void (*mhc_mix_backward)(const Context&, Tensor dx, Tensor dfn, Tensor dbase, Tensor dscale,
+                           const Tensor& dpre, const Tensor& dpost, const Tensor& dcomb, const Tensor& x,
+                           const MhcMix& saved, const Tensor& fn, const Tensor& base, const Tensor& scale,
+                           const MhcConfig& cfg) = nullptr;
+  void (*mhc_pre_apply)(const Context&, Tensor u, const Tensor& x, const Tensor& pre, int n) = nullptr;
+  void (*mhc_pre_apply_backward)(const Context&, Tensor dx, Tensor dpre, const Tensor& du, const Tensor& x,
+                                 const Tensor& pre, int n) = nullptr;
+  void (*mhc_post)(const Context&, Tensor y, const Tensor& f, const Tensor& x, const Tensor& post,
+                   const Tensor& comb, int n) = nullptr;
+  void (*mhc_post_backward)(const Context&, Tensor dx, Tensor df, Tensor dpost, Tensor dcomb,
+                            const Tensor& dy, const Tensor& f, const Tensor& x, const Tensor& post,
+                            const Tensor& comb, int n) = nullptr;
+  void (*mhc_head_forward)(const Context&, Tensor h, Tensor w, Tensor raw, Tensor rstd, const Tensor& x,
+                           const Tensor& fn, const Tensor& base, const Tensor& scale,
+                           const MhcConfig& cfg) = nullptr;
+  void (*mhc_head_backward)(const Context&, Tensor dx, Tensor dfn, Tensor dbase, Tensor dscale,
+                            const Tensor& dh, const Tensor& x, const Tensor& w, const Tensor& raw,
+                            const Tensor& rstd, const Tensor& fn, const Tensor& base, const Tensor& scale,
+                            const MhcConfig& cfg) = nullptr;
+  void (*add_to_streams)(const Context&, Tensor x, const Tensor& e, int64_t n) = nullptr;
+  void (*repeat_streams)(const Context&, Tensor x, const Tensor& e, int64_t n) = nullptr;
+  void (*sum_streams)(const Context&, Tensor de, const Tensor& dx, int64_t n) = nullptr;
+  void (*swiglu_clamped_forward)(const Context&, Tensor out, const Tensor& gate, const Tensor& up,
+                                 float limit) = nullptr;
+  void (*swiglu_clamped_backward)(const Context&, Tensor dgate, Tensor dup, const Tensor& dout,
+                                  const Tensor& gate, const Tensor& up, float limit) = nullptr;
 
   // Names of the entries left null (the kernels this backend does not cover).
   std::vector<std::string> missing() const;

@@ -19,5 +19,6 @@ void register_adamw(GpuBackend& b);        // adamw.cu
 void register_rows(GpuBackend& b);         // rows.cu, fp8_quant.cu
 void register_memory(GpuBackend& b);       // memory.cu: the device allocator
 void register_sampling(GpuBackend& b);     // sampling.cu
+void register_mhc(GpuBackend& b);          // mhc.cu, streams.cu, swiglu.cu's clamped forms
 
 }  // namespace lockstep::kernels::gpu::LS_GPU_NS
