@@ -24,6 +24,9 @@ GpuBackend make_backend() {
   register_moe(b);
   register_adamw(b);
   register_sampling(b);
+  // kv_compress.h, sparse_attention.h
+  register_kv_compress(b);
+  register_sparse_attention(b);
   return b;
 }
 
