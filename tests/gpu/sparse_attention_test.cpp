@@ -170,6 +170,21 @@ TEST(GpuSparseAttention, ForwardAndBackwardMatchCpu) {
   check(make_problem(9, 3, 24, 9, 9, 19, 302), cfgs[2], 1, true, 303);
 }
 
+// So many candidate columns (mostly -1) that the backward holds one token's
+// coefficients at a time (sparse_backward_chunk_tokens is 1): store rows
+// referenced by several tokens accumulate over the chunks, in token order.
+TEST(GpuSparseAttention, BackwardOverSeveralTokenChunks) {
+  const int64_t C = (int64_t{1} << 19) + 7;
+  Problem p = make_problem(5, 2, 9, 5, 3, 4, 350);
+  ASSERT_EQ(detail::sparse_backward_chunk_tokens(detail::SparseShape{p.T, p.H, p.Dh, p.N, C}), 1);
+  std::vector<int32_t> wide(sz(p.T * C), -1);
+  for (int64_t t = 0; t < p.T; ++t)
+    for (int64_t j = 0; j < p.C; ++j) wide[sz(t * C + j * (C / p.C))] = p.cand[sz(t * p.C + j)];
+  p.cand = std::move(wide);
+  p.C = C;
+  check(p, G::SparseAttentionLaunch{}, 2, true, 351);
+}
+
 TEST(GpuSparseAttention, EveryLaunchShapeGivesTheSameBits) {
   const Problem p = make_problem(11, 2, 20, 6, 5, 4, 400);
   for (const auto& cfg : launches())
