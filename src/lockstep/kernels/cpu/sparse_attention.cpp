@@ -126,25 +126,25 @@ namespace detail {
 
 SparseShape check_sparse_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& store,
                                  const Tensor& cand, const Tensor& sink, bool& want_lse) {
-  constexpr const char* fn = "sparse_attention_forward";
-  const SparseShape s = check_inputs(fn, q, store, cand, sink);
-  check_heads(fn, out, s, "out");
+  constexpr const char* kFn = "sparse_attention_forward";
+  const SparseShape s = check_inputs(kFn, q, store, cand, sink);
+  check_heads(kFn, out, s, "out");
   want_lse = lse.data != nullptr || lse.ndim != 0;
-  if (want_lse) check_token_heads(fn, lse, s, "lse");
+  if (want_lse) check_token_heads(kFn, lse, s, "lse");
   return s;
 }
 
 SparseShape check_sparse_backward(const Tensor& dq, const Tensor& dstore, const Tensor& dsink,
                                   const Tensor& dout, const Tensor& out, const Tensor& lse, const Tensor& q,
                                   const Tensor& store, const Tensor& cand, const Tensor& sink) {
-  constexpr const char* fn = "sparse_attention_backward";
-  const SparseShape s = check_inputs(fn, q, store, cand, sink);
-  check_heads(fn, dout, s, "dout");
-  check_heads(fn, out, s, "out");
-  check_token_heads(fn, lse, s, "lse");
-  check_heads(fn, dq, s, "dq");
-  check_store(fn, dstore, s.N, s.Dh, "dstore");
-  check_vector(fn, dsink, s.H, "dsink (H)");
+  constexpr const char* kFn = "sparse_attention_backward";
+  const SparseShape s = check_inputs(kFn, q, store, cand, sink);
+  check_heads(kFn, dout, s, "dout");
+  check_heads(kFn, out, s, "out");
+  check_token_heads(kFn, lse, s, "lse");
+  check_heads(kFn, dq, s, "dq");
+  check_store(kFn, dstore, s.N, s.Dh, "dstore");
+  check_vector(kFn, dsink, s.H, "dsink (H)");
   return s;
 }
 

@@ -33,11 +33,11 @@ using ::lockstep::gpu::ls_sub;
 
 // The compressor's inputs as the kernels read them (unit column strides).
 struct CompressArgs {
-  const float* store;    // (N, 2*kappa*Dc) [C | Z]
-  int64_t ld_store;      // row stride
-  const int32_t* rows;   // (Ne, P) store rows of each entry's slots, -1 masked
+  const float* store;   // (N, 2*kappa*Dc) [C | Z]
+  int64_t ld_store;     // row stride
+  const int32_t* rows;  // (Ne, P) store rows of each entry's slots, -1 masked
   int64_t ld_rows;
-  const float* ape;      // (c, kappa*Dc)
+  const float* ape;  // (c, kappa*Dc)
   int64_t ld_ape;
   int64_t c, kappa, P, Dc, Ne;
 };
@@ -224,8 +224,8 @@ unsigned grid_of(int64_t blocks, const KvCompressLaunch& cfg) {
 
 }  // namespace
 
-void compress_forward(const Context& ctx, Tensor out, const Tensor& store, const Tensor& rows, const Tensor& ape,
-                      int ratio, bool overlap, const KvCompressLaunch& cfg) {
+void compress_forward(const Context& ctx, Tensor out, const Tensor& store, const Tensor& rows,
+                      const Tensor& ape, int ratio, bool overlap, const KvCompressLaunch& cfg) {
   const detail::CompressShape lay = detail::check_compress_forward(out, store, rows, ape, ratio, overlap);
   check_launch_cfg(cfg);
   if (lay.Ne == 0) return;
@@ -234,16 +234,17 @@ void compress_forward(const Context& ctx, Tensor out, const Tensor& store, const
   (compress_args(lay, store, rows, ape), out.f32(), out.stride[0]);
 }
 
-void compress_backward(const Context& ctx, Tensor dstore, Tensor dape, const Tensor& dout, const Tensor& store,
-                       const Tensor& rows, const Tensor& ape, int ratio, bool overlap, const KvCompressLaunch& cfg) {
+void compress_backward(const Context& ctx, Tensor dstore, Tensor dape, const Tensor& dout,
+                       const Tensor& store, const Tensor& rows, const Tensor& ape, int ratio, bool overlap,
+                       const KvCompressLaunch& cfg) {
   const detail::CompressShape lay =
       detail::check_compress_backward(dstore, dape, dout, store, rows, ape, ratio, overlap);
   check_launch_cfg(cfg);
   if (lay.Ne == 0) return;
   const unsigned grid = grid_of(::lockstep::gpu::blocks_for(lay.Dc, cfg.threads), cfg);
   LS_LAUNCH(ctx, compress_backward_kernel, dim3(grid), dim3(static_cast<unsigned>(cfg.threads)))
-  (compress_args(lay, store, rows, ape), dout.f32(), dout.stride[0], dstore.f32(), dstore.stride[0], dape.f32(),
-   dape.stride[0]);
+  (compress_args(lay, store, rows, ape), dout.f32(), dout.stride[0], dstore.f32(), dstore.stride[0],
+   dape.f32(), dape.stride[0]);
 }
 
 void indexer_select(const Context& ctx, Tensor selected, Tensor scores, const Tensor& qi, const Tensor& w,
@@ -252,22 +253,23 @@ void indexer_select(const Context& ctx, Tensor selected, Tensor scores, const Te
   check_launch_cfg(cfg);
   if (d.T == 0) return;
   const unsigned grid = grid_of(d.T, cfg);
-  CallArray<float> score(int64_t{grid} * d.C, "indexer_select scores");    // (grid, C)
+  CallArray<float> score(int64_t{grid} * d.C, "indexer_select scores");     // (grid, C)
   CallArray<int32_t> chosen(int64_t{grid} * d.C, "indexer_select chosen");  // (grid, C)
-  const IndexerArgs a{qi.f32(),        qi.stride[0], qi.stride[1], w.f32(), w.stride[0], keys.f32(), keys.stride[0],
-                      cand.i32(),      cand.stride[0], d.T,        d.HI,    d.DI,        d.C,        d.K};
+  const IndexerArgs a{
+      qi.f32(),   qi.stride[0],   qi.stride[1], w.f32(), w.stride[0], keys.f32(), keys.stride[0],
+      cand.i32(), cand.stride[0], d.T,          d.HI,    d.DI,        d.C,        d.K};
   const bool want_scores = scores.ndim != 0;
   LS_LAUNCH(ctx, indexer_select_kernel, dim3(grid), dim3(static_cast<unsigned>(cfg.threads)))
-  (a, selected.i32(), selected.stride[0], want_scores ? scores.f32() : nullptr, want_scores ? scores.stride[0] : 0,
-   score.get(), chosen.get());
+  (a, selected.i32(), selected.stride[0], want_scores ? scores.f32() : nullptr,
+   want_scores ? scores.stride[0] : 0, score.get(), chosen.get());
 }
 
-void compress_forward(const Context& ctx, Tensor out, const Tensor& store, const Tensor& rows, const Tensor& ape,
-                      int ratio, bool overlap) {
+void compress_forward(const Context& ctx, Tensor out, const Tensor& store, const Tensor& rows,
+                      const Tensor& ape, int ratio, bool overlap) {
   compress_forward(ctx, out, store, rows, ape, ratio, overlap, KvCompressLaunch{});
 }
-void compress_backward(const Context& ctx, Tensor dstore, Tensor dape, const Tensor& dout, const Tensor& store,
-                       const Tensor& rows, const Tensor& ape, int ratio, bool overlap) {
+void compress_backward(const Context& ctx, Tensor dstore, Tensor dape, const Tensor& dout,
+                       const Tensor& store, const Tensor& rows, const Tensor& ape, int ratio, bool overlap) {
   compress_backward(ctx, dstore, dape, dout, store, rows, ape, ratio, overlap, KvCompressLaunch{});
 }
 void indexer_select(const Context& ctx, Tensor selected, Tensor scores, const Tensor& qi, const Tensor& w,

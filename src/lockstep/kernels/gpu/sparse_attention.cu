@@ -44,7 +44,7 @@ struct OutHeads {
 // The inputs both passes share.
 struct SparseArgs {
   Heads q;
-  const float* store;  // (N, Dh) contiguous
+  const float* store;   // (N, Dh) contiguous
   const int32_t* cand;  // (T, C), unit column stride
   int64_t ld_cand;
   const float* sink;  // (H)
@@ -82,7 +82,8 @@ LS_DEVICE int64_t gather_valid(const SparseArgs& a, int64_t t, int32_t* rows, in
 }
 
 // acc[d] = fma chain over the valid rows in order, from 0, for the block's d.
-LS_DEVICE void weighted_rows(float* acc, const float* w, const int32_t* rows, int64_t n, const SparseArgs& a) {
+LS_DEVICE void weighted_rows(float* acc, const float* w, const int32_t* rows, int64_t n,
+                             const SparseArgs& a) {
   for (int64_t d = threadIdx.x; d < a.Dh; d += blockDim.x) {
     float s = 0.0f;
     for (int64_t k = 0; k < n; ++k) s = ls_fma(w[k], a.store[rows[k] * a.Dh + d], s);
@@ -105,7 +106,8 @@ LS_GLOBAL void sparse_forward_kernel(SparseArgs a, OutHeads out, float* lse, int
     const int64_t n = nvalid[0];
     for (int64_t h = 0; h < a.H; ++h) {
       const float sink_h = a.sink[h * a.st_sink];
-      for (int64_t k = tid; k < n; k += nt) z[k] = ls_mul(canonical_dot(a.q.row(t, h), a.store + rows[k] * a.Dh, a.Dh), a.scale);
+      for (int64_t k = tid; k < n; k += nt)
+        z[k] = ls_mul(canonical_dot(a.q.row(t, h), a.store + rows[k] * a.Dh, a.Dh), a.scale);
       __syncthreads();
       if (tid == 0) {
         float m = sink_h;
@@ -148,9 +150,10 @@ struct ChunkOut {
 // Pass 1, one block per chunk token (grid-stride): recompute p = exp1(z - lse),
 // write dq[t] and the token's coefficients. rows, cols, dsk: (gridDim.x, C)
 // scratch. red[0] holds Dt.
-LS_GLOBAL void sparse_backward_token_kernel(SparseArgs a, Heads dout, Heads out, const float* lse, int64_t lse_st,
-                                            int64_t lse_sh, OutHeads dq, ChunkOut ch, int64_t n_tokens,
-                                            int32_t* rows_scratch, int32_t* cols_scratch, float* dsk_scratch) {
+LS_GLOBAL void sparse_backward_token_kernel(SparseArgs a, Heads dout, Heads out, const float* lse,
+                                            int64_t lse_st, int64_t lse_sh, OutHeads dq, ChunkOut ch,
+                                            int64_t n_tokens, int32_t* rows_scratch, int32_t* cols_scratch,
+                                            float* dsk_scratch) {
   LS_SHARED(int64_t, nvalid, 1);
   LS_SHARED(float, red, 1);
   const int64_t tid = threadIdx.x, nt = blockDim.x;
@@ -181,8 +184,7 @@ LS_GLOBAL void sparse_backward_token_kernel(SparseArgs a, Heads dout, Heads out,
       }
       __syncthreads();
       weighted_rows(dq.row(t, h), dsk, rows, n, a);
-      if (tid == 0)
-        ch.sink_term[tt * a.H + h] = ls_mul(num::exp(ls_sub(a.sink[h * a.st_sink], l)), Dt);
+      if (tid == 0) ch.sink_term[tt * a.H + h] = ls_mul(num::exp(ls_sub(a.sink[h * a.st_sink], l)), Dt);
       __syncthreads();  // dsk and red are the next head's
     }
   }
@@ -265,8 +267,8 @@ OutHeads out_heads(const Tensor& t) {
 // The chunk's references sorted by store row (the CPU's build_inverse_index):
 // first (N + 1) offsets, ref (references) tt * C + column, each row's list in
 // (token, column) order. cand is a host-readable (T, C) view.
-void inverse_index(const Tensor& cand, int64_t t0, int64_t n, int64_t N, int64_t C, std::vector<int64_t>& first,
-                   std::vector<int64_t>& ref) {
+void inverse_index(const Tensor& cand, int64_t t0, int64_t n, int64_t N, int64_t C,
+                   std::vector<int64_t>& first, std::vector<int64_t>& ref) {
   first.assign(static_cast<size_t>(N + 1), 0);
   for (int64_t tt = 0; tt < n; ++tt) {
     const int32_t* c = cand.i32() + (t0 + tt) * cand.stride[0];
@@ -285,8 +287,9 @@ void inverse_index(const Tensor& cand, int64_t t0, int64_t n, int64_t N, int64_t
 
 }  // namespace
 
-void sparse_attention_forward(const Context& ctx, Tensor out, Tensor lse, const Tensor& q, const Tensor& store,
-                              const Tensor& cand, const Tensor& sink, float scale, const SparseAttentionLaunch& cfg) {
+void sparse_attention_forward(const Context& ctx, Tensor out, Tensor lse, const Tensor& q,
+                              const Tensor& store, const Tensor& cand, const Tensor& sink, float scale,
+                              const SparseAttentionLaunch& cfg) {
   bool want_lse = false;
   const detail::SparseShape s = detail::check_sparse_forward(out, lse, q, store, cand, sink, want_lse);
   check_launch_cfg(cfg);
@@ -301,7 +304,8 @@ void sparse_attention_forward(const Context& ctx, Tensor out, Tensor lse, const 
 
 void sparse_attention_backward(const Context& ctx, Tensor dq, Tensor dstore, Tensor dsink, const Tensor& dout,
                                const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& store,
-                               const Tensor& cand, const Tensor& sink, float scale, const SparseAttentionLaunch& cfg) {
+                               const Tensor& cand, const Tensor& sink, float scale,
+                               const SparseAttentionLaunch& cfg) {
   const detail::SparseShape s =
       detail::check_sparse_backward(dq, dstore, dsink, dout, out, lse, q, store, cand, sink);
   check_launch_cfg(cfg);
@@ -312,10 +316,10 @@ void sparse_attention_backward(const Context& ctx, Tensor dq, Tensor dstore, Ten
   const dim3 block(static_cast<unsigned>(cfg.threads));
   const int64_t chunk_tokens = std::min(s.T, detail::sparse_backward_chunk_tokens(s));
   const unsigned token_grid = grid_of(chunk_tokens, cfg);
-  CallArray<float> p(chunk_tokens * s.H * s.C, "sparse_attention_backward p");    // (chunk, H, C)
-  CallArray<float> ds(chunk_tokens * s.H * s.C, "sparse_attention_backward ds");  // (chunk, H, C)
-  CallArray<float> sink_term(chunk_tokens * s.H, "sparse_attention_backward sink terms");  // (chunk, H)
-  CallArray<int32_t> rows(int64_t{token_grid} * s.C, "sparse_attention_backward rows");    // (grid, C)
+  CallArray<float> p(chunk_tokens * s.H * s.C, "sparse_attention_backward p");              // (chunk, H, C)
+  CallArray<float> ds(chunk_tokens * s.H * s.C, "sparse_attention_backward ds");            // (chunk, H, C)
+  CallArray<float> sink_term(chunk_tokens * s.H, "sparse_attention_backward sink terms");   // (chunk, H)
+  CallArray<int32_t> rows(int64_t{token_grid} * s.C, "sparse_attention_backward rows");     // (grid, C)
   CallArray<int32_t> cols(int64_t{token_grid} * s.C, "sparse_attention_backward columns");  // (grid, C)
   CallArray<float> dsk(int64_t{token_grid} * s.C, "sparse_attention_backward dq weights");  // (grid, C)
   std::vector<int64_t> first, ref;
@@ -337,8 +341,8 @@ void sparse_attention_backward(const Context& ctx, Tensor dq, Tensor dstore, Ten
   }
 }
 
-void sparse_attention_forward(const Context& ctx, Tensor out, Tensor lse, const Tensor& q, const Tensor& store,
-                              const Tensor& cand, const Tensor& sink, float scale) {
+void sparse_attention_forward(const Context& ctx, Tensor out, Tensor lse, const Tensor& q,
+                              const Tensor& store, const Tensor& cand, const Tensor& sink, float scale) {
   sparse_attention_forward(ctx, out, lse, q, store, cand, sink, scale, SparseAttentionLaunch{});
 }
 void sparse_attention_backward(const Context& ctx, Tensor dq, Tensor dstore, Tensor dsink, const Tensor& dout,
