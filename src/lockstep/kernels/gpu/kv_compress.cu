@@ -222,6 +222,11 @@ unsigned grid_of(int64_t blocks, const KvCompressLaunch& cfg) {
   return static_cast<unsigned>(blocks);
 }
 
+// The indexer's blocks at most: each holds a (C) row of scores and flags in
+// scratch, so 2048 rows bound it to 2048 * C * 8 bytes (128 MiB at C = 8192)
+// and still fill a device's SMs many times over; more queries loop.
+constexpr int64_t kMaxScratchBlocks = 2048;
+
 }  // namespace
 
 void compress_forward(const Context& ctx, Tensor out, const Tensor& store, const Tensor& rows,
@@ -252,7 +257,7 @@ void indexer_select(const Context& ctx, Tensor selected, Tensor scores, const Te
   const detail::IndexerShape d = detail::check_indexer_select(selected, scores, qi, w, keys, cand);
   check_launch_cfg(cfg);
   if (d.T == 0) return;
-  const unsigned grid = grid_of(d.T, cfg);
+  const unsigned grid = grid_of(std::min(d.T, kMaxScratchBlocks), cfg);
   CallArray<float> score(int64_t{grid} * d.C, "indexer_select scores");     // (grid, C)
   CallArray<int32_t> chosen(int64_t{grid} * d.C, "indexer_select chosen");  // (grid, C)
   const IndexerArgs a{

@@ -15,7 +15,9 @@ struct KvCompressLaunch {
   // the backward. Indexer: one block per query, its threads splitting the
   // candidates. Any count in [1, 1024] gives the same bits.
   int threads = 128;
-  int max_blocks = 0;  // 0: one pass; else a grid-stride loop over at most this many blocks
+  // 0: one pass (up to 2048 blocks for the kernels with a scratch row per
+  // block); else a grid-stride loop over at most this many blocks.
+  int max_blocks = 0;
 };
 
 void compress_forward(const Context& ctx, Tensor out, const Tensor& store, const Tensor& rows,

@@ -242,6 +242,11 @@ unsigned grid_of(int64_t blocks, const SparseAttentionLaunch& cfg) {
   return static_cast<unsigned>(blocks);
 }
 
+// Token blocks at most: each holds (C) rows of candidates and scores in
+// scratch, so 2048 rows bound it to 2048 * C * 12 bytes (192 MiB at C =
+// 8192) and still fill a device's SMs many times over; more tokens loop.
+constexpr int64_t kMaxScratchBlocks = 2048;
+
 SparseArgs sparse_args(const detail::SparseShape& s, const Tensor& q, const Tensor& store, const Tensor& cand,
                        const Tensor& sink, float scale) {
   return {Heads{q.f32(), q.stride[0], q.stride[1]},
@@ -294,7 +299,7 @@ void sparse_attention_forward(const Context& ctx, Tensor out, Tensor lse, const 
   const detail::SparseShape s = detail::check_sparse_forward(out, lse, q, store, cand, sink, want_lse);
   check_launch_cfg(cfg);
   if (s.T == 0) return;
-  const unsigned grid = grid_of(s.T, cfg);
+  const unsigned grid = grid_of(std::min(s.T, kMaxScratchBlocks), cfg);
   CallArray<int32_t> rows(int64_t{grid} * s.C, "sparse_attention_forward rows");  // (grid, C)
   CallArray<float> z(int64_t{grid} * s.C, "sparse_attention_forward scores");     // (grid, C)
   LS_LAUNCH(ctx, sparse_forward_kernel, dim3(grid), dim3(static_cast<unsigned>(cfg.threads)))
@@ -315,7 +320,7 @@ void sparse_attention_backward(const Context& ctx, Tensor dq, Tensor dstore, Ten
   const SparseArgs a = sparse_args(s, q, store, cand, sink, scale);
   const dim3 block(static_cast<unsigned>(cfg.threads));
   const int64_t chunk_tokens = std::min(s.T, detail::sparse_backward_chunk_tokens(s));
-  const unsigned token_grid = grid_of(chunk_tokens, cfg);
+  const unsigned token_grid = grid_of(std::min(chunk_tokens, kMaxScratchBlocks), cfg);
   CallArray<float> p(chunk_tokens * s.H * s.C, "sparse_attention_backward p");              // (chunk, H, C)
   CallArray<float> ds(chunk_tokens * s.H * s.C, "sparse_attention_backward ds");            // (chunk, H, C)
   CallArray<float> sink_term(chunk_tokens * s.H, "sparse_attention_backward sink terms");   // (chunk, H)
@@ -326,7 +331,7 @@ void sparse_attention_backward(const Context& ctx, Tensor dq, Tensor dstore, Ten
   for (int64_t t0 = 0; t0 < s.T; t0 += chunk_tokens) {
     const int64_t n = std::min(chunk_tokens, s.T - t0);
     const ChunkOut ch{t0, p.get(), ds.get(), sink_term.get()};
-    LS_LAUNCH(ctx, sparse_backward_token_kernel, dim3(grid_of(n, cfg)), block)
+    LS_LAUNCH(ctx, sparse_backward_token_kernel, dim3(grid_of(std::min(n, kMaxScratchBlocks), cfg)), block)
     (a, heads(dout), heads(out), lse.f32(), lse.stride[0], lse.stride[1], out_heads(dq), ch, n, rows.get(),
      cols.get(), dsk.get());
     inverse_index(hcand, t0, n, s.N, s.C, first, ref);

@@ -16,7 +16,9 @@ struct SparseAttentionLaunch {
   // dot products and the head width for the fma chains, so any count in
   // [1, 1024] gives the same bits.
   int threads = 64;
-  int max_blocks = 0;  // 0: one pass; else a grid-stride loop over at most this many blocks
+  // 0: one pass (up to 2048 blocks for the kernels with a scratch row per
+  // block); else a grid-stride loop over at most this many blocks.
+  int max_blocks = 0;
 };
 
 void sparse_attention_forward(const Context& ctx, Tensor out, Tensor lse, const Tensor& q,
