@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "lockstep/kernels/cpu/simd.h"
+#include "lockstep/kernels/gpu/backend.h"
 
 namespace lockstep::kernels {
 
@@ -31,14 +32,7 @@ void check_mat(const Tensor& t, int64_t rows, int64_t cols, DType dtype, const s
 
 // ---------------------------------------------------------------- compressor
 
-struct Layout {
-  int64_t c;      // ratio
-  int64_t kappa;  // 2 when overlapping, else 1
-  int64_t P;      // slots per entry, kappa * c
-  int64_t Dc;     // compressed width
-  int64_t N;      // store rows
-  int64_t Ne;     // entries
-};
+using Layout = detail::CompressShape;
 
 // One valid slot of an entry: its store row and where its channels start.
 struct Slot {
@@ -72,8 +66,10 @@ Layout check_compress(const Tensor& store, const Tensor& rows, const Tensor& ape
   lay.Ne = rows.shape[0];
   check_mat(rows, lay.Ne, lay.P, DType::I32, f + ": rows (Ne, P)");
   check_mat(ape, lay.c, lay.kappa * Dc, DType::F32, f + ": ape (c, kappa*Dc)");
+  std::vector<unsigned char> keep;
+  const Tensor hrows = host_readable(rows, keep);
   for (int64_t e = 0; e < lay.Ne; ++e) {
-    const int32_t* r = rows.i32() + e * rows.stride[0];
+    const int32_t* r = hrows.i32() + e * hrows.stride[0];
     int64_t valid = 0;
     for (int64_t p = 0; p < lay.P; ++p) {
       if (r[p] < -1 || r[p] >= lay.N)
@@ -173,9 +169,7 @@ void entry_chunk_backward(const Slot* slots, int nv, int64_t ch0, int64_t n, con
 // --------------------------------------------------------------- indexer
 
 // Checks the indexer's tensors; returns (T, HI, DI, N, C, K).
-struct IndexerDims {
-  int64_t T, HI, DI, N, C, K;
-};
+using IndexerDims = detail::IndexerShape;
 
 IndexerDims check_indexer(const Tensor& selected, const Tensor& scores, const Tensor& qi, const Tensor& w,
                           const Tensor& keys, const Tensor& cand) {
@@ -202,8 +196,10 @@ IndexerDims check_indexer(const Tensor& selected, const Tensor& scores, const Te
   d.K = selected.shape[1];
   check_mat(selected, d.T, d.K, DType::I32, f + ": selected (T, K)");
   if (scores.ndim != 0) check_mat(scores, d.T, d.C, DType::F32, f + ": scores (T, C)");
+  std::vector<unsigned char> keep;
+  const Tensor hcand = host_readable(cand, keep);
   for (int64_t t = 0; t < d.T; ++t) {
-    const int32_t* r = cand.i32() + t * cand.stride[0];
+    const int32_t* r = hcand.i32() + t * hcand.stride[0];
     bool padding = false;
     for (int64_t j = 0; j < d.C; ++j) {
       if (r[j] < -1 || r[j] >= d.N)
@@ -245,12 +241,40 @@ inline bool ranks_before(const float* score, int32_t a, int32_t b) {
 
 }  // namespace
 
-void compress_forward(const Context& ctx, Tensor out, const Tensor& store, const Tensor& rows,
-                      const Tensor& ape, int ratio, bool overlap) {
+namespace detail {
+
+CompressShape check_compress_forward(const Tensor& out, const Tensor& store, const Tensor& rows,
+                                     const Tensor& ape, int ratio, bool overlap) {
   check_dtype(out, DType::F32, "compress_forward: out (Ne, Dc)");
   check_shape(out, {-1, -1}, "compress_forward: out (Ne, Dc)");
   const Layout lay = check_compress(store, rows, ape, out.shape[1], ratio, overlap, "compress_forward");
   check_mat(out, lay.Ne, lay.Dc, DType::F32, "compress_forward: out (Ne, Dc)");
+  return lay;
+}
+
+CompressShape check_compress_backward(const Tensor& dstore, const Tensor& dape, const Tensor& dout,
+                                      const Tensor& store, const Tensor& rows, const Tensor& ape, int ratio,
+                                      bool overlap) {
+  check_dtype(dout, DType::F32, "compress_backward: dout (Ne, Dc)");
+  check_shape(dout, {-1, -1}, "compress_backward: dout (Ne, Dc)");
+  const Layout lay = check_compress(store, rows, ape, dout.shape[1], ratio, overlap, "compress_backward");
+  check_mat(dout, lay.Ne, lay.Dc, DType::F32, "compress_backward: dout (Ne, Dc)");
+  check_mat(dstore, lay.N, 2 * lay.kappa * lay.Dc, DType::F32, "compress_backward: dstore (N, 2*kappa*Dc)");
+  check_mat(dape, lay.c, lay.kappa * lay.Dc, DType::F32, "compress_backward: dape (c, kappa*Dc)");
+  return lay;
+}
+
+IndexerShape check_indexer_select(const Tensor& selected, const Tensor& scores, const Tensor& qi,
+                                  const Tensor& w, const Tensor& keys, const Tensor& cand) {
+  return check_indexer(selected, scores, qi, w, keys, cand);
+}
+
+}  // namespace detail
+
+void compress_forward(const Context& ctx, Tensor out, const Tensor& store, const Tensor& rows,
+                      const Tensor& ape, int ratio, bool overlap) {
+  LS_GPU_DISPATCH(ctx, compress_forward, out, store, rows, ape, ratio, overlap);
+  const Layout lay = detail::check_compress_forward(out, store, rows, ape, ratio, overlap);
   ctx.parallel_for(
       lay.Ne,
       [&](int64_t e0, int64_t e1) {
@@ -270,12 +294,8 @@ void compress_forward(const Context& ctx, Tensor out, const Tensor& store, const
 
 void compress_backward(const Context& ctx, Tensor dstore, Tensor dape, const Tensor& dout,
                        const Tensor& store, const Tensor& rows, const Tensor& ape, int ratio, bool overlap) {
-  check_dtype(dout, DType::F32, "compress_backward: dout (Ne, Dc)");
-  check_shape(dout, {-1, -1}, "compress_backward: dout (Ne, Dc)");
-  const Layout lay = check_compress(store, rows, ape, dout.shape[1], ratio, overlap, "compress_backward");
-  check_mat(dout, lay.Ne, lay.Dc, DType::F32, "compress_backward: dout (Ne, Dc)");
-  check_mat(dstore, lay.N, 2 * lay.kappa * lay.Dc, DType::F32, "compress_backward: dstore (N, 2*kappa*Dc)");
-  check_mat(dape, lay.c, lay.kappa * lay.Dc, DType::F32, "compress_backward: dape (c, kappa*Dc)");
+  LS_GPU_DISPATCH(ctx, compress_backward, dstore, dape, dout, store, rows, ape, ratio, overlap);
+  const Layout lay = detail::check_compress_backward(dstore, dape, dout, store, rows, ape, ratio, overlap);
   // Threads own channel ranges: a channel ch of the output touches only
   // channels ch and Dc + ch of dstore's C and Z and of dape, so no element is
   // shared, and each walks the entries in order whatever the split.
@@ -299,6 +319,7 @@ void compress_backward(const Context& ctx, Tensor dstore, Tensor dape, const Ten
 
 void indexer_select(const Context& ctx, Tensor selected, Tensor scores, const Tensor& qi, const Tensor& w,
                     const Tensor& keys, const Tensor& cand) {
+  LS_GPU_DISPATCH(ctx, indexer_select, selected, scores, qi, w, keys, cand);
   const IndexerDims d = check_indexer(selected, scores, qi, w, keys, cand);
   const bool want_scores = scores.ndim != 0;
   ctx.parallel_for(d.T, [&](int64_t t0, int64_t t1) {

@@ -49,4 +49,28 @@ void compress_backward(const Context& ctx, Tensor dstore, Tensor dape, const Ten
 void indexer_select(const Context& ctx, Tensor selected, Tensor scores, const Tensor& qi, const Tensor& w,
                     const Tensor& keys, const Tensor& cand);
 
+namespace detail {
+// The checks the CPU and GPU entries share (same messages). They read the
+// index tensors (rows, cand) through host_readable, so they work on device
+// memory too.
+struct CompressShape {
+  int64_t c;      // ratio
+  int64_t kappa;  // 2 when overlapping, else 1
+  int64_t P;      // slots per entry, kappa * c
+  int64_t Dc;     // compressed width
+  int64_t N;      // store rows
+  int64_t Ne;     // entries
+};
+CompressShape check_compress_forward(const Tensor& out, const Tensor& store, const Tensor& rows,
+                                     const Tensor& ape, int ratio, bool overlap);
+CompressShape check_compress_backward(const Tensor& dstore, const Tensor& dape, const Tensor& dout,
+                                      const Tensor& store, const Tensor& rows, const Tensor& ape, int ratio,
+                                      bool overlap);
+struct IndexerShape {
+  int64_t T, HI, DI, N, C, K;
+};
+IndexerShape check_indexer_select(const Tensor& selected, const Tensor& scores, const Tensor& qi,
+                                  const Tensor& w, const Tensor& keys, const Tensor& cand);
+}  // namespace detail
+
 }  // namespace lockstep::kernels

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "lockstep/kernels/cpu/simd.h"
+#include "lockstep/kernels/gpu/backend.h"
 
 namespace lockstep::kernels {
 
@@ -18,9 +19,7 @@ inline size_t sz(int64_t n) {
   return static_cast<size_t>(n);
 }
 
-struct SparseShape {
-  int64_t T, H, Dh, N, C;
-};
+using detail::SparseShape;
 
 // (T, H, Dh) f32 with unit last stride; tokens and heads may be strided.
 void check_heads(const char* fn, const Tensor& t, const SparseShape& s, const char* name) {
@@ -66,8 +65,10 @@ SparseShape check_inputs(const char* fn, const Tensor& q, const Tensor& store, c
   check_shape(cand, {s.T, s.C}, cw.c_str());
   if (s.C > 1 && cand.stride[1] != 1) LS_THROW << cw << ": rows must be contiguous, got " << cand.shape_str();
   check_vector(fn, sink, s.H, "sink (H)");
+  std::vector<unsigned char> keep;
+  const Tensor hcand = host_readable(cand, keep);
   for (int64_t t = 0; t < s.T; ++t) {
-    const int32_t* row = cand.ptr<int32_t>() + t * cand.stride[0];
+    const int32_t* row = hcand.ptr<int32_t>() + t * hcand.stride[0];
     for (int64_t c = 0; c < s.C; ++c)
       if (row[c] < -1 || row[c] >= s.N)
         LS_THROW << cw << ": cand[" << t << "][" << c << "] = " << row[c] << " is outside [-1, N = " << s.N
@@ -115,15 +116,49 @@ int64_t token_grain(const SparseShape& s) {
   return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, s.H * std::max<int64_t>(1, s.C) * s.Dh));
 }
 
+// Coefficients held per chunk: (tokens, H, C) floats twice. 2^20 entries keep
+// the scratch at 8 MB; a chunk is never smaller than one token.
+constexpr int64_t kChunkEntries = int64_t{1} << 20;
+
 }  // namespace
+
+namespace detail {
+
+SparseShape check_sparse_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& store,
+                                 const Tensor& cand, const Tensor& sink, bool& want_lse) {
+  constexpr const char* kFn = "sparse_attention_forward";
+  const SparseShape s = check_inputs(kFn, q, store, cand, sink);
+  check_heads(kFn, out, s, "out");
+  want_lse = lse.data != nullptr || lse.ndim != 0;
+  if (want_lse) check_token_heads(kFn, lse, s, "lse");
+  return s;
+}
+
+SparseShape check_sparse_backward(const Tensor& dq, const Tensor& dstore, const Tensor& dsink,
+                                  const Tensor& dout, const Tensor& out, const Tensor& lse, const Tensor& q,
+                                  const Tensor& store, const Tensor& cand, const Tensor& sink) {
+  constexpr const char* kFn = "sparse_attention_backward";
+  const SparseShape s = check_inputs(kFn, q, store, cand, sink);
+  check_heads(kFn, dout, s, "dout");
+  check_heads(kFn, out, s, "out");
+  check_token_heads(kFn, lse, s, "lse");
+  check_heads(kFn, dq, s, "dq");
+  check_store(kFn, dstore, s.N, s.Dh, "dstore");
+  check_vector(kFn, dsink, s.H, "dsink (H)");
+  return s;
+}
+
+int64_t sparse_backward_chunk_tokens(const SparseShape& s) {
+  return std::max<int64_t>(1, kChunkEntries / std::max<int64_t>(1, s.H * s.C));
+}
+
+}  // namespace detail
 
 void sparse_attention_forward(const Context& ctx, Tensor out, Tensor lse, const Tensor& q,
                               const Tensor& store, const Tensor& cand, const Tensor& sink, float scale) {
-  constexpr const char* fn = "sparse_attention_forward";
-  const SparseShape s = check_inputs(fn, q, store, cand, sink);
-  check_heads(fn, out, s, "out");
-  const bool want_lse = lse.data != nullptr || lse.ndim != 0;
-  if (want_lse) check_token_heads(fn, lse, s, "lse");
+  LS_GPU_DISPATCH(ctx, sparse_attention_forward, out, lse, q, store, cand, sink, scale);
+  bool want_lse = false;
+  const SparseShape s = detail::check_sparse_forward(out, lse, q, store, cand, sink, want_lse);
   const float* sk = sink.ptr<float>();
   ctx.parallel_for(
       s.T,
@@ -250,26 +285,18 @@ void scatter_row(const BackwardArgs& a, const Chunk& ch, int64_t r) {
   }
 }
 
-// Coefficients held per chunk: (tokens, H, C) floats twice. 2^20 entries keep
-// the scratch at 8 MB; a chunk is never smaller than one token.
-constexpr int64_t kChunkEntries = int64_t{1} << 20;
-
 }  // namespace
 
 void sparse_attention_backward(const Context& ctx, Tensor dq, Tensor dstore, Tensor dsink, const Tensor& dout,
                                const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& store,
                                const Tensor& cand, const Tensor& sink, float scale) {
-  constexpr const char* fn = "sparse_attention_backward";
-  const SparseShape s = check_inputs(fn, q, store, cand, sink);
-  check_heads(fn, dout, s, "dout");
-  check_heads(fn, out, s, "out");
-  check_token_heads(fn, lse, s, "lse");
-  check_heads(fn, dq, s, "dq");
-  check_store(fn, dstore, s.N, s.Dh, "dstore");
-  check_vector(fn, dsink, s.H, "dsink (H)");
+  LS_GPU_DISPATCH(ctx, sparse_attention_backward, dq, dstore, dsink, dout, out, lse, q, store, cand, sink,
+                  scale);
+  const SparseShape s =
+      detail::check_sparse_backward(dq, dstore, dsink, dout, out, lse, q, store, cand, sink);
   const BackwardArgs a{s, dq, dstore, dsink, dout, out, lse, q, store, cand, sink, scale};
 
-  const int64_t chunk_tokens = std::max<int64_t>(1, kChunkEntries / std::max<int64_t>(1, s.H * s.C));
+  const int64_t chunk_tokens = detail::sparse_backward_chunk_tokens(s);
   Chunk ch;
   ch.first.resize(sz(s.N + 1));
   for (ch.t0 = 0; ch.t0 < s.T; ch.t0 += chunk_tokens) {

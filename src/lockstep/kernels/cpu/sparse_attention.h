@@ -45,4 +45,22 @@ void sparse_attention_backward(const Context& ctx, Tensor dq, Tensor dstore, Ten
                                const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& store,
                                const Tensor& cand, const Tensor& sink, float scale);
 
+namespace detail {
+// The checks the CPU and GPU entries share (same messages); cand is read
+// through host_readable, so they work on device memory too.
+struct SparseShape {
+  int64_t T, H, Dh, N, C;
+};
+// want_lse: whether lse is given (the forward writes it).
+SparseShape check_sparse_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& store,
+                                 const Tensor& cand, const Tensor& sink, bool& want_lse);
+SparseShape check_sparse_backward(const Tensor& dq, const Tensor& dstore, const Tensor& dsink,
+                                  const Tensor& dout, const Tensor& out, const Tensor& lse, const Tensor& q,
+                                  const Tensor& store, const Tensor& cand, const Tensor& sink);
+// Tokens per chunk of the backward, whose scratch holds (tokens, H, C)
+// coefficients twice; both backwards bound their scratch with it (the bits
+// do not depend on the chunking).
+int64_t sparse_backward_chunk_tokens(const SparseShape& s);
+}  // namespace detail
+
 }  // namespace lockstep::kernels

@@ -98,6 +98,12 @@ void for_each_entry(const GpuBackend& b, Fn&& fn) {
   LS_ENTRY(sum_streams);
   LS_ENTRY(swiglu_clamped_forward);
   LS_ENTRY(swiglu_clamped_backward);
+  // kv_compress.h, sparse_attention.h
+  LS_ENTRY(compress_forward);
+  LS_ENTRY(compress_backward);
+  LS_ENTRY(indexer_select);
+  LS_ENTRY(sparse_attention_forward);
+  LS_ENTRY(sparse_attention_backward);
 #undef LS_ENTRY
 }
 

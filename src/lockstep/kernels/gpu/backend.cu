@@ -25,6 +25,9 @@ GpuBackend make_backend() {
   register_adamw(b);
   register_sampling(b);
   register_mhc(b);
+  // kv_compress.h, sparse_attention.h
+  register_kv_compress(b);
+  register_sparse_attention(b);
   return b;
 }
 

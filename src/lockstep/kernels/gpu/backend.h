@@ -122,6 +122,21 @@ struct GpuBackend {
                                  float limit) = nullptr;
   void (*swiglu_clamped_backward)(const Context&, Tensor dgate, Tensor dup, const Tensor& dout,
                                   const Tensor& gate, const Tensor& up, float limit) = nullptr;
+  // kv_compress.h, sparse_attention.h (DeepSeek-V4)
+  void (*compress_forward)(const Context&, Tensor out, const Tensor& store, const Tensor& rows,
+                           const Tensor& ape, int ratio, bool overlap) = nullptr;
+  void (*compress_backward)(const Context&, Tensor dstore, Tensor dape, const Tensor& dout,
+                            const Tensor& store, const Tensor& rows, const Tensor& ape, int ratio,
+                            bool overlap) = nullptr;
+  void (*indexer_select)(const Context&, Tensor selected, Tensor scores, const Tensor& qi, const Tensor& w,
+                         const Tensor& keys, const Tensor& cand) = nullptr;
+  void (*sparse_attention_forward)(const Context&, Tensor out, Tensor lse, const Tensor& q,
+                                   const Tensor& store, const Tensor& cand, const Tensor& sink,
+                                   float scale) = nullptr;
+  void (*sparse_attention_backward)(const Context&, Tensor dq, Tensor dstore, Tensor dsink,
+                                    const Tensor& dout, const Tensor& out, const Tensor& lse, const Tensor& q,
+                                    const Tensor& store, const Tensor& cand, const Tensor& sink,
+                                    float scale) = nullptr;
 
   // Names of the entries left null (the kernels this backend does not cover).
   std::vector<std::string> missing() const;

@@ -20,5 +20,8 @@ void register_rows(GpuBackend& b);         // rows.cu, fp8_quant.cu
 void register_memory(GpuBackend& b);       // memory.cu: the device allocator
 void register_sampling(GpuBackend& b);     // sampling.cu
 void register_mhc(GpuBackend& b);          // mhc.cu, streams.cu, swiglu.cu's clamped forms
+// kv_compress.h, sparse_attention.h
+void register_kv_compress(GpuBackend& b);       // kv_compress.cu
+void register_sparse_attention(GpuBackend& b);  // sparse_attention.cu
 
 }  // namespace lockstep::kernels::gpu::LS_GPU_NS
