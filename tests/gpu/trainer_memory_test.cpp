@@ -4,6 +4,7 @@
 // steps keep the bits they have in host memory.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -218,7 +219,8 @@ std::vector<TrainSequence> dataset(int n, uint32_t seed) {
   return out;
 }
 
-std::unique_ptr<Trainer> make_trainer(const Context& ctx) {
+std::unique_ptr<Trainer> make_trainer(const Context& ctx,
+                                      int64_t logits_chunk = TrainerConfig{}.logits_chunk) {
   const ModelConfig c = tiny_moe();
   ParamLayout layout(c);
   Buffer params = alloc_params(layout);
@@ -228,6 +230,7 @@ std::unique_ptr<Trainer> make_trainer(const Context& ctx) {
   tc.optim.weight_decay = 0.01;
   tc.optim.grad_clip = 0.5;
   tc.micro_batch_tokens = 40;  // several micro-batches per step
+  tc.logits_chunk = logits_chunk;
   return std::make_unique<Trainer>(ctx, c, std::move(params), tc);
 }
 
@@ -260,6 +263,79 @@ TEST(GpuTrainerMemory, SftStepsAndScoresOnStrictDeviceMemoryMatchTheCpu) {
         << "sequence " << i;
     EXPECT_EQ(std::memcmp(sa[i].entropy.data(), sb[i].entropy.data(), sa[i].entropy.size() * 4), 0);
   }
+}
+
+// A loss with an entropy term, so the chunked head's backward takes both
+// dlogp and dentropy: mean of -logp - 0.05 * entropy over each sequence.
+double entropy_loss(size_t, const float* logp, const float* entropy, int64_t n, float* dlogp,
+                    float* dentropy) {
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    total += (-double(logp[i]) - 0.05 * double(entropy[i])) / double(n);
+    dlogp[i] = -1.0f / float(n);
+    dentropy[i] = -0.05f / float(n);
+  }
+  return total;
+}
+
+// The interpret backend with its column-block entry counted, to see that a
+// device trainer takes the chunked head (the unchunked one has the same bits).
+std::atomic<int> cols_calls{0};
+void counted_cols(const Context& ctx, Tensor dlogits, const Tensor& dlogp, const Tensor& dentropy,
+                  const Tensor& logits, const Tensor& targets, const Tensor& stats, int64_t col0,
+                  float temperature) {
+  ++cols_calls;
+  kernels::interpret_backend().token_logprob_backward_cols(ctx, dlogits, dlogp, dentropy, logits, targets,
+                                                           stats, col0, temperature);
+}
+const kernels::GpuBackend& counting_backend() {
+  static const kernels::GpuBackend b = [] {
+    kernels::GpuBackend c = kernels::interpret_backend();
+    c.token_logprob_backward_cols = counted_cols;
+    return c;
+  }();
+  return b;
+}
+
+// The chunked LM head (logits_chunk below the micro-batch's rows: row
+// blocks for the input gradient, column blocks from the row statistics for
+// lm_head's) trains on strict device memory with the CPU's bits, and at
+// every chunk the unchunked head's bits.
+TEST(GpuTrainerMemory, ChunkedHeadStepsOnStrictDeviceMemoryMatchTheCpu) {
+  const emu::ScopedOptions strict(strict_options());
+  auto whole = make_trainer(Context{}, 0);
+  auto cpu = make_trainer(Context{}, 3);
+  Context counted;
+  counted.gpu = &counting_backend();
+  auto dev = make_trainer(counted, 3);
+  const auto data = dataset(8, 9);
+  cols_calls = 0;
+  ScoreOptions so;
+  so.entropy = true;
+  so.temperature = 0.9f;
+  for (int step = 0; step < 2; ++step) {
+    const std::vector<TrainSequence> batch(data.begin() + 4 * step, data.begin() + 4 * step + 4);
+    std::vector<double> loss;
+    std::vector<OptimizerStats> stats;
+    for (Trainer* t : {whole.get(), cpu.get(), dev.get()}) {
+      loss.push_back(t->accumulate(batch, entropy_loss, so));
+      stats.push_back(t->step());
+    }
+    for (size_t k : {0, 2}) {
+      EXPECT_EQ(std::memcmp(&loss[k], &loss[1], sizeof(double)), 0)
+          << "loss, step " << step << ", trainer " << k;
+      EXPECT_EQ(std::memcmp(&stats[k].grad_norm, &stats[1].grad_norm, sizeof(double)), 0)
+          << "grad norm, step " << step << ", trainer " << k;
+    }
+    EXPECT_FALSE(stats[2].skipped);
+  }
+  EXPECT_GT(cols_calls.load(), 0) << "the device trainer did not take the chunked head";
+  const size_t n = size_t(ParamLayout(tiny_moe()).numel());
+  std::vector<float> got(n);
+  device().copy_out(got.data(), dev->checkpoint_params(), n * 4);
+  EXPECT_EQ(std::memcmp(got.data(), cpu->checkpoint_params(), n * 4), 0) << "device parameters differ";
+  EXPECT_EQ(std::memcmp(whole->checkpoint_params(), cpu->checkpoint_params(), n * 4), 0)
+      << "chunked and unchunked parameters differ";
 }
 
 }  // namespace
