@@ -6,11 +6,13 @@
 #include <vector>
 
 #include "lockstep/base/error.h"
-#include "lockstep/base/log.h"
 #include "lockstep/base/file_util.h"
+#include "lockstep/base/log.h"
 #include "lockstep/base/pause_point.h"
+#include "lockstep/kernels/gpu/backend.h"
 #include "lockstep/model/pretrained.h"
 #include "lockstep/train/checkpoint_integrity.h"
+#include "lockstep/train/host_copies.h"
 
 namespace fs = std::filesystem;
 
@@ -157,7 +159,8 @@ CheckpointInfo load_checkpoint(const CheckpointInfo& info, Trainer& trainer) {
   ModelConfig saved = load_hf_config((fs::path(info.dir) / "config.json").string());
   if (!(ParamLayout(saved).same_as(trainer.model_layout())))
     LS_THROW << info.dir << ": checkpoint model does not match the configured model";
-  load_params(info.dir, trainer.layout(), trainer.params(), &trainer.context());
+  load_params_into(trainer.context(), kernels::device_memory(trainer.context()), info.dir, trainer.layout(),
+                   trainer.params());
   if (LoraState* lora = trainer.lora()) {
     const LoraSpec saved_spec = read_adapter_config(info.dir);
     if (saved_spec.rank != lora->layout().rank() ||
