@@ -1,4 +1,5 @@
-// The GPU per-token logprob forward and backward (kernels/gpu/softmax.cu) in
+// The GPU per-token logprob forward and backward, and the chunked head's row
+// statistics and column-block backward (kernels/gpu/softmax.cu) in
 // interpret mode, bit for bit against the CPU (kernels/cpu/softmax.h): vocab
 // sizes from 1, temperatures other than 1, targets at both ends, strided
 // logits, masked (-inf) entries, ties for the maximum (signed zeros included),
@@ -157,6 +158,67 @@ void check_backward(const Case& c, const std::vector<float>& z, int grads, bool 
   expect_same_bits(res[1], res[0], what + ": logits | dlogits");
 }
 
+// The chunked head's pair: the row statistics (with and without H), then
+// the dlogits of every column block [col0, col0 + W) of width `block` from
+// them, each side from its own statistics; grads as in check_backward,
+// in_place writes each block over its logits. The blocks together must also
+// give the full-row backward's bits.
+void check_chunked(const Case& c, const std::vector<float>& z, int grads, bool in_place, int64_t block) {
+  const std::string what = c.name() + " grads=" + std::to_string(grads) + " block=" + std::to_string(block) +
+                           (in_place ? " in place" : "");
+  const std::vector<int32_t> y = targets_for(c.T, c.V, uint32_t(c.V + 3 * c.T));
+  const std::vector<float> gl = test::randn(c.T, 7), ge = test::uniform(c.T, 8, -2.0f, 2.0f);
+  const bool want_h = (grads & 2) != 0 || block % 2 == 1;
+  PoolContext pc(c.threads);
+  std::vector<float> stats[2], res[2];  // stats; logits then dlogits of each side
+  for (int side = 0; side < 2; ++side) {
+    DeviceArray<float> dz(z, "logits"), dgl(gl, "dlogp"), dge(ge, "dentropy"),
+        st(std::vector<float>(sz(c.T * 4), nan_with_payload(0xbeef)), "stats"),
+        out(std::vector<float>(sz(c.T * c.ld), nan_with_payload(0xbeef)), "dlogits");
+    DeviceArray<int32_t> dy(y, "targets");
+    const Tensor tz = rows_view(dz.data(), c.T, c.V, c.ld), ty(dy.data(), DType::I32, {c.T});
+    const Tensor tst(st.data(), DType::F32, {c.T, 4});
+    const Tensor tgl = grads & 1 ? Tensor(dgl.data(), DType::F32, {c.T}) : Tensor();
+    const Tensor tge = grads & 2 ? Tensor(dge.data(), DType::F32, {c.T}) : Tensor();
+    if (side == 0) {
+      token_logprob_stats(pc.ctx, tst, tz, c.temperature, want_h);
+    } else {
+      G::token_logprob_stats(pc.ctx, tst, tz, c.temperature, want_h, c.cfg);
+    }
+    stats[side] = st.host();
+    for (int64_t v0 = 0; v0 < c.V; v0 += block) {
+      const int64_t W = std::min(block, c.V - v0);
+      const Tensor zc = rows_view(dz.data() + v0, c.T, W, c.ld);
+      const Tensor oc = in_place ? zc : rows_view(out.data() + v0, c.T, W, c.ld);
+      if (side == 0) {
+        token_logprob_backward_cols(pc.ctx, oc, tgl, tge, zc, ty, tst, v0, c.temperature);
+      } else {
+        G::token_logprob_backward_cols(pc.ctx, oc, tgl, tge, zc, ty, tst, v0, c.temperature, c.cfg);
+      }
+    }
+    res[side] = dz.host();
+    const auto v = out.host();
+    res[side].insert(res[side].end(), v.begin(), v.end());
+  }
+  expect_same_bits(stats[1], stats[0], what + ": stats");
+  expect_same_bits(res[1], res[0], what + ": logits | dlogits by column blocks");
+  // The full-row kernel on the GPU: the blocks' dlogits are its bits.
+  DeviceArray<float> dz(z, "logits"), dgl(gl, "dlogp"), dge(ge, "dentropy"), out(sz(c.T * c.ld), "dlogits");
+  DeviceArray<int32_t> dy(y, "targets");
+  const Tensor tz = rows_view(dz.data(), c.T, c.V, c.ld), ty(dy.data(), DType::I32, {c.T});
+  const Tensor tout = in_place ? tz : rows_view(out.data(), c.T, c.V, c.ld);
+  G::token_logprob_backward(pc.ctx, tout, grads & 1 ? Tensor(dgl.data(), DType::F32, {c.T}) : Tensor(),
+                            grads & 2 ? Tensor(dge.data(), DType::F32, {c.T}) : Tensor(), tz, ty,
+                            c.temperature, c.cfg);
+  const std::vector<float> full = in_place ? dz.host() : out.host();
+  const std::vector<float> blocks(res[1].begin() + (in_place ? 0 : int64_t(z.size())),
+                                  res[1].begin() + (in_place ? int64_t(z.size()) : int64_t(res[1].size())));
+  for (int64_t t = 0; t < c.T; ++t)
+    expect_same_bits(std::vector<float>(blocks.begin() + t * c.ld, blocks.begin() + t * c.ld + c.V),
+                     std::vector<float>(full.begin() + t * c.ld, full.begin() + t * c.ld + c.V),
+                     what + ": row " + std::to_string(t) + " against the full-row backward");
+}
+
 TEST(GpuSoftmax, ForwardMatchesCpu) {
   const auto cfgs = launches();
   size_t k = 0;
@@ -191,6 +253,19 @@ TEST(GpuSoftmax, EveryLaunchShapeAndGradientSetGivesTheSameBits) {
   }
 }
 
+TEST(GpuSoftmax, ChunkedHeadStatsAndColumnBlocksMatchCpu) {
+  const auto cfgs = launches();
+  size_t k = 0;
+  for (int64_t V : {1, 5, 17, 100, 1000})
+    for (int64_t T : {1, 3, 9}) {
+      const float temps[] = {0.7f, 1.0f, 1.3f};
+      const Case c{T, V, k % 2 == 0 ? V + 3 : V, temps[k % 3], cfgs[k % cfgs.size()], 1 + int(k % 2)};
+      const int64_t blocks[] = {1, 3, 16, V};
+      check_chunked(c, logits_for(c.T, c.V, c.ld, uint32_t(500 + k)), int(k % 4), k % 5 == 2, blocks[k % 4]);
+      ++k;
+    }
+}
+
 TEST(GpuSoftmax, SignedZeroAndTiedMaximaMatchCpu) {
   // Zero maxima whose first occurrence (in some lane, not lane 0) is -0 or +0,
   // and equal maxima in different lanes. Coverage of combine_max's tie rule
@@ -221,6 +296,8 @@ TEST(GpuSoftmax, NaNAndFullyMaskedRowsMatchCpu) {
   check_forward(c, z, 7);
   check_backward(c, z, 3, false);
   check_backward(c, z, 3, true);
+  check_chunked(c, z, 3, false, 5);
+  check_chunked(c, z, 3, true, 5);
 }
 
 TEST(GpuSoftmax, SameBitsInEveryThreadOrder) {
@@ -232,12 +309,15 @@ TEST(GpuSoftmax, SameBitsInEveryThreadOrder) {
   check_forward(c, z, 7);
   check_backward(c, z, 3, false);
   check_backward(c, z, 3, true);
+  check_chunked(c, z, 3, true, 40);
 }
 
 TEST(GpuSoftmax, CpuEntriesDispatchToTheInterpretBackend) {
   const GpuBackend& be = interpret_backend();
   ASSERT_NE(be.token_logprob_forward, nullptr);
   ASSERT_NE(be.token_logprob_backward, nullptr);
+  ASSERT_NE(be.token_logprob_stats, nullptr);
+  ASSERT_NE(be.token_logprob_backward_cols, nullptr);
   const int64_t T = 5, V = 333;
   const std::vector<float> z = logits_for(T, V, V, 31), gl = test::randn(T, 32), ge = test::randn(T, 33);
   const std::vector<int32_t> y = targets_for(T, V, 34);
@@ -255,7 +335,13 @@ TEST(GpuSoftmax, CpuEntriesDispatchToTheInterpretBackend) {
                             Tensor(lse.data(), DType::F32, {T}), tz, ty, 0.6f);
       token_logprob_backward(ctx, Tensor(dl.data(), DType::F32, {T, V}), Tensor(dgl.data(), DType::F32, {T}),
                              Tensor(dge.data(), DType::F32, {T}), tz, ty, 0.6f);
-      for (const auto* a : {&lp, &h, &lse, &dl}) {
+      DeviceArray<float> st(T * 4, "stats"), dc(T * 100, "dlogits columns");
+      const Tensor tst(st.data(), DType::F32, {T, 4});
+      token_logprob_stats(ctx, tst, tz, 0.6f, true);
+      token_logprob_backward_cols(ctx, Tensor(dc.data(), DType::F32, {T, 100}),
+                                  Tensor(dgl.data(), DType::F32, {T}), Tensor(dge.data(), DType::F32, {T}),
+                                  tz.slice_cols(200, 300), ty, tst, 200, 0.6f);
+      for (const auto* a : {&lp, &h, &lse, &dl, &st, &dc}) {
         const auto v = a->host();
         out[side].insert(out[side].end(), v.begin(), v.end());
       }
@@ -278,6 +364,11 @@ TEST(GpuSoftmax, ArgumentErrorsAreTheCpuKernelsErrors) {
            [&](const Context& c) { token_logprob_backward(c, td, tl, Tensor(), tz, tbad, 1.0f); },
            [&](const Context& c) {
              token_logprob_backward(c, tz.slice_cols(0, 4), tl, Tensor(), tz, tgood, 1.0f);
+           },
+           [&](const Context& c) { token_logprob_stats(c, td.slice_cols(0, 3), tz, 1.0f, true); },
+           [&](const Context& c) {
+             token_logprob_backward_cols(c, td, tl, Tensor(), tz, tgood, td.slice_cols(0, 4).slice_rows(0, 3),
+                                         -1, 1.0f);
            }}) {
     const std::string want = error_of([&] { call(cpu); });
     ASSERT_NE(want, "");

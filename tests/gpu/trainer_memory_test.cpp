@@ -4,6 +4,7 @@
 // steps keep the bits they have in host memory.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,8 @@
 #include "lockstep/kernels/gpu/portable.h"
 #include "lockstep/model/params.h"
 #include "lockstep/model/safetensors.h"
+#include "lockstep/train/checkpoint.h"
+#include "lockstep/train/critic.h"
 #include "lockstep/train/host_copies.h"
 #include "lockstep/train/optimizer.h"
 #include "lockstep/train/sft.h"
@@ -218,7 +221,8 @@ std::vector<TrainSequence> dataset(int n, uint32_t seed) {
   return out;
 }
 
-std::unique_ptr<Trainer> make_trainer(const Context& ctx) {
+std::unique_ptr<Trainer> make_trainer(const Context& ctx,
+                                      int64_t logits_chunk = TrainerConfig{}.logits_chunk) {
   const ModelConfig c = tiny_moe();
   ParamLayout layout(c);
   Buffer params = alloc_params(layout);
@@ -228,6 +232,7 @@ std::unique_ptr<Trainer> make_trainer(const Context& ctx) {
   tc.optim.weight_decay = 0.01;
   tc.optim.grad_clip = 0.5;
   tc.micro_batch_tokens = 40;  // several micro-batches per step
+  tc.logits_chunk = logits_chunk;
   return std::make_unique<Trainer>(ctx, c, std::move(params), tc);
 }
 
@@ -260,6 +265,174 @@ TEST(GpuTrainerMemory, SftStepsAndScoresOnStrictDeviceMemoryMatchTheCpu) {
         << "sequence " << i;
     EXPECT_EQ(std::memcmp(sa[i].entropy.data(), sb[i].entropy.data(), sa[i].entropy.size() * 4), 0);
   }
+}
+
+// A loss with an entropy term, so the chunked head's backward takes both
+// dlogp and dentropy: mean of -logp - 0.05 * entropy over each sequence.
+double entropy_loss(size_t, const float* logp, const float* entropy, int64_t n, float* dlogp,
+                    float* dentropy) {
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    total += (-double(logp[i]) - 0.05 * double(entropy[i])) / double(n);
+    dlogp[i] = -1.0f / float(n);
+    dentropy[i] = -0.05f / float(n);
+  }
+  return total;
+}
+
+// The interpret backend with its column-block entry counted, to see that a
+// device trainer takes the chunked head (the unchunked one has the same bits).
+std::atomic<int> cols_calls{0};
+void counted_cols(const Context& ctx, Tensor dlogits, const Tensor& dlogp, const Tensor& dentropy,
+                  const Tensor& logits, const Tensor& targets, const Tensor& stats, int64_t col0,
+                  float temperature) {
+  ++cols_calls;
+  kernels::interpret_backend().token_logprob_backward_cols(ctx, dlogits, dlogp, dentropy, logits, targets,
+                                                           stats, col0, temperature);
+}
+const kernels::GpuBackend& counting_backend() {
+  static const kernels::GpuBackend b = [] {
+    kernels::GpuBackend c = kernels::interpret_backend();
+    c.token_logprob_backward_cols = counted_cols;
+    return c;
+  }();
+  return b;
+}
+
+// The chunked LM head (logits_chunk below the micro-batch's rows: row
+// blocks for the input gradient, column blocks from the row statistics for
+// lm_head's) trains on strict device memory with the CPU's bits, and at
+// every chunk the unchunked head's bits.
+TEST(GpuTrainerMemory, ChunkedHeadStepsOnStrictDeviceMemoryMatchTheCpu) {
+  const emu::ScopedOptions strict(strict_options());
+  auto whole = make_trainer(Context{}, 0);
+  auto cpu = make_trainer(Context{}, 3);
+  Context counted;
+  counted.gpu = &counting_backend();
+  auto dev = make_trainer(counted, 3);
+  const auto data = dataset(8, 9);
+  cols_calls = 0;
+  ScoreOptions so;
+  so.entropy = true;
+  so.temperature = 0.9f;
+  for (int step = 0; step < 2; ++step) {
+    const std::vector<TrainSequence> batch(data.begin() + 4 * step, data.begin() + 4 * step + 4);
+    std::vector<double> loss;
+    std::vector<OptimizerStats> stats;
+    for (Trainer* t : {whole.get(), cpu.get(), dev.get()}) {
+      loss.push_back(t->accumulate(batch, entropy_loss, so));
+      stats.push_back(t->step());
+    }
+    for (size_t k : {0, 2}) {
+      EXPECT_EQ(std::memcmp(&loss[k], &loss[1], sizeof(double)), 0)
+          << "loss, step " << step << ", trainer " << k;
+      EXPECT_EQ(std::memcmp(&stats[k].grad_norm, &stats[1].grad_norm, sizeof(double)), 0)
+          << "grad norm, step " << step << ", trainer " << k;
+    }
+    EXPECT_FALSE(stats[2].skipped);
+  }
+  EXPECT_GT(cols_calls.load(), 0) << "the device trainer did not take the chunked head";
+  const size_t n = size_t(ParamLayout(tiny_moe()).numel());
+  std::vector<float> got(n);
+  device().copy_out(got.data(), dev->checkpoint_params(), n * 4);
+  EXPECT_EQ(std::memcmp(got.data(), cpu->checkpoint_params(), n * 4), 0) << "device parameters differ";
+  EXPECT_EQ(std::memcmp(whole->checkpoint_params(), cpu->checkpoint_params(), n * 4), 0)
+      << "chunked and unchunked parameters differ";
+}
+
+// The critic (PPO's value model) on strict device memory: the value head
+// reads a copy of the body's final rows and hands back their gradient by a
+// copy, the body's norm comes from host chunks; values, losses, norms and
+// parameters are the CPU critic's bit for bit.
+TEST(GpuTrainerMemory, CriticStepsOnStrictDeviceMemoryMatchTheCpu) {
+  const emu::ScopedOptions strict(strict_options());
+  const ModelConfig c = tiny_moe();
+  CriticConfig cc;
+  cc.optim.lr = 1e-2;
+  cc.optim.grad_clip = 0.5;
+  cc.micro_batch_tokens = 40;
+  std::vector<std::unique_ptr<Critic>> critics;
+  for (const Context& ctx : {Context{}, device_context()}) {
+    ParamLayout layout(c);
+    Buffer params = alloc_params(layout);
+    init_params(layout, params.as<float>(), 77, 0.1f);
+    critics.push_back(std::make_unique<Critic>(ctx, c, std::move(params), cc));
+  }
+  const auto data = dataset(8, 13);
+  // vpred pulled towards 1 at every token: a gradient through head and body.
+  const ValueLossFn loss = [](size_t, const float* v, int64_t n, float* dv) {
+    double total = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      total += 0.5 * (double(v[t]) - 1.0) * (double(v[t]) - 1.0) / double(n);
+      dv[t] = float((double(v[t]) - 1.0) / double(n));
+    }
+    return total;
+  };
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<TrainSequence> batch(data.begin() + 2 * step, data.begin() + 2 * step + 4);
+    double l[2];
+    OptimizerStats st[2];
+    for (int k = 0; k < 2; ++k) {
+      l[k] = critics[size_t(k)]->accumulate(batch, loss);
+      st[k] = critics[size_t(k)]->step();
+    }
+    EXPECT_EQ(std::memcmp(&l[0], &l[1], sizeof(double)), 0) << "value loss, step " << step;
+    EXPECT_EQ(std::memcmp(&st[0].grad_norm, &st[1].grad_norm, sizeof(double)), 0)
+        << "grad norm, step " << step;
+    EXPECT_FALSE(st[1].skipped);
+  }
+  const auto va = critics[0]->values(data), vb = critics[1]->values(data);
+  ASSERT_EQ(va.size(), vb.size());
+  bool nonzero = false;
+  for (size_t i = 0; i < va.size(); ++i) {
+    ASSERT_EQ(va[i].size(), vb[i].size());
+    EXPECT_EQ(std::memcmp(va[i].data(), vb[i].data(), va[i].size() * 4), 0) << "values of sequence " << i;
+    for (float x : va[i]) nonzero = nonzero || x != 0.0f;
+  }
+  EXPECT_TRUE(nonzero) << "the value head did not train";
+  const size_t n = size_t(ParamLayout(c).numel());
+  std::vector<float> got(n);
+  device().copy_out(got.data(), critics[1]->body().checkpoint_params(), n * 4);
+  EXPECT_EQ(std::memcmp(got.data(), critics[0]->body().checkpoint_params(), n * 4), 0)
+      << "body parameters differ";
+  // Save: the same files, byte for byte; the device critic loads the CPU's.
+  const std::string dir = temp_dir("critic");
+  critics[0]->save(dir + "/cpu");
+  critics[1]->save(dir + "/dev");
+  for (const char* f : {"model.safetensors", "value_head.safetensors", "optimizer.bin"})
+    EXPECT_TRUE(file_bytes(dir + "/cpu/" + f) == file_bytes(dir + "/dev/" + f)) << f << " differs";
+  critics[1]->load(dir + "/cpu");
+  const auto vc = critics[1]->values(data);
+  for (size_t i = 0; i < va.size(); ++i)
+    EXPECT_EQ(std::memcmp(va[i].data(), vc[i].data(), va[i].size() * 4), 0)
+        << "loaded values of sequence " << i;
+  fs::remove_all(dir);
+}
+
+// A device trainer resumes from a checkpoint (load_checkpoint: the
+// parameters read on the host and copied in, the optimizer state streamed):
+// the next step gives the bits of the trainer that wrote it.
+TEST(GpuTrainerMemory, DeviceTrainerResumesFromItsCheckpointWithTheSameBits) {
+  const emu::ScopedOptions strict(strict_options());
+  auto dev = make_trainer(device_context());
+  const auto data = dataset(8, 21);
+  sft_step(*dev, std::vector<TrainSequence>(data.begin(), data.begin() + 4));
+  const std::string dir = temp_dir("resume");
+  save_checkpoint(dir, 1, *dev, nlohmann::json::object());
+  auto resumed = make_trainer(device_context());
+  const auto info = find_latest_checkpoint(dir);
+  ASSERT_TRUE(info.has_value());
+  load_checkpoint(*info, *resumed);
+  const std::vector<TrainSequence> next(data.begin() + 4, data.end());
+  const SftStepStats a = sft_step(*dev, next), b = sft_step(*resumed, next);
+  EXPECT_EQ(std::memcmp(&a.loss, &b.loss, sizeof(double)), 0) << "loss after the resume";
+  EXPECT_EQ(std::memcmp(&a.grad_norm, &b.grad_norm, sizeof(double)), 0) << "grad norm after the resume";
+  const size_t n = size_t(ParamLayout(tiny_moe()).numel());
+  std::vector<float> want(n), got(n);
+  device().copy_out(want.data(), dev->checkpoint_params(), n * 4);
+  device().copy_out(got.data(), resumed->checkpoint_params(), n * 4);
+  EXPECT_EQ(std::memcmp(want.data(), got.data(), n * 4), 0) << "parameters after the resumed step differ";
+  fs::remove_all(dir);
 }
 
 }  // namespace

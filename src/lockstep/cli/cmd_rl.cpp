@@ -176,8 +176,11 @@ int run_rollout_rank(const toml::table& root, const std::string& cfg_path, const
                      parallel::RoleComms& rc) {
   auto pool = make_pool(cfg.threads);
   Context ctx{pool.get(), 0};
-  const std::string where = cfg_path + ": [model] device";
-  ctx.gpu = kernels::device_backend(kernels::parse_device(device_from_toml(root, cfg_path), where), where);
+  // [rollout] device, when set, is this rank's device: it runs only the engine.
+  const bool own = !cfg.rollout.device.empty();
+  const std::string where = cfg_path + (own ? ": [rollout] device" : ": [model] device");
+  const std::string device = own ? cfg.rollout.device : device_from_toml(root, cfg_path);
+  ctx.gpu = kernels::device_backend(kernels::parse_device(device, where), where);
   LoadedModel m = load_model_from_config(root, cfg_path, ctx);
   const rl::ServeStats st =
       rl::serve_rollout(rc.weight_sync, ctx, m.config, m.params.as<float>(), cfg.rollout, cfg.seed,

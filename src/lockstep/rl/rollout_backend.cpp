@@ -5,6 +5,7 @@
 
 #include "lockstep/base/error.h"
 #include "lockstep/model/packed_checksum.h"
+#include "lockstep/rl/rollout_device.h"
 #include "lockstep/rollout/localise.h"
 
 namespace lockstep::rl {
@@ -34,14 +35,17 @@ std::optional<std::string> RolloutBackend::localise(train::Trainer&, const train
 }
 
 LocalRollout::LocalRollout(train::Trainer& trainer, const rollout::RolloutSection& cfg, uint64_t seed)
-    : ctx_(trainer.context()) {
+    : ctx_(rollout_context(trainer, cfg)) {
   const DType storage = rollout::precision_dtype(cfg.precision);
   aligned_ = storage == trainer.trainer_config().precision;
+  cross_device_ = crosses_devices(ctx_, trainer);
   // An expert-parallel trainer holds only its experts: the engine keeps the
   // whole model, all-gathered from the trainer's group at every sync (packed
   // in the same precision, the same bits as the trainer's, so still aligned).
-  // So does a trainer that reads its master in place (no packed copy to share).
-  own_weights_ = !aligned_ || trainer.expert_comm() != nullptr || trainer.weights().in_place();
+  // So does a trainer that reads its master in place (no packed copy to
+  // share), and an engine on another device (its packing lies there).
+  own_weights_ =
+      !aligned_ || trainer.expert_comm() != nullptr || trainer.weights().in_place() || cross_device_;
   if (trainer.expert_comm() != nullptr) {
     model_ = Buffer(trainer.model_layout().nbytes());
     trainer.gather_model(model_.as<float>(), true);
@@ -92,6 +96,7 @@ std::vector<rollout::RequestResult> LocalRollout::generate(std::vector<rollout::
 std::optional<std::string> LocalRollout::localise(train::Trainer& trainer, const train::TrainSequence& seq,
                                                   const rollout::SamplingParams& params) {
   if (trainer.expert_comm() != nullptr) return std::nullopt;  // the trainer's forward is collective
+  if (cross_device_) return std::nullopt;                     // one context runs both forwards there
   return rollout::localise_sample(ctx_, *weights(trainer), trainer.weights(), engine_->config(), seq.tokens,
                                   seq.prompt_len, params);
 }
@@ -127,7 +132,8 @@ void LocalRollout::sync(train::Trainer& trainer) {
     fast_weights_->set_version(trainer.version());
   else if (own_weights_)
     fast_weights_->refresh(ctx_, trainer.version());
-  if (aligned_ && own_weights_ && !trainer.weights().in_place()) check_packed_bits(trainer);
+  if (aligned_ && trainer.expert_comm() != nullptr && !trainer.weights().in_place() && !cross_device_)
+    check_packed_bits(trainer);
   // Aligned: the trainer repacked its weights in place; the engine reads
   // them as they are (no copy) and only drops KV state built on the old ones.
   engine_->update_weights(weights(trainer));

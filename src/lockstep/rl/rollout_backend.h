@@ -103,7 +103,8 @@ class LocalRollout : public RolloutBackend {
   void check_packed_bits(train::Trainer& trainer) const;
   Context ctx_;
   bool aligned_ = true;
-  bool own_weights_ = false;  // fast mode, or an expert-parallel trainer
+  bool own_weights_ = false;   // fast mode, an expert-parallel trainer, or another device
+  bool cross_device_ = false;  // [rollout] device differs from the trainer's
   Buffer model_;              // expert parallelism: the whole model's f32 parameters
   std::unique_ptr<model::ModelWeights> fast_weights_;  // own_weights_: this engine's packed copy
   std::unique_ptr<rollout::Engine> engine_;

@@ -43,6 +43,10 @@ RolloutSection rollout_section_from_toml(TomlSection& s) {
       s.fail(key, std::string("moved to [model] ") + key +
                       ": the policy's precision, used by the rollout engine and the trainer alike "
                       "(add [model] trainer_precision = \"f32\" for fast mode)");
+  if (s.has("device")) {
+    r.device = s.get_enum("device", "cpu", {"cpu", "interpret", "cuda", "hip"});
+    r.device_where = s.source() + ": [rollout] device";
+  }
   p.validate();
   return r;
 }

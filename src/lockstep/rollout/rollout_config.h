@@ -16,6 +16,12 @@ struct RolloutSection {
   std::string precision = "f32";          // the engine's: [model] precision (f32 | bf16 | fp8)
   std::string trainer_precision = "f32";  // [model] trainer_precision; differs in fast mode
   int64_t fp8_block = 128;                // fp8: scale block (0 = one scale per tensor)
+  // [rollout] device: the device of the rollout engine's kernels (values as
+  // [model] device); empty: the model's, where the trainer runs. Set with the
+  // trainer on the CPU, the engine packs its own copy of the weights on the
+  // device and every weight sync copies the trainer's master in.
+  std::string device;
+  std::string device_where;  // "FILE: [rollout] device", for device errors
   bool aligned() const { return precision == trainer_precision; }
 };
 

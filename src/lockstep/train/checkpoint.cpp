@@ -13,6 +13,7 @@
 #include "lockstep/kernels/gpu/backend.h"
 #include "lockstep/model/pretrained.h"
 #include "lockstep/train/checkpoint_integrity.h"
+#include "lockstep/train/host_copies.h"
 
 namespace fs = std::filesystem;
 

@@ -30,8 +30,8 @@ int64_t scratch_size(int64_t R, int64_t V, int64_t chunk) {
 
 }  // namespace
 
-bool chunked_head_trains(const Context& ctx, const model::ModelWeights& weights) {
-  return ctx.gpu == nullptr && weights.lm_head().storage != DType::FP8E4M3;
+bool chunked_head_trains(const model::ModelWeights& weights) {
+  return weights.lm_head().storage != DType::FP8E4M3;
 }
 
 void chunked_head_forward(const Context& ctx, const model::ModelWeights& weights, ChunkedHeadBuffers& b,

@@ -20,9 +20,9 @@ struct ChunkedHeadBuffers {
   OwnedTensor dhead;   // (R, D) the gradient of the head input
 };
 
-// Whether the chunked head can train this model on ctx (CPU kernels; not
-// an fp8 head, whose column blocks would need its quantized product).
-bool chunked_head_trains(const Context& ctx, const model::ModelWeights& weights);
+// Whether the chunked head can train this model (on any device; not an fp8
+// head, whose column blocks would need its quantized product).
+bool chunked_head_trains(const model::ModelWeights& weights);
 
 // logp (and entropy when non-empty) (R) of the head input rows (R, D) for
 // targets (R), chunk rows at a time, and the row statistics backward needs.

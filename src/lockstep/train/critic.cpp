@@ -14,6 +14,7 @@
 #include "lockstep/kernels/gpu/backend.h"
 #include "lockstep/model/pretrained.h"
 #include "lockstep/model/safetensors.h"
+#include "lockstep/train/host_copies.h"
 
 namespace lockstep::train {
 
@@ -136,9 +137,7 @@ double value_loss(const float* vpred, const float* old_values, const double* ret
 }
 
 Critic::Critic(const Context& ctx, const ModelConfig& config, Buffer params, CriticConfig cfg)
-    : ctx_(ctx), cfg_(cfg) {
-  if (ctx.gpu != nullptr)
-    LS_THROW << "[critic]: the critic runs on the CPU backend only ([model] device = \"cpu\")";
+    : ctx_(ctx), host_(kernels::cpu_context(ctx)), cfg_(cfg) {
   if (config.is_v4()) LS_THROW << "[critic]: DeepSeek-V4 models are not supported as a critic";
   if (!(cfg_.cliprange_value > 0))
     LS_THROW << "[critic] cliprange_value must be > 0, got " << cfg_.cliprange_value;
@@ -192,10 +191,14 @@ double Critic::run(const std::vector<TrainSequence>& seqs, const ValueLossFn* lo
     fo.recompute = cfg_.recompute_activations;
     fo.lm_head = false;  // the value head reads the final norm's rows instead
     model::forward(ctx_, body_->weights(), kv, rb.ws, batch, fo, &rb.fr, loss ? &rb.acts : nullptr);
-    const Tensor h = rb.fr.head_input.view();  // (R, D)
+    // The value head runs on the host (double chains, so the bits do not
+    // depend on where): a copy of the head's input rows where they lie in
+    // device memory, the input's gradient copied back.
+    std::vector<unsigned char> keep;
+    const Tensor h = kernels::host_readable(rb.fr.head_input.view(), keep);  // (R, D)
     v.assign(size_t(R), 0.0f);
     dv.assign(size_t(R), 0.0f);
-    if (R > 0) head_forward(ctx_, head_.data(), h, v.data());
+    if (R > 0) head_forward(host_, head_.data(), h, v.data());
     for (size_t i = b0; i < b1; ++i) {
       const int64_t r0 = first_row[i - b0], n = seqs[i].num_targets();
       if (vpred) (*vpred)[i].assign(v.begin() + r0, v.begin() + r0 + n);
@@ -203,7 +206,10 @@ double Critic::run(const std::vector<TrainSequence>& seqs, const ValueLossFn* lo
     }
     if (!loss || R == 0) continue;
     const Tensor dh = model::reuse(ctx_, rb.dhead, DType::F32, {R, D});
-    head_backward(ctx_, head_.data(), h, dv.data(), dh, head_grad_.data());
+    std::vector<float> dh_host(size_t(R * D));  // (R, D)
+    head_backward(host_, head_.data(), h, dv.data(), Tensor(dh_host.data(), DType::F32, {R, D}),
+                  head_grad_.data());
+    rb.memory.copy_in(dh.data, dh_host.data(), dh_host.size() * sizeof(float));
     model::backward_from_head_input(ctx_, body_->weights(), rb.kv, rb.ws, batch, rb.acts, dh, grads);
   }
   return total;
@@ -211,9 +217,10 @@ double Critic::run(const std::vector<TrainSequence>& seqs, const ValueLossFn* lo
 
 OptimizerStats Critic::step() {
   const int64_t D = body_->config().hidden_size, n_head = D + 1;
+  // The body's gradients lie in the device's memory, the head's on the host.
   const GradNormFn norm = [&](const Context& ctx, const float* g) {
-    const double body = kernels::global_grad_norm(ctx, g, body_->layout().numel());
-    const double head = kernels::global_grad_norm(ctx, head_grad_.data(), n_head);
+    const double body = grad_norm(ctx, buffers_->memory, g, body_->layout().numel());
+    const double head = kernels::global_grad_norm(host_, head_grad_.data(), n_head);
     return std::sqrt(body * body + head * head);
   };
   AdamW& opt = body_->optimizer();
@@ -221,7 +228,7 @@ OptimizerStats Critic::step() {
   if (!s.skipped) {
     const OptimizerConfig& o = cfg_.optim;
     if (o.grad_clip > 0 && s.grad_norm > o.grad_clip)
-      kernels::scale_grads(ctx_, {kernels::FloatSegment{head_grad_.data(), n_head}},
+      kernels::scale_grads(host_, {kernels::FloatSegment{head_grad_.data(), n_head}},
                            float(o.grad_clip / s.grad_norm));
     kernels::AdamWParams p;
     p.lr = float(s.lr);
@@ -230,10 +237,10 @@ OptimizerStats Critic::step() {
     p.eps = float(o.eps);
     p.step = opt.steps_done();
     p.weight_decay = float(o.weight_decay);  // the weight decays as a matrix, the bias does not
-    kernels::adamw_step(ctx_, head_.data(), head_grad_.data(), head_m_.data(), head_v_.data(), D, p);
+    kernels::adamw_step(host_, head_.data(), head_grad_.data(), head_m_.data(), head_v_.data(), D, p);
     p.weight_decay = 0.0f;
-    kernels::adamw_step(ctx_, head_.data() + D, head_grad_.data() + D, head_m_.data() + D, head_v_.data() + D,
-                        1, p);
+    kernels::adamw_step(host_, head_.data() + D, head_grad_.data() + D, head_m_.data() + D,
+                        head_v_.data() + D, 1, p);
     body_->params_changed(body_->version() + 1);
   }
   zero_grad();
@@ -288,7 +295,7 @@ void Critic::load(const std::string& dir) {
     LS_THROW << dir
              << ": the saved critic's model does not match the critic's ([critic] path or the policy's)";
   const int64_t D = body_->config().hidden_size;
-  load_params(dir, body_->layout(), body_->params(), &ctx_);
+  load_params_into(ctx_, buffers_->memory, dir, body_->layout(), body_->params());
   read_head_tensors(dir + "/" + kHeadFile, head_.data(), D, "");
   body_->optimizer().load(dir + "/optimizer.bin");
   read_head_tensors(dir + "/" + kHeadOptimizerFile, head_m_.data(), D, ".exp_avg");

@@ -88,6 +88,7 @@ class Critic {
              std::vector<std::vector<float>>* vpred);
 
   Context ctx_;
+  Context host_;  // ctx_ without its backend: the value head's buffers are host memory
   CriticConfig cfg_;
   std::unique_ptr<Trainer> body_;
   std::vector<float> head_, head_grad_, head_m_, head_v_;  // (D + 1) each

@@ -8,6 +8,7 @@
 #include "lockstep/base/error.h"
 #include "lockstep/kernels/cpu/adamw.h"
 #include "lockstep/kernels/gpu/backend.h"
+#include "lockstep/model/pretrained.h"
 
 namespace lockstep::train {
 
@@ -111,6 +112,18 @@ void scale_gradients(const Context& ctx, const Allocator& memory, float* grads, 
     kernels::scale_grads(host, {kernels::FloatSegment{chunk.data(), m}}, factor);
     memory.copy_in(grads + at, chunk.data(), size_t(m) * sizeof(float));
   }
+}
+
+void load_params_into(const Context& ctx, const Allocator& memory, const std::string& dir,
+                      const ParamLayout& layout, float* params) {
+  if (memory.host_visible()) {
+    load_params(dir, layout, params, &ctx);
+    return;
+  }
+  Buffer host(layout.nbytes());
+  const Context on_host = kernels::cpu_context(ctx);
+  load_params(dir, layout, host.as<float>(), &on_host);
+  memory.copy_in(params, host.data(), host.size());
 }
 
 }  // namespace lockstep::train

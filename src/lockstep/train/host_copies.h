@@ -6,9 +6,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "lockstep/base/thread_pool.h"
+#include "lockstep/model/params.h"
 #include "lockstep/tensor/tensor.h"
 
 namespace lockstep::train {
@@ -50,5 +52,11 @@ double grad_norm(const Context& ctx, const Allocator& memory, const float* grads
 // kernels::scale_grads on n gradients in `memory` (one f32 multiply each, so
 // any order gives the same bits): in place, or on host copies of bounded chunks.
 void scale_gradients(const Context& ctx, const Allocator& memory, float* grads, int64_t n, float factor);
+
+// load_params of `layout` from `dir` into params in `memory`: in place in
+// host memory; in device memory read into a host copy, then one copy in
+// (the checkpoint's f32 values, so the same bits).
+void load_params_into(const Context& ctx, const Allocator& memory, const std::string& dir,
+                      const ParamLayout& layout, float* params);
 
 }  // namespace lockstep::train

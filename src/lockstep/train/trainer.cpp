@@ -552,8 +552,8 @@ double run_pass(const RunSpec& r, RunBuffers& rb, const std::vector<TrainSequenc
     fo.indexer_loss = indexer_loss && indexer_rows > 0;
     // The logits in chunks: scoring, and training where the chunked head's
     // kernels run (chunked_head_trains).
-    const bool chunked = r.logits_chunk > 0 && R > r.logits_chunk &&
-                         (loss == nullptr || chunked_head_trains(r.ctx, r.weights));
+    const bool chunked =
+        r.logits_chunk > 0 && R > r.logits_chunk && (loss == nullptr || chunked_head_trains(r.weights));
     const bool train_chunked = chunked && loss != nullptr;
     fo.lm_head = !chunked;
     model::forward(r.ctx, r.weights, kv, rb.ws, batch, fo, &rb.fr, loss ? &rb.acts : nullptr);

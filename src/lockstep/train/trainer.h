@@ -67,8 +67,8 @@ struct TrainerConfig {
   // 151,936, 608 KB per row): scoring, and training passes, whose LM head
   // backward takes row blocks for its input gradient and as many logits in
   // vocabulary-column blocks for its weight gradient (train/chunked_head.h;
-  // on the CPU, for f32 and bf16 heads; fp8 heads and the GPU train
-  // unchunked). The same bits at every value; 0 takes all rows at once.
+  // for f32 and bf16 heads, on every device; fp8 heads train unchunked). The
+  // same bits at every value; 0 takes all rows at once.
   // 256 rows hold 156 MB of logits at V = 151,936 (1,024 held 622 MB, more
   // than the rest of a recomputed 4,096-token step's activations); a row
   // block's projection still reuses each packed lm_head panel 256 times, so

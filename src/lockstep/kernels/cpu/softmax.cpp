@@ -108,6 +108,26 @@ LogitsShape check_token_logprob_backward(const Tensor& dlogits, const Tensor& dl
   return {T, V};
 }
 
+LogitsShape check_token_logprob_stats(const Tensor& stats, const Tensor& logits, float temperature) {
+  const auto [T, V] = check_logits(logits, temperature, "token_logprob_stats");
+  check_mat(stats, T, 4, "token_logprob_stats: stats (T, 4)");
+  return {T, V};
+}
+
+LogitsShape check_token_logprob_backward_cols(const Tensor& dlogits, const Tensor& dlogp,
+                                              const Tensor& dentropy, const Tensor& logits,
+                                              const Tensor& targets, const Tensor& stats, int64_t col0,
+                                              float temperature) {
+  const auto [T, W] = check_logits(logits, temperature, "token_logprob_backward_cols");
+  check_mat(dlogits, T, W, "token_logprob_backward_cols: dlogits (T, W)");
+  check_mat(stats, T, 4, "token_logprob_backward_cols: stats (T, 4)");
+  if (dlogp.ndim != 0) check_vec(dlogp, T, DType::F32, "token_logprob_backward_cols: dlogp (T,)");
+  if (dentropy.ndim != 0) check_vec(dentropy, T, DType::F32, "token_logprob_backward_cols: dentropy (T,)");
+  check_vec(targets, T, DType::I32, "token_logprob_backward_cols: targets (T,)");
+  LS_CHECK(col0 >= 0) << "token_logprob_backward_cols: col0 " << col0 << " < 0";
+  return {T, W};
+}
+
 }  // namespace detail
 
 void softmax_forward(const Context& ctx, Tensor probs, const Tensor& logits, float temperature) {
@@ -200,9 +220,8 @@ void token_logprob_backward(const Context& ctx, Tensor dlogits, const Tensor& dl
 
 void token_logprob_stats(const Context& ctx, Tensor stats, const Tensor& logits, float temperature,
                          bool entropy) {
-  LS_CHECK(ctx.gpu == nullptr) << "token_logprob_stats: CPU only";
-  const auto [T, V] = check_logits(logits, temperature, "token_logprob_stats");
-  check_mat(stats, T, 4, "token_logprob_stats: stats (T, 4)");
+  LS_GPU_DISPATCH(ctx, token_logprob_stats, stats, logits, temperature, entropy);
+  const auto [T, V] = detail::check_token_logprob_stats(stats, logits, temperature);
   ctx.parallel_for(
       T,
       [&](int64_t t0, int64_t t1) {
@@ -223,14 +242,10 @@ void token_logprob_stats(const Context& ctx, Tensor stats, const Tensor& logits,
 void token_logprob_backward_cols(const Context& ctx, Tensor dlogits, const Tensor& dlogp,
                                  const Tensor& dentropy, const Tensor& logits, const Tensor& targets,
                                  const Tensor& stats, int64_t col0, float temperature) {
-  LS_CHECK(ctx.gpu == nullptr) << "token_logprob_backward_cols: CPU only";
-  const auto [T, W] = check_logits(logits, temperature, "token_logprob_backward_cols");
-  check_mat(dlogits, T, W, "token_logprob_backward_cols: dlogits (T, W)");
-  check_mat(stats, T, 4, "token_logprob_backward_cols: stats (T, 4)");
-  if (dlogp.ndim != 0) check_vec(dlogp, T, DType::F32, "token_logprob_backward_cols: dlogp (T,)");
-  if (dentropy.ndim != 0) check_vec(dentropy, T, DType::F32, "token_logprob_backward_cols: dentropy (T,)");
-  check_vec(targets, T, DType::I32, "token_logprob_backward_cols: targets (T,)");
-  LS_CHECK(col0 >= 0) << "token_logprob_backward_cols: col0 " << col0 << " < 0";
+  LS_GPU_DISPATCH(ctx, token_logprob_backward_cols, dlogits, dlogp, dentropy, logits, targets, stats, col0,
+                  temperature);
+  const auto [T, W] = detail::check_token_logprob_backward_cols(dlogits, dlogp, dentropy, logits, targets,
+                                                                stats, col0, temperature);
   const bool have_gl = dlogp.ndim != 0, have_ge = dentropy.ndim != 0;
   const int32_t* y = targets.i32();
   ctx.parallel_for(
@@ -248,11 +263,19 @@ void token_logprob_backward_cols(const Context& ctx, Tensor dlogits, const Tenso
           const float ge = have_ge ? dentropy.f32()[t] : 0.0f;
           const float H = have_ge ? st[3] : 0.0f;
           float* out = dlogits.f32() + t * dlogits.stride[0];
+          // The target's element as token_logprob_backward writes it (g kept,
+          // then (g + gl) / temperature after the loop): in that form the
+          // compiler keeps the negation, so a NaN row has the full kernel's
+          // sign bits too (folded into one expression it became gl - p * (...)).
+          const int64_t yt = y[t] - col0;
+          float gy = 0.0f;
           for (int64_t j = 0; j < W; ++j) {
             const float p = e[size_t(j)] / s;
             const float g = -(p * (gl + ge * ((d[size_t(j)] - ls) + H)));
-            out[j] = (col0 + j == y[t] ? g + gl : g) / temperature;
+            if (j == yt) gy = g;
+            out[j] = g / temperature;
           }
+          if (yt >= 0 && yt < W) out[yt] = (gy + gl) / temperature;
         }
       },
       row_grain(W));

@@ -62,7 +62,7 @@ void token_logprob_stats(const Context& ctx, Tensor stats, const Tensor& logits,
 // columns of the logits (T, W) and the full rows' stats: every element is
 // computed from its own logit and its row's (m, s, ls, H), as the full-row
 // kernel computes it, so the bits are the same. stats must hold H when
-// dentropy is given. dlogits may alias logits. CPU only.
+// dentropy is given. dlogits may alias logits.
 void token_logprob_backward_cols(const Context& ctx, Tensor dlogits, const Tensor& dlogp,
                                  const Tensor& dentropy, const Tensor& logits, const Tensor& targets,
                                  const Tensor& stats, int64_t col0, float temperature);
@@ -78,6 +78,12 @@ LogitsShape check_token_logprob_forward(const Tensor& logp, const Tensor& entrop
                                         const Tensor& logits, const Tensor& targets, float temperature);
 LogitsShape check_token_logprob_backward(const Tensor& dlogits, const Tensor& dlogp, const Tensor& dentropy,
                                          const Tensor& logits, const Tensor& targets, float temperature);
+// The chunked head's pair; the second returns (T, W).
+LogitsShape check_token_logprob_stats(const Tensor& stats, const Tensor& logits, float temperature);
+LogitsShape check_token_logprob_backward_cols(const Tensor& dlogits, const Tensor& dlogp,
+                                              const Tensor& dentropy, const Tensor& logits,
+                                              const Tensor& targets, const Tensor& stats, int64_t col0,
+                                              float temperature);
 }  // namespace detail
 
 }  // namespace lockstep::kernels

@@ -73,6 +73,8 @@ void for_each_entry(const GpuBackend& b, Fn&& fn) {
   LS_ENTRY(fp8_quantize_rows);
   LS_ENTRY(token_logprob_forward);
   LS_ENTRY(token_logprob_backward);
+  LS_ENTRY(token_logprob_stats);
+  LS_ENTRY(token_logprob_backward_cols);
   LS_ENTRY(kv_cache_write);
   LS_ENTRY(attention_forward);
   LS_ENTRY(attention_backward);

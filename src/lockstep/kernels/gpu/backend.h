@@ -68,6 +68,11 @@ struct GpuBackend {
                                 const Tensor& targets, float temperature) = nullptr;
   void (*token_logprob_backward)(const Context&, Tensor dlogits, const Tensor& dlogp, const Tensor& dentropy,
                                  const Tensor& logits, const Tensor& targets, float temperature) = nullptr;
+  void (*token_logprob_stats)(const Context&, Tensor stats, const Tensor& logits, float temperature,
+                              bool entropy) = nullptr;
+  void (*token_logprob_backward_cols)(const Context&, Tensor dlogits, const Tensor& dlogp,
+                                      const Tensor& dentropy, const Tensor& logits, const Tensor& targets,
+                                      const Tensor& stats, int64_t col0, float temperature) = nullptr;
   // attention.h
   void (*kv_cache_write)(const Context&, Tensor k_cache, Tensor v_cache, const Tensor& k_new, const Tensor& v_new,
                          const AttentionBatch& batch) = nullptr;

@@ -162,6 +162,57 @@ LS_GLOBAL void token_logprob_backward_kernel(float* dlogits, int64_t ldo, const 
   }
 }
 
+// The chunked head's row statistics (token_logprob_stats): stats[t] =
+// (m, s, ls, H) of the full row, H = 0 without `entropy`; the row pass as the
+// forward kernel runs it, so H has the forward's bits.
+LS_GLOBAL void token_logprob_stats_kernel(float* stats, int64_t lds, const float* logits, int64_t ld, int64_t T,
+                                          int64_t V, float temperature, bool entropy) {
+  LS_SHARED(float, mval, kSlots);    // (R, 16) lane maxima
+  LS_SHARED(int64_t, midx, kSlots);  // (R, 16) their indices
+  LS_SHARED(float, psum, kSlots);    // (R, 16) lane sums of e
+  LS_SHARED(float, pdot, kSlots);    // (R, 16) lane sums of e * d
+  const int lane = static_cast<int>(threadIdx.x), r = static_cast<int>(threadIdx.y);
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.y + r;
+  const bool live = t < T;
+  const float* z = live ? logits + t * ld : logits;
+  const int o = r * kLanes;
+  const RowStats st = row_pass(z, V, temperature, live, lane, mval + o, midx + o, psum + o, pdot + o);
+  if (!live || lane != 0) return;
+  float* out = stats + t * lds;
+  out[0] = st.m;
+  out[1] = st.s;
+  out[2] = st.ls;
+  out[3] = entropy ? ls_sub(st.ls, ls_div(st.dot, st.s)) : 0.0f;
+}
+
+// Columns [col0, col0 + W) of the backward kernel's dlogits from the saved
+// row statistics: every element from its own logit alone, so no reduction
+// and the same expression as the full-row kernel. Block (16, R) over R rows,
+// lane l taking the columns l, l + 16, ... dlogits may alias logits (each
+// thread reads an element before writing it, and no other thread touches it).
+LS_GLOBAL void token_logprob_backward_cols_kernel(float* dlogits, int64_t ldo, const float* dlogp,
+                                                  const float* dentropy, const float* logits, int64_t ld,
+                                                  const int32_t* targets, const float* stats, int64_t lds,
+                                                  int64_t col0, int64_t T, int64_t W, float temperature) {
+  const int lane = static_cast<int>(threadIdx.x), r = static_cast<int>(threadIdx.y);
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.y + r;
+  if (t >= T) return;
+  const float* z = logits + t * ld;
+  const float* st = stats + t * lds;
+  const float m = st[0], s = st[1], ls = st[2];
+  const float gl = dlogp != nullptr ? dlogp[t] : 0.0f;
+  const float ge = dentropy != nullptr ? dentropy[t] : 0.0f;
+  const float H = dentropy != nullptr ? st[3] : 0.0f;
+  const int64_t y = targets[t];
+  float* out = dlogits + t * ldo;
+  for (int64_t j = lane; j < W; j += kLanes) {
+    const float d = shift_clamped(z[j], temperature, m);
+    const float p = ls_div(num::exp(d), s);
+    const float g = num::neg(ls_mul(p, ls_add(gl, ls_mul(ge, ls_add(ls_sub(d, ls), H)))));
+    out[j] = ls_div(col0 + j == y ? ls_add(g, gl) : g, temperature);
+  }
+}
+
 void check_launch(const SoftmaxLaunch& cfg) {
   LS_CHECK(cfg.rows_per_block >= 1 && cfg.rows_per_block <= kMaxRows)
       << "SoftmaxLaunch: rows_per_block must be in [1, " << kMaxRows << "], got " << cfg.rows_per_block;
@@ -203,6 +254,27 @@ void token_logprob_backward(const Context& ctx, Tensor dlogits, const Tensor& dl
    targets.i32(), T, V, temperature);
 }
 
+void token_logprob_stats(const Context& ctx, Tensor stats, const Tensor& logits, float temperature, bool entropy,
+                         const SoftmaxLaunch& cfg) {
+  const auto [T, V] = kernels::detail::check_token_logprob_stats(stats, logits, temperature);
+  check_launch(cfg);
+  if (T == 0) return;
+  LS_LAUNCH(ctx, token_logprob_stats_kernel, row_grid(T, cfg), row_block(cfg))
+  (stats.f32(), stats.stride[0], logits.f32(), logits.stride[0], T, V, temperature, entropy);
+}
+
+void token_logprob_backward_cols(const Context& ctx, Tensor dlogits, const Tensor& dlogp, const Tensor& dentropy,
+                                 const Tensor& logits, const Tensor& targets, const Tensor& stats, int64_t col0,
+                                 float temperature, const SoftmaxLaunch& cfg) {
+  const auto [T, W] = kernels::detail::check_token_logprob_backward_cols(dlogits, dlogp, dentropy, logits, targets,
+                                                                         stats, col0, temperature);
+  check_launch(cfg);
+  if (T == 0) return;
+  LS_LAUNCH(ctx, token_logprob_backward_cols_kernel, row_grid(T, cfg), row_block(cfg))
+  (dlogits.f32(), dlogits.stride[0], or_null(dlogp), or_null(dentropy), logits.f32(), logits.stride[0],
+   targets.i32(), stats.f32(), stats.stride[0], col0, T, W, temperature);
+}
+
 void token_logprob_forward(const Context& ctx, Tensor logp, Tensor entropy, Tensor lse, const Tensor& logits,
                            const Tensor& targets, float temperature) {
   token_logprob_forward(ctx, logp, entropy, lse, logits, targets, temperature, SoftmaxLaunch{});
@@ -211,10 +283,21 @@ void token_logprob_backward(const Context& ctx, Tensor dlogits, const Tensor& dl
                             const Tensor& logits, const Tensor& targets, float temperature) {
   token_logprob_backward(ctx, dlogits, dlogp, dentropy, logits, targets, temperature, SoftmaxLaunch{});
 }
+void token_logprob_stats(const Context& ctx, Tensor stats, const Tensor& logits, float temperature, bool entropy) {
+  token_logprob_stats(ctx, stats, logits, temperature, entropy, SoftmaxLaunch{});
+}
+void token_logprob_backward_cols(const Context& ctx, Tensor dlogits, const Tensor& dlogp, const Tensor& dentropy,
+                                 const Tensor& logits, const Tensor& targets, const Tensor& stats, int64_t col0,
+                                 float temperature) {
+  token_logprob_backward_cols(ctx, dlogits, dlogp, dentropy, logits, targets, stats, col0, temperature,
+                              SoftmaxLaunch{});
+}
 
 void register_softmax(GpuBackend& b) {
   b.token_logprob_forward = token_logprob_forward;
   b.token_logprob_backward = token_logprob_backward;
+  b.token_logprob_stats = token_logprob_stats;
+  b.token_logprob_backward_cols = token_logprob_backward_cols;
 }
 
 }  // namespace lockstep::kernels::gpu::LS_GPU_NS
