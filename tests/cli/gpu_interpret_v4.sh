@@ -7,7 +7,8 @@
 #  2. `generate --device interpret` gives the CPU run's tokens and logprobs,
 #     and `score` on the CPU gives every logprob back;
 #  3. `sft` with the indexer loss and `--set model.device=interpret` writes the
-#     CPU run's metrics and checkpoint bytes;
+#     CPU run's metrics and checkpoint bytes (and its indexer tensors differ
+#     from those of the same run without the loss);
 #  4. a 2-step `rl` (GRPO) on the interpret device: the CPU run's metrics and
 #     checkpoint bytes, every rollout logprob equal to the trainer's (gap 0).
 # The V4 kernels without GPU entries (mHC, compression, the indexer, sparse
@@ -142,8 +143,10 @@ for cmd in sft rl; do
   cmp "$T/${cmd}_cpu/checkpoints/step_2/model.safetensors" "$T/${cmd}_interpret/checkpoints/step_2/model.safetensors" ||
     fail "$cmd: the interpret device's checkpoint differs from the CPU's"
 done
+"$BIN" sft --config "$T/sft.toml" --out "$T/sft_noidx" --set model.device=interpret \
+  --set train.indexer_loss_coef=0 > "$T/sft_noidx.log" 2>&1 || { cat "$T/sft_noidx.log"; fail "sft without the indexer loss"; }
 python3 - "$T" <<'PY'
-import json, sys
+import glob, json, struct, sys
 t = sys.argv[1]
 def load(path):
     out = []
@@ -159,8 +162,23 @@ rl = load(f"{t}/rl_interpret/metrics.jsonl")
 for m in rl:
     assert m["train/train_rollout_logprob_abs_diff"] == 0, m
     assert m["train/train_rollout_logprob_bitwise_equal_frac"] == 1, m
-sft = load(f"{t}/sft_interpret/metrics.jsonl")
-assert all(m.get("train/indexer_kl", 0) > 0 for m in sft), ("no indexer loss in the SFT metrics", sft[0])
+# The indexer loss reached the indexer: its tensors end elsewhere than in
+# the same run without it.
+def tensors(d):
+    out = {}
+    for f in sorted(glob.glob(d + "/*.safetensors")):
+        b = open(f, "rb").read()
+        n = struct.unpack("<Q", b[:8])[0]
+        h = json.loads(b[8:8 + n])
+        h.pop("__metadata__", None)
+        for k, v in h.items():
+            s, e = v["data_offsets"]
+            out[k] = b[8 + n + s:8 + n + e]
+    return out
+with_loss = tensors(f"{t}/sft_interpret/checkpoints/step_2")
+without = tensors(f"{t}/sft_noidx/checkpoints/step_2")
+names = [k for k in with_loss if "attn.indexer." in k]
+assert names and all(with_loss[k] != without[k] for k in names), "the indexer loss left the indexer unchanged"
 print("v4 sft and rl on the interpret device: the CPU's metrics and checkpoint bytes, rollout gap 0")
 PY
 echo "gpu interpret v4 CLI checks passed"
