@@ -1,6 +1,7 @@
-// The GPU forms of DeepSeek-V4's per-element steps (kernels/gpu/v4_rows.cu)
-// in interpret mode, bit for bit against the CPU kernels
-// (kernels/cpu/v4_rows.h): odd sizes, special values, several block shapes
+// The GPU forms of DeepSeek-V4's per-element steps and routed-expert row
+// scaling and sums (kernels/gpu/v4_rows.cu) in interpret mode, bit for bit
+// against the CPU kernels (kernels/cpu/v4_rows.h, moe.h): odd sizes, strided
+// rows, in-place calls, special values, several block shapes
 // and grid-stride loops, 1 and 2 pool threads, the race check, and the
 // dispatch from the CPU entries. The CPU references run on host copies, so
 // this binary runs in strict interpret mode.
@@ -88,6 +89,55 @@ void check_row_weights(int64_t T, int64_t K, const G::RowsLaunch& cfg, int threa
   expect_same_bits(ddw.host(), cdw, what + ": their backward");
 }
 
+// moe_scale_rows, moe_sum and their backwards on (R, F) rows of stride F + 1
+// (padding never written), topk (T, K) of stride K + 2; also dx over dy and
+// y over x (in place).
+void check_expert_rows(int64_t T, int64_t K, int64_t F, const G::RowsLaunch& cfg, int threads,
+                       uint32_t seed) {
+  const std::string what = "T=" + std::to_string(T) + " K=" + std::to_string(K) + " F=" + std::to_string(F) +
+                           " " + name(T * K, cfg, threads);
+  const MoeDispatch plan = random_plan(T, K, 5, seed);
+  const int64_t R = T * K, ld = F + 1, wld = K + 2;
+  std::vector<float> x = test::randn(R * ld, seed + 1, 2.0f), g = test::randn(R * ld, seed + 2, 2.0f),
+                     w = test::randn(T * wld, seed + 3), dyt = test::randn(T * ld, seed + 4);
+  x[sz(ld + 1 < R * ld ? ld + 1 : 0)] = -0.0f;  // a -0 through the slot-order sum from +0
+  PoolContext pc(threads);
+  auto rows = [](float* p, int64_t n, int64_t cols, int64_t stride) {
+    return gpu_test::rows_view(p, n, cols, stride);
+  };
+  // CPU on host copies.
+  std::vector<float> cx = x, cg = g, cw = w, cdy = dyt, cy(sz(R * ld), -7.0f), cdw(sz(T * wld), -7.0f),
+                     cs(sz(T * ld), -7.0f), cde(sz(R * ld), -7.0f);
+  moe_scale_rows(pc.ctx, rows(cy.data(), R, F, ld), rows(cx.data(), R, F, ld), rows(cw.data(), T, K, wld),
+                 plan);
+  moe_scale_rows_backward(pc.ctx, rows(cg.data(), R, F, ld), rows(cdw.data(), T, K, wld),
+                          rows(cg.data(), R, F, ld), rows(cx.data(), R, F, ld), rows(cw.data(), T, K, wld),
+                          plan);
+  moe_sum(pc.ctx, rows(cs.data(), T, F, ld), rows(cy.data(), R, F, ld), plan);
+  moe_sum_backward(pc.ctx, rows(cde.data(), R, F, ld), rows(cdy.data(), T, F, ld), plan);
+  moe_scale_rows(pc.ctx, rows(cx.data(), R, F, ld), rows(cx.data(), R, F, ld), rows(cw.data(), T, K, wld),
+                 plan);
+  // The GPU entries on device buffers.
+  DeviceArray<float> dx(x, "x"), dg(g, "dy"), dw(w, "topk_w"), ddy(dyt, "dy_tokens"),
+      dy(std::vector<float>(sz(R * ld), -7.0f), "y"), ddw(std::vector<float>(sz(T * wld), -7.0f), "dtopk_w"),
+      ds(std::vector<float>(sz(T * ld), -7.0f), "sum"), dde(std::vector<float>(sz(R * ld), -7.0f), "dye");
+  G::moe_scale_rows(pc.ctx, rows(dy.data(), R, F, ld), rows(dx.data(), R, F, ld), rows(dw.data(), T, K, wld),
+                    plan, cfg);
+  G::moe_scale_rows_backward(pc.ctx, rows(dg.data(), R, F, ld), rows(ddw.data(), T, K, wld),
+                             rows(dg.data(), R, F, ld), rows(dx.data(), R, F, ld), rows(dw.data(), T, K, wld),
+                             plan, cfg);
+  G::moe_sum(pc.ctx, rows(ds.data(), T, F, ld), rows(dy.data(), R, F, ld), plan, cfg);
+  G::moe_sum_backward(pc.ctx, rows(dde.data(), R, F, ld), rows(ddy.data(), T, F, ld), plan, cfg);
+  G::moe_scale_rows(pc.ctx, rows(dx.data(), R, F, ld), rows(dx.data(), R, F, ld), rows(dw.data(), T, K, wld),
+                    plan, cfg);
+  expect_same_bits(dy.host(), cy, what + ": moe_scale_rows");
+  expect_same_bits(dg.host(), cg, what + ": moe_scale_rows_backward dx over dy");
+  expect_same_bits(ddw.host(), cdw, what + ": moe_scale_rows_backward dtopk_w");
+  expect_same_bits(ds.host(), cs, what + ": moe_sum");
+  expect_same_bits(dde.host(), cde, what + ": moe_sum_backward");
+  expect_same_bits(dx.host(), cx, what + ": moe_scale_rows in place");
+}
+
 TEST(GpuV4Rows, ScaleValuesMatchesCpu) {
   const auto cfgs = launches();
   size_t k = 0;
@@ -108,12 +158,24 @@ TEST(GpuV4Rows, RowWeightsMatchCpu) {
     }
 }
 
+TEST(GpuV4Rows, ExpertRowsMatchCpu) {
+  const auto cfgs = launches();
+  size_t k = 0;
+  for (int64_t T : {1, 7})
+    for (int64_t K : {1, 2, 3})
+      for (int64_t F : {1, 17, 40}) {
+        check_expert_rows(T, K, F, cfgs[k % cfgs.size()], 1 + int(k % 2), uint32_t(800 + k));
+        ++k;
+      }
+}
+
 TEST(GpuV4Rows, SameBitsInEveryThreadOrder) {
   gpu_test::emu::Options o;
   o.check_races = true;
   gpu_test::emu::ScopedOptions scoped(o);
   check_scale(90, 0.3f, G::RowsLaunch{32, 2}, 2, 14);
   check_row_weights(9, 3, G::RowsLaunch{8, 2}, 2, 15);
+  check_expert_rows(5, 2, 33, G::RowsLaunch{16, 2}, 2, 16);
 }
 
 TEST(GpuV4Rows, CpuEntriesDispatchToTheInterpretBackend) {
@@ -121,6 +183,10 @@ TEST(GpuV4Rows, CpuEntriesDispatchToTheInterpretBackend) {
   ASSERT_NE(be.scale_values, nullptr);
   ASSERT_NE(be.moe_row_weights, nullptr);
   ASSERT_NE(be.moe_row_weights_backward, nullptr);
+  ASSERT_NE(be.moe_scale_rows, nullptr);
+  ASSERT_NE(be.moe_scale_rows_backward, nullptr);
+  ASSERT_NE(be.moe_sum, nullptr);
+  ASSERT_NE(be.moe_sum_backward, nullptr);
   const int64_t T = 5, K = 2;
   const MoeDispatch plan = random_plan(T, K, 4, 40);
   const std::vector<float> w = test::randn(T * K, 41);
@@ -144,6 +210,18 @@ TEST(GpuV4Rows, CpuEntriesDispatchToTheInterpretBackend) {
   expect_same_bits(drows.host(), crows, "dispatch: row weights");
   expect_same_bits(dback.host(), cback, "dispatch: backward (the weights back in place)");
   expect_same_bits(dback.host(), cw, "backward inverts the gather");
+  // The routed experts' entries of moe.h: scale the rows, sum them per token.
+  std::vector<float> cscaled(sz(T * K)), csum(sz(T));
+  moe_scale_rows(cpu.ctx, Tensor(cscaled.data(), DType::F32, {T * K, 1}),
+                 Tensor(crows.data(), DType::F32, {T * K, 1}), Tensor(cw.data(), DType::F32, {T, K}), plan);
+  moe_sum(cpu.ctx, Tensor(csum.data(), DType::F32, {T, 1}), Tensor(cscaled.data(), DType::F32, {T * K, 1}),
+          plan);
+  DeviceArray<float> dscaled(T * K, "scaled"), dsum(T, "sum");
+  moe_scale_rows(dev.ctx, Tensor(dscaled.data(), DType::F32, {T * K, 1}),
+                 Tensor(drows.data(), DType::F32, {T * K, 1}), Tensor(dw.data(), DType::F32, {T, K}), plan);
+  moe_sum(dev.ctx, Tensor(dsum.data(), DType::F32, {T, 1}), Tensor(dscaled.data(), DType::F32, {T * K, 1}),
+          plan);
+  expect_same_bits(dsum.host(), csum, "dispatch: moe_scale_rows then moe_sum");
 }
 
 }  // namespace

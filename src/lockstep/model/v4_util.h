@@ -59,7 +59,6 @@ EntryBatch completed_entries(const RaggedBatch& b, const V4Batch& vb, int64_t ra
 struct VisibleEntries {
   std::vector<int32_t> rows;  // (T, C)
   int64_t T = 0, C = 0;
-  Tensor rows_tensor() const { return Tensor(const_cast<int32_t*>(rows.data()), DType::I32, {T, C}); }
 };
 VisibleEntries visible_entries(const RaggedBatch& b, const V4Batch& vb, int64_t ratio);
 

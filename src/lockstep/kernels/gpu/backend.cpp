@@ -73,6 +73,10 @@ void for_each_entry(const GpuBackend& b, Fn&& fn) {
   LS_ENTRY(scale_values);
   LS_ENTRY(moe_row_weights);
   LS_ENTRY(moe_row_weights_backward);
+  LS_ENTRY(moe_scale_rows);
+  LS_ENTRY(moe_scale_rows_backward);
+  LS_ENTRY(moe_sum);
+  LS_ENTRY(moe_sum_backward);
   LS_ENTRY(token_logprob_forward);
   LS_ENTRY(token_logprob_backward);
   LS_ENTRY(kv_cache_write);

@@ -21,4 +21,13 @@ void moe_row_weights(const Context& ctx, Tensor w_rows, const Tensor& topk_w, co
 void moe_row_weights_backward(const Context& ctx, Tensor dtopk_w, const Tensor& dw_rows,
                               const MoeDispatch& plan, const RowsLaunch& cfg);
 
+// DeepSeek-V4's routed-expert steps of kernels/cpu/moe.h.
+void moe_scale_rows(const Context& ctx, Tensor y, const Tensor& x, const Tensor& topk_w,
+                    const MoeDispatch& plan, const RowsLaunch& cfg);
+void moe_scale_rows_backward(const Context& ctx, Tensor dx, Tensor dtopk_w, const Tensor& dy, const Tensor& x,
+                             const Tensor& topk_w, const MoeDispatch& plan, const RowsLaunch& cfg);
+void moe_sum(const Context& ctx, Tensor y, const Tensor& ye, const MoeDispatch& plan, const RowsLaunch& cfg);
+void moe_sum_backward(const Context& ctx, Tensor dye, const Tensor& dy, const MoeDispatch& plan,
+                      const RowsLaunch& cfg);
+
 }  // namespace lockstep::kernels::gpu::LS_GPU_NS
