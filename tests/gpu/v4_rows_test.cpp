@@ -6,9 +6,10 @@
 // dispatch from the CPU entries. The CPU references run on host copies, so
 // this binary runs in strict interpret mode.
 //
-// Negative control (done once by hand): scaling by s * 1.0000001f in
+// Negative controls (done once by hand): scaling by s * 1.0000001f in
 // scale_values_kernel failed ScaleValuesMatchesCpu (first at n = 15), 1 ulp
-// off.
+// off; summing the slots in reverse order in sum_rows_kernel failed
+// ExpertRowsMatchCpu's moe_sum (first at T = 1, K = 3, F = 1), 1 ulp off.
 #include "lockstep/kernels/gpu/v4_rows.h"
 
 #include <gtest/gtest.h>
