@@ -192,9 +192,14 @@ TEST(GpuTrainerMemory, SafetensorsFromDeviceMemoryHaveTheHostsBytes) {
   const std::string dir = temp_dir("gpu_safetensors");
   for (DType dt : {DType::F32, DType::BF16}) {
     SCOPED_TRACE(dtype_name(dt));
-    write_safetensors(dir + "/host.safetensors", {{"a", sa, a.data()}, {"b", sb, b.data()}}, dt);
-    write_safetensors(dir + "/device.safetensors", {{"a", sa, da.as<float>()}, {"b", sb, db.as<float>()}},
-                      dt);
+    // "c": raw bytes (an integer table such as DeepSeek-V4's tid2eid), b's.
+    SafetensorsTensor host_c{"c", sb, nullptr}, device_c{"c", sb, nullptr};
+    host_c.raw = b.data();
+    device_c.raw = db.data();
+    host_c.raw_dtype = device_c.raw_dtype = "I32";
+    write_safetensors(dir + "/host.safetensors", {{"a", sa, a.data()}, {"b", sb, b.data()}, host_c}, dt);
+    write_safetensors(dir + "/device.safetensors",
+                      {{"a", sa, da.as<float>()}, {"b", sb, db.as<float>()}, device_c}, dt);
     const std::string want = file_bytes(dir + "/host.safetensors");
     EXPECT_GT(want.size(), a.size() * dtype_size(dt));
     EXPECT_TRUE(want == file_bytes(dir + "/device.safetensors")) << "checksums or data differ";

@@ -449,12 +449,24 @@ void for_each_f32_chunk(const float* data, size_t numel,
   }
 }
 
+// A raw tensor's nbytes as host code may read them: a copy where they lie
+// in device memory (a trainer on a device keeps DeepSeek-V4's integer
+// tid2eid tables there), else the bytes themselves.
+const void* host_raw(const SafetensorsTensor& t, uint64_t nbytes, std::vector<unsigned char>& keep) {
+  if (nbytes == 0) return t.raw;
+  const Tensor bytes(const_cast<void*>(t.raw), DType::FP8E4M3, {int64_t(nbytes)});  // one byte an element
+  return kernels::host_readable(bytes, keep).data;
+}
+
 // XXH64 of the bytes a tensor is stored as: of the values themselves for
 // F32 and raw tensors, of their bf16 rounding (made chunk by chunk, as the
 // writer makes it again) for BF16.
 uint64_t stored_checksum(const SafetensorsTensor& t, DType dtype, uint64_t nbytes) {
   LS_CHECK(t.data != nullptr || t.raw != nullptr || nbytes == 0) << "tensor " << t.name << " has no data";
-  if (t.raw) return comm::checksum64(t.raw, nbytes);
+  if (t.raw) {
+    std::vector<unsigned char> keep;
+    return comm::checksum64(host_raw(t, nbytes, keep), nbytes);
+  }
   const size_t numel = nbytes / dtype_size(dtype);
   std::vector<bf16_t> scratch(dtype == DType::BF16 ? std::min(numel, kChunk) : 0);
   comm::Xxh64 hash;
@@ -500,7 +512,9 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
     const size_t numel = static_cast<size_t>(checked_numel(t.shape, t.name));
     LS_CHECK(t.data != nullptr || t.raw != nullptr || numel == 0) << "tensor " << t.name << " has no data";
     if (t.raw) {
-      f.write(t.raw, safetensors_nbytes(t, dtype));
+      const uint64_t nbytes = safetensors_nbytes(t, dtype);
+      std::vector<unsigned char> keep;
+      f.write(host_raw(t, nbytes, keep), nbytes);
       continue;
     }
     // Convert in bounded chunks so a huge tensor needs no full bf16 copy.

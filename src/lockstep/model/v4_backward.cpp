@@ -12,6 +12,8 @@
 #include "lockstep/kernels/cpu/rmsnorm.h"
 #include "lockstep/kernels/cpu/rope.h"
 #include "lockstep/kernels/cpu/sparse_attention.h"
+#include "lockstep/kernels/cpu/v4_rows.h"
+#include "lockstep/kernels/gpu/backend.h"
 #include "lockstep/model/forward_util.h"
 #include "lockstep/model/v4_forward.h"
 #include "lockstep/model/v4_util.h"
@@ -36,8 +38,6 @@ struct V4BackEnv {
   const Activations& saved;  // experts (expert parallelism), fold_expert_grads, indexer_loss_scale
   const RaggedBatch& batch;
 };
-
-void zero(Tensor t) { std::memset(t.data, 0, t.nbytes()); }
 
 // A projection's weight gradient, skipped where dw is empty (a LoRA
 // trainer's frozen base: frozen_base_grads).
@@ -95,7 +95,8 @@ void expert_rows_backward(const V4BackEnv& env, int64_t l, const V4LayerActivati
   const LayerParams& p = block_params(env.p, l);
   const LayerParams& g = block_params(env.g, l);
   const PackedLayer& q = env.weights.layer(l);
-  OwnedTensor dacts(f32, {R, Fe}), dact(f32, {R, Fe}), dgu(f32, {R, 2 * Fe});
+  OwnedTensor dacts = device_tensor(env.ctx, f32, {R, Fe}), dact = device_tensor(env.ctx, f32, {R, Fe}),
+              dgu = device_tensor(env.ctx, f32, {R, 2 * Fe});
   const Tensor gu = a.gu_e.view();
   const V4LayerLora lora(env, l);
   for (int64_t e = 0; e < E; ++e) {
@@ -153,7 +154,7 @@ void moe_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations& a, 
   const k::MoeDispatch& plan = a.plan;
   const PackedLayer& q = env.weights.layer(l);
   // The shared expert.
-  OwnedTensor dact_s(f32, {T, Fe}), dgu_s(f32, {T, 2 * Fe});
+  OwnedTensor dact_s = device_tensor(env.ctx, f32, {T, Fe}), dgu_s = device_tensor(env.ctx, f32, {T, 2 * Fe});
   const V4LayerLora lora(env, l);
   k::gemm_dyw(ctx, dact_s.view(), df, p.shared.w_down);
   lora_mlp_down(ctx, dact_s.view(), df, a.act_s.view(), lora.shared_w(), lora.shared_g(), lora.s);
@@ -165,7 +166,8 @@ void moe_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations& a, 
   lora_mlp_gate_up(ctx, dz, dgu_s.view(), a.z.view(), lora.shared_w(), lora.shared_g(), lora.s);
   weight_grad(ctx, g.shared.w_gate_up, dgu_s.view(), a.z.view(), q.shared.gate_up);
   // The routed experts: down projection, routing weight, SwiGLU, up projection.
-  OwnedTensor dye(f32, {T * K, D}), dxe(f32, {T * K, D}), dw(f32, {T, K});
+  OwnedTensor dye = device_tensor(env.ctx, f32, {T * K, D}), dxe = device_tensor(env.ctx, f32, {T * K, D}),
+              dw = device_tensor(env.ctx, f32, {T, K});
   k::moe_sum_backward(ctx, dye.view(), df, plan);
   if (env.saved.experts == nullptr) {
     expert_rows_backward(env, l, a, plan, dye.view(), a.xe.view(), a.topk_w.view(), dxe.view(), dw.view());
@@ -175,19 +177,19 @@ void moe_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations& a, 
     ExpertComm& comm = *env.saved.experts;
     const ExpertRoute& route = a.route;
     const int64_t N = route.num_in();
-    OwnedTensor dyr(f32, {N, D}), dxr(f32, {N, D}), dwr(f32, {N, 1}), stage(f32, {N, D}),
-        stage_w(f32, {N, 1}), dws(f32, {T * K, 1});
+    OwnedTensor dyr = device_tensor(env.ctx, f32, {N, D}), dxr = device_tensor(env.ctx, f32, {N, D}),
+                dwr = device_tensor(env.ctx, f32, {N, 1}), stage = device_tensor(env.ctx, f32, {N, D}),
+                stage_w = device_tensor(env.ctx, f32, {N, 1}), dws = device_tensor(env.ctx, f32, {T * K, 1});
     expert_dispatch(ctx, comm, route, dye.view(), dyr.view(), stage.view());
     expert_rows_backward(env, l, a, route.local, dyr.view(), a.xe.view(), a.w_rows.view(), dxr.view(),
                          dwr.view());
     expert_return(ctx, comm, route, dxr.view(), dxe.view(), stage.view());
     expert_return(ctx, comm, route, dwr.view(), dws.view(), stage_w.view());
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t s = 0; s < K; ++s) dw.f32()[t * K + s] = dws.f32()[plan.row_of[size_t(t * K + s)]];
+    k::moe_row_weights_backward(ctx, dw.view(), dws.view(), plan);
   }
   k::moe_gather_backward(ctx, dz, dxe.view(), plan);
   // The router (its selection is constant; the weights carry the gradient).
-  OwnedTensor dlogits(f32, {T, E});
+  OwnedTensor dlogits = device_tensor(env.ctx, f32, {T, E});
   k::moe_route_backward(ctx, dlogits.view(), dw.view(), a.scores.view(), a.topk_idx.view(), router_config(c));
   k::gemm_dyw(ctx, dz, dlogits.view(), p.router, true);
   weight_grad(ctx, g.router, dlogits.view(), a.z.view());
@@ -203,21 +205,23 @@ void compressor_backward(const V4BackEnv& env, int64_t l, const V4LayerActivatio
   const int64_t Ne = a.entries.count();
   const LayerParams& p = block_params(env.p, l);
   const LayerParams& g = block_params(env.g, l);
-  OwnedTensor dentry(f32, {Ne, 1, Dh}), dpre(f32, {Ne, Dh});
-  load_rows(dentry.view().reshape({Ne, Dh}), dstore, a.entries.slot, 2, 1);
-  const Tensor pos(const_cast<int32_t*>(a.entries.pos.data()), DType::I32, {Ne});
-  k::rope_interleaved_inverse(ctx, rope_tail(dentry.view(), c.qk_rope_head_dim), pos, env.weights.rope_of_layer(l));
+  OwnedTensor dentry = device_tensor(env.ctx, f32, {Ne, 1, Dh}), dpre = device_tensor(env.ctx, f32, {Ne, Dh});
+  load_rows(ctx, dentry.view().reshape({Ne, Dh}), dstore, a.entries.slot, 2, 1);
+  const OwnedTensor pos = device_i32(ctx, a.entries.pos, {Ne});
+  k::rope_interleaved_inverse(ctx, rope_tail(dentry.view(), c.qk_rope_head_dim), pos.view(),
+                              env.weights.rope_of_layer(l));
   k::rmsnorm_backward(ctx, dpre.view(), g.cmp_norm, dentry.view().reshape({Ne, Dh}), a.entry_pre.view(), p.cmp_norm,
                       a.rstd_entry.view());
   const Tensor cz_store = env.kv.cz_store(l);
-  OwnedTensor dcz_store(f32, {cz_store.dim(0), cz_store.dim(1)}), dcz(f32, {T, 2 * kappa * Dh});
-  zero(dcz_store.view());
+  OwnedTensor dcz_store = device_tensor(env.ctx, f32, {cz_store.dim(0), cz_store.dim(1)}),
+              dcz = device_tensor(env.ctx, f32, {T, 2 * kappa * Dh});
+  zero_tensor(env.ctx, dcz_store.view());
   if (Ne > 0) {
-    const Tensor rows(const_cast<int32_t*>(a.entries.rows.data()), DType::I32, {Ne, kappa * ratio});
-    k::compress_backward(ctx, dcz_store.view(), g.cmp_ape, dpre.view(), cz_store, rows, p.cmp_ape, int(ratio),
-                         ratio == 4);
+    const OwnedTensor rows = device_i32(ctx, a.entries.rows, {Ne, kappa * ratio});
+    k::compress_backward(ctx, dcz_store.view(), g.cmp_ape, dpre.view(), cz_store, rows.view(), p.cmp_ape,
+                         int(ratio), ratio == 4);
   }
-  load_rows(dcz.view(), dcz_store.view(), env.vb.slots, 1, 0);
+  load_rows(ctx, dcz.view(), dcz_store.view(), env.vb.slots, 1, 0);
   k::gemm_dyw(ctx, da, dcz.view(), stacked_rows(p.cmp_wkv, p.cmp_wgate), true);
   if (g.cmp_wkv.data != nullptr)
     k::gemm_dytx(ctx, stacked_rows(g.cmp_wkv, g.cmp_wgate), dcz.view(), a.a.view());
@@ -238,30 +242,32 @@ void indexer_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations&
   const LayerParams& g = block_params(env.g, l);
   const kernels::RopeTable& rope = env.weights.rope_of_layer(l);
   const Tensor keys = env.kv.index_keys(l);
-  OwnedTensor dqi(f32, {T, HI, DI}), dwt(f32, {T, HI}), dkeys(f32, {keys.dim(0), DI});
-  zero(dqi.view());
-  zero(dwt.view());
-  zero(dkeys.view());
-  const float* qi = a.idx_q.view().f32();
-  const float* wt = a.idx_w.view().f32();
+  // The scores' backward runs on the host on copies of its inputs
+  // (host_readable); its three gradients go back in one copy each.
+  std::vector<float> dqi_h(size_t(T * HI * DI)), dwt_h(size_t(T * HI)), dkeys_h(size_t(keys.dim(0) * DI));
+  std::vector<unsigned char> keep_qi, keep_w, keep_ds, keep_keys;
+  const float* qi = k::host_readable(a.idx_q.view(), keep_qi).f32();
+  const float* wt = k::host_readable(a.idx_w.view(), keep_w).f32();
+  const float* dscore = k::host_readable(a.idx_dscore.view(), keep_ds).f32();
+  const float* key_rows = k::host_readable(keys, keep_keys).f32();
   // One thread: the keys' gradients gather from every query, in token order.
   for (int64_t t = 0; t < T; ++t) {
     const int64_t s = env.vb.seq[size_t(t)];
     for (int64_t k = 0; k < KI; ++k) {
       const int32_t e = a.idx_chosen[size_t(t * KI + k)];
       if (e < 0) break;
-      const float gk = float(scale * double(a.idx_dscore.view().f32()[t * KI + k]));
+      const float gk = float(scale * double(dscore[t * KI + k]));
       const int64_t row = env.vb.slot(s, (e + 1) * 4 - 1);
-      const float* key = keys.f32() + row * DI;
-      float* dkey = dkeys.view().f32() + row * DI;
+      const float* key = key_rows + row * DI;
+      float* dkey = dkeys_h.data() + row * DI;
       for (int64_t h = 0; h < HI; ++h) {
         const float* q = qi + (t * HI + h) * DI;
         float u = 0;
         for (int64_t d = 0; d < DI; ++d) u += q[d] * key[d];
         if (!(u > 0)) continue;  // relu: no gradient through a negative dot
-        dwt.view().f32()[t * HI + h] += gk * u;
+        dwt_h[size_t(t * HI + h)] += gk * u;
         const float gw = gk * wt[t * HI + h];
-        float* dq = dqi.view().f32() + (t * HI + h) * DI;
+        float* dq = dqi_h.data() + (t * HI + h) * DI;
         for (int64_t d = 0; d < DI; ++d) {
           dq[d] += gw * key[d];
           dkey[d] += gw * q[d];
@@ -269,9 +275,14 @@ void indexer_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations&
       }
     }
   }
+  OwnedTensor dqi = device_tensor(env.ctx, f32, {T, HI, DI}), dwt = device_tensor(env.ctx, f32, {T, HI}),
+              dkeys = device_tensor(env.ctx, f32, {keys.dim(0), DI});
+  const Allocator& memory = k::device_memory(ctx);
+  if (!dqi_h.empty()) memory.copy_in(dqi.view().data, dqi_h.data(), dqi_h.size() * sizeof(float));
+  if (!dwt_h.empty()) memory.copy_in(dwt.view().data, dwt_h.data(), dwt_h.size() * sizeof(float));
+  if (!dkeys_h.empty()) memory.copy_in(dkeys.view().data, dkeys_h.data(), dkeys_h.size() * sizeof(float));
   // Head weights: wt = head_scale * (a . weights_projᵀ).
-  const float head_scale = indexer_head_scale(c);
-  for (int64_t i = 0; i < T * HI; ++i) dwt.view().f32()[i] *= head_scale;
+  k::scale_values(ctx, dwt.view(), indexer_head_scale(c));
   k::gemm_dytx(ctx, g.idx_wproj, dwt.view(), a.a.view());
   // Queries: qi = RoPE(qr . wq_bᵀ); the rotation's transpose is its inverse.
   k::rope_interleaved_inverse(ctx, rope_tail(dqi.view(), Dr), env.vb.positions.view(), rope);
@@ -282,21 +293,24 @@ void indexer_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations&
   const int64_t Ne = entries.count();
   if (Ne == 0) return;
   const Tensor cz_store = env.kv.index_cz(l);
-  const Tensor rows(const_cast<int32_t*>(entries.rows.data()), DType::I32, {Ne, 8});
-  OwnedTensor pre(f32, {Ne, DI}), normed(f32, {Ne, DI}), rstd(f32, {Ne}), dentry(f32, {Ne, 1, DI}),
-      dpre(f32, {Ne, DI});
+  const OwnedTensor rows_t = device_i32(ctx, entries.rows, {Ne, 8});
+  const Tensor rows = rows_t.view();
+  OwnedTensor pre = device_tensor(env.ctx, f32, {Ne, DI}), normed = device_tensor(env.ctx, f32, {Ne, DI}),
+              rstd = device_tensor(env.ctx, f32, {Ne}), dentry = device_tensor(env.ctx, f32, {Ne, 1, DI}),
+              dpre = device_tensor(env.ctx, f32, {Ne, DI});
   k::compress_forward(ctx, pre.view(), cz_store, rows, p.idx_cmp_ape, 4, true);
   k::rmsnorm_forward(ctx, normed.view(), rstd.view(), pre.view(), p.idx_cmp_norm, float(c.rms_norm_eps));
-  load_rows(dentry.view().reshape({Ne, DI}), dkeys.view(), entries.slot, 1, 0);
-  const Tensor pos(const_cast<int32_t*>(entries.pos.data()), DType::I32, {Ne});
-  k::rope_interleaved_inverse(ctx, rope_tail(dentry.view(), Dr), pos, rope);
+  load_rows(ctx, dentry.view().reshape({Ne, DI}), dkeys.view(), entries.slot, 1, 0);
+  const OwnedTensor pos = device_i32(ctx, entries.pos, {Ne});
+  k::rope_interleaved_inverse(ctx, rope_tail(dentry.view(), Dr), pos.view(), rope);
   k::rmsnorm_backward(ctx, dpre.view(), g.idx_cmp_norm, dentry.view().reshape({Ne, DI}), pre.view(),
                       p.idx_cmp_norm, rstd.view());
-  OwnedTensor dcz_store(f32, {cz_store.dim(0), cz_store.dim(1)}), dcz(f32, {T, 4 * DI});
-  zero(dcz_store.view());
+  OwnedTensor dcz_store = device_tensor(env.ctx, f32, {cz_store.dim(0), cz_store.dim(1)}),
+              dcz = device_tensor(env.ctx, f32, {T, 4 * DI});
+  zero_tensor(env.ctx, dcz_store.view());
   k::compress_backward(ctx, dcz_store.view(), g.idx_cmp_ape, dpre.view(), cz_store, rows, p.idx_cmp_ape, 4,
                        true);
-  load_rows(dcz.view(), dcz_store.view(), env.vb.slots, 1, 0);
+  load_rows(ctx, dcz.view(), dcz_store.view(), env.vb.slots, 1, 0);
   k::gemm_dytx(ctx, stacked_rows(g.idx_cmp_wkv, g.idx_cmp_wgate), dcz.view(), a.a.view());
 }
 
@@ -312,7 +326,7 @@ void attention_backward(const V4BackEnv& env, int64_t l, const V4LayerActivation
   const Tensor positions = env.vb.positions.view();
   const PackedLayer& q = env.weights.layer(l);
   // Output projections, then the inverse RoPE's transpose (the forward rotation).
-  OwnedTensor dyo(f32, {T, G * Ro}), dattn(f32, {T, H, Dh});
+  OwnedTensor dyo = device_tensor(env.ctx, f32, {T, G * Ro}), dattn = device_tensor(env.ctx, f32, {T, H, Dh});
   const V4LayerLora lora(env, l);
   k::gemm_dyw(ctx, dyo.view(), df, p.wo_b);
   if (lora.w) lora_backward(ctx, dyo.view(), df, a.yo.view(), lora.w->wo_b, lora.g->wo_b, lora.s);
@@ -329,14 +343,16 @@ void attention_backward(const V4BackEnv& env, int64_t l, const V4LayerActivation
   k::rope_interleaved_forward(ctx, rope_tail(dattn.view(), Dr), positions, rope);
   // The attention core: dq, and the gradient of every store row it read.
   const Tensor store = env.kv.kv_store(l);
-  OwnedTensor dq(f32, {T, H, Dh}), dstore(f32, {store.dim(0), store.dim(1)});
-  zero(dstore.view());
+  OwnedTensor dq = device_tensor(env.ctx, f32, {T, H, Dh}),
+              dstore = device_tensor(env.ctx, f32, {store.dim(0), store.dim(1)});
+  zero_tensor(env.ctx, dstore.view());
   k::sparse_attention_backward(ctx, dq.view(), dstore.view(), g.attn_sink, dattn.view(), a.attn.view(), a.lse.view(),
                                a.q.view(), store, a.cand.view(), p.attn_sink, attention_scale(c));
   // The query path: RoPE, the per-head RMS, wq_b, q_norm, wq_a.
   k::rope_interleaved_inverse(ctx, rope_tail(dq.view(), Dr), positions, rope);
-  OwnedTensor dq_pre(f32, {T * H, Dh}), dones(f32, {Dh}), dqr(f32, {T, Rq}), dqa(f32, {T, Rq});
-  zero(dones.view());
+  OwnedTensor dq_pre = device_tensor(env.ctx, f32, {T * H, Dh}), dones = device_tensor(env.ctx, f32, {Dh}),
+              dqr = device_tensor(env.ctx, f32, {T, Rq}), dqa = device_tensor(env.ctx, f32, {T, Rq});
+  zero_tensor(env.ctx, dones.view());
   k::rmsnorm_backward(ctx, dq_pre.view(), dones.view(), dq.view().reshape({T * H, Dh}),
                       a.q_pre.view().reshape({T * H, Dh}), env.weights.ones(), a.rstd_q.view());
   const Tensor dq_rows = dq_pre.view().reshape({T, H * Dh});
@@ -348,8 +364,8 @@ void attention_backward(const V4BackEnv& env, int64_t l, const V4LayerActivation
   if (lora.w) lora_backward(ctx, da, dqa.view(), a.a.view(), lora.w->wq_a, lora.g->wq_a, lora.s);
   weight_grad(ctx, g.wq_a, dqa.view(), a.a.view(), q.wq_a);
   // The window key = value of each token.
-  OwnedTensor dkv(f32, {T, 1, Dh}), dkv_pre(f32, {T, Dh});
-  load_rows(dkv.view().reshape({T, Dh}), dstore.view(), env.vb.slots, 2, 0);
+  OwnedTensor dkv = device_tensor(env.ctx, f32, {T, 1, Dh}), dkv_pre = device_tensor(env.ctx, f32, {T, Dh});
+  load_rows(ctx, dkv.view().reshape({T, Dh}), dstore.view(), env.vb.slots, 2, 0);
   k::rope_interleaved_inverse(ctx, rope_tail(dkv.view(), Dr), positions, rope);
   k::rmsnorm_backward(ctx, dkv_pre.view(), g.kv_norm, dkv.view().reshape({T, Dh}), a.kv_pre.view(), p.kv_norm,
                       a.rstd_kv.view());
@@ -367,7 +383,7 @@ void mix_backward(const V4BackEnv& env, Tensor dx, const Tensor& du, const Tenso
                   const Tensor& x, const MhcSaved& mix, const Tensor& fn, const Tensor& base, const Tensor& scale,
                   const Tensor& dfn, const Tensor& dbase, const Tensor& dscale) {
   const int64_t n = env.c.hc_mult;
-  OwnedTensor dpre(f32, {env.T, n});
+  OwnedTensor dpre = device_tensor(env.ctx, f32, {env.T, n});
   k::mhc_pre_apply_backward(env.ctx, dx, dpre.view(), du, x, mix.pre.view(), int(n));
   k::mhc_mix_backward(env.ctx, dx, dfn, dbase, dscale, dpre.view(), dpost, dcomb, x, mix.view(), fn, base, scale,
                       mhc_config(env.c));
@@ -381,8 +397,9 @@ void layer_backward(const V4BackEnv& env, int64_t l, const V4LayerActivations& a
   const int64_t T = env.T, D = c.hidden_size, n = c.hc_mult;
   const LayerParams& p = block_params(env.p, l);
   const LayerParams& g = block_params(env.g, l);
-  OwnedTensor dmid(f32, {T, n * D}), df(f32, {T, D}), dpost(f32, {T, n}), dcomb(f32, {T, n, n}), dz(f32, {T, D}),
-      du(f32, {T, D});
+  OwnedTensor dmid = device_tensor(env.ctx, f32, {T, n * D}), df = device_tensor(env.ctx, f32, {T, D}),
+              dpost = device_tensor(env.ctx, f32, {T, n}), dcomb = device_tensor(env.ctx, f32, {T, n, n}),
+              dz = device_tensor(env.ctx, f32, {T, D}), du = device_tensor(env.ctx, f32, {T, D});
   // The MoE sublayer.
   k::mhc_post_backward(ctx, dmid.view(), df.view(), dpost.view(), dcomb.view(), dx_out, a.f_ffn.view(),
                        a.x_mid.view(), a.mix_ffn.post.view(), a.mix_ffn.comb.view(), int(n));
@@ -413,16 +430,17 @@ void head_backward(const V4BackEnv& env, const RaggedBatch& batch, const V4HeadA
   const Context& ctx = env.ctx;
   const ModelConfig& c = env.c;
   const int64_t R = int64_t(batch.logit_rows.size()), D = c.hidden_size, n = c.hc_mult;
-  zero(dx);
+  zero_tensor(env.ctx, dx);
   if (R == 0) return;
-  OwnedTensor dnormed(f32, {dhead ? 0 : R, D}), dh(f32, {R, D}), drows(f32, {R, n * D});
+  OwnedTensor dnormed = device_tensor(env.ctx, f32, {dhead ? 0 : R, D}),
+              dh = device_tensor(env.ctx, f32, {R, D}), drows = device_tensor(env.ctx, f32, {R, n * D});
   if (!dhead) {
     k::gemm_dyw(ctx, dnormed.view(), dlogits, env.p.lm_head);
     weight_grad(ctx, env.g.lm_head, dlogits, s.normed_rows.view(), env.weights.lm_head());
   }
   k::rmsnorm_backward(ctx, dh.view(), w.dnorm, dhead ? dlogits : dnormed.view(), s.h_rows.view(), w.norm,
                       s.rstd_f.view());
-  zero(drows.view());
+  zero_tensor(env.ctx, drows.view());
   k::mhc_head_backward(ctx, drows.view(), w.dfn, w.dbase, w.dscale, dh.view(), s.x_rows.view(), s.head_w.view(),
                        s.head_raw.view(), s.head_rstd.view(), w.fn, w.base, w.scale, mhc_config(c));
   scatter_rows(ctx, dx, drows.view(), batch.logit_rows);
@@ -438,9 +456,11 @@ void mtp_backward(const V4BackEnv& env, const RaggedBatch& batch, const V4Activa
   const int64_t T = env.T, D = c.hidden_size, n = c.hc_mult, L = c.num_layers;
   LS_CHECK(dmtp_logits.size() == s.mtp.size()) << "backward: " << dmtp_logits.size() << " MTP logit gradients for "
                                                << s.mtp.size() << " MTP blocks run by the forward";
-  OwnedTensor dh_next(f32, {T, n * D}), dx_out(f32, {T, n * D}), dx0(f32, {T, n * D}), dpe(f32, {T, D}),
-      den(f32, {T, D}), de(f32, {T, D}), dhn(f32, {T * n, D});
-  zero(dh_next.view());
+  OwnedTensor dh_next = device_tensor(env.ctx, f32, {T, n * D}),
+              dx_out = device_tensor(env.ctx, f32, {T, n * D}), dx0 = device_tensor(env.ctx, f32, {T, n * D}),
+              dpe = device_tensor(env.ctx, f32, {T, D}), den = device_tensor(env.ctx, f32, {T, D}),
+              de = device_tensor(env.ctx, f32, {T, D}), dhn = device_tensor(env.ctx, f32, {T * n, D});
+  zero_tensor(env.ctx, dh_next.view());
   for (size_t jj = s.mtp.size(); jj-- > 0;) {
     const V4MtpActivations& m = s.mtp[jj];
     const MtpParams& p = env.p.mtp[jj];
@@ -463,7 +483,7 @@ void mtp_backward(const V4BackEnv& env, const RaggedBatch& batch, const V4Activa
     k::rmsnorm_backward(ctx, dh_next.view().reshape({T * n, D}), g.hnorm, dhn.view(),
                         m.h_in.view().reshape({T * n, D}), p.hnorm, m.rstd_h.view());
   }
-  std::memcpy(dx_main.data, dh_next.view().data, dx_main.nbytes());
+  if (T > 0) k::device_memory(ctx).copy(dx_main.data, dh_next.view().data, dx_main.nbytes());
 }
 
 }  // namespace
@@ -477,10 +497,10 @@ void v4_backward(const Context& ctx, const ModelWeights& weights, const KvCache&
   const int64_t T = batch.num_tokens(), D = c.hidden_size, n = c.hc_mult;
   check_shape(dlogits, {int64_t(batch.logit_rows.size()), dhead ? D : c.vocab_size},
               dhead ? "dhead_input" : "dlogits");
-  const V4Batch vb(batch, kv.block_size());
+  const V4Batch vb(ctx, batch, kv.block_size());
   const V4BackEnv env{ctx, c, weights, weights.backward_params(), grads, kv, vb, T, saved, batch};
   const V4Activations& s = *saved.v4;
-  OwnedTensor dx(f32, {T, n * D}), dprev(f32, {T, n * D});
+  OwnedTensor dx = device_tensor(env.ctx, f32, {T, n * D}), dprev = device_tensor(env.ctx, f32, {T, n * D});
   const ModelParams &p = env.p, &g = env.g;
   head_backward(env, batch, s.head,
                 {p.hc_head_fn, p.hc_head_base, p.hc_head_scale, p.final_norm, g.hc_head_fn, g.hc_head_base,
@@ -494,7 +514,7 @@ void v4_backward(const Context& ctx, const ModelWeights& weights, const KvCache&
     layer_backward(env, l, s.layers[size_t(l)], dx.view(), dprev.view());
     std::swap(dx, dprev);
   }
-  OwnedTensor de(f32, {T, D});
+  OwnedTensor de = device_tensor(env.ctx, f32, {T, D});
   sum_streams(ctx, de.view(), dx.view(), n);
   if (grads.embed.data != nullptr) k::embedding_backward(ctx, grads.embed, de.view(), vb.tokens_t.view());
 }

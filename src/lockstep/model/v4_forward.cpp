@@ -19,6 +19,8 @@
 #include "lockstep/kernels/cpu/rope.h"
 #include "lockstep/kernels/cpu/sparse_attention.h"
 #include "lockstep/kernels/cpu/swiglu.h"
+#include "lockstep/kernels/cpu/v4_rows.h"
+#include "lockstep/kernels/gpu/backend.h"
 #include "lockstep/model/forward_util.h"
 #include "lockstep/model/v4_util.h"
 
@@ -100,13 +102,13 @@ void window_kv(const V4Env& env, int64_t l, V4LayerActivations& a) {
   project(env.ctx, reuse(env.ctx, a.kv_pre, f32, {T, Dh}), a.a.view(), env.weights.layer(l).wkv);
   if (const LoraLayer* lora = v4_lora(env.weights, l))
     lora_forward(env.ctx, a.kv_pre.view(), a.a.view(), lora->wkv, v4_lora_scale(env.weights));
-  OwnedTensor kvn(f32, {T, 1, Dh});
+  OwnedTensor kvn = device_tensor(env.ctx, f32, {T, 1, Dh});
   k::rmsnorm_forward(env.ctx, kvn.view().reshape({T, Dh}), reuse(env.ctx, a.rstd_kv, f32, {T}),
                      a.kv_pre.view(), p.kv_norm, float(c.rms_norm_eps));
   k::rope_interleaved_forward(env.ctx, rope_tail(kvn.view(), c.qk_rope_head_dim), env.vb.positions.view(),
                               env.weights.rope_of_layer(l));
   env.capture("k", l, kvn.view());
-  store_rows(env.kv.kv_store(l), kvn.view().reshape({T, Dh}), env.vb.slots, 2, 0);
+  store_rows(env.ctx, env.kv.kv_store(l), kvn.view().reshape({T, Dh}), env.vb.slots, 2, 0);
 }
 
 // The compressed entries this call completes in layer l (main compressor):
@@ -117,24 +119,24 @@ void compress_main(const V4Env& env, int64_t l, V4LayerActivations& a) {
   const ModelConfig& c = env.c;
   const int64_t ratio = c.compress_ratio(l), kappa = ratio == 4 ? 2 : 1, Dh = c.head_dim;
   const LayerParams& p = block_params(env.weights.params(), l);
-  OwnedTensor cz(f32, {env.T, 2 * kappa * Dh});
+  OwnedTensor cz = device_tensor(env.ctx, f32, {env.T, 2 * kappa * Dh});
   k::gemm_xwt(env.ctx, cz.view(), a.a.view(), env.weights.layer(l).cmp);
-  store_rows(env.kv.cz_store(l), cz.view(), env.vb.slots, 1, 0);
+  store_rows(env.ctx, env.kv.cz_store(l), cz.view(), env.vb.slots, 1, 0);
   a.entries = completed_entries(env.batch, env.vb, ratio, ratio == 4);
   const int64_t Ne = a.entries.count();
   Tensor pre = reuse(env.ctx, a.entry_pre, f32, {Ne, Dh});
-  OwnedTensor out(f32, {Ne, 1, Dh});
+  OwnedTensor out = device_tensor(env.ctx, f32, {Ne, 1, Dh});
   if (Ne > 0) {
     const std::vector<int32_t>& rows = a.entries.rows;
-    const Tensor rows_t(const_cast<int32_t*>(rows.data()), DType::I32, {Ne, kappa * ratio});
-    k::compress_forward(env.ctx, pre, env.kv.cz_store(l), rows_t, p.cmp_ape, int(ratio), ratio == 4);
+    const OwnedTensor rows_t = device_i32(env.ctx, rows, {Ne, kappa * ratio});
+    k::compress_forward(env.ctx, pre, env.kv.cz_store(l), rows_t.view(), p.cmp_ape, int(ratio), ratio == 4);
   }
   k::rmsnorm_forward(env.ctx, out.view().reshape({Ne, Dh}), reuse(env.ctx, a.rstd_entry, f32, {Ne}), pre,
                      p.cmp_norm, float(c.rms_norm_eps));
-  const Tensor pos(const_cast<int32_t*>(a.entries.pos.data()), DType::I32, {Ne});
-  k::rope_interleaved_forward(env.ctx, rope_tail(out.view(), c.qk_rope_head_dim), pos,
+  const OwnedTensor pos = device_i32(env.ctx, a.entries.pos, {Ne});
+  k::rope_interleaved_forward(env.ctx, rope_tail(out.view(), c.qk_rope_head_dim), pos.view(),
                               env.weights.rope_of_layer(l));
-  store_rows(env.kv.kv_store(l), out.view().reshape({Ne, Dh}), a.entries.slot, 2, 1);
+  store_rows(env.ctx, env.kv.kv_store(l), out.view().reshape({Ne, Dh}), a.entries.slot, 2, 1);
 }
 
 // The indexer's own compressor (CSA layers): its keys into index_keys.
@@ -142,22 +144,23 @@ void compress_index_keys(const V4Env& env, int64_t l, const Tensor& a) {
   const ModelConfig& c = env.c;
   const int64_t DI = c.index_head_dim;
   const LayerParams& p = block_params(env.weights.params(), l);
-  OwnedTensor cz(f32, {env.T, 4 * DI});
+  OwnedTensor cz = device_tensor(env.ctx, f32, {env.T, 4 * DI});
   k::gemm_xwt(env.ctx, cz.view(), a, env.weights.layer(l).idx_cmp);
-  store_rows(env.kv.index_cz(l), cz.view(), env.vb.slots, 1, 0);
+  store_rows(env.ctx, env.kv.index_cz(l), cz.view(), env.vb.slots, 1, 0);
   const EntryBatch e = completed_entries(env.batch, env.vb, 4, true);
   const int64_t Ne = e.count();
-  OwnedTensor pre(f32, {Ne, DI}), rstd(f32, {Ne}), out(f32, {Ne, 1, DI});
+  OwnedTensor pre = device_tensor(env.ctx, f32, {Ne, DI}), rstd = device_tensor(env.ctx, f32, {Ne}),
+              out = device_tensor(env.ctx, f32, {Ne, 1, DI});
   if (Ne > 0) {
-    const Tensor rows_t(const_cast<int32_t*>(e.rows.data()), DType::I32, {Ne, 8});
-    k::compress_forward(env.ctx, pre.view(), env.kv.index_cz(l), rows_t, p.idx_cmp_ape, 4, true);
+    const OwnedTensor rows_t = device_i32(env.ctx, e.rows, {Ne, 8});
+    k::compress_forward(env.ctx, pre.view(), env.kv.index_cz(l), rows_t.view(), p.idx_cmp_ape, 4, true);
   }
   k::rmsnorm_forward(env.ctx, out.view().reshape({Ne, DI}), rstd.view(), pre.view(), p.idx_cmp_norm,
                      float(c.rms_norm_eps));
-  const Tensor pos(const_cast<int32_t*>(e.pos.data()), DType::I32, {Ne});
-  k::rope_interleaved_forward(env.ctx, rope_tail(out.view(), c.qk_rope_head_dim), pos,
+  const OwnedTensor pos = device_i32(env.ctx, e.pos, {Ne});
+  k::rope_interleaved_forward(env.ctx, rope_tail(out.view(), c.qk_rope_head_dim), pos.view(),
                               env.weights.rope_of_layer(l));
-  store_rows(env.kv.index_keys(l), out.view().reshape({Ne, DI}), e.slot, 1, 0);
+  store_rows(env.ctx, env.kv.index_keys(l), out.view().reshape({Ne, DI}), e.slot, 1, 0);
 }
 
 // The lightning indexer's queries qi (T, HI, DI), after RoPE, and head
@@ -170,9 +173,7 @@ void indexer_queries(const V4Env& env, int64_t l, const V4LayerActivations& a, T
   k::rope_interleaved_forward(env.ctx, rope_tail(qi, c.qk_rope_head_dim), env.vb.positions.view(),
                               env.weights.rope_of_layer(l));
   k::gemm_xwt(env.ctx, wt, a.a.view(), w.idx_wproj);
-  const float head_scale = indexer_head_scale(c);
-  float* pw = wt.f32();
-  for (int64_t i = 0; i < T * HI; ++i) pw[i] *= head_scale;
+  k::scale_values(env.ctx, wt, indexer_head_scale(c));
 }
 
 // The lightning indexer's choice (T, KI) of compressed entries (block
@@ -190,13 +191,15 @@ std::vector<int32_t> indexer_choice(const V4Env& env, int64_t l, const V4LayerAc
     check_replayed_entries(chosen, env.vb, 4, KI, l);
     return chosen;
   }
-  OwnedTensor qi(f32, {T, HI, DI}), wt(f32, {T, HI});
+  OwnedTensor qi = device_tensor(env.ctx, f32, {T, HI, DI}), wt = device_tensor(env.ctx, f32, {T, HI});
   indexer_queries(env, l, a, qi.view(), wt.view());
   const VisibleEntries vis = visible_entries(env.batch, env.vb, 4);
-  OwnedTensor sel(DType::I32, {T, KI});
+  OwnedTensor sel = device_tensor(env.ctx, DType::I32, {T, KI});
+  const OwnedTensor visible = device_i32(env.ctx, vis.rows, {vis.T, vis.C});
   k::indexer_select(env.ctx, sel.view(), Tensor(), qi.view(), wt.view(), env.kv.index_keys(l),
-                    vis.rows_tensor());
-  std::memcpy(chosen.data(), sel.view().data, chosen.size() * sizeof(int32_t));
+                    visible.view());
+  if (!chosen.empty())
+    k::device_memory(env.ctx).copy_out(chosen.data(), sel.view().data, chosen.size() * sizeof(int32_t));
   return chosen;
 }
 
@@ -216,7 +219,7 @@ void candidates(const V4Env& env, int64_t l, V4LayerActivations& a) {
           env.result->indexer_topk[size_t((t * L_csa + j) * KI + s)] = chosen[size_t(t * KI + s)];
     }
   }
-  build_candidates(a.cand, env.batch, env.vb, c.sliding_window, ratio, chosen, KI);
+  build_candidates(env.ctx, a.cand, env.batch, env.vb, c.sliding_window, ratio, chosen, KI);
   if (ratio == 4 && env.opt.indexer_loss) a.idx_chosen = chosen;
 }
 
@@ -235,9 +238,18 @@ double indexer_kl(const V4Env& env, int64_t l, V4LayerActivations& a) {
                 KI = c.index_topk, W = c.sliding_window;
   indexer_queries(env, l, a, reuse(env.ctx, a.idx_q, f32, {T, HI, DI}),
                   reuse(env.ctx, a.idx_w, f32, {T, HI}));
-  float* ds = reuse(env.ctx, a.idx_dscore, f32, {T, KI}).f32();
-  std::fill(ds, ds + T * KI, 0.0f);
-  const Tensor store = env.kv.kv_store(l), keys = env.kv.index_keys(l);
+  // Computed on the host from copies of its inputs (host_readable: the
+  // tensors themselves where the host may read them); ds goes back in one copy.
+  std::vector<float> ds_host(size_t(T * KI), 0.0f);  // (T, KI)
+  float* ds = ds_host.data();
+  std::vector<unsigned char> keep_store, keep_keys, keep_cand, keep_q, keep_lse, keep_qi, keep_w;
+  const Tensor store = k::host_readable(env.kv.kv_store(l), keep_store);
+  const Tensor keys = k::host_readable(env.kv.index_keys(l), keep_keys);
+  const Tensor cand_t = k::host_readable(a.cand.view(), keep_cand),
+               q_t = k::host_readable(a.q.view(), keep_q);
+  const Tensor lse_t = k::host_readable(a.lse.view(), keep_lse),
+               qi_t = k::host_readable(a.idx_q.view(), keep_qi);
+  const Tensor w_t = k::host_readable(a.idx_w.view(), keep_w);
   const double scale = attention_scale(c);
   std::vector<double> row_kl(size_t(T), 0.0);
   env.ctx.parallel_for(
@@ -247,7 +259,7 @@ double indexer_kl(const V4Env& env, int64_t l, V4LayerActivations& a) {
         for (int64_t t = t0; t < t1; ++t) {
           const int64_t p = env.vb.positions_vec[size_t(t)], s = env.vb.seq[size_t(t)];
           const int64_t first = std::min(W, p + 1);  // the window's columns come first
-          const int32_t* cand = a.cand.view().i32() + t * a.cand.view().dim(1);
+          const int32_t* cand = cand_t.i32() + t * cand_t.dim(1);
           int64_t n = 0;
           while (n < KI && a.idx_chosen[size_t(t * KI + n)] >= 0) ++n;
           if (n == 0) continue;
@@ -258,16 +270,16 @@ double indexer_kl(const V4Env& env, int64_t l, V4LayerActivations& a) {
                 keys.f32() + int64_t(env.vb.slot(s, (a.idx_chosen[size_t(t * KI + k)] + 1) * 4 - 1)) * DI;
             double tk = 0, sk = 0;
             for (int64_t h = 0; h < H; ++h) {
-              const float* q = a.q.view().f32() + (t * H + h) * Dh;
+              const float* q = q_t.f32() + (t * H + h) * Dh;
               double z = 0;
               for (int64_t d = 0; d < Dh; ++d) z += double(q[d]) * double(kv[d]);
-              tk += std::exp(z * scale - double(a.lse.view().f32()[t * H + h]));
+              tk += std::exp(z * scale - double(lse_t.f32()[t * H + h]));
             }
             for (int64_t h = 0; h < HI; ++h) {
-              const float* qi = a.idx_q.view().f32() + (t * HI + h) * DI;
+              const float* qi = qi_t.f32() + (t * HI + h) * DI;
               double u = 0;
               for (int64_t d = 0; d < DI; ++d) u += double(qi[d]) * double(key[d]);
-              sk += double(a.idx_w.view().f32()[t * HI + h]) * std::max(0.0, u);
+              sk += double(w_t.f32()[t * HI + h]) * std::max(0.0, u);
             }
             teacher[size_t(k)] = tk;
             student[size_t(k)] = sk;
@@ -287,6 +299,8 @@ double indexer_kl(const V4Env& env, int64_t l, V4LayerActivations& a) {
         }
       },
       16);
+  Tensor dscore = reuse(env.ctx, a.idx_dscore, f32, {T, KI});
+  if (!ds_host.empty()) k::device_memory(env.ctx).copy_in(dscore.data, ds, ds_host.size() * sizeof(float));
   double total = 0;
   for (double x : row_kl) total += x;
   return total;
@@ -313,7 +327,7 @@ void attention(const V4Env& env, int64_t l, V4LayerActivations& a) {
                               env.kv.kv_store(l), a.cand.view(), p.attn_sink, attention_scale(c));
   if (env.opt.indexer_loss && c.compress_ratio(l) == 4) env.result->indexer_kl += indexer_kl(env, l, a);
   Tensor o = reuse(env.ctx, a.o, f32, {T, H * Dh});
-  std::memcpy(o.data, attn.data, attn.nbytes());
+  if (T > 0) k::device_memory(env.ctx).copy(o.data, attn.data, attn.nbytes());
   k::rope_interleaved_inverse(env.ctx, rope_tail(o.reshape({T, H, Dh}), c.qk_rope_head_dim),
                               env.vb.positions.view(), env.weights.rope_of_layer(l));
   env.capture("attn", l, o);
@@ -335,16 +349,16 @@ void route(const V4Env& env, int64_t l, V4LayerActivations& a) {
   const ModelConfig& c = env.c;
   const int64_t T = env.T, E = c.num_experts, K = c.num_experts_per_tok;
   const LayerParams& p = block_params(env.weights.params(), l);
-  OwnedTensor logits(f32, {T, E}), replay;
+  OwnedTensor logits = device_tensor(env.ctx, f32, {T, E}), replay;
   k::gemm_xwt(env.ctx, logits.view(), a.z.view(), env.weights.layer(l).router);
   env.capture("router_logits", l, logits.view());
   const bool main_layer = l < c.num_layers;  // MTP blocks are neither replayed nor recorded
   if (c.is_hash_layer(l)) {
-    replay = OwnedTensor(DType::I32, {T, K});
-    hash_experts(replay.view(), p.tid2eid, env.vb.tokens, K);
+    replay = device_tensor(env.ctx, DType::I32, {T, K});
+    hash_experts(env.ctx, replay.view(), p.tid2eid, env.vb.tokens, K);
   } else if (env.opt.replay_experts != nullptr && main_layer) {
-    replay = OwnedTensor(DType::I32, {T, K});
-    gather_layer_experts(replay.view(), *env.opt.replay_experts, l, c.num_moe_layers(), K);
+    replay = device_tensor(env.ctx, DType::I32, {T, K});
+    gather_layer_experts(env.ctx, replay.view(), *env.opt.replay_experts, l, c.num_moe_layers(), K);
   }
   k::moe_route(env.ctx, reuse(env.ctx, a.topk_idx, DType::I32, {T, K}), reuse(env.ctx, a.topk_w, f32, {T, K}),
                reuse(env.ctx, a.scores, f32, {T, E}), logits.view(), p.router_bias, replay.view(),
@@ -414,11 +428,11 @@ void routed_experts(const V4Env& env, int64_t l, V4LayerActivations& a, Tensor y
   ExpertComm& comm = *env.opt.experts;
   a.route = expert_route(comm, plan, env.weights.experts());
   const int64_t N = a.route.num_in();
-  OwnedTensor xs(f32, {T * K, D}), ws(f32, {T * K, 1}), stage(f32, {N, D}), stage_w(f32, {N, 1}),
-      yr(f32, {N, D});
+  OwnedTensor xs = device_tensor(env.ctx, f32, {T * K, D}), ws = device_tensor(env.ctx, f32, {T * K, 1}),
+              stage = device_tensor(env.ctx, f32, {N, D}), stage_w = device_tensor(env.ctx, f32, {N, 1}),
+              yr = device_tensor(env.ctx, f32, {N, D});
   k::moe_gather(ctx, xs.view(), a.z.view(), plan);
-  const float* tw = a.topk_w.f32();
-  for (int64_t r = 0; r < T * K; ++r) ws.f32()[r] = tw[plan.token[size_t(r)] * K + plan.slot[size_t(r)]];
+  k::moe_row_weights(ctx, ws.view(), a.topk_w.view(), plan);
   Tensor xe = reuse(env.ctx, a.xe, f32, {N, D}), wr = reuse(env.ctx, a.w_rows, f32, {N, 1});
   expert_dispatch(ctx, comm, a.route, xs.view(), xe, stage.view());
   expert_dispatch(ctx, comm, a.route, ws.view(), wr, stage_w.view());
@@ -438,13 +452,13 @@ void moe(const V4Env& env, int64_t l, V4LayerActivations& a) {
   env.capture("ffn_norm", l, a.z.view());
   route(env, l, a);
   a.plan = k::moe_plan(a.topk_idx.view(), int(c.num_experts));
-  OwnedTensor ye(f32, {T * K, D});
+  OwnedTensor ye = device_tensor(env.ctx, f32, {T * K, D});
   routed_experts(env, l, a, ye.view());
   Tensor f = reuse(env.ctx, a.f_ffn, f32, {T, D});
   k::moe_sum(ctx, f, ye.view(), a.plan);
   env.capture("moe_out", l, f);
   // The shared expert: the same clamp, no routing weight.
-  OwnedTensor ys(f32, {T, D});
+  OwnedTensor ys = device_tensor(env.ctx, f32, {T, D});
   const LoraLayer* lora = v4_lora(env.weights, l);
   const float s = v4_lora_scale(env.weights);
   expert_act(ctx, c, reuse(env.ctx, a.gu_s, f32, {T, 2 * Fe}), reuse(env.ctx, a.act_s, f32, {T, Fe}),
@@ -546,16 +560,15 @@ void mtp_forward(const V4Env& env, const Tensor& x, V4Activations& s) {
     const MtpParams& p = env.weights.params().mtp[j];
     const PackedMtp& w = env.weights.mtp(int64_t(j));
     m.next = shifted_tokens(env.batch, int64_t(j) + 1);
-    reuse(env.ctx, m.next_t, DType::I32, {T});
-    if (T > 0) std::memcpy(m.next_t.view().data, m.next.data(), size_t(T) * sizeof(int32_t));
+    m.next_t = device_i32(env.ctx, m.next, {T});
     k::embedding_forward(ctx, reuse(env.ctx, m.e, f32, {T, D}), env.weights.params().embed, m.next_t.view());
     k::rmsnorm_forward(ctx, reuse(env.ctx, m.en, f32, {T, D}), reuse(env.ctx, m.rstd_e, f32, {T}), m.e.view(),
                        p.enorm, eps);
     Tensor h_in = reuse(env.ctx, m.h_in, f32, {T, n * D});
-    if (T > 0) std::memcpy(h_in.data, h.data, h_in.nbytes());
+    if (T > 0) k::device_memory(ctx).copy(h_in.data, h.data, h_in.nbytes());
     k::rmsnorm_forward(ctx, reuse(env.ctx, m.hn, f32, {T * n, D}), reuse(env.ctx, m.rstd_h, f32, {T * n}),
                        h_in.reshape({T * n, D}), p.hnorm, eps);
-    OwnedTensor pe(f32, {T, D});
+    OwnedTensor pe = device_tensor(env.ctx, f32, {T, D});
     project(ctx, pe.view(), m.en.view(), w.e_proj);
     Tensor x0 = reuse(env.ctx, m.block.x_in, f32, {T, n * D});
     project(ctx, x0.reshape({T * n, D}), m.hn.view(), w.h_proj);
@@ -585,7 +598,7 @@ void v4_forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, co
   if (opt.record_indexer) result->indexer_topk.assign(size_t(T * num_csa_layers(c) * c.index_topk), -1);
   if (result != nullptr) result->indexer_kl = 0;
 
-  const V4Batch vb(batch, kv.block_size());
+  const V4Batch vb(ctx, batch, kv.block_size());
   const CapturePoints capture(opt, batch, vb.positions_vec);
   std::shared_ptr<V4Activations> keep;
   if (opt.save_activations) {
@@ -605,14 +618,14 @@ void v4_forward(const Context& ctx, const ModelWeights& weights, KvCache& kv, co
   };
 
   // The n streams start as copies of the embedding.
-  OwnedTensor e(f32, {T, D});
+  OwnedTensor e = device_tensor(ctx, f32, {T, D});
   k::embedding_forward(ctx, e.view(), weights.params().embed, vb.tokens_t.view());
   capture("embed", -1, e.view());
   Tensor x = reuse(ctx, layer_acts(0).x_in, f32, {T, n * D});
   repeat_streams(ctx, x, e.view(), n);
 
   const V4Env env{ctx, c, weights, kv, batch, vb, capture, opt, result, T};
-  OwnedTensor last(f32, {T, n * D}), next;
+  OwnedTensor last = device_tensor(env.ctx, f32, {T, n * D}), next;
   for (int64_t l = 0; l < c.num_layers; ++l) {
     V4LayerActivations& a = layer_acts(l);
     const bool final_layer = l + 1 == c.num_layers;

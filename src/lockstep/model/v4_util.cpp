@@ -3,14 +3,33 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "lockstep/base/error.h"
 #include "lockstep/kernels/cpu/streams.h"
 #include "lockstep/kernels/cpu/swiglu.h"
+#include "lockstep/kernels/gpu/backend.h"
 
 namespace lockstep::model {
 
-V4Batch::V4Batch(const RaggedBatch& b, int bs) : batch(b), block_size(bs) {
+OwnedTensor device_tensor(const Context& ctx, DType dtype, std::vector<int64_t> shape) {
+  return OwnedTensor(dtype, std::move(shape), kernels::device_memory(ctx), Fill::Zero, "v4 tensor");
+}
+
+OwnedTensor device_i32(const Context& ctx, const std::vector<int32_t>& v, std::vector<int64_t> shape) {
+  const Allocator& memory = kernels::device_memory(ctx);
+  OwnedTensor t(DType::I32, std::move(shape), memory, Fill::Undefined, "v4 index data");
+  LS_CHECK(t.numel() == int64_t(v.size())) << "device_i32: " << v.size() << " values for " << t.numel();
+  if (!v.empty()) memory.copy_in(t.view().data, v.data(), v.size() * sizeof(int32_t));
+  return t;
+}
+
+void zero_tensor(const Context& ctx, Tensor t) {
+  LS_CHECK(t.is_contiguous()) << "zero_tensor: the tensor must be contiguous";
+  if (t.nbytes() > 0) kernels::device_memory(ctx).fill(t.data, 0, t.nbytes());
+}
+
+V4Batch::V4Batch(const Context& ctx, const RaggedBatch& b, int bs) : batch(b), block_size(bs) {
   const int64_t T = b.num_tokens();
   tokens = b.tokens;
   seq.reserve(size_t(T));
@@ -23,12 +42,8 @@ V4Batch::V4Batch(const RaggedBatch& b, int bs) : batch(b), block_size(bs) {
       positions_vec.push_back(pos);
       slots.push_back(slot(i, pos));
     }
-  positions = OwnedTensor(DType::I32, {T});
-  tokens_t = OwnedTensor(DType::I32, {T});
-  if (T > 0) {
-    std::memcpy(positions.view().data, positions_vec.data(), size_t(T) * sizeof(int32_t));
-    std::memcpy(tokens_t.view().data, tokens.data(), size_t(T) * sizeof(int32_t));
-  }
+  positions = device_i32(ctx, positions_vec, {T});
+  tokens_t = device_i32(ctx, tokens, {T});
 }
 
 int32_t V4Batch::slot(int64_t s, int64_t pos) const {
@@ -44,21 +59,27 @@ Tensor rope_tail(const Tensor& x, int64_t dr) {
   return t;
 }
 
-void store_rows(Tensor store, const Tensor& src, const std::vector<int32_t>& slots, int per_slot, int kind) {
+void store_rows(const Context& ctx, Tensor store, const Tensor& src, const std::vector<int32_t>& slots,
+                int per_slot, int kind) {
   const int64_t W = src.dim(1);
   LS_CHECK(store.dim(1) == W) << "store_rows: width " << store.dim(1) << " vs " << W;
+  const Allocator& memory = kernels::device_memory(ctx);
   for (int64_t i = 0; i < src.dim(0); ++i) {
     const int64_t row = int64_t(slots[size_t(i)]) * per_slot + kind;
     LS_CHECK(row >= 0 && row < store.dim(0)) << "store_rows: row " << row << " outside the store";
-    std::memcpy(store.f32() + row * store.stride[0], src.f32() + i * src.stride[0], size_t(W) * sizeof(float));
+    memory.copy(store.f32() + row * store.stride[0], src.f32() + i * src.stride[0],
+                size_t(W) * sizeof(float));
   }
 }
 
-void load_rows(Tensor dst, const Tensor& store, const std::vector<int32_t>& slots, int per_slot, int kind) {
+void load_rows(const Context& ctx, Tensor dst, const Tensor& store, const std::vector<int32_t>& slots,
+               int per_slot, int kind) {
   const int64_t W = dst.dim(1);
+  const Allocator& memory = kernels::device_memory(ctx);
   for (int64_t i = 0; i < dst.dim(0); ++i) {
     const int64_t row = int64_t(slots[size_t(i)]) * per_slot + kind;
-    std::memcpy(dst.f32() + i * dst.stride[0], store.f32() + row * store.stride[0], size_t(W) * sizeof(float));
+    memory.copy(dst.f32() + i * dst.stride[0], store.f32() + row * store.stride[0],
+                size_t(W) * sizeof(float));
   }
 }
 
@@ -91,18 +112,16 @@ VisibleEntries visible_entries(const RaggedBatch&, const V4Batch& vb, int64_t ra
   return v;
 }
 
-void build_candidates(OwnedTensor& cand, const RaggedBatch&, const V4Batch& vb, int64_t window, int64_t ratio,
-                      const std::vector<int32_t>& chosen, int64_t KI) {
+void build_candidates(const Context& ctx, OwnedTensor& cand, const RaggedBatch&, const V4Batch& vb,
+                      int64_t window, int64_t ratio, const std::vector<int32_t>& chosen, int64_t KI) {
   const int64_t T = int64_t(vb.tokens.size());
   int64_t extra = 0;
   if (ratio == 4) extra = KI;
   if (ratio == 128)
     for (int32_t p : vb.positions_vec) extra = std::max<int64_t>(extra, (p + 1) / ratio);
   const int64_t C = window + extra;
-  // Built by host code (the sparse-attention kernels have no GPU entries yet).
-  reuse(Context{}, cand, DType::I32, {T, C});
-  int32_t* out = cand.view().i32();
-  std::fill(out, out + T * C, -1);
+  std::vector<int32_t> host(size_t(T * C), -1);  // (T, C), copied in below
+  int32_t* out = host.data();
   for (int64_t t = 0; t < T; ++t) {
     const int64_t s = vb.seq[size_t(t)], p = vb.positions_vec[size_t(t)];
     int32_t* row = out + t * C;
@@ -115,6 +134,9 @@ void build_candidates(OwnedTensor& cand, const RaggedBatch&, const V4Batch& vb, 
       for (int64_t k = 0; k < KI; ++k)
         if (chosen[size_t(t * KI + k)] >= 0) row[j++] = entry_row(chosen[size_t(t * KI + k)]);
   }
+  reuse(ctx, cand, DType::I32, {T, C});
+  if (!host.empty())
+    kernels::device_memory(ctx).copy_in(cand.view().data, host.data(), host.size() * sizeof(int32_t));
 }
 
 void check_replayed_entries(const std::vector<int32_t>& chosen, const V4Batch& vb, int64_t ratio, int64_t KI,
@@ -137,10 +159,18 @@ void check_replayed_entries(const std::vector<int32_t>& chosen, const V4Batch& v
   }
 }
 
-void hash_experts(Tensor out, const Tensor& tid2eid, const std::vector<int32_t>& tokens, int64_t K) {
+void hash_experts(const Context& ctx, Tensor out, const Tensor& tid2eid, const std::vector<int32_t>& tokens,
+                  int64_t K) {
   LS_CHECK(tid2eid.data != nullptr && tid2eid.dim(1) == K) << "hash routing: no tid2eid table of width " << K;
+  LS_CHECK(out.is_contiguous()) << "hash_experts: out must be contiguous";
+  std::vector<unsigned char> keep;  // a copy of the table when it lies in device memory
+  const int32_t* table = kernels::host_readable(tid2eid, keep).i32();
+  std::vector<int32_t> host(tokens.size() * size_t(K));  // (T, K)
   for (size_t t = 0; t < tokens.size(); ++t)
-    std::memcpy(out.i32() + int64_t(t) * K, tid2eid.i32() + int64_t(tokens[t]) * K, size_t(K) * sizeof(int32_t));
+    std::memcpy(host.data() + t * size_t(K), table + int64_t(tokens[t]) * tid2eid.stride[0],
+                size_t(K) * sizeof(int32_t));
+  if (!host.empty())
+    kernels::device_memory(ctx).copy_in(out.data, host.data(), host.size() * sizeof(int32_t));
 }
 
 void swiglu_v4(const Context& ctx, Tensor act, const Tensor& gate, const Tensor& up, double limit) {

@@ -12,9 +12,18 @@
 
 namespace lockstep::model {
 
-// The batch's tokens with their sequence, position and cache slot.
+// A zero-filled tensor in the memory ctx's kernels use (host memory on the CPU).
+OwnedTensor device_tensor(const Context& ctx, DType dtype, std::vector<int64_t> shape);
+// An i32 tensor `shape` in ctx's memory holding v (host-built index data,
+// copied in).
+OwnedTensor device_i32(const Context& ctx, const std::vector<int32_t>& v, std::vector<int64_t> shape);
+// Sets t (contiguous, in ctx's memory) to zero bytes.
+void zero_tensor(const Context& ctx, Tensor t);
+
+// The batch's tokens with their sequence, position and cache slot; the
+// tensors lie in the memory of the context it was made for.
 struct V4Batch {
-  V4Batch(const RaggedBatch& b, int block_size);
+  V4Batch(const Context& ctx, const RaggedBatch& b, int block_size);
   // Cache slot of position `pos` of batch sequence `seq` (block table lookup).
   int32_t slot(int64_t seq, int64_t pos) const;
 
@@ -32,10 +41,12 @@ struct V4Batch {
 Tensor rope_tail(const Tensor& x, int64_t dr);
 
 // store[slots[i] * per_slot + kind] = src[i] for every row i of src (N, W);
-// store (rows, W).
-void store_rows(Tensor store, const Tensor& src, const std::vector<int32_t>& slots, int per_slot, int kind);
+// store (rows, W). Both in ctx's memory: one device copy per row.
+void store_rows(const Context& ctx, Tensor store, const Tensor& src, const std::vector<int32_t>& slots,
+                int per_slot, int kind);
 // dst[i] = store[slots[i] * per_slot + kind].
-void load_rows(Tensor dst, const Tensor& store, const std::vector<int32_t>& slots, int per_slot, int kind);
+void load_rows(const Context& ctx, Tensor dst, const Tensor& store, const std::vector<int32_t>& slots,
+               int per_slot, int kind);
 
 // The compressed entries whose block (of `ratio` positions) ends among the
 // batch's new tokens, in batch order: each entry's store slots (ratio, or
@@ -48,7 +59,6 @@ EntryBatch completed_entries(const RaggedBatch& b, const V4Batch& vb, int64_t ra
 struct VisibleEntries {
   std::vector<int32_t> rows;  // (T, C)
   int64_t T = 0, C = 0;
-  Tensor rows_tensor() const { return Tensor(const_cast<int32_t*>(rows.data()), DType::I32, {T, C}); }
 };
 VisibleEntries visible_entries(const RaggedBatch& b, const V4Batch& vb, int64_t ratio);
 
@@ -56,15 +66,18 @@ VisibleEntries visible_entries(const RaggedBatch& b, const V4Batch& vb, int64_t 
 // (positions max(0, p - window + 1) .. p, ascending, rows 2 * slot), then its
 // compressed entries, ascending (rows 2 * slot + 1): every visible one at
 // ratio 128, `chosen` (T, KI) block indices (-1 padding) at ratio 4, none at 0.
-void build_candidates(OwnedTensor& cand, const RaggedBatch& b, const V4Batch& vb, int64_t window, int64_t ratio,
-                      const std::vector<int32_t>& chosen, int64_t KI);
+// Built on the host, then copied into ctx's memory.
+void build_candidates(const Context& ctx, OwnedTensor& cand, const RaggedBatch& b, const V4Batch& vb,
+                      int64_t window, int64_t ratio, const std::vector<int32_t>& chosen, int64_t KI);
 
 // Replayed indexer choices must be ascending visible block indices then -1s.
 void check_replayed_entries(const std::vector<int32_t>& chosen, const V4Batch& vb, int64_t ratio, int64_t KI,
                             int64_t layer);
 
-// out (T, K) i32 = tid2eid[tokens[t]] (tid2eid (V, K) i32).
-void hash_experts(Tensor out, const Tensor& tid2eid, const std::vector<int32_t>& tokens, int64_t K);
+// out (T, K) i32 = tid2eid[tokens[t]] (tid2eid (V, K) i32): gathered on the
+// host from a copy of the table, then copied into out (ctx's memory).
+void hash_experts(const Context& ctx, Tensor out, const Tensor& tid2eid, const std::vector<int32_t>& tokens,
+                  int64_t K);
 
 // SwiGLU clamped at `limit` (0: unclamped).
 void swiglu_v4(const Context& ctx, Tensor act, const Tensor& gate, const Tensor& up, double limit);

@@ -230,13 +230,21 @@ void moe_gather_backward(const Context& ctx, Tensor dx, const Tensor& dxe, const
       kTokenGrain);
 }
 
-void moe_scale_rows(const Context& ctx, Tensor y, const Tensor& x, const Tensor& topk_w, const MoeDispatch& plan) {
+int64_t check_moe_scale_rows_args(const Tensor& y, const Tensor& x, const Tensor& topk_w,
+                                  const MoeDispatch& plan) {
   check_plan(plan, "moe_scale_rows");
   const int64_t T = plan.num_tokens, K = plan.top_k, R = plan.num_rows();
   check_f32_rows(x, {R, -1}, "moe_scale_rows: x");
   const int64_t F = x.shape[1];
   check_f32_rows(y, {R, F}, "moe_scale_rows: y");
   check_f32_rows(topk_w, {T, K}, "moe_scale_rows: topk_w");
+  return F;
+}
+
+void moe_scale_rows(const Context& ctx, Tensor y, const Tensor& x, const Tensor& topk_w,
+                    const MoeDispatch& plan) {
+  LS_GPU_DISPATCH(ctx, moe_scale_rows, y, x, topk_w, plan);
+  const int64_t F = check_moe_scale_rows_args(y, x, topk_w, plan), R = plan.num_rows();
   // Rows, not tokens, split across threads: an expert's rows are contiguous.
   ctx.parallel_for(
       R,
@@ -252,8 +260,8 @@ void moe_scale_rows(const Context& ctx, Tensor y, const Tensor& x, const Tensor&
       kRowGrain);
 }
 
-void moe_scale_rows_backward(const Context& ctx, Tensor dx, Tensor dtopk_w, const Tensor& dy, const Tensor& x,
-                             const Tensor& topk_w, const MoeDispatch& plan) {
+int64_t check_moe_scale_rows_backward_args(const Tensor& dx, const Tensor& dtopk_w, const Tensor& dy,
+                                           const Tensor& x, const Tensor& topk_w, const MoeDispatch& plan) {
   check_plan(plan, "moe_scale_rows_backward");
   const int64_t T = plan.num_tokens, K = plan.top_k, R = plan.num_rows();
   check_f32_rows(x, {R, -1}, "moe_scale_rows_backward: x");
@@ -262,6 +270,13 @@ void moe_scale_rows_backward(const Context& ctx, Tensor dx, Tensor dtopk_w, cons
   check_f32_rows(dx, {R, F}, "moe_scale_rows_backward: dx");
   check_f32_rows(topk_w, {T, K}, "moe_scale_rows_backward: topk_w");
   check_f32_rows(dtopk_w, {T, K}, "moe_scale_rows_backward: dtopk_w");
+  return F;
+}
+
+void moe_scale_rows_backward(const Context& ctx, Tensor dx, Tensor dtopk_w, const Tensor& dy, const Tensor& x,
+                             const Tensor& topk_w, const MoeDispatch& plan) {
+  LS_GPU_DISPATCH(ctx, moe_scale_rows_backward, dx, dtopk_w, dy, x, topk_w, plan);
+  const int64_t F = check_moe_scale_rows_backward_args(dx, dtopk_w, dy, x, topk_w, plan), R = plan.num_rows();
   // Each row is one (token, slot), so threads write distinct dtopk_w elements.
   ctx.parallel_for(
       R,
@@ -279,12 +294,18 @@ void moe_scale_rows_backward(const Context& ctx, Tensor dx, Tensor dtopk_w, cons
       kRowGrain);
 }
 
-void moe_sum(const Context& ctx, Tensor y, const Tensor& ye, const MoeDispatch& plan) {
+int64_t check_moe_sum_args(const Tensor& y, const Tensor& ye, const MoeDispatch& plan) {
   check_plan(plan, "moe_sum");
   const int64_t T = plan.num_tokens, K = plan.top_k;
   check_f32_rows(ye, {T * K, -1}, "moe_sum: ye");
   const int64_t D = ye.shape[1];
   check_f32_rows(y, {T, D}, "moe_sum: y");
+  return D;
+}
+
+void moe_sum(const Context& ctx, Tensor y, const Tensor& ye, const MoeDispatch& plan) {
+  LS_GPU_DISPATCH(ctx, moe_sum, y, ye, plan);
+  const int64_t D = check_moe_sum_args(y, ye, plan), T = plan.num_tokens, K = plan.top_k;
   ctx.parallel_for(
       T,
       [&](int64_t begin, int64_t end) {
@@ -300,12 +321,18 @@ void moe_sum(const Context& ctx, Tensor y, const Tensor& ye, const MoeDispatch& 
       kTokenGrain);
 }
 
-void moe_sum_backward(const Context& ctx, Tensor dye, const Tensor& dy, const MoeDispatch& plan) {
+int64_t check_moe_sum_backward_args(const Tensor& dye, const Tensor& dy, const MoeDispatch& plan) {
   check_plan(plan, "moe_sum_backward");
   const int64_t T = plan.num_tokens, K = plan.top_k;
   check_f32_rows(dy, {T, -1}, "moe_sum_backward: dy");
   const int64_t D = dy.shape[1];
   check_f32_rows(dye, {T * K, D}, "moe_sum_backward: dye");
+  return D;
+}
+
+void moe_sum_backward(const Context& ctx, Tensor dye, const Tensor& dy, const MoeDispatch& plan) {
+  LS_GPU_DISPATCH(ctx, moe_sum_backward, dye, dy, plan);
+  const int64_t D = check_moe_sum_backward_args(dye, dy, plan), T = plan.num_tokens, K = plan.top_k;
   const size_t row_bytes = static_cast<size_t>(D) * sizeof(float);
   ctx.parallel_for(
       T,

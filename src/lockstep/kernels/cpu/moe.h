@@ -156,5 +156,13 @@ void check_moe_route_backward_args(const Tensor& dlogits, const Tensor& dtopk_w,
 void check_moe_gather_backward_args(const Tensor& dx, const Tensor& dxe, const MoeDispatch& plan);
 void check_moe_combine_backward_args(const Tensor& dye, const Tensor& dtopk_w, const Tensor& dy, const Tensor& ye,
                                      const Tensor& topk_w, const MoeDispatch& plan);
+// The same for DeepSeek-V4's moe_scale_rows, moe_sum and their backwards;
+// each returns the row width (F or D).
+int64_t check_moe_scale_rows_args(const Tensor& y, const Tensor& x, const Tensor& topk_w,
+                                  const MoeDispatch& plan);
+int64_t check_moe_scale_rows_backward_args(const Tensor& dx, const Tensor& dtopk_w, const Tensor& dy,
+                                           const Tensor& x, const Tensor& topk_w, const MoeDispatch& plan);
+int64_t check_moe_sum_args(const Tensor& y, const Tensor& ye, const MoeDispatch& plan);
+int64_t check_moe_sum_backward_args(const Tensor& dye, const Tensor& dy, const MoeDispatch& plan);
 
 }  // namespace lockstep::kernels

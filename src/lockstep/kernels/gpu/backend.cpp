@@ -71,6 +71,13 @@ void for_each_entry(const GpuBackend& b, Fn&& fn) {
   LS_ENTRY(add_scaled_rows);
   LS_ENTRY(sigmoid_forward);
   LS_ENTRY(fp8_quantize_rows);
+  LS_ENTRY(scale_values);
+  LS_ENTRY(moe_row_weights);
+  LS_ENTRY(moe_row_weights_backward);
+  LS_ENTRY(moe_scale_rows);
+  LS_ENTRY(moe_scale_rows_backward);
+  LS_ENTRY(moe_sum);
+  LS_ENTRY(moe_sum_backward);
   LS_ENTRY(token_logprob_forward);
   LS_ENTRY(token_logprob_backward);
   LS_ENTRY(token_logprob_stats);

@@ -20,6 +20,7 @@ GpuBackend make_backend() {
   register_rmsnorm(b);
   register_elementwise(b);
   register_rows(b);
+  register_v4_rows(b);
   register_softmax(b);
   register_moe(b);
   register_adamw(b);

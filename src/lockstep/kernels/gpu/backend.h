@@ -95,6 +95,19 @@ struct GpuBackend {
   // adamw.h
   void (*adamw_step)(const Context&, float* param, const float* grad, float* m, float* v, int64_t n,
                      const AdamWParams& hp) = nullptr;
+  // v4_rows.h
+  void (*scale_values)(const Context&, Tensor x, float s) = nullptr;
+  void (*moe_row_weights)(const Context&, Tensor w_rows, const Tensor& topk_w,
+                          const MoeDispatch& plan) = nullptr;
+  void (*moe_row_weights_backward)(const Context&, Tensor dtopk_w, const Tensor& dw_rows,
+                                   const MoeDispatch& plan) = nullptr;
+  // moe.h, DeepSeek-V4's routed experts (v4_rows.cu)
+  void (*moe_scale_rows)(const Context&, Tensor y, const Tensor& x, const Tensor& topk_w,
+                         const MoeDispatch& plan) = nullptr;
+  void (*moe_scale_rows_backward)(const Context&, Tensor dx, Tensor dtopk_w, const Tensor& dy,
+                                  const Tensor& x, const Tensor& topk_w, const MoeDispatch& plan) = nullptr;
+  void (*moe_sum)(const Context&, Tensor y, const Tensor& ye, const MoeDispatch& plan) = nullptr;
+  void (*moe_sum_backward)(const Context&, Tensor dye, const Tensor& dy, const MoeDispatch& plan) = nullptr;
   // sampling.h
   void (*sample_rows)(const Context&, Tensor tokens_out, const Tensor& logits,
                       const std::vector<SampleSpec>& rows) = nullptr;

@@ -17,6 +17,7 @@ void register_attention(GpuBackend& b);    // attention.cu
 void register_moe(GpuBackend& b);          // moe.cu
 void register_adamw(GpuBackend& b);        // adamw.cu
 void register_rows(GpuBackend& b);         // rows.cu, fp8_quant.cu
+void register_v4_rows(GpuBackend& b);      // v4_rows.cu
 void register_memory(GpuBackend& b);       // memory.cu: the device allocator
 void register_sampling(GpuBackend& b);     // sampling.cu
 void register_mhc(GpuBackend& b);          // mhc.cu, streams.cu, swiglu.cu's clamped forms
