@@ -92,6 +92,29 @@ void check(const Shape& s, const G::RopeLaunch& cfg, int threads, double theta, 
   expect_same_bits(dx.host(), xc, what + ": backward");
 }
 
+// DeepSeek-V4's interleaved pairs: forward then inverse on both sides.
+void check_interleaved(const Shape& s, const G::RopeLaunch& cfg, int threads, double theta, uint32_t seed) {
+  const std::string what = "interleaved T=" + std::to_string(s.T) + " H=" + std::to_string(s.H) +
+                           " Dh=" + std::to_string(s.Dh) + " threads/block=" + std::to_string(cfg.threads) +
+                           " pool=" + std::to_string(threads);
+  PoolContext pc(threads);
+  const int32_t max_pos = 300;
+  const RopeTable table = make_rope_table(device_context(pc.ctx), s.Dh, theta, max_pos);
+  const std::vector<float> x = test::randn(s.T * s.ldt, seed, 2.0f);
+  std::vector<int32_t> pos = positions(s.T, max_pos, seed + 1);
+  std::vector<float> xc = x;
+  const Tensor cpos(pos.data(), DType::I32, {s.T});
+  DeviceArray<float> dx(x, "x");
+  DeviceArray<int32_t> dpos(pos, "positions");
+  const Tensor gpos(dpos.data(), DType::I32, {s.T});
+  rope_interleaved_forward(pc.ctx, heads_view(xc.data(), s), cpos, table);
+  G::rope_interleaved_forward(pc.ctx, heads_view(dx.data(), s), gpos, table, cfg);
+  expect_same_bits(dx.host(), xc, what + ": forward");
+  rope_interleaved_inverse(pc.ctx, heads_view(xc.data(), s), cpos, table);
+  G::rope_interleaved_inverse(pc.ctx, heads_view(dx.data(), s), gpos, table, cfg);
+  expect_same_bits(dx.host(), xc, what + ": inverse");
+}
+
 TEST(GpuRope, ForwardAndBackwardMatchCpu) {
   const auto cfgs = launches();
   size_t k = 0;
@@ -103,6 +126,21 @@ TEST(GpuRope, ForwardAndBackwardMatchCpu) {
         const int64_t ldh = strided ? Dh + 2 : Dh, ldt = strided ? H * ldh + 5 : H * ldh;
         check({T, H, Dh, ldh, ldt}, cfgs[k % cfgs.size()], 1 + int(k % 2), k % 3 == 0 ? 1e6 : 10000.0,
               uint32_t(100 + k));
+        ++k;
+      }
+}
+
+TEST(GpuRope, InterleavedForwardAndInverseMatchCpu) {
+  const auto cfgs = launches();
+  size_t k = 0;
+  for (int64_t Dh : {2, 8, 64})
+    for (int64_t H : {1, 3})
+      for (int64_t T : {1, 5, 33}) {
+        const bool strided = k % 2 == 1;
+        const int64_t ldh = strided ? Dh + 2 : Dh, ldt = strided ? H * ldh + 5 : H * ldh;
+        check_interleaved({T, H, Dh, ldh, ldt}, cfgs[k % cfgs.size()], 1 + int(k % 2), 10000.0,
+                          uint32_t(500 + k));
+        if (HasFatalFailure()) return;
         ++k;
       }
 }

@@ -17,6 +17,7 @@
 #include "lockstep/base/error.h"
 #include "lockstep/base/excerpt.h"
 #include "lockstep/base/file_util.h"
+#include "lockstep/kernels/gpu/backend.h"
 #include "lockstep/model/hf_quant.h"
 #include "lockstep/model/safetensors.h"
 
@@ -228,9 +229,13 @@ void save_params(const std::string& dir, const ParamLayout& layout, const float*
   const auto& params = layout.params();
   std::vector<Encoded> enc(params.size());
   auto encode = [&](int64_t i0, int64_t i1) {
+    std::vector<unsigned char> keep;
     for (int64_t i = i0; i < i1; ++i) {
       const ParamInfo& p = params[static_cast<size_t>(i)];
-      enc[static_cast<size_t>(i)] = encode_param(p, base + p.offset, c, format);
+      // A copy where the parameters lie in device memory (a trainer on a device).
+      const Tensor values =
+          kernels::host_readable(Tensor(const_cast<float*>(base + p.offset), DType::F32, {p.numel}), keep);
+      enc[static_cast<size_t>(i)] = encode_param(p, values.f32(), c, format);
     }
   };
   const int64_t n = static_cast<int64_t>(params.size());

@@ -266,9 +266,11 @@ void rope_backward(const Context& ctx, Tensor dx, const Tensor& positions, const
 }
 
 void rope_interleaved_forward(const Context& ctx, Tensor x, const Tensor& positions, const RopeTable& table) {
+  LS_GPU_DISPATCH(ctx, rope_interleaved_forward, x, positions, table);
   rope_from_table<false, true>(ctx, x, positions, table, "rope_interleaved_forward");
 }
 void rope_interleaved_inverse(const Context& ctx, Tensor x, const Tensor& positions, const RopeTable& table) {
+  LS_GPU_DISPATCH(ctx, rope_interleaved_inverse, x, positions, table);
   rope_from_table<true, true>(ctx, x, positions, table, "rope_interleaved_inverse");
 }
 

@@ -64,6 +64,8 @@ void for_each_entry(const GpuBackend& b, Fn&& fn) {
   LS_ENTRY(rmsnorm_backward);
   LS_ENTRY(rope_forward);
   LS_ENTRY(rope_backward);
+  LS_ENTRY(rope_interleaved_forward);
+  LS_ENTRY(rope_interleaved_inverse);
   LS_ENTRY(swiglu_forward);
   LS_ENTRY(swiglu_backward);
   LS_ENTRY(add_row_bias);

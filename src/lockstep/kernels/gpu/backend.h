@@ -52,6 +52,10 @@ struct GpuBackend {
   // rope.h (table forms)
   void (*rope_forward)(const Context&, Tensor x, const Tensor& positions, const RopeTable& table) = nullptr;
   void (*rope_backward)(const Context&, Tensor dx, const Tensor& positions, const RopeTable& table) = nullptr;
+  void (*rope_interleaved_forward)(const Context&, Tensor x, const Tensor& positions,
+                                   const RopeTable& table) = nullptr;
+  void (*rope_interleaved_inverse)(const Context&, Tensor x, const Tensor& positions,
+                                   const RopeTable& table) = nullptr;
   // swiglu.h
   void (*swiglu_forward)(const Context&, Tensor out, const Tensor& gate, const Tensor& up) = nullptr;
   void (*swiglu_backward)(const Context&, Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate,

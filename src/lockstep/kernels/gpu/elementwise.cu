@@ -9,6 +9,8 @@ namespace lockstep::kernels::gpu::LS_GPU_NS {
 void register_elementwise(GpuBackend& b) {
   b.rope_forward = rope_forward;
   b.rope_backward = rope_backward;
+  b.rope_interleaved_forward = rope_interleaved_forward;
+  b.rope_interleaved_inverse = rope_interleaved_inverse;
   b.swiglu_forward = swiglu_forward;
   b.swiglu_backward = swiglu_backward;
 }

@@ -19,7 +19,9 @@ using ::lockstep::gpu::ls_sub;
 // x (T, H, Dh) with strides (ldt, ldh, 1); cos, sin (max_positions, half).
 // Pair i of a head: a = x[i], b = x[i + half]; forward: a c - b s, b c + a s;
 // kInverse (the backward) rotates by -angle: a c + b s, b c - a s.
-template <bool kInverse>
+// kInterleaved (DeepSeek-V4's form): pair i is a = x[2i], b = x[2i + 1], with
+// the same products.
+template <bool kInverse, bool kInterleaved = false>
 LS_GLOBAL void rope_kernel(float* x, int64_t ldt, int64_t ldh, const int32_t* pos, const float* cos,
                            const float* sin, int64_t T, int64_t H, int64_t half) {
   const int64_t n = T * H * half;
@@ -28,8 +30,8 @@ LS_GLOBAL void rope_kernel(float* x, int64_t ldt, int64_t ldh, const int32_t* po
     const int64_t i = k % half, h = (k / half) % H, t = k / (half * H);
     const int64_t off = static_cast<int64_t>(pos[t]) * half + i;
     const float c = cos[off], s = sin[off];
-    float* lo = x + t * ldt + h * ldh + i;
-    float* hi = lo + half;
+    float* lo = x + t * ldt + h * ldh + (kInterleaved ? 2 * i : i);
+    float* hi = kInterleaved ? lo + 1 : lo + half;
     const float a = *lo, b = *hi;
     if constexpr (kInverse) {
       *lo = ls_add(ls_mul(a, c), ls_mul(b, s));
@@ -41,7 +43,7 @@ LS_GLOBAL void rope_kernel(float* x, int64_t ldt, int64_t ldh, const int32_t* po
   }
 }
 
-template <bool kInverse>
+template <bool kInverse, bool kInterleaved = false>
 void launch_rope(const Context& ctx, Tensor x, const Tensor& positions, const RopeTable& table,
                  const RopeLaunch& cfg, const char* fn) {
   const kernels::detail::RopeShape sh = kernels::detail::check_rope_table(x, positions, table, fn);
@@ -53,7 +55,7 @@ void launch_rope(const Context& ctx, Tensor x, const Tensor& positions, const Ro
   unsigned blocks = blocks_for(n, cfg.threads);
   if (cfg.max_blocks > 0 && blocks > static_cast<unsigned>(cfg.max_blocks))
     blocks = static_cast<unsigned>(cfg.max_blocks);
-  LS_LAUNCH(ctx, rope_kernel<kInverse>, dim3(blocks), dim3(static_cast<unsigned>(cfg.threads)))
+  LS_LAUNCH(ctx, (rope_kernel<kInverse, kInterleaved>), dim3(blocks), dim3(static_cast<unsigned>(cfg.threads)))
   (x.f32(), x.stride[0], x.stride[1], positions.i32(), table.cos.data(), table.sin.data(), sh.T, sh.H,
    sh.half);
 }
@@ -69,8 +71,23 @@ void rope_backward(const Context& ctx, Tensor dx, const Tensor& positions, const
   launch_rope<true>(ctx, dx, positions, table, cfg, "rope_backward");
 }
 
+void rope_interleaved_forward(const Context& ctx, Tensor x, const Tensor& positions, const RopeTable& table,
+                              const RopeLaunch& cfg) {
+  launch_rope<false, true>(ctx, x, positions, table, cfg, "rope_interleaved_forward");
+}
+void rope_interleaved_inverse(const Context& ctx, Tensor x, const Tensor& positions, const RopeTable& table,
+                              const RopeLaunch& cfg) {
+  launch_rope<true, true>(ctx, x, positions, table, cfg, "rope_interleaved_inverse");
+}
+
 void rope_forward(const Context& ctx, Tensor x, const Tensor& positions, const RopeTable& table) {
   rope_forward(ctx, x, positions, table, RopeLaunch{});
+}
+void rope_interleaved_forward(const Context& ctx, Tensor x, const Tensor& positions, const RopeTable& table) {
+  rope_interleaved_forward(ctx, x, positions, table, RopeLaunch{});
+}
+void rope_interleaved_inverse(const Context& ctx, Tensor x, const Tensor& positions, const RopeTable& table) {
+  rope_interleaved_inverse(ctx, x, positions, table, RopeLaunch{});
 }
 void rope_backward(const Context& ctx, Tensor dx, const Tensor& positions, const RopeTable& table) {
   rope_backward(ctx, dx, positions, table, RopeLaunch{});

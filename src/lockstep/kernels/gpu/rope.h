@@ -21,6 +21,14 @@ void rope_backward(const Context& ctx, Tensor dx, const Tensor& positions, const
                    const RopeLaunch& cfg);
 
 // The backend table's entries: the calls above with RopeLaunch{}.
+// DeepSeek-V4's interleaved pairs (kernels::rope_interleaved_forward / _inverse).
+void rope_interleaved_forward(const Context& ctx, Tensor x, const Tensor& positions, const RopeTable& table,
+                              const RopeLaunch& cfg);
+void rope_interleaved_inverse(const Context& ctx, Tensor x, const Tensor& positions, const RopeTable& table,
+                              const RopeLaunch& cfg);
+void rope_interleaved_forward(const Context& ctx, Tensor x, const Tensor& positions, const RopeTable& table);
+void rope_interleaved_inverse(const Context& ctx, Tensor x, const Tensor& positions, const RopeTable& table);
+
 void rope_forward(const Context& ctx, Tensor x, const Tensor& positions, const RopeTable& table);
 void rope_backward(const Context& ctx, Tensor dx, const Tensor& positions, const RopeTable& table);
 
