@@ -219,20 +219,20 @@ void add_row(Table& t, const RlBenchResult& r) {
       r.opt.precision == r.opt.trainer_precision
           ? precision_name(r.opt.precision)
           : precision_name(r.opt.precision) + "/" + precision_name(r.opt.trainer_precision);
-  std::vector<std::string> row = {r.model, prec, fmt("%lld", (long long)r.opt.staleness), fmt("%d", r.opt.threads),
+  std::vector<std::string> row = {r.model, prec, fmt("%lld", (long long)r.opt.staleness),
+                                  fmt("%d", r.opt.threads),
                                   fmt("%lld x %lld", (long long)r.opt.prompts, (long long)r.opt.samples)};
   if (r.opt.steps == 0) {  // --steps 0: the warm-up step alone, for its memory; nothing timed
     row.resize(rl_table().columns(), "-");
     t.add(row);
     return;
   }
-  for (std::string cell :
-       {fmt("%.0f", r.generated_tokens), fmt("%.0f", r.trained_tokens), fmt("%.2f", r.step_s),
-        fmt("%.2f", r.rollout_s), fmt("%.2f", r.old_logprob_s), fmt("%.2f", r.ref_logprob_s),
-        fmt("%.2f", r.train_s), fmt("%.3f", r.sync_s), fmt("%.2f", r.wait_s),
-        fmt("%.0f", r.trained_tokens / std::max(r.step_s, 1e-9)),
-        fmt("%.0f", r.generated_tokens / std::max(r.rollout_s, 1e-9)),
-        fmt("%.0f", r.trained_tokens / std::max(r.train_s, 1e-9))})
+  for (std::string cell : {fmt("%.0f", r.generated_tokens), fmt("%.0f", r.trained_tokens),
+                           fmt("%.2f", r.step_s), fmt("%.2f", r.rollout_s), fmt("%.2f", r.old_logprob_s),
+                           fmt("%.2f", r.ref_logprob_s), fmt("%.2f", r.train_s), fmt("%.3f", r.sync_s),
+                           fmt("%.2f", r.wait_s), fmt("%.0f", r.trained_tokens / std::max(r.step_s, 1e-9)),
+                           fmt("%.0f", r.generated_tokens / std::max(r.rollout_s, 1e-9)),
+                           fmt("%.0f", r.trained_tokens / std::max(r.train_s, 1e-9))})
     row.push_back(std::move(cell));
   t.add(row);
 }

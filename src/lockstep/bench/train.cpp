@@ -138,17 +138,17 @@ void add_row(Table& t, const TrainBenchResult& r) {
   const double wall = r.fwd_bwd_s + r.optim_s, tokens = double(r.opt.seq_len * r.opt.seqs_per_step);
   const double cpu_gflops = tokens * r.flops_per_token / (r.cpu_s / r.opt.threads) * 1e-9;
   const double peak = r.peak.gflops();
+  const long long step_tokens = static_cast<long long>(r.opt.seq_len) * r.opt.seqs_per_step;
   if (r.opt.steps == 0) {  // --steps 0: the warm-up step alone, for its memory; nothing timed
     std::vector<std::string> row = {r.model, fmt("%d", r.opt.threads), fmt("%lld", (long long)r.opt.seq_len),
-                                    fmt("%lld", (long long)(r.opt.seq_len * r.opt.seqs_per_step))};
+                                    fmt("%lld", step_tokens)};
     row.resize(train_table().columns(), "-");
     t.add(row);
     return;
   }
-  t.add({r.model, fmt("%d", r.opt.threads), fmt("%lld", (long long)r.opt.seq_len),
-         fmt("%lld", (long long)(r.opt.seq_len * r.opt.seqs_per_step)), fmt("%.0f", r.tokens_per_s),
-         fmt("%.1f", r.flops_per_token * 1e-6), fmt("%.1f", r.gflops), fmt("%.1f", peak),
-         fmt("%.1f%%", 100.0 * r.gflops / peak), fmt("%.1f%%", 100.0 * cpu_gflops / peak),
+  t.add({r.model, fmt("%d", r.opt.threads), fmt("%lld", (long long)r.opt.seq_len), fmt("%lld", step_tokens),
+         fmt("%.0f", r.tokens_per_s), fmt("%.1f", r.flops_per_token * 1e-6), fmt("%.1f", r.gflops),
+         fmt("%.1f", peak), fmt("%.1f%%", 100.0 * r.gflops / peak), fmt("%.1f%%", 100.0 * cpu_gflops / peak),
          fmt("%.0f%%", 100.0 * r.cpu_s / (wall * r.opt.threads)), fmt("%.3f", r.fwd_bwd_s),
          fmt("%.3f", r.optim_s), fmt("%.3f", r.loss)});
 }

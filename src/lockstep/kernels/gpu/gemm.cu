@@ -290,7 +290,6 @@ void unpack_weight(const Context& ctx, Tensor w_out, const PackedWeight& pw) {
   }
 }
 
-
 void gemm_xwt(const Context& ctx, Tensor y, const Tensor& x, const Tensor& w, bool accumulate,
               const GemmLaunch& cfg) {
   check_gemm_xwt(y, x, w);

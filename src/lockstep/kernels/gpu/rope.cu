@@ -55,7 +55,8 @@ void launch_rope(const Context& ctx, Tensor x, const Tensor& positions, const Ro
   unsigned blocks = blocks_for(n, cfg.threads);
   if (cfg.max_blocks > 0 && blocks > static_cast<unsigned>(cfg.max_blocks))
     blocks = static_cast<unsigned>(cfg.max_blocks);
-  LS_LAUNCH(ctx, (rope_kernel<kInverse, kInterleaved>), dim3(blocks), dim3(static_cast<unsigned>(cfg.threads)))
+  LS_LAUNCH(ctx, (rope_kernel<kInverse, kInterleaved>), dim3(blocks),
+            dim3(static_cast<unsigned>(cfg.threads)))
   (x.f32(), x.stride[0], x.stride[1], positions.i32(), table.cos.data(), table.sin.data(), sh.T, sh.H,
    sh.half);
 }

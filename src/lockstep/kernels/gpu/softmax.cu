@@ -165,8 +165,8 @@ LS_GLOBAL void token_logprob_backward_kernel(float* dlogits, int64_t ldo, const 
 // The chunked head's row statistics (token_logprob_stats): stats[t] =
 // (m, s, ls, H) of the full row, H = 0 without `entropy`; the row pass as the
 // forward kernel runs it, so H has the forward's bits.
-LS_GLOBAL void token_logprob_stats_kernel(float* stats, int64_t lds, const float* logits, int64_t ld, int64_t T,
-                                          int64_t V, float temperature, bool entropy) {
+LS_GLOBAL void token_logprob_stats_kernel(float* stats, int64_t lds, const float* logits, int64_t ld,
+                                          int64_t T, int64_t V, float temperature, bool entropy) {
   LS_SHARED(float, mval, kSlots);    // (R, 16) lane maxima
   LS_SHARED(int64_t, midx, kSlots);  // (R, 16) their indices
   LS_SHARED(float, psum, kSlots);    // (R, 16) lane sums of e
@@ -254,8 +254,8 @@ void token_logprob_backward(const Context& ctx, Tensor dlogits, const Tensor& dl
    targets.i32(), T, V, temperature);
 }
 
-void token_logprob_stats(const Context& ctx, Tensor stats, const Tensor& logits, float temperature, bool entropy,
-                         const SoftmaxLaunch& cfg) {
+void token_logprob_stats(const Context& ctx, Tensor stats, const Tensor& logits, float temperature,
+                         bool entropy, const SoftmaxLaunch& cfg) {
   const auto [T, V] = kernels::detail::check_token_logprob_stats(stats, logits, temperature);
   check_launch(cfg);
   if (T == 0) return;
@@ -263,11 +263,12 @@ void token_logprob_stats(const Context& ctx, Tensor stats, const Tensor& logits,
   (stats.f32(), stats.stride[0], logits.f32(), logits.stride[0], T, V, temperature, entropy);
 }
 
-void token_logprob_backward_cols(const Context& ctx, Tensor dlogits, const Tensor& dlogp, const Tensor& dentropy,
-                                 const Tensor& logits, const Tensor& targets, const Tensor& stats, int64_t col0,
-                                 float temperature, const SoftmaxLaunch& cfg) {
-  const auto [T, W] = kernels::detail::check_token_logprob_backward_cols(dlogits, dlogp, dentropy, logits, targets,
-                                                                         stats, col0, temperature);
+void token_logprob_backward_cols(const Context& ctx, Tensor dlogits, const Tensor& dlogp,
+                                 const Tensor& dentropy, const Tensor& logits, const Tensor& targets,
+                                 const Tensor& stats, int64_t col0, float temperature,
+                                 const SoftmaxLaunch& cfg) {
+  const auto [T, W] = kernels::detail::check_token_logprob_backward_cols(dlogits, dlogp, dentropy, logits,
+                                                                         targets, stats, col0, temperature);
   check_launch(cfg);
   if (T == 0) return;
   LS_LAUNCH(ctx, token_logprob_backward_cols_kernel, row_grid(T, cfg), row_block(cfg))
@@ -283,12 +284,13 @@ void token_logprob_backward(const Context& ctx, Tensor dlogits, const Tensor& dl
                             const Tensor& logits, const Tensor& targets, float temperature) {
   token_logprob_backward(ctx, dlogits, dlogp, dentropy, logits, targets, temperature, SoftmaxLaunch{});
 }
-void token_logprob_stats(const Context& ctx, Tensor stats, const Tensor& logits, float temperature, bool entropy) {
+void token_logprob_stats(const Context& ctx, Tensor stats, const Tensor& logits, float temperature,
+                         bool entropy) {
   token_logprob_stats(ctx, stats, logits, temperature, entropy, SoftmaxLaunch{});
 }
-void token_logprob_backward_cols(const Context& ctx, Tensor dlogits, const Tensor& dlogp, const Tensor& dentropy,
-                                 const Tensor& logits, const Tensor& targets, const Tensor& stats, int64_t col0,
-                                 float temperature) {
+void token_logprob_backward_cols(const Context& ctx, Tensor dlogits, const Tensor& dlogp,
+                                 const Tensor& dentropy, const Tensor& logits, const Tensor& targets,
+                                 const Tensor& stats, int64_t col0, float temperature) {
   token_logprob_backward_cols(ctx, dlogits, dlogp, dentropy, logits, targets, stats, col0, temperature,
                               SoftmaxLaunch{});
 }

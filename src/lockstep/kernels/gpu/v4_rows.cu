@@ -4,10 +4,9 @@
 // the backward's dot); the CPU's one rounded f32 operation per element
 // (float_ops.h), its slot-order adds, its 16-lane dot (num::Lanes16); the
 // plan's arrays copied into device memory for the call.
-#include "lockstep/kernels/cpu/v4_rows.h"
-
 #include <vector>
 
+#include "lockstep/kernels/cpu/v4_rows.h"
 #include "lockstep/kernels/gpu/registry.h"
 #include "lockstep/kernels/gpu/v4_rows.h"
 #include "lockstep/kernels/numerics.h"
@@ -28,8 +27,8 @@ LS_GLOBAL void scale_values_kernel(float* x, float s, int64_t n) {
 // For each q = (t, s) = t*K + s: rows[row_of[q]] = topk[t, s] (forward) or
 // topk[t, s] = rows[row_of[q]] (backward). row_of is a permutation, so no
 // two threads write one element.
-LS_GLOBAL void row_weights_kernel(float* rows, int64_t rows_ld, float* topk, int64_t topk_ld, const int32_t* row_of,
-                                  int64_t R, int64_t K, int backward) {
+LS_GLOBAL void row_weights_kernel(float* rows, int64_t rows_ld, float* topk, int64_t topk_ld,
+                                  const int32_t* row_of, int64_t R, int64_t K, int backward) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t q = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; q < R; q += step) {
     float* r = rows + int64_t{row_of[q]} * rows_ld;
@@ -73,7 +72,9 @@ class PlanArray {
   }
   PlanArray(const PlanArray&) = delete;
   PlanArray& operator=(const PlanArray&) = delete;
-  const int32_t* get() const { return static_cast<const int32_t*>(dev_); }
+  const int32_t* get() const {
+    return static_cast<const int32_t*>(dev_);
+  }
 
  private:
   void* dev_ = nullptr;
@@ -81,8 +82,9 @@ class PlanArray {
 
 // y[r, f] = w * x[r, f] with w = topk_w[token[r], slot[r]], one thread per
 // element (the CPU's one multiply; y may be x element for element).
-LS_GLOBAL void scale_rows_kernel(float* y, int64_t y_ld, const float* x, int64_t x_ld, const float* w, int64_t w_ld,
-                                 const int32_t* token, const int32_t* slot, int64_t R, int64_t F) {
+LS_GLOBAL void scale_rows_kernel(float* y, int64_t y_ld, const float* x, int64_t x_ld, const float* w,
+                                 int64_t w_ld, const int32_t* token, const int32_t* slot, int64_t R,
+                                 int64_t F) {
   const int64_t n = R * F, step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < n; k += step) {
     const int64_t r = k / F, f = k % F;
@@ -94,7 +96,8 @@ LS_GLOBAL void scale_rows_kernel(float* y, int64_t y_ld, const float* x, int64_t
 // dtopk_w[token[r], slot[r]] = canonical_dot(dy[r], x[r], F): one thread per
 // row, the CPU's 16 lanes in index order and its tree (num::Lanes16).
 LS_GLOBAL void scale_rows_dot_kernel(float* dw, int64_t dw_ld, const float* dy, int64_t dy_ld, const float* x,
-                                     int64_t x_ld, const int32_t* token, const int32_t* slot, int64_t R, int64_t F) {
+                                     int64_t x_ld, const int32_t* token, const int32_t* slot, int64_t R,
+                                     int64_t F) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < R; r += step) {
     num::Lanes16 acc;
@@ -157,14 +160,14 @@ void moe_row_weights(const Context& ctx, Tensor w_rows, const Tensor& topk_w, co
   launch_row_weights(ctx, w_rows, topk_w, plan, false, cfg);
 }
 
-void moe_row_weights_backward(const Context& ctx, Tensor dtopk_w, const Tensor& dw_rows, const MoeDispatch& plan,
-                              const RowsLaunch& cfg) {
+void moe_row_weights_backward(const Context& ctx, Tensor dtopk_w, const Tensor& dw_rows,
+                              const MoeDispatch& plan, const RowsLaunch& cfg) {
   kernels::detail::check_moe_row_weights(dw_rows, dtopk_w, plan, "moe_row_weights_backward");
   launch_row_weights(ctx, dw_rows, dtopk_w, plan, true, cfg);
 }
 
-void moe_scale_rows(const Context& ctx, Tensor y, const Tensor& x, const Tensor& topk_w, const MoeDispatch& plan,
-                    const RowsLaunch& cfg) {
+void moe_scale_rows(const Context& ctx, Tensor y, const Tensor& x, const Tensor& topk_w,
+                    const MoeDispatch& plan, const RowsLaunch& cfg) {
   const int64_t F = kernels::check_moe_scale_rows_args(y, x, topk_w, plan), R = plan.num_rows();
   check_rows_launch(cfg);
   if (R * F == 0) return;
@@ -180,12 +183,15 @@ void moe_scale_rows_backward(const Context& ctx, Tensor dx, Tensor dtopk_w, cons
   const int64_t R = plan.num_rows();
   check_rows_launch(cfg);
   if (R == 0) return;
-  const PlanArray token(plan.token, "moe_scale_rows_backward token"), slot(plan.slot, "moe_scale_rows_backward slot");
+  const PlanArray token(plan.token, "moe_scale_rows_backward token"),
+      slot(plan.slot, "moe_scale_rows_backward slot");
   LS_LAUNCH(ctx, scale_rows_dot_kernel, dim3(rows_grid(R, cfg)), threads_of(cfg))
-  (dtopk_w.f32(), dtopk_w.stride[0], dy.f32(), dy.stride[0], x.f32(), x.stride[0], token.get(), slot.get(), R, F);
+  (dtopk_w.f32(), dtopk_w.stride[0], dy.f32(), dy.stride[0], x.f32(), x.stride[0], token.get(), slot.get(), R,
+   F);
   if (F == 0) return;
   LS_LAUNCH(ctx, scale_rows_kernel, dim3(rows_grid(R * F, cfg)), threads_of(cfg))
-  (dx.f32(), dx.stride[0], dy.f32(), dy.stride[0], topk_w.f32(), topk_w.stride[0], token.get(), slot.get(), R, F);
+  (dx.f32(), dx.stride[0], dy.f32(), dy.stride[0], topk_w.f32(), topk_w.stride[0], token.get(), slot.get(), R,
+   F);
 }
 
 void moe_sum(const Context& ctx, Tensor y, const Tensor& ye, const MoeDispatch& plan, const RowsLaunch& cfg) {
@@ -224,8 +230,8 @@ void moe_scale_rows_entry(const Context& ctx, Tensor y, const Tensor& x, const T
                           const MoeDispatch& plan) {
   moe_scale_rows(ctx, y, x, topk_w, plan, RowsLaunch{});
 }
-void moe_scale_rows_backward_entry(const Context& ctx, Tensor dx, Tensor dtopk_w, const Tensor& dy, const Tensor& x,
-                                   const Tensor& topk_w, const MoeDispatch& plan) {
+void moe_scale_rows_backward_entry(const Context& ctx, Tensor dx, Tensor dtopk_w, const Tensor& dy,
+                                   const Tensor& x, const Tensor& topk_w, const MoeDispatch& plan) {
   moe_scale_rows_backward(ctx, dx, dtopk_w, dy, x, topk_w, plan, RowsLaunch{});
 }
 void moe_sum_entry(const Context& ctx, Tensor y, const Tensor& ye, const MoeDispatch& plan) {
