@@ -10,11 +10,13 @@
 #include "lockstep/model/expert_parallel.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <barrier>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <thread>
 #include <vector>
@@ -29,6 +31,13 @@
 
 namespace lockstep::train {
 namespace {
+
+// A path in the test temp folder of this test and process alone: ctest runs
+// the dense and DeepSeek-V4 variants at once, and they used to share a file.
+std::string unique_temp(const std::string& stem) {
+  return ::testing::TempDir() + "/" + std::to_string(::getpid()) + "_" +
+         ::testing::UnitTest::GetInstance()->current_test_info()->name() + "_" + stem;
+}
 
 // P threads' shared exchange area.
 struct ThreadGroup {
@@ -384,7 +393,7 @@ void check_steps(double grad_clip) {
     EXPECT_LE(double(loose), 2e-3 * double(n)) << loose << " of " << n << " weights differ by more than 1e-6";
   }
   // Checkpoint: the group's rank 0 gathers every expert's moments.
-  const std::string path = ::testing::TempDir() + "/ep_optimizer_" + std::to_string(int(grad_clip * 100)) + ".bin";
+  const std::string path = unique_temp("ep_optimizer_" + std::to_string(int(grad_clip * 100)) + ".bin");
   std::vector<std::thread> threads;
   for (int r = 0; r < P; ++r)
     threads.emplace_back([&, r] { ranks[size_t(r)]->prepare_checkpoint(r == 0, path + ".gathered"); });
@@ -411,6 +420,7 @@ void check_steps(double grad_clip) {
     test::expect_bits_equal(back->optimizer().m(), ranks[size_t(r)]->optimizer().m(), gl.numel(), "reloaded m");
     test::expect_bits_equal(back->optimizer().v(), ranks[size_t(r)]->optimizer().v(), gl.numel(), "reloaded v");
   }
+  std::remove(path.c_str());
 }
 
 TEST(ExpertParallel, StepsAndCheckpointWithoutClipping) { check_steps(0.0); }
@@ -503,7 +513,7 @@ void check_invariant_steps(int P, const ModelConfig& c) {
       test::expect_bits_equal(whole_model[size_t(r)].data(), plain->params(), int64_t(n), "weights");
     }
   }
-  const std::string path = ::testing::TempDir() + "/ep_invariant_" + std::to_string(P) + ".bin";
+  const std::string path = unique_temp("ep_invariant_" + std::to_string(P) + ".bin");
   std::vector<std::thread> threads;
   for (int r = 0; r < P; ++r)
     threads.emplace_back([&, r] { ranks[size_t(r)]->prepare_checkpoint(r == 0, path + ".gathered"); });
@@ -513,6 +523,7 @@ void check_invariant_steps(int P, const ModelConfig& c) {
   whole->optimizer().load(path);
   test::expect_bits_equal(whole->optimizer().m(), plain->optimizer().m(), int64_t(n), "first moment");
   test::expect_bits_equal(whole->optimizer().v(), plain->optimizer().v(), int64_t(n), "second moment");
+  std::remove(path.c_str());
 }
 
 TEST(ExpertParallel, WorldInvariantTwoRanksEqualOneBitForBit) {
@@ -533,7 +544,7 @@ TEST(ExpertParallel, ShardLayoutLoadsItsExpertsFromAWholeCheckpoint) {
   const ParamLayout whole(c), mine(c, 2, 2);
   Buffer p = alloc_params(whole);
   init_params(whole, p.as<float>(), 5, 0.2f);
-  const std::string dir = ::testing::TempDir() + "/ep_whole_model";
+  const std::string dir = unique_temp("ep_whole_model");
   save_pretrained(dir, c, whole, p.as<float>(), DType::F32);
   Buffer q = alloc_params(mine);
   load_params(dir, mine, q.as<float>());  // the other experts' tensors are not "unexpected"
@@ -542,6 +553,7 @@ TEST(ExpertParallel, ShardLayoutLoadsItsExpertsFromAWholeCheckpoint) {
     test::expect_bits_equal(q.as<float>() + t.offset, p.as<float>() + whole.at(t.name).offset, t.numel, "tensor");
   EXPECT_EQ(mine.find("model.layers.0.mlp.experts.1.up_proj.weight"), nullptr);
   EXPECT_NE(mine.find("model.layers.0.mlp.experts.3.up_proj.weight"), nullptr);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ExpertParallel, ShardsMustDivideTheExperts) {
