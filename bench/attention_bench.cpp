@@ -99,6 +99,9 @@ void BM_Prefill(benchmark::State& state) {
       benchmark::Counter(kv_bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["tok_per_s"] =
       benchmark::Counter(double(b * n), benchmark::Counter::kIsIterationInvariantRate);
+  // FMAs done: q.k and P.v over the causal triangle, 2 flops each.
+  const double flops = 4.0 * double(b) * double(n) * double(n + 1) / 2 * kH * kDh;
+  state.counters["GFLOPps"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // The trainer's backward over a whole prompt. Args: prompt length, batch, threads.
@@ -124,6 +127,9 @@ void BM_Backward(benchmark::State& state) {
     benchmark::DoNotOptimize(dq.data());
   }
   state.counters["tok_per_s"] = benchmark::Counter(double(T), benchmark::Counter::kIsIterationInvariantRate);
+  // FMAs done: s = q.k again, dP = dout.v, dq, dk and dv over the causal triangle.
+  const double flops = 10.0 * double(b) * double(n) * double(n + 1) / 2 * kH * kDh;
+  state.counters["GFLOPps"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void decode_args(benchmark::internal::Benchmark* b) {
@@ -158,6 +164,15 @@ BENCHMARK(BM_Prefill<8, 2, 32>)->Name("prefill/moe_tiny_H8_Hkv2_Dh32")->Apply(pr
 BENCHMARK(BM_Prefill<8, 4, 64>)->Name("prefill/moe_small_H8_Hkv4_Dh64")->Apply(prefill_args);
 BENCHMARK(BM_Backward<8, 2, 32>)->Name("backward/moe_tiny_H8_Hkv2_Dh32")->Apply(backward_args);
 BENCHMARK(BM_Backward<8, 4, 64>)->Name("backward/moe_small_H8_Hkv4_Dh64")->Apply(backward_args);
+
+// The Qwen3 shape (H=16, Hkv=8, Dh=128: Qwen3-0.6B to 4B) at a long prompt.
+void long_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"prompt", "batch", "threads"});
+  b->Args({2048, 1, 1});
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+BENCHMARK(BM_Prefill<16, 8, 128>)->Name("prefill/qwen3_H16_Hkv8_Dh128")->Apply(long_args);
+BENCHMARK(BM_Backward<16, 8, 128>)->Name("backward/qwen3_H16_Hkv8_Dh128")->Apply(long_args);
 
 }  // namespace
 }  // namespace lockstep::kernels

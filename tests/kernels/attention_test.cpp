@@ -15,6 +15,7 @@
 
 #include "common/test_util.h"
 #include "lockstep/kernels/cpu/simd.h"
+#include "lockstep/kernels/cpu/wide.h"
 
 namespace lockstep::kernels {
 namespace {
@@ -324,7 +325,7 @@ TEST(Attention, Bf16CacheMatchesDoubleReferenceOnRoundedKv) {
 
 // The kernel's inlined dot products, block loop and accumulation give exactly
 // the bits of the contract spelled out with simd.h's functions.
-TEST(Attention, ForwardFollowsTheContractBitForBit) {
+void forward_follows_the_contract() {
   // Every head width the kernel specializes (16, 32, 64, 128), the generic
   // multiple of 16 (48), the canonical_dot fallback (8, 17), head groups of
   // 1, 3, 4 and 8 (two accumulation passes), a bf16 cache, and q, k so small
@@ -384,6 +385,17 @@ TEST(Attention, ForwardFollowsTheContractBitForBit) {
       }
     }
   }
+}
+
+TEST(Attention, ForwardFollowsTheContractBitForBit) {
+  forward_follows_the_contract();
+}
+
+// The same with the 8-wide form where the CPU would run the 16-wide one.
+TEST(AttentionNarrow, ForwardFollowsTheContractBitForBit) {
+  set_wide_vectors(false);
+  forward_follows_the_contract();
+  set_wide_vectors(true);
 }
 
 // THE alignment test: the trainer (whole sequence new), chunked prefill with
@@ -681,7 +693,7 @@ Grads backward_contract(Shape sh, const SeqData& s, const std::vector<float>& do
 
 // Every head width the kernels specialize and the fallbacks, head groups of
 // 1 to 8, sequences shorter and longer than a key block, 1 and 2 threads.
-TEST(Attention, BackwardFollowsTheContractBitForBit) {
+void backward_follows_the_contract() {
   ThreadPool pool2(2), pool4(4);
   const std::vector<Shape> shapes{{2, 2, 16}, {8, 2, 32}, {8, 4, 64}, {4, 1, 128},
                                   {3, 1, 48}, {8, 1, 8},  {4, 2, 17}};
@@ -733,6 +745,17 @@ TEST(Attention, BackwardFollowsTheContractBitForBit) {
       }
     }
   }
+}
+
+TEST(Attention, BackwardFollowsTheContractBitForBit) {
+  backward_follows_the_contract();
+}
+
+// The same with the 8-wide form where the CPU would run the 16-wide one.
+TEST(AttentionNarrow, BackwardFollowsTheContractBitForBit) {
+  set_wide_vectors(false);
+  backward_follows_the_contract();
+  set_wide_vectors(true);
 }
 
 TEST(Attention, BackwardIsThreadAndBatchInvariant) {

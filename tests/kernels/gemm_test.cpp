@@ -17,6 +17,7 @@
 
 #include "common/test_util.h"
 #include "lockstep/base/thread_pool.h"
+#include "lockstep/kernels/cpu/wide.h"
 
 namespace lockstep::kernels {
 namespace {
@@ -852,6 +853,42 @@ TEST(GemmBackward, ShapeMismatchNamesShapes) {
   }
   std::vector<fp8_t> w8(9 * 12);
   EXPECT_THROW(gemm_dyw(ctx, dx.t(), dy.t(), Tensor(w8.data(), DType::FP8E4M3, {8, 12})), Error);
+}
+
+// ---------------------------------------------------------------------------
+// Wide (AVX-512) and narrow tiles
+
+// Restores the wide tiles (where the CPU has them) when a test ends.
+struct NarrowTiles {
+  NarrowTiles() { set_wide_vectors(false); }
+  ~NarrowTiles() { set_wide_vectors(true); }
+};
+
+// Every tile row count of both kernels (1..13 rows, a wide tile and its
+// remainders), partial panels, both A layouts, accumulate, 1 and 2 threads.
+void check_every_tile(uint32_t seed) {
+  ThreadPool pool(2);
+  for (int threads : {1, 2}) {
+    const Context ctx{threads == 2 ? &pool : nullptr};
+    for (int64_t M : {1, 3, 4, 7, 12, 13, 25, 40}) {
+      check_xwt(ctx, M, 37, 70, {DType::F32, 0}, M % 2 == 1, seed++);
+      check_dyw(ctx, M, 70, 37, false, M % 2 == 0, seed++);
+      check_dytx(ctx, 70, M, 37, M % 3 == 0, seed++);
+    }
+    check_xwt(ctx, 700, 40, 100, {DType::F32, 0}, true, seed++);  // a panel in L1, two row blocks
+    check_dytx(ctx, 4100, 13, 300, true, seed++);                 // two chunks of X panels
+  }
+}
+
+TEST(GemmWide, NarrowTilesFollowTheContract) {
+  const NarrowTiles narrow;
+  EXPECT_FALSE(wide_vectors());
+  check_every_tile(4000);
+}
+
+TEST(GemmWide, WideTilesFollowTheContract) {
+  if (!wide_vectors()) GTEST_SKIP() << "this CPU has no AVX-512F (or LOCKSTEP_WIDE_VECTORS=0)";
+  check_every_tile(5000);
 }
 
 }  // namespace

@@ -19,6 +19,8 @@
 #include <string>
 #include <thread>
 
+#include "lockstep/kernels/cpu/wide.h"
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
@@ -60,14 +62,39 @@ float fma_chains(int64_t iters) {
   return s;
 #endif
 }
-constexpr double kFlopsPerIter = 12 * 8 * 2;
 
-// Iterations of fma_chains that take about `seconds` on one thread.
-int64_t calibrate_iters(double seconds) {
+#if defined(__AVX2__) && defined(__FMA__)
+// The same 12 chains on 16-wide vectors, for CPUs with AVX-512, where the f32
+// GEMM runs on them (kernels::wide_vectors()): their peak is the
+// machine's, up to twice the 8-wide one.
+__attribute__((target("avx512f"))) float fma_chains_wide(int64_t iters) {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-3f);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], m, c);
+  }
+  __m512 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, s);
+  return lanes[0];
+}
+#endif
+
+// One loop of FMA chains and the flops of one of its iterations.
+struct ChainLoop {
+  float (*run)(int64_t iters);
+  double flops_per_iter;
+};
+
+// Iterations of `loop` that take about `seconds` on one thread.
+int64_t calibrate_iters(const ChainLoop& loop, double seconds) {
   int64_t iters = 1 << 16;
   for (;;) {
     const auto t0 = std::chrono::steady_clock::now();
-    keep(fma_chains(iters));
+    keep(loop.run(iters));
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (dt >= seconds / 4 || iters >= (int64_t{1} << 34))
       return static_cast<int64_t>(static_cast<double>(iters) * seconds / std::max(dt, 1e-9));
@@ -89,11 +116,14 @@ double thread_cpu_seconds() {
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
-Peak measure_fma_peak(int threads, double seconds, int trials) {
+namespace {
+
+// measure_fma_peak for one loop of chains.
+Peak measure_loop_peak(const ChainLoop& loop, int threads, double seconds, int trials) {
   Peak pk;
-  pk.threads = threads = std::max(1, threads);
-  const int64_t iters = calibrate_iters(seconds);
-  const double flops = kFlopsPerIter * static_cast<double>(iters);
+  pk.threads = threads;
+  const int64_t iters = calibrate_iters(loop, seconds);
+  const double flops = loop.flops_per_iter * static_cast<double>(iters);
   for (int trial = 0; trial < trials; ++trial) {
     std::atomic<int> ready{0};
     std::atomic<bool> go{false};
@@ -105,7 +135,7 @@ Peak measure_fma_peak(int threads, double seconds, int trials) {
         ready.fetch_add(1);
         while (!go.load()) std::this_thread::yield();
         const double c0 = thread_cpu_seconds();
-        sink[static_cast<size_t>(t)] = fma_chains(iters);
+        sink[static_cast<size_t>(t)] = loop.run(iters);
         cpu[static_cast<size_t>(t)] = thread_cpu_seconds() - c0;
       });
     while (ready.load() < threads) std::this_thread::yield();
@@ -117,6 +147,22 @@ Peak measure_fma_peak(int threads, double seconds, int trials) {
     pk.wall_gflops = std::max(pk.wall_gflops, flops * threads / dt * 1e-9);
     for (double c : cpu) pk.cpu_gflops = std::max(pk.cpu_gflops, flops / std::max(c, 1e-9) * threads * 1e-9);
   }
+  return pk;
+}
+
+}  // namespace
+
+Peak measure_fma_peak(int threads, double seconds, int trials) {
+  threads = std::max(1, threads);
+  Peak pk = measure_loop_peak({&fma_chains, 12 * 8 * 2}, threads, seconds, trials);
+#if defined(__AVX2__) && defined(__FMA__)
+  if (kernels::wide_vectors()) {
+    const Peak wide = measure_loop_peak({&fma_chains_wide, 12 * 16 * 2}, threads, seconds, trials);
+    pk.wall_gflops = std::max(pk.wall_gflops, wide.wall_gflops);
+    pk.cpu_gflops = std::max(pk.cpu_gflops, wide.cpu_gflops);
+    pk.vector_width = 16;
+  }
+#endif
   return pk;
 }
 

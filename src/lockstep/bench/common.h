@@ -31,11 +31,13 @@ struct Peak {
   int threads = 1;
   double wall_gflops = 0;
   double cpu_gflops = 0;
+  int vector_width = 8;  // floats per FMA of the chains measured: 16 where the f32 GEMM runs on AVX-512
   double gflops() const { return std::max(wall_gflops, cpu_gflops); }
 };
 
 // Threads each running register-resident FMA chains, started together; best
-// of `trials` trials of about `seconds` each. Best-of rather than mean: on a
+// of `trials` trials of about `seconds` each. The chains are 8 floats wide,
+// and also 16 where the f32 GEMM runs on AVX-512 (the larger peak is kept). Best-of rather than mean: on a
 // shared machine the quietest trial is the closest to what the hardware can do.
 Peak measure_fma_peak(int threads, double seconds = 0.1, int trials = 5);
 

@@ -58,8 +58,9 @@ std::vector<std::string> configs(const Args& args) {
 
 void print_machine(const perf::Peak& peak) {
   std::cout << "machine: " << std::thread::hardware_concurrency() << " hardware threads, " << peak.threads
-            << " used, simd " << kernels::simd_target_name() << "; fp32 FMA peak at " << peak.threads
-            << " threads: " << perf::fmt("%.1f", peak.wall_gflops) << " GFLOP/s (wall), "
+            << " used, simd " << kernels::simd_target_name()
+            << (peak.vector_width == 16 ? " (f32 GEMM and FMA peak on AVX-512)" : "") << "; fp32 FMA peak at "
+            << peak.threads << " threads: " << perf::fmt("%.1f", peak.wall_gflops) << " GFLOP/s (wall), "
             << perf::fmt("%.1f", peak.cpu_gflops) << " GFLOP/s (per CPU-s x threads)\n\n";
 }
 

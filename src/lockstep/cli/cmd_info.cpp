@@ -4,6 +4,7 @@
 #include "lockstep/base/thread_pool.h"
 #include "lockstep/cli/command.h"
 #include "lockstep/kernels/cpu/simd.h"
+#include "lockstep/kernels/cpu/wide.h"
 #include "lockstep/kernels/gpu/backend.h"
 #include "lockstep/kernels/gpu/device.h"
 
@@ -16,6 +17,11 @@ int run_info(const Args& args) {
             << "compiler:       " << __VERSION__ << "\n"
             << "threads:        " << default_thread_count() << " (LOCKSTEP_THREADS overrides)\n"
             << "simd target:    " << kernels::simd_target_name() << " (Highway static target)\n"
+            << "wide vectors:   "
+            << (kernels::wide_vectors()
+                    ? "AVX-512 (f32 GEMM and attention; LOCKSTEP_WIDE_VECTORS=0 turns them off)"
+                    : "off (the CPU has no AVX-512F, or LOCKSTEP_WIDE_VECTORS=0)")
+            << "\n"
             << "numerics:       f32 accumulation, fixed reduction order, -ffp-contract=off\n";
   const kernels::GpuBackend& b = kernels::interpret_backend();
   std::cout << "devices:        cpu, interpret (GPU kernel sources emulated on the CPU: "

@@ -209,8 +209,9 @@ struct Running {
 // Folds one key block (n keys, rows kp / vp of one kv head) into the states of
 // the nh query heads q[0..nh) of that group, exactly as the contract in
 // attention.h spells it per head. acc[g] (Dh) is head g's unnormalized output.
+// wide: 16-wide registers (wide_vectors()), the same bits.
 void attend_group(const float* const* q, int nh, const float* const* kp, const float* const* vp, int n,
-                  int64_t dh, float scale, bool first, Running* st, float* const* acc) {
+                  int64_t dh, float scale, bool first, Running* st, float* const* acc, bool wide) {
   constexpr int kPass = 4;  // heads per accumulation pass: 8 live partial vectors of 16 registers
   constexpr int kVec = static_cast<int>(hn::MaxLanes(D()));
   // exps are taken over whole vectors (vexp's bits per element depend neither
@@ -221,10 +222,11 @@ void attend_group(const float* const* q, int nh, const float* const* kp, const f
     float e[kPass][kKeyBlock + kVec] = {};  // per head: scores, then their exps
     float m_new[kPass], alpha[std::max(kPass, kVec)] = {};
     const float* w[kPass];
+    float* ep[kPass] = {e[0], e[1], e[2], e[3]};
+    scores_rows(q + g0, m, kp, n, dh, scale, ep, wide);  // the pass's heads share each key load
     for (int g = 0; g < m; ++g) {
       float* eg = e[g];
       const Running& sg = st[g0 + g];
-      scores(q[g0 + g], kp, n, dh, scale, eg);
       const float mb = block_max(eg, n);
       // Same NaN behaviour as max_reduce: a NaN anywhere propagates.
       m_new[g] = first ? mb : ((mb > sg.m || std::isnan(mb)) ? mb : sg.m);
@@ -243,10 +245,10 @@ void attend_group(const float* const* q, int nh, const float* const* kp, const f
     }
     float* const* a = acc + g0;
     switch (m) {
-      case 1: accumulate_heads<1>(a, dh, first, alpha, w, vp, n); break;
-      case 2: accumulate_heads<2>(a, dh, first, alpha, w, vp, n); break;
-      case 3: accumulate_heads<3>(a, dh, first, alpha, w, vp, n); break;
-      default: accumulate_heads<4>(a, dh, first, alpha, w, vp, n); break;
+      case 1: accumulate_heads<1>(a, dh, first, alpha, w, vp, n, wide); break;
+      case 2: accumulate_heads<2>(a, dh, first, alpha, w, vp, n, wide); break;
+      case 3: accumulate_heads<3>(a, dh, first, alpha, w, vp, n, wide); break;
+      default: accumulate_heads<4>(a, dh, first, alpha, w, vp, n, wide); break;
     }
   }
 }
@@ -304,6 +306,7 @@ void attention_forward(const Context& ctx, Tensor out, Tensor lse, const Tensor&
   // L1. Tiling changes no bits: each (token, head) state still folds the same
   // blocks in the same order.
   const int64_t tile = std::clamp<int64_t>(8192 / (H * Dh), 1, 16);
+  const bool wide = wide_vectors();
 
   ctx.parallel_for(
       static_cast<int64_t>(ranges.size()) - 1,
@@ -351,7 +354,7 @@ void attention_forward(const Context& ctx, Tensor out, Tensor lse, const Tensor&
                 const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, pos + 1 - p0));
                 const int64_t s0 = u * H + hs;
                 attn::attend_group(&qs[s0], static_cast<int>(he - hs), kp, vp, n, Dh, scale, j == 0, &st[s0],
-                                   &accs[s0]);
+                                   &accs[s0], wide);
               }
             }
           }

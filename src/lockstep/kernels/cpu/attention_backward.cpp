@@ -34,6 +34,7 @@ struct Operands {
   const Tensor &dq, &dk, &dv, &dout, &out, &lse, &q;
   int64_t H, G, Dh;
   float scale;
+  bool wide;  // 16-wide registers (wide_vectors()), the same bits
 
   const float* q_row(int64_t t, int64_t h) const { return q.ptr<float>() + t * q.stride[0] + h * Dh; }
   const float* do_row(int64_t t, int64_t h) const { return dout.ptr<float>() + t * dout.stride[0] + h * Dh; }
@@ -48,12 +49,29 @@ struct Operands {
 // pr and dp may be written up to 8 past n (scores()).
 HWY_INLINE void p_and_ds(const float* qu, const float* dou, float l, float D, const float* const* kp,
                          const float* const* vp, int n, int64_t Dh, float scale, float* pr, float* dp,
-                         float* ds) {
-  attn::scores(qu, kp, n, Dh, scale, pr);
+                         float* ds, bool wide) {
+  attn::scores(qu, kp, n, Dh, scale, pr, wide);
   for (int k = 0; k < n; ++k) pr[k] = pr[k] - l;
   vexp(pr, pr, n);
-  attn::scores(dou, vp, n, Dh, 1.0f, dp);
+  attn::scores(dou, vp, n, Dh, 1.0f, dp, wide);
   for (int k = 0; k < n; ++k) ds[k] = pr[k] * (dp[k] - D);
+}
+
+// p_and_ds for the nr query rows qu[r], dou[r] of a tile at once (each key and
+// value row loaded once for all of them), row r against n[r] keys (the
+// largest last: the scores run over n[nr - 1] keys, a row's extra ones unused).
+HWY_INLINE void p_and_ds_rows(const float* const* qu, const float* const* dou, const float* l, const float* D,
+                              const float* const* kp, const float* const* vp, const int* n, int nr,
+                              int64_t Dh, float scale, float* const* pr, float* const* dp, float* const* ds,
+                              bool wide) {
+  const int n_max = n[nr - 1];
+  attn::scores_rows(qu, nr, kp, n_max, Dh, scale, pr, wide);
+  attn::scores_rows(dou, nr, vp, n_max, Dh, 1.0f, dp, wide);
+  for (int r = 0; r < nr; ++r) {
+    for (int k = 0; k < n[r]; ++k) pr[r][k] = pr[r][k] - l[r];
+    vexp(pr[r], pr[r], n[r]);
+    for (int k = 0; k < n[r]; ++k) ds[r][k] = pr[r][k] * (dp[r][k] - D[r]);
+  }
 }
 
 // One thread's scratch for the fused schedule; tiles are kKeyBlock queries by
@@ -83,8 +101,8 @@ void accumulate_key_tile(const Operands& o, TileScratch& w, int64_t f0, int64_t 
       cp[a - a0] = w.pr[size_t(a * TileScratch::kRow + b)];
       cs[a - a0] = w.ds[size_t(a * TileScratch::kRow + b)];
     }
-    attn::scale_and_accumulate(o.dv_row(f0 + j0 + b, kvh), o.Dh, zero, 1.0f, cp, dop + a0, m);
-    attn::scale_and_accumulate(o.dk_row(f0 + j0 + b, kvh), o.Dh, zero, 1.0f, cs, qp + a0, m);
+    attn::scale_and_accumulate(o.dv_row(f0 + j0 + b, kvh), o.Dh, zero, 1.0f, cp, dop + a0, m, o.wide);
+    attn::scale_and_accumulate(o.dk_row(f0 + j0 + b, kvh), o.Dh, zero, 1.0f, cs, qp + a0, m, o.wide);
   }
 }
 
@@ -113,13 +131,23 @@ void fused_item(const Operands& o, TileScratch& w, int64_t s, int64_t kvh) {
         const bool diagonal = ji == ui;
         const int nk = diagonal ? nu : kKeyBlock;
         o.cache.gather(row, j0, nk, kvh, kp, vp, w.kt.data(), w.vt.data());
-        for (int a = 0; a < nu; ++a) {
-          const int n = diagonal ? a + 1 : kKeyBlock;  // the keys query u0 + a sees in this tile
-          float* pr = &w.pr[size_t(a * TileScratch::kRow)];
-          float* ds = &w.ds[size_t(a * TileScratch::kRow)];
-          p_and_ds(qp[a], dop[a], lse[a], D[a], kp, vp, n, Dh, o.scale, pr,
-                   &w.dp[size_t(a * TileScratch::kRow)], ds);
-          attn::scale_and_accumulate(&w.dq[size_t(a * Dh)], Dh, ji == 0, 1.0f, ds, kp, n);
+        // Query rows in groups of kRows, which share each key and value load.
+        constexpr int kRows = 4;
+        for (int a0 = 0; a0 < nu; a0 += kRows) {
+          const int nr = std::min(kRows, nu - a0);
+          int n[kRows];
+          float *pr[kRows], *dp[kRows], *ds[kRows];
+          for (int r = 0; r < nr; ++r) {
+            const int a = a0 + r;
+            n[r] = diagonal ? a + 1 : kKeyBlock;  // the keys query u0 + a sees in this tile
+            pr[r] = &w.pr[size_t(a * TileScratch::kRow)];
+            dp[r] = &w.dp[size_t(a * TileScratch::kRow)];
+            ds[r] = &w.ds[size_t(a * TileScratch::kRow)];
+          }
+          p_and_ds_rows(qp + a0, dop + a0, lse + a0, D + a0, kp, vp, n, nr, Dh, o.scale, pr, dp, ds, o.wide);
+          for (int r = 0; r < nr; ++r)
+            attn::scale_and_accumulate(&w.dq[size_t((a0 + r) * Dh)], Dh, ji == 0, 1.0f, ds[r], kp, n[r],
+                                       o.wide);
         }
         accumulate_key_tile(o, w, f0, kvh, j0, nk, nu, diagonal, h == kvh * o.G && diagonal, qp, dop);
       }
@@ -167,8 +195,9 @@ void dq_pass(const Context& ctx, const Operands& o, std::vector<float>& dsum) {
             const int64_t p0 = j * kKeyBlock;
             const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, pos + 1 - p0));
             o.cache.gather(row, p0, n, kvh, kp, vp, tiles.data(), tiles.data() + kKeyBlock * Dh);
-            p_and_ds(o.q_row(t, h), o.do_row(t, h), o.lse_at(t, h), D, kp, vp, n, Dh, o.scale, pr, dp, ds);
-            attn::scale_and_accumulate(acc.data(), Dh, j == 0, 1.0f, ds, kp, n);
+            p_and_ds(o.q_row(t, h), o.do_row(t, h), o.lse_at(t, h), D, kp, vp, n, Dh, o.scale, pr, dp, ds,
+                     o.wide);
+            attn::scale_and_accumulate(acc.data(), Dh, j == 0, 1.0f, ds, kp, n, o.wide);
           }
           attn::scale_row(o.dq_row(t, h), acc.data(), o.scale, /*divide=*/false, Dh);
         }
@@ -208,13 +237,13 @@ void dkv_pass(const Context& ctx, const Operands& o, const std::vector<float>& d
                 dop[k] = o.do_row(u0 + k, h);
               }
               // k_j . q_u has the bits of q_u . k_j: fma's product is symmetric.
-              attn::scores(kj, qp, n, Dh, o.scale, pr);
+              attn::scores(kj, qp, n, Dh, o.scale, pr, o.wide);
               for (int k = 0; k < n; ++k) pr[k] = pr[k] - o.lse_at(u0 + k, h);
               vexp(pr, pr, n);
-              attn::scores(vj, dop, n, Dh, 1.0f, dpv);
+              attn::scores(vj, dop, n, Dh, 1.0f, dpv, o.wide);
               for (int k = 0; k < n; ++k) ds[k] = pr[k] * (dpv[k] - dsum[(u0 + k) * H + h]);
-              attn::scale_and_accumulate(vacc.data(), Dh, first, 1.0f, pr, dop, n);
-              attn::scale_and_accumulate(kacc.data(), Dh, first, 1.0f, ds, qp, n);
+              attn::scale_and_accumulate(vacc.data(), Dh, first, 1.0f, pr, dop, n, o.wide);
+              attn::scale_and_accumulate(kacc.data(), Dh, first, 1.0f, ds, qp, n, o.wide);
               first = false;
             }
           }
@@ -241,7 +270,7 @@ void attention_backward(const Context& ctx, Tensor dq, Tensor dk, Tensor dv, con
                    out,     lse,
                    q,       H,
                    H / Hkv, p.Dh,
-                   scale};
+                   scale,   wide_vectors()};
 
   // The fused schedule unless its busiest thread would have over twice a
   // thread's share of the (query, key) visits: two passes cost about twice

@@ -13,6 +13,14 @@
 #include "lockstep/kernels/cpu/attention.h"
 #include "lockstep/kernels/cpu/attention_plan.h"
 #include "lockstep/kernels/cpu/simd.h"
+#include "lockstep/kernels/cpu/wide.h"
+
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define LOCKSTEP_ATTN_WIDE 1
+#else
+#define LOCKSTEP_ATTN_WIDE 0
+#endif
 
 namespace lockstep::kernels::attn {
 
@@ -161,25 +169,14 @@ HWY_INLINE float dot(const float* a, const float* b, int64_t dh) {
   return canonical_dot(a, b, dh);
 }
 
-// canonical_dot(q, k[i], dh) for 8 keys at once, bit for bit (8-lane vectors,
-// dh % 16 == 0). Each key's 16 lane partials fold to 8 (one add); the rest of
-// the fixed tree (j += j+4, j+2, j+1) runs on all 8 keys together with
-// cross-key shuffles, so lane i of the result is key i's dot. The keys are fed
-// in the order 0,4 | 2,6 | 1,5 | 3,7 that makes the shuffles land in place.
-// kG = dh / 16 when known at compile time (the loop unrolls), 0 otherwise.
-template <int kG>
-HWY_INLINE hn::Vec<D> dot8(const float* q, const float* const* k, int64_t dh) {
+// The fixed tree of canonical_dot for 8 keys at once (8-lane vectors): part[i]
+// is key i's 16 lane partials folded to 8 (lane j: j + (j+8)); the rest of the
+// tree (j += j+4, j+2, j+1) runs on all 8 keys together with cross-key
+// shuffles, so lane i of the result is key i's dot. The keys are combined in
+// the order 0,4 | 2,6 | 1,5 | 3,7 that makes the shuffles land in place.
+HWY_INLINE hn::Vec<D> fold8(const hn::Vec<D>* part) {
   const D d;
   const hn::Repartition<double, D> dd;  // 64-bit interleaves, float domain
-  const int64_t len = kG > 0 ? kG * kReduceLanes : dh;
-  auto key = [&](int i) {
-    auto a0 = hn::Zero(d), a1 = hn::Zero(d);
-    for (int64_t c = 0; c < len; c += kReduceLanes) {
-      a0 = hn::MulAdd(hn::LoadU(d, q + c), hn::LoadU(d, k[i] + c), a0);
-      a1 = hn::MulAdd(hn::LoadU(d, q + c + 8), hn::LoadU(d, k[i] + c + 8), a1);
-    }
-    return hn::Add(a0, a1);  // lane j: j + (j+8)
-  };
   // Block 0 gets key a's lanes j + (j+4), block 1 key b's.
   auto fold4 = [&](hn::Vec<D> ra, hn::Vec<D> rb) {
     return hn::Add(hn::ConcatLowerLower(d, rb, ra), hn::ConcatUpperUpper(d, rb, ra));
@@ -190,16 +187,37 @@ HWY_INLINE hn::Vec<D> dot8(const float* q, const float* const* k, int64_t dh) {
     return hn::Add(hn::BitCast(d, hn::InterleaveLower(xd, yd)),
                    hn::BitCast(d, hn::InterleaveUpper(dd, xd, yd)));
   };
-  // Folded as soon as computed, to keep few vectors live.
-  const auto x04 = fold4(key(0), key(4));
-  const auto x26 = fold4(key(2), key(6));
-  const auto y1 = fold2(x04, x26);  // [k0 k0 k2 k2 | k4 k4 k6 k6]
-  const auto x15 = fold4(key(1), key(5));
-  const auto x37 = fold4(key(3), key(7));
-  const auto y2 = fold2(x15, x37);                   // [k1 k1 k3 k3 | k5 k5 k7 k7]
-  const auto z1 = hn::Add(y1, hn::Shuffle2301(y1));  // even lanes: keys 0 2 4 6
-  const auto z2 = hn::Add(y2, hn::Shuffle2301(y2));  // odd lanes: keys 1 3 5 7
+  const auto y1 = fold2(fold4(part[0], part[4]), fold4(part[2], part[6]));  // [k0 k0 k2 k2 | k4 k4 k6 k6]
+  const auto y2 = fold2(fold4(part[1], part[5]), fold4(part[3], part[7]));  // [k1 k1 k3 k3 | k5 k5 k7 k7]
+  const auto z1 = hn::Add(y1, hn::Shuffle2301(y1));                         // even lanes: keys 0 2 4 6
+  const auto z2 = hn::Add(y2, hn::Shuffle2301(y2));                         // odd lanes: keys 1 3 5 7
   return hn::OddEven(z2, z1);
+}
+
+// canonical_dot(q[g], k[i], dh) for kQ queries and 8 keys at once, bit for bit
+// (8-lane vectors, dh % 16 == 0): out[g] lane i is query g's dot with key i.
+// Each loaded key vector feeds all kQ queries (one key load per kQ FMAs
+// instead of one per FMA: scores of one query are load-bound); every pair's
+// two partial chains and fold are canonical_dot's. kG = dh / 16 when known at
+// compile time (the loop unrolls), 0 otherwise.
+template <int kG, int kQ>
+HWY_INLINE void dot8_rows(const float* const* q, const float* const* k, int64_t dh, hn::Vec<D>* out) {
+  const D d;
+  const int64_t len = kG > 0 ? kG * kReduceLanes : dh;
+  hn::Vec<D> part[kQ][8];
+  for (int i = 0; i < 8; ++i) {
+    hn::Vec<D> a0[kQ], a1[kQ];
+    for (int g = 0; g < kQ; ++g) a0[g] = a1[g] = hn::Zero(d);
+    for (int64_t c = 0; c < len; c += kReduceLanes) {
+      const auto k0 = hn::LoadU(d, k[i] + c), k1 = hn::LoadU(d, k[i] + c + 8);
+      for (int g = 0; g < kQ; ++g) {
+        a0[g] = hn::MulAdd(hn::LoadU(d, q[g] + c), k0, a0[g]);
+        a1[g] = hn::MulAdd(hn::LoadU(d, q[g] + c + 8), k1, a1[g]);
+      }
+    }
+    for (int g = 0; g < kQ; ++g) part[g][i] = hn::Add(a0[g], a1[g]);  // lane j: j + (j+8)
+  }
+  for (int g = 0; g < kQ; ++g) out[g] = fold8(part[g]);
 }
 
 // canonical_sum(x, n) for n <= 2 * kReduceLanes, bit for bit: lane j holds
@@ -223,135 +241,229 @@ HWY_INLINE float block_sum(const float* x, int n) {
   return canonical_sum(x, n);
 }
 
-// scores() on 8-lane vectors for dh % 16 == 0; a last partial group of keys is
-// padded with a real row so no lane reads past the rows given.
-template <int kG>
-HWY_INLINE void scores8(const float* q, const float* const* k, int n, int64_t dh, float scale, float* e) {
-  const D d;
-  const auto vs = hn::Set(d, scale);
-  int i = 0;
-  for (; i + 8 <= n; i += 8) hn::StoreU(hn::Mul(dot8<kG>(q, k + i, dh), vs), d, e + i);
-  if (i < n) {
+#if LOCKSTEP_ATTN_WIDE
+// dot8_rows on 16-wide registers (CPUs with AVX-512F, wide_vectors()): one
+// register holds a pair's 16 lane partials, lanes 0-7 the chains dot8_rows
+// keeps in its first vector and lanes 8-15 those of its second, so adding the
+// halves gives the same 8 lanes and fold8 the same dots.
+template <int kG, int kQ>
+__attribute__((target("avx512f"))) void dot8_rows_wide(const float* const* q, const float* const* k,
+                                                       int64_t dh, hn::Vec<D>* out) {
+  const int64_t len = kG > 0 ? kG * kReduceLanes : dh;
+  hn::Vec<D> part[kQ][8];
+  for (int i = 0; i < 8; ++i) {
+    __m512 a[kQ];
+    for (int g = 0; g < kQ; ++g) a[g] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < len; c += kReduceLanes) {
+      const __m512 kv = _mm512_loadu_ps(k[i] + c);
+      for (int g = 0; g < kQ; ++g) a[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q[g] + c), kv, a[g]);
+    }
+    for (int g = 0; g < kQ; ++g) {
+      // The masked form with a zero source: the plain one reads an undefined
+      // source that g++ 12 reports as uninitialized.
+      const __m256 hi =
+          _mm256_castpd_ps(_mm512_mask_extractf64x4_pd(_mm256_setzero_pd(), 0xF, _mm512_castps_pd(a[g]), 1));
+      part[g][i].raw = _mm256_add_ps(_mm512_castps512_ps256(a[g]), hi);  // lane j: j + (j+8)
+    }
+  }
+  for (int g = 0; g < kQ; ++g) out[g] = fold8(part[g]);
+}
+
+// scores8 on dot8_rows_wide.
+template <int kG, int kQ>
+__attribute__((target("avx512f"))) void scores8_wide(const float* const* q, const float* const* k, int n,
+                                                     int64_t dh, float scale, float* const* e) {
+  const __m256 vs = _mm256_set1_ps(scale);
+  hn::Vec<D> r[kQ];
+  for (int i = 0; i < n; i += 8) {
     const float* k8[8];
     for (int j = 0; j < 8; ++j) k8[j] = k[std::min(i + j, n - 1)];  // pad with a real row
-    hn::StoreU(hn::Mul(dot8<kG>(q, k8, dh), vs), d, e + i);
+    dot8_rows_wide<kG, kQ>(q, i + 8 <= n ? k + i : k8, dh, r);
+    for (int g = 0; g < kQ; ++g) _mm256_storeu_ps(e[g] + i, _mm256_mul_ps(r[g].raw, vs));
   }
+}
+#endif
+
+// scores_rows() on 8-lane vectors for dh % 16 == 0 and kQ queries; a last
+// partial group of keys is padded with a real row so no lane reads past the
+// rows given.
+template <int kG, int kQ>
+HWY_INLINE void scores8(const float* const* q, const float* const* k, int n, int64_t dh, float scale,
+                        float* const* e) {
+  const D d;
+  const auto vs = hn::Set(d, scale);
+  hn::Vec<D> r[kQ];
+  for (int i = 0; i < n; i += 8) {
+    const float* k8[8];
+    for (int j = 0; j < 8; ++j) k8[j] = k[std::min(i + j, n - 1)];  // pad with a real row
+    dot8_rows<kG, kQ>(q, i + 8 <= n ? k + i : k8, dh, r);
+    for (int g = 0; g < kQ; ++g) hn::StoreU(hn::Mul(r[g], vs), d, e[g] + i);
+  }
+}
+
+// Groups of up to 4 queries, on 16- or 8-wide registers.
+template <int kG, int kQ>
+HWY_INLINE void scores8_group(const float* const* q, const float* const* k, int n, int64_t dh, float scale,
+                              float* const* e, bool wide) {
+#if LOCKSTEP_ATTN_WIDE
+  if (wide) return scores8_wide<kG, kQ>(q, k, n, dh, scale, e);
+#else
+  (void)wide;
+#endif
+  scores8<kG, kQ>(q, k, n, dh, scale, e);
+}
+
+template <int kG>
+HWY_INLINE void scores8_rows(const float* const* q, int nq, const float* const* k, int n, int64_t dh,
+                             float scale, float* const* e, bool wide) {
+  int g = 0;
+  for (; g + 4 <= nq; g += 4) scores8_group<kG, 4>(q + g, k, n, dh, scale, e + g, wide);
+  switch (nq - g) {
+    case 3: return scores8_group<kG, 3>(q + g, k, n, dh, scale, e + g, wide);
+    case 2: return scores8_group<kG, 2>(q + g, k, n, dh, scale, e + g, wide);
+    case 1: return scores8_group<kG, 1>(q + g, k, n, dh, scale, e + g, wide);
+    default: return;
+  }
+}
+
+// e[g][i] = canonical_dot(q[g], k[i], dh) * scale for g < nq, i < n, bit for
+// bit: the scores of several queries (heads of a group, query rows of a tile)
+// against the same keys, which are loaded once per group of up to 4 queries.
+// May write each e[g] up to the next multiple of 8 past n. `wide`: 16-wide
+// registers (wide_vectors(), read once per kernel call), the same bits.
+HWY_INLINE void scores_rows(const float* const* q, int nq, const float* const* k, int n, int64_t dh,
+                            float scale, float* const* e, bool wide) {
+  if (n <= 0) return;
+  if constexpr (hn::MaxLanes(D()) == 8) {
+    switch (dh) {
+      case 16: return scores8_rows<1>(q, nq, k, n, dh, scale, e, wide);
+      case 32: return scores8_rows<2>(q, nq, k, n, dh, scale, e, wide);
+      case 64: return scores8_rows<4>(q, nq, k, n, dh, scale, e, wide);
+      case 128: return scores8_rows<8>(q, nq, k, n, dh, scale, e, wide);
+      default:
+        if (dh % kReduceLanes == 0) return scores8_rows<0>(q, nq, k, n, dh, scale, e, wide);
+    }
+  }
+  for (int g = 0; g < nq; ++g)
+    for (int i = 0; i < n; ++i) e[g][i] = dot(q[g], k[i], dh) * scale;
 }
 
 // e[i] = canonical_dot(q, k[i], dh) * scale for i < n, bit for bit. May write
 // e up to the next multiple of 8 past n.
-HWY_INLINE void scores(const float* q, const float* const* k, int n, int64_t dh, float scale, float* e) {
-  if constexpr (hn::MaxLanes(D()) == 8) {
-    switch (dh) {
-      case 16: return scores8<1>(q, k, n, dh, scale, e);
-      case 32: return scores8<2>(q, k, n, dh, scale, e);
-      case 64: return scores8<4>(q, k, n, dh, scale, e);
-      case 128: return scores8<8>(q, k, n, dh, scale, e);
-      default:
-        if (dh % kReduceLanes == 0) return scores8<0>(q, k, n, dh, scale, e);
-    }
-  }
-  for (int i = 0; i < n; ++i) e[i] = dot(q, k[i], dh) * scale;
+HWY_INLINE void scores(const float* q, const float* const* k, int n, int64_t dh, float scale, float* e,
+                       bool wide) {
+  scores_rows(&q, 1, k, n, dh, scale, &e, wide);
 }
 
-// acc[d] = acc[d] * alpha (or 0 when `zero`), then acc[d] = fma(w[i], rows[i][d], acc[d])
-// for i = 0..n-1 in order: one fma chain per element, so the bits do not depend
-// on the vector width. Rows are walked in chunks of 4 vectors so the partial
-// sums stay in registers across the n rows.
-HWY_INLINE void scale_and_accumulate(float* acc, int64_t dh, bool zero, float alpha, const float* w,
-                                     const float* const* rows, int n) {
-  const D d;
-  constexpr int64_t N = hn::MaxLanes(D());
-  const bool rescale = !zero && alpha != 1.0f;  // x * 1 == x exactly: skipping is bit-identical
-  const auto va = hn::Set(d, alpha);
-  int64_t c = 0;
-  for (; c + 4 * N <= dh; c += 4 * N) {
-    auto a0 = zero ? hn::Zero(d) : hn::LoadU(d, acc + c);
-    auto a1 = zero ? hn::Zero(d) : hn::LoadU(d, acc + c + N);
-    auto a2 = zero ? hn::Zero(d) : hn::LoadU(d, acc + c + 2 * N);
-    auto a3 = zero ? hn::Zero(d) : hn::LoadU(d, acc + c + 3 * N);
-    if (rescale) {
-      a0 = hn::Mul(a0, va);
-      a1 = hn::Mul(a1, va);
-      a2 = hn::Mul(a2, va);
-      a3 = hn::Mul(a3, va);
-    }
-    for (int i = 0; i < n; ++i) {
-      const auto wi = hn::Set(d, w[i]);
-      const float* r = rows[i] + c;
-      a0 = hn::MulAdd(wi, hn::LoadU(d, r), a0);
-      a1 = hn::MulAdd(wi, hn::LoadU(d, r + N), a1);
-      a2 = hn::MulAdd(wi, hn::LoadU(d, r + 2 * N), a2);
-      a3 = hn::MulAdd(wi, hn::LoadU(d, r + 3 * N), a3);
-    }
-    hn::StoreU(a0, d, acc + c);
-    hn::StoreU(a1, d, acc + c + N);
-    hn::StoreU(a2, d, acc + c + 2 * N);
-    hn::StoreU(a3, d, acc + c + 3 * N);
-  }
-  for (; c + N <= dh; c += N) {
-    auto a0 = zero ? hn::Zero(d) : hn::LoadU(d, acc + c);
-    if (rescale) a0 = hn::Mul(a0, va);
-    for (int i = 0; i < n; ++i) a0 = hn::MulAdd(hn::Set(d, w[i]), hn::LoadU(d, rows[i] + c), a0);
-    hn::StoreU(a0, d, acc + c);
-  }
-  for (; c < dh; ++c) {
-    float a = zero ? 0.0f : acc[c];
-    if (rescale) a = a * alpha;
-    for (int i = 0; i < n; ++i) a = std::fma(w[i], rows[i][c], a);
-    acc[c] = a;
-  }
-}
-
-// The same for kM query heads that share the rows (one kv group): head g's
-// acc[g][d] = zero ? 0 : acc[g][d] * alpha[g], then fma(w[g][i], rows[i][d], .)
-// for i in order. Each loaded row feeds all kM heads, and the kM * 2 partial
-// vectors give independent fma chains to hide the fma latency; the bits of
-// every element are those of scale_and_accumulate for that head alone.
-template <int kM>
-HWY_INLINE void accumulate_heads(float* const* acc, int64_t dh, bool zero, const float* alpha,
+// acc[c, c + kW*N) of accumulate_heads for kM heads: kM * kW partial vectors,
+// independent fma chains. Each loaded row vector feeds all kM heads.
+template <int kM, int kW>
+HWY_INLINE void accumulate_chunk(float* const* acc, int64_t c, bool zero, const float* alpha,
                                  const float* const* w, const float* const* rows, int n) {
   const D d;
   constexpr int64_t N = hn::MaxLanes(D());
-  int64_t c = 0;
-  for (; c + 2 * N <= dh; c += 2 * N) {
-    hn::Vec<D> a0[kM], a1[kM];
-    for (int g = 0; g < kM; ++g) {
-      const auto va = hn::Set(d, alpha[g]);
-      a0[g] = zero ? hn::Zero(d) : hn::Mul(hn::LoadU(d, acc[g] + c), va);
-      a1[g] = zero ? hn::Zero(d) : hn::Mul(hn::LoadU(d, acc[g] + c + N), va);
+  hn::Vec<D> a[kM][kW];
+  for (int g = 0; g < kM; ++g) {
+    const auto va = hn::Set(d, alpha[g]);
+    const bool rescale = !zero && alpha[g] != 1.0f;  // x * 1 == x exactly: skipping is bit-identical
+    for (int v = 0; v < kW; ++v) {
+      a[g][v] = zero ? hn::Zero(d) : hn::LoadU(d, acc[g] + c + v * N);
+      if (rescale) a[g][v] = hn::Mul(a[g][v], va);
     }
-    for (int i = 0; i < n; ++i) {
-      const auto v0 = hn::LoadU(d, rows[i] + c);
-      const auto v1 = hn::LoadU(d, rows[i] + c + N);
+  }
+  for (int i = 0; i < n; ++i) {
+    const float* r = rows[i] + c;
+    if constexpr (kM == 1) {
+      const auto wi = hn::Set(d, w[0][i]);
+      for (int v = 0; v < kW; ++v) a[0][v] = hn::MulAdd(wi, hn::LoadU(d, r + v * N), a[0][v]);
+    } else {
+      hn::Vec<D> rv[kW];
+      for (int v = 0; v < kW; ++v) rv[v] = hn::LoadU(d, r + v * N);
       for (int g = 0; g < kM; ++g) {
         const auto wg = hn::Set(d, w[g][i]);
-        a0[g] = hn::MulAdd(wg, v0, a0[g]);
-        a1[g] = hn::MulAdd(wg, v1, a1[g]);
+        for (int v = 0; v < kW; ++v) a[g][v] = hn::MulAdd(wg, rv[v], a[g][v]);
       }
     }
+  }
+  for (int g = 0; g < kM; ++g)
+    for (int v = 0; v < kW; ++v) hn::StoreU(a[g][v], d, acc[g] + c + v * N);
+}
+
+#if LOCKSTEP_ATTN_WIDE
+// accumulate_chunk on 16-wide registers: kW of them per head, the same
+// per-element chains.
+template <int kM, int kW>
+__attribute__((target("avx512f"))) void accumulate_chunk_wide(float* const* acc, int64_t c, bool zero,
+                                                              const float* alpha, const float* const* w,
+                                                              const float* const* rows, int n) {
+  constexpr int64_t N = 16;
+  __m512 a[kM][kW];
+  for (int g = 0; g < kM; ++g) {
+    const __m512 va = _mm512_set1_ps(alpha[g]);
+    const bool rescale = !zero && alpha[g] != 1.0f;
+    for (int v = 0; v < kW; ++v) {
+      a[g][v] = zero ? _mm512_setzero_ps() : _mm512_loadu_ps(acc[g] + c + v * N);
+      if (rescale) a[g][v] = _mm512_mul_ps(a[g][v], va);
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    const float* r = rows[i] + c;
+    __m512 rv[kW];
+    for (int v = 0; v < kW; ++v) rv[v] = _mm512_loadu_ps(r + v * N);
     for (int g = 0; g < kM; ++g) {
-      hn::StoreU(a0[g], d, acc[g] + c);
-      hn::StoreU(a1[g], d, acc[g] + c + N);
+      const __m512 wg = _mm512_set1_ps(w[g][i]);
+      for (int v = 0; v < kW; ++v) a[g][v] = _mm512_fmadd_ps(wg, rv[v], a[g][v]);
     }
   }
-  for (; c + N <= dh; c += N) {
-    hn::Vec<D> a0[kM];
-    for (int g = 0; g < kM; ++g)
-      a0[g] = zero ? hn::Zero(d) : hn::Mul(hn::LoadU(d, acc[g] + c), hn::Set(d, alpha[g]));
-    for (int i = 0; i < n; ++i) {
-      const auto v0 = hn::LoadU(d, rows[i] + c);
-      for (int g = 0; g < kM; ++g) a0[g] = hn::MulAdd(hn::Set(d, w[g][i]), v0, a0[g]);
-    }
-    for (int g = 0; g < kM; ++g) hn::StoreU(a0[g], d, acc[g] + c);
+  for (int g = 0; g < kM; ++g)
+    for (int v = 0; v < kW; ++v) _mm512_storeu_ps(acc[g] + c + v * N, a[g][v]);
+}
+#endif
+
+// For kM query heads that share the rows (one kv group): head g's acc[g][d] =
+// zero ? 0 : acc[g][d] * alpha[g], then acc[g][d] = fma(w[g][i], rows[i][d],
+// acc[g][d]) for i = 0..n-1 in order: one fma chain per element, so the bits
+// do not depend on the vector width or on how many heads run together. The
+// columns go in chunks wide enough for 8 independent chains (2 FMA ports x 4
+// cycles of latency), so the chains do not wait on each other.
+template <int kM>
+HWY_INLINE void accumulate_heads(float* const* acc, int64_t dh, bool zero, const float* alpha,
+                                 const float* const* w, const float* const* rows, int n, bool wide) {
+  constexpr int64_t N = hn::MaxLanes(D());
+  constexpr int kWide = kM == 1 ? 8 : kM == 2 ? 4 : 2;  // vectors per chunk
+  int64_t c = 0;
+#if LOCKSTEP_ATTN_WIDE
+  if (wide) {
+    // The same chunk widths in 16-wide registers (16 wide chains cover the
+    // latency; half as many for one head), then the 8-wide code for the rest.
+    constexpr int kW16 = kM == 1 ? 4 : kM == 2 ? 4 : 2;
+    for (; c + kW16 * 16 <= dh; c += kW16 * 16)
+      accumulate_chunk_wide<kM, kW16>(acc, c, zero, alpha, w, rows, n);
+    for (; c + 16 <= dh; c += 16) accumulate_chunk_wide<kM, 1>(acc, c, zero, alpha, w, rows, n);
   }
+#else
+  (void)wide;
+#endif
+  for (; c + kWide * N <= dh; c += kWide * N) accumulate_chunk<kM, kWide>(acc, c, zero, alpha, w, rows, n);
+  if constexpr (kWide > 2) {
+    for (; c + 2 * N <= dh; c += 2 * N) accumulate_chunk<kM, 2>(acc, c, zero, alpha, w, rows, n);
+  }
+  for (; c + N <= dh; c += N) accumulate_chunk<kM, 1>(acc, c, zero, alpha, w, rows, n);
   for (; c < dh; ++c) {
     for (int g = 0; g < kM; ++g) {
-      float a = zero ? 0.0f : acc[g][c] * alpha[g];
+      float a = zero ? 0.0f : acc[g][c];
+      if (!zero && alpha[g] != 1.0f) a = a * alpha[g];
       for (int i = 0; i < n; ++i) a = std::fma(w[g][i], rows[i][c], a);
       acc[g][c] = a;
     }
   }
+}
+
+// acc[d] = acc[d] * alpha (or 0 when `zero`), then acc[d] = fma(w[i], rows[i][d], acc[d])
+// for i = 0..n-1 in order: accumulate_heads for one head.
+HWY_INLINE void scale_and_accumulate(float* acc, int64_t dh, bool zero, float alpha, const float* w,
+                                     const float* const* rows, int n, bool wide) {
+  accumulate_heads<1>(&acc, dh, zero, &alpha, &w, rows, n, wide);
 }
 
 // y[d] = x[d] * s (or / s when `divide`): the final normalization of a row.

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "lockstep/kernels/cpu/gemm_microkernel.h"
+#include "lockstep/kernels/cpu/wide.h"
 #include "lockstep/kernels/gpu/backend.h"
 
 namespace lockstep::kernels {
@@ -48,9 +49,35 @@ constexpr int64_t kStageBytes = 4 << 20;
 // more than it saves (measured: M=16, N=K=256 ran faster on one thread).
 constexpr int64_t kMinParallelFlops = int64_t{1} << 23;
 
+// Row tiles of the 16-wide f32 kernels: up to 12 rows x 2 panels (24 of the
+// 32 zmm registers accumulate); from 4 rows up (fewer rows take the 8-wide
+// tiles, whose several panels give them enough chains).
+constexpr int kWideTileRows = 12;
+constexpr int kWideMinRows = 4;
+
 // Panels per tile by tile rows: few rows take several panels so there are
 // at least 8 independent FMA chains (2 FMA ports x 4 cycles latency).
-inline int preferred_panels(int rows) { return rows == 1 ? 4 : rows <= 3 ? 2 : 1; }
+inline int preferred_panels(int rows, bool wide) {
+  if (wide && rows >= kWideMinRows) return 2;
+  return rows == 1 ? 4 : rows <= 3 ? 2 : 1;
+}
+
+#if LOCKSTEP_GEMM_AVX2
+template <ALayout kA, int NP>
+TileFn wide_tile_fn(int rows) {
+  switch (rows) {
+    case 4: return &micro_tile_wide<kA, 4, NP>;
+    case 5: return &micro_tile_wide<kA, 5, NP>;
+    case 6: return &micro_tile_wide<kA, 6, NP>;
+    case 7: return &micro_tile_wide<kA, 7, NP>;
+    case 8: return &micro_tile_wide<kA, 8, NP>;
+    case 9: return &micro_tile_wide<kA, 9, NP>;
+    case 10: return &micro_tile_wide<kA, 10, NP>;
+    case 11: return &micro_tile_wide<kA, 11, NP>;
+    default: return &micro_tile_wide<kA, 12, NP>;
+  }
+}
+#endif
 
 template <BKind kB, ALayout kA>
 TileFn tile_fn(int rows, int panels) {
@@ -72,7 +99,18 @@ TileFn tile_fn(int rows, int panels) {
   }
 }
 
-TileFn pick_tile(BKind kind, ALayout layout, int rows, int panels) {
+TileFn pick_tile(BKind kind, ALayout layout, int rows, int panels, bool wide) {
+#if LOCKSTEP_GEMM_AVX2
+  if (wide && kind == BKind::F32 && rows >= kWideMinRows) {
+    if (layout == ALayout::RowsContiguous)
+      return panels > 1 ? wide_tile_fn<ALayout::RowsContiguous, 2>(rows)
+                        : wide_tile_fn<ALayout::RowsContiguous, 1>(rows);
+    return panels > 1 ? wide_tile_fn<ALayout::RowsAlongT, 2>(rows)
+                      : wide_tile_fn<ALayout::RowsAlongT, 1>(rows);
+  }
+#else
+  (void)wide;
+#endif
   if (layout == ALayout::RowsContiguous) return tile_fn<BKind::F32, ALayout::RowsContiguous>(rows, panels);
   switch (kind) {
     case BKind::F32: return tile_fn<BKind::F32, ALayout::RowsAlongT>(rows, panels);
@@ -184,8 +222,11 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
   const int64_t panel_elems = T * kPanel;
   const int64_t stored_panel_bytes = T * row_bytes;
   const int64_t panel_bytes = std::max<int64_t>(1, direct ? stored_panel_bytes : panel_elems * 4);
-  const int64_t block = std::max<int64_t>(1, kBlockBytes / panel_bytes);
-  const int max_rows = has_scales(kind) ? kFp8TileRows : kMaxTileRows;
+  const bool wide = kind == BKind::F32 && wide_vectors();
+  // Wide tiles want two panels: blocks of at least two, even past kBlockBytes
+  // (long chains: the L2 of CPUs with AVX-512 holds 1-2 MiB).
+  const int64_t block = std::max<int64_t>(wide ? 2 : 1, kBlockBytes / panel_bytes);
+  const int max_rows = has_scales(kind) ? kFp8TileRows : wide ? kWideTileRows : kMaxTileRows;
   const int64_t KB = pw && pw->storage == DType::FP8E4M3 ? pw->scale_blocks_k() : 0;
   const int64_t block_k = pw && pw->storage == DType::FP8E4M3 ? (pw->block_k > 0 ? pw->block_k : std::max<int64_t>(T, 1)) : 0;
   // Staged panels are prepared a chunk at a time: wide enough that plain rows
@@ -199,8 +240,8 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
   // (M, K) A would stream from DRAM once per panel.
   const bool panel_outer = panel_bytes <= kL1PanelBytes && r1 - r0 > 2 * max_rows;
   const int64_t a_rows =
-      std::max<int64_t>(kMaxTileRows, (panel_outer ? kAL2Bytes : kABlockBytes) / std::max<int64_t>(1, T * 4)) /
-      kMaxTileRows * kMaxTileRows;
+      std::max<int64_t>(max_rows, (panel_outer ? kAL2Bytes : kABlockBytes) / std::max<int64_t>(1, T * 4)) /
+      max_rows * max_rows;
 
   const bool pack_a = pb.layout == ALayout::RowsContiguous;
   Scratch apack;
@@ -239,7 +280,7 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
           g.sps = KB * kPanel;
           g.block_k = block_k;
         }
-        pick_tile(kind, pb.layout, rows, np)(g);
+        pick_tile(kind, pb.layout, rows, np, wide)(g);
       };
       if (panel_outer) {
         // A panel fits in L1: it stays there while the row tiles of the
@@ -258,7 +299,7 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
         // memory system always has the next streams in flight.
         const bool prefetch_group = direct && m1 - m0 <= max_rows;
         for_row_tiles(m0, m1, max_rows, [&](int64_t r, int rows) {
-          const int want = preferred_panels(rows);
+          const int want = preferred_panels(rows, wide);
           const bool last_tile = r + rows == m1;
           for (int64_t p = b0; p < b1;) {
             const int np = b1 - p >= want ? want : 1;

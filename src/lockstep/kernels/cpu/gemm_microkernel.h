@@ -236,6 +236,80 @@ void micro_tile(const TileArgs& g) {
   }
 }
 
+// f32 tiles on 16-wide vectors, for CPUs with AVX-512 (compiled for it here,
+// called only where the CPU reports it; see wide_vectors()): a 16-column
+// panel row is one zmm register, so MR x NP accumulators hold MR x 16 NP
+// outputs. Each output is the same FMA chain over t as in micro_tile (the
+// vector width only decides how many chains run side by side), so the bits
+// are the same.
+template <ALayout kA, int MR, int NP>
+__attribute__((target("avx512f"))) void micro_tile_wide(const TileArgs& g) {
+  __m512 acc[MR][NP];
+#pragma GCC unroll 32
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_ps();
+  const int64_t T = g.t_count;
+  const float* bp[NP];
+#pragma GCC unroll 4
+  for (int p = 0; p < NP; ++p) bp[p] = static_cast<const float*>(g.b) + p * g.bps;
+  if constexpr (kA == ALayout::RowsAlongT) {
+    const float* ap[MR];
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) ap[r] = g.a + r * g.as;
+    const char* pf = g.pf;
+    const int pf_lines = g.pf_ps != 0 ? NP : 1;
+#pragma GCC unroll 2
+    for (int64_t t = 0; t < T; ++t, pf += g.pf_step) {
+#pragma GCC unroll 4
+      for (int p = 0; p < pf_lines; ++p) _mm_prefetch(pf + p * g.pf_ps, _MM_HINT_T0);
+      __m512 bv[NP];
+#pragma GCC unroll 4
+      for (int p = 0; p < NP; ++p) bv[p] = _mm512_loadu_ps(bp[p] + t * kPanel);
+#pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) {
+        const __m512 x = _mm512_set1_ps(ap[r][t]);
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_fmadd_ps(x, bv[p], acc[r][p]);
+      }
+    }
+  } else {
+    const float* at = g.a;
+    const char* pf = g.pf;
+#pragma GCC unroll 2
+    for (int64_t t = 0; t < T; ++t, at += g.as, pf += g.pf_step) {
+      _mm_prefetch(pf, _MM_HINT_T0);
+      __m512 bv[NP];
+#pragma GCC unroll 4
+      for (int p = 0; p < NP; ++p) bv[p] = _mm512_loadu_ps(bp[p] + t * kPanel);
+#pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) {
+        const __m512 x = _mm512_set1_ps(at[r]);
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_fmadd_ps(x, bv[p], acc[r][p]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int p = 0; p < NP; ++p) {
+    const int64_t cols = g.ncols - p * kPanel;
+    if (cols <= 0) break;
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      float* c = g.c + r * g.ldc + p * kPanel;
+      if (cols >= kPanel) {
+        __m512 v = acc[r][p];
+        if (g.accumulate) v = _mm512_add_ps(_mm512_loadu_ps(c), v);  // c + chain, as store_row16
+        _mm512_storeu_ps(c, v);
+      } else {  // the valid columns only, element by element (no access past them)
+        alignas(64) float tmp[kPanel];
+        _mm512_store_ps(tmp, acc[r][p]);
+        store_row16(c, tmp, cols, g.accumulate);
+      }
+    }
+  }
+}
+
 #else  // portable fallback: the same chains with std::fma
 
 template <BKind kB>
