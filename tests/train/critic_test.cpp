@@ -35,7 +35,7 @@ std::vector<TrainSequence> sequences() {
   return seqs;
 }
 
-std::unique_ptr<Critic> make_critic(int64_t micro_batch_tokens = 1 << 20) {
+std::unique_ptr<Critic> make_critic(int64_t micro_batch_tokens = 1 << 20, bool recompute = false) {
   const ModelConfig c = dense();
   ParamLayout layout(c);
   Buffer p = alloc_params(layout);
@@ -43,6 +43,7 @@ std::unique_ptr<Critic> make_critic(int64_t micro_batch_tokens = 1 << 20) {
   CriticConfig cc;
   cc.micro_batch_tokens = micro_batch_tokens;
   cc.optim.lr = 1e-2;
+  cc.recompute_activations = recompute;
   auto critic = std::make_unique<Critic>(Context{}, c, std::move(p), cc);
   // A nonzero head, so the body's gradient is not zero.
   for (int64_t d = 0; d <= c.hidden_size; ++d)
@@ -125,6 +126,38 @@ TEST(Critic, ValuesDoNotDependOnTheMicroBatchCut) {
   for (size_t i = 0; i < seqs.size(); ++i) {
     ASSERT_EQ(int64_t(whole[i].size()), seqs[i].num_targets());
     for (size_t t = 0; t < whole[i].size(); ++t) EXPECT_EQ(whole[i][t], cut[i][t]) << i << " " << t;
+  }
+}
+
+// With recompute_activations the critic keeps one layer's K/V (each layer's
+// recompute writes its keys again before its attention backward): the loss,
+// the body's and the head's gradients and the values have the same bits.
+TEST(Critic, RecomputeGivesTheSameBits) {
+  const auto seqs = sequences();
+  const ValueLossFn loss = [](size_t i, const float* v, int64_t n, float* dv) {
+    double l = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      const double e = double(v[t]) - target(i, t);
+      l += 0.5 * e * e;
+      dv[t] = float(e);
+    }
+    return l;
+  };
+  for (int64_t mbt : {int64_t(1) << 20, int64_t(5)}) {
+    auto plain = make_critic(mbt), recomputed = make_critic(mbt, true);
+    const std::vector<std::vector<float>> v0 = recomputed->values(seqs);  // a scoring pass first
+    const double l_plain = plain->accumulate(seqs, loss), l_re = recomputed->accumulate(seqs, loss);
+    EXPECT_EQ(l_plain, l_re);
+    const int64_t n = plain->body().layout().numel();
+    int differ = 0;
+    for (int64_t k = 0; k < n; ++k)
+      differ += plain->body().grads()[k] != recomputed->body().grads()[k] ? 1 : 0;
+    EXPECT_EQ(differ, 0) << "of " << n << " body gradients";
+    for (int64_t d = 0; d <= dense().hidden_size; ++d)
+      EXPECT_EQ(plain->head_grads()[d], recomputed->head_grads()[d]);
+    const auto v1 = plain->values(seqs);
+    ASSERT_EQ(v0.size(), v1.size());
+    for (size_t i = 0; i < v0.size(); ++i) EXPECT_EQ(v0[i], v1[i]) << i;
   }
 }
 

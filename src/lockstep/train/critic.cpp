@@ -175,10 +175,15 @@ double Critic::run(const std::vector<TrainSequence>& seqs, const ValueLossFn* lo
     for (size_t i = b0; i < b1; ++i) nb += blocks_of(seqs[i], bs);
     max_blocks_total = std::max(max_blocks_total, nb);
   }
-  model::KvCache& kv = loss ? rb.kv : rb.score_kv;
+  // As the trainer's passes: only a training pass without recompute keeps
+  // every layer's keys; scoring and recompute (which writes a layer's keys
+  // again in its backward) share one layer's K/V array.
+  const bool every_layer_kv = loss != nullptr && !cfg_.recompute_activations;
+  model::KvCache& kv = every_layer_kv ? rb.kv : rb.score_kv;
   if (kv.num_blocks() < max_blocks_total || kv.block_size() != bs)
-    kv = loss ? model::KvCache(c, max_blocks_total, bs, DType::F32, rb.memory)
-              : model::KvCache::scoring_scratch(c, max_blocks_total, bs, rb.memory);
+    kv = every_layer_kv ? model::KvCache(c, max_blocks_total, bs, DType::F32, rb.memory)
+                        : model::KvCache::scoring_scratch(c, max_blocks_total, bs, rb.memory);
+  if (!every_layer_kv) rb.kv = model::KvCache();  // a full cache left by an earlier pass
   const ModelParams grads = bind(body_->layout(), body_->grads());
   double total = 0;
   std::vector<float> v, dv;
@@ -210,7 +215,7 @@ double Critic::run(const std::vector<TrainSequence>& seqs, const ValueLossFn* lo
     head_backward(host_, head_.data(), h, dv.data(), Tensor(dh_host.data(), DType::F32, {R, D}),
                   head_grad_.data());
     rb.memory.copy_in(dh.data, dh_host.data(), dh_host.size() * sizeof(float));
-    model::backward_from_head_input(ctx_, body_->weights(), rb.kv, rb.ws, batch, rb.acts, dh, grads);
+    model::backward_from_head_input(ctx_, body_->weights(), kv, rb.ws, batch, rb.acts, dh, grads);
   }
   return total;
 }

@@ -434,11 +434,18 @@ HWY_INLINE void accumulate_heads(float* const* acc, int64_t dh, bool zero, const
   int64_t c = 0;
 #if LOCKSTEP_ATTN_WIDE
   if (wide) {
-    // The same chunk widths in 16-wide registers (16 wide chains cover the
-    // latency; half as many for one head), then the 8-wide code for the rest.
-    constexpr int kW16 = kM == 1 ? 4 : kM == 2 ? 4 : 2;
+    // 8 independent chains of 16 lanes where the head width allows (a whole
+    // 128-wide row for one head), narrower chunks for the rest, then the
+    // 8-wide code for a tail under 16.
+    constexpr int kW16 = kM == 1 ? 8 : kM == 2 ? 4 : 2;
     for (; c + kW16 * 16 <= dh; c += kW16 * 16)
       accumulate_chunk_wide<kM, kW16>(acc, c, zero, alpha, w, rows, n);
+    if constexpr (kW16 > 4) {
+      for (; c + 64 <= dh; c += 64) accumulate_chunk_wide<kM, 4>(acc, c, zero, alpha, w, rows, n);
+    }
+    if constexpr (kW16 > 2) {
+      for (; c + 32 <= dh; c += 32) accumulate_chunk_wide<kM, 2>(acc, c, zero, alpha, w, rows, n);
+    }
     for (; c + 16 <= dh; c += 16) accumulate_chunk_wide<kM, 1>(acc, c, zero, alpha, w, rows, n);
   }
 #else
