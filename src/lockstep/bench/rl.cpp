@@ -90,6 +90,14 @@ rl::RlConfig rl_config(const RlBenchOptions& opt, const std::string& out_dir) {
   cfg.rollout.sampling.n = opt.samples;
   cfg.rollout.sampling.max_new_tokens = opt.new_tokens;
   cfg.rollout.sampling.ignore_eos = true;
+  // A KV cache that holds every sample at its full length, as a user sizes
+  // `[rollout] kv_blocks` for the step: the default 1,024 blocks (16,384
+  // tokens) would make long samples preempt each other and recompute.
+  {
+    const int64_t bs = cfg.rollout.engine.block_size, len = opt.prompt_len + opt.new_tokens;
+    const int64_t need = opt.prompts * opt.samples * ((len + bs - 1) / bs + 1) + 16;
+    cfg.rollout.engine.num_blocks = std::max(cfg.rollout.engine.num_blocks, need);
+  }
   cfg.rollout.precision = precision_name(opt.precision);
   cfg.rollout.trainer_precision = precision_name(opt.trainer_precision);
   cfg.trainer.micro_batch_tokens = opt.micro_batch_tokens;
