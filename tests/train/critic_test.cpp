@@ -63,18 +63,21 @@ double loss_of(const std::vector<std::vector<float>>& v) {
   return l;
 }
 
+// The same loss as the critic sees it: its value and dloss/dv of sequence i's n values.
+double smooth_loss(size_t i, const float* v, int64_t n, float* dv) {
+  double l = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const double e = double(v[t]) - target(i, t);
+    l += 0.5 * e * e;
+    dv[t] = float(e);
+  }
+  return l;
+}
+
 TEST(Critic, HeadAndBodyGradientsMatchFiniteDifferences) {
   auto critic = make_critic();
   const auto seqs = sequences();
-  const ValueLossFn loss = [](size_t i, const float* v, int64_t n, float* dv) {
-    double l = 0;
-    for (int64_t t = 0; t < n; ++t) {
-      const double e = double(v[t]) - target(i, t);
-      l += 0.5 * e * e;
-      dv[t] = float(e);
-    }
-    return l;
-  };
+  const ValueLossFn loss = smooth_loss;
   const double l0 = critic->accumulate(seqs, loss);
   EXPECT_NEAR(l0, loss_of(critic->values(seqs)), 1e-9 * std::max(1.0, l0));
   Trainer& body = critic->body();
@@ -134,15 +137,7 @@ TEST(Critic, ValuesDoNotDependOnTheMicroBatchCut) {
 // the body's and the head's gradients and the values have the same bits.
 TEST(Critic, RecomputeGivesTheSameBits) {
   const auto seqs = sequences();
-  const ValueLossFn loss = [](size_t i, const float* v, int64_t n, float* dv) {
-    double l = 0;
-    for (int64_t t = 0; t < n; ++t) {
-      const double e = double(v[t]) - target(i, t);
-      l += 0.5 * e * e;
-      dv[t] = float(e);
-    }
-    return l;
-  };
+  const ValueLossFn loss = smooth_loss;
   for (int64_t mbt : {int64_t(1) << 20, int64_t(5)}) {
     auto plain = make_critic(mbt), recomputed = make_critic(mbt, true);
     const std::vector<std::vector<float>> v0 = recomputed->values(seqs);  // a scoring pass first
