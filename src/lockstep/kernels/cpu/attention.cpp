@@ -206,12 +206,13 @@ struct Running {
   float l = 0.0f;  // running sum of exp(score - m)
 };
 
-// Folds one key block (n keys, rows kp / vp of one kv head) into the states of
-// the nh query heads q[0..nh) of that group, exactly as the contract in
-// attention.h spells it per head. acc[g] (Dh) is head g's unnormalized output.
-// wide: 16-wide registers (wide_vectors()), the same bits.
+// Folds one key block (n keys, rows kp / vp of one kv head) into the states
+// st[g] of the nh query rows q[0..nh) that see all n keys (heads of that
+// group, of one or several tokens), exactly as the contract in attention.h
+// spells it per row. acc[g] (Dh) is row g's unnormalized output. wide:
+// 16-wide registers (wide_vectors()), the same bits.
 void attend_group(const float* const* q, int nh, const float* const* kp, const float* const* vp, int n,
-                  int64_t dh, float scale, bool first, Running* st, float* const* acc, bool wide) {
+                  int64_t dh, float scale, bool first, Running* const* st, float* const* acc, bool wide) {
   constexpr int kPass = 4;  // heads per accumulation pass: 8 live partial vectors of 16 registers
   constexpr int kVec = static_cast<int>(hn::MaxLanes(D()));
   // exps are taken over whole vectors (vexp's bits per element depend neither
@@ -226,7 +227,7 @@ void attend_group(const float* const* q, int nh, const float* const* kp, const f
     scores_rows(q + g0, m, kp, n, dh, scale, ep, wide);  // the pass's heads share each key load
     for (int g = 0; g < m; ++g) {
       float* eg = e[g];
-      const Running& sg = st[g0 + g];
+      const Running& sg = *st[g0 + g];
       const float mb = block_max(eg, n);
       // Same NaN behaviour as max_reduce: a NaN anywhere propagates.
       m_new[g] = first ? mb : ((mb > sg.m || std::isnan(mb)) ? mb : sg.m);
@@ -238,7 +239,7 @@ void attend_group(const float* const* q, int nh, const float* const* kp, const f
     }
     if (!first) vexp(alpha, alpha, kVec);  // the pass's rescale factors in one call
     for (int g = 0; g < m; ++g) {
-      Running& sg = st[g0 + g];
+      Running& sg = *st[g0 + g];
       const float lb = block_sum(e[g], n);
       sg.l = first ? lb : sg.l * alpha[g] + lb;
       sg.m = m_new[g];
@@ -252,6 +253,44 @@ void attend_group(const float* const* q, int nh, const float* const* kp, const f
     }
   }
 }
+
+// A query tile's rows: (tile, H) online-softmax states, query rows and
+// partial outputs, by (token, head), and the batch of one attend_group call.
+struct TileRows {
+  std::vector<Running> st;
+  std::vector<const float*> q;
+  std::vector<float*> acc;
+  std::vector<const float*> bq;
+  std::vector<Running*> bst;
+  std::vector<float*> bacc;
+  explicit TileRows(size_t n) : st(n), q(n), acc(n), bq(n), bst(n), bacc(n) {}
+
+  // Folds key block (keys from p0: rows kp, vp of one kv head) into heads
+  // [hs, he) of the tile's nt tokens (positions pos[0..nt)). Consecutive
+  // tokens that see the same number of keys (all of a block below the
+  // diagonal) fold it in one call, sharing each key and value load.
+  void fold_block(const int32_t* pos, int64_t nt, int64_t H, int64_t hs, int64_t he, int64_t p0, bool first,
+                  const float* const* kp, const float* const* vp, int64_t dh, float scale, bool wide) {
+    int nb = 0, n_batch = 0;
+    auto flush = [&] {
+      if (nb > 0)
+        attend_group(bq.data(), nb, kp, vp, n_batch, dh, scale, first, bst.data(), bacc.data(), wide);
+      nb = 0;
+    };
+    for (int64_t u = 0; u < nt; ++u) {
+      if (pos[u] < p0) continue;  // this token's keys end before the block
+      const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, pos[u] + 1 - p0));
+      if (n != n_batch) flush();
+      n_batch = n;
+      for (int64_t h = hs; h < he; ++h, ++nb) {
+        bq[size_t(nb)] = q[size_t(u * H + h)];
+        bst[size_t(nb)] = &st[size_t(u * H + h)];
+        bacc[size_t(nb)] = acc[size_t(u * H + h)];
+      }
+    }
+    flush();
+  }
+};
 
 }  // namespace
 }  // namespace attn
@@ -301,11 +340,12 @@ void attention_forward(const Context& ctx, Tensor out, Tensor lse, const Tensor&
       attn::balanced_ranges(T * H, ctx.threads(), [&](int64_t i) { return int64_t{p.pos[i / H]} + 1; });
 
   // A query tile of up to `tile` consecutive tokens of one sequence sweeps each
-  // key block together, so prefill loads a block once per tile instead of once
-  // per token. 8192 floats keep the tile's partial outputs (tile, H, Dh) near
-  // L1. Tiling changes no bits: each (token, head) state still folds the same
-  // blocks in the same order.
-  const int64_t tile = std::clamp<int64_t>(8192 / (H * Dh), 1, 16);
+  // key block together, kv head by kv head, so prefill loads a block once per
+  // tile instead of once per token: 8192 floats keep one kv group's partial
+  // outputs (tile, G, Dh) near L1 (32 tokens x 2 heads of 128: each K and V
+  // row loaded feeds 64 query rows). Tiling changes no bits: each (token,
+  // head) state still folds the same blocks in the same order.
+  const int64_t tile = std::clamp<int64_t>(8192 / (G * Dh), 1, 32);
   const bool wide = wide_vectors();
 
   ctx.parallel_for(
@@ -313,11 +353,11 @@ void attention_forward(const Context& ctx, Tensor out, Tensor lse, const Tensor&
       [&](int64_t rb, int64_t re) {
         const size_t n_state = static_cast<size_t>(tile * H);
         std::vector<float> acc_buf(n_state * static_cast<size_t>(Dh));  // (tile, H, Dh)
-        std::vector<float> tiles(cache.bf16 ? static_cast<size_t>(2 * kKeyBlock * Dh)
-                                            : 0);  // (2, kKeyBlock, Dh)
-        std::vector<attn::Running> st(n_state);    // (tile, H)
-        std::vector<const float*> qs(n_state);
-        std::vector<float*> accs(n_state);
+        std::vector<float> tiles(static_cast<size_t>(2 * kKeyBlock * Dh));  // (2, kKeyBlock, Dh)
+        attn::TileRows rows(n_state);
+        std::vector<attn::Running>& st = rows.st;  // (tile, H)
+        std::vector<const float*>& qs = rows.q;
+        std::vector<float*>& accs = rows.acc;
         const float* kp[kKeyBlock];
         const float* vp[kKeyBlock];
         const int64_t end = ranges[re];
@@ -338,23 +378,25 @@ void attention_forward(const Context& ctx, Tensor out, Tensor lse, const Tensor&
               accs[u * H + h] = acc_buf.data() + (u * H + h) * Dh;
             }
           }
-          for (int64_t j = 0; j * kKeyBlock <= pos_max; ++j) {
-            const int64_t p0 = j * kKeyBlock;
-            const int n_max = static_cast<int>(std::min<int64_t>(kKeyBlock, pos_max + 1 - p0));
-            if (p0 + kKeyBlock <= pos_max)
-              cache.prefetch(row, p0 + kKeyBlock,
-                             static_cast<int>(std::min<int64_t>(kKeyBlock, pos_max + 1 - p0 - kKeyBlock)),
-                             kv0, kv1);
-            for (int64_t kvh = kv0; kvh < kv1; ++kvh) {
-              cache.gather(row, p0, n_max, kvh, kp, vp, tiles.data(), tiles.data() + kKeyBlock * Dh);
-              const int64_t hs = std::max(h0, kvh * G), he = std::min(h1, (kvh + 1) * G);
-              for (int64_t u = 0; u < nt; ++u) {
-                const int64_t pos = p.pos[t0 + u];
-                if (pos < p0) continue;  // this token's keys end before the block
-                const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, pos + 1 - p0));
-                const int64_t s0 = u * H + hs;
-                attn::attend_group(&qs[s0], static_cast<int>(he - hs), kp, vp, n, Dh, scale, j == 0, &st[s0],
-                                   &accs[s0], wide);
+          // Prefill and training sweep the key blocks kv head by kv head (a
+          // block's rows of one head are re-read from L1 by every query row
+          // of the tile); decode (one token) visits all of a position's kv
+          // heads together, as they lie side by side in the cache.
+          const int64_t kv_step = nt > 1 ? 1 : kv1 - kv0;
+          for (int64_t kb = kv0; kb < kv1; kb += kv_step) {
+            const int64_t ke = std::min(kv1, kb + kv_step);
+            for (int64_t j = 0; j * kKeyBlock <= pos_max; ++j) {
+              const int64_t p0 = j * kKeyBlock;
+              const int n_max = static_cast<int>(std::min<int64_t>(kKeyBlock, pos_max + 1 - p0));
+              if (p0 + kKeyBlock <= pos_max)
+                cache.prefetch(row, p0 + kKeyBlock,
+                               static_cast<int>(std::min<int64_t>(kKeyBlock, pos_max + 1 - p0 - kKeyBlock)),
+                               kb, ke);
+              for (int64_t kvh = kb; kvh < ke; ++kvh) {
+                cache.gather(row, p0, n_max, kvh, kp, vp, tiles.data(), tiles.data() + kKeyBlock * Dh,
+                             nt > 1);
+                const int64_t hs = std::max(h0, kvh * G), he = std::min(h1, (kvh + 1) * G);
+                rows.fold_block(p.pos.data() + t0, nt, H, hs, he, p0, j == 0, kp, vp, Dh, scale, wide);
               }
             }
           }

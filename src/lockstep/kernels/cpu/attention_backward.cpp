@@ -78,11 +78,11 @@ HWY_INLINE void p_and_ds_rows(const float* const* qu, const float* const* dou, c
 // kKeyBlock keys, aligned to the sequence's start (the key blocks of the contract).
 struct TileScratch {
   static constexpr int kRow = kKeyBlock + 8;  // scores() may write 8 past a row's n
-  std::vector<float> kt, vt;                  // bf16 cache: the key tile's K and V widened (kKeyBlock, Dh)
+  std::vector<float> kt, vt;                  // the key tile's K and V, copied or widened (kKeyBlock, Dh)
   std::vector<float> pr, ds, dp;              // (kKeyBlock, kRow): P, dS and dP of the tile, by query
   std::vector<float> dq;                      // (kKeyBlock, Dh): the query tile's dq sums
   explicit TileScratch(const Operands& o)
-      : kt(o.cache.bf16 ? size_t(kKeyBlock * o.Dh) : 0),
+      : kt(size_t(kKeyBlock * o.Dh)),
         vt(kt.size()),
         pr(size_t(kKeyBlock * kRow)),
         ds(pr.size()),
@@ -90,19 +90,44 @@ struct TileScratch {
         dq(size_t(kKeyBlock * o.Dh)) {}
 };
 
+// accumulate_heads for 1 <= m <= 4 rows sharing `rows`.
+HWY_INLINE void accumulate_rows(float* const* acc, int m, int64_t dh, bool zero, const float* const* w,
+                                const float* const* rows, int n, bool wide) {
+  static constexpr float kOnes[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+  switch (m) {
+    case 1: return attn::accumulate_heads<1>(acc, dh, zero, kOnes, w, rows, n, wide);
+    case 2: return attn::accumulate_heads<2>(acc, dh, zero, kOnes, w, rows, n, wide);
+    case 3: return attn::accumulate_heads<3>(acc, dh, zero, kOnes, w, rows, n, wide);
+    default: return attn::accumulate_heads<4>(acc, dh, zero, kOnes, w, rows, n, wide);
+  }
+}
+
 // dk and dv of the keys of tile (ui, ji) (sequence rows from f0), from the
-// tile's P and dS: key b is seen by the tile's queries a >= a0(b).
+// tile's P and dS: key b is seen by the tile's queries a >= a0(b). Off the
+// diagonal every key sees all nu queries, so keys go in groups of 4 that
+// share each query row's load (the same chain per key).
 void accumulate_key_tile(const Operands& o, TileScratch& w, int64_t f0, int64_t kvh, int64_t j0, int nk,
                          int nu, bool diagonal, bool zero, const float* const* qp, const float* const* dop) {
-  float cp[kKeyBlock], cs[kKeyBlock];
-  for (int b = 0; b < nk; ++b) {
-    const int a0 = diagonal ? b : 0, m = nu - a0;
-    for (int a = a0; a < nu; ++a) {
-      cp[a - a0] = w.pr[size_t(a * TileScratch::kRow + b)];
-      cs[a - a0] = w.ds[size_t(a * TileScratch::kRow + b)];
+  constexpr int kGroup = 4;
+  float cp[kGroup][kKeyBlock], cs[kGroup][kKeyBlock];
+  const int group = diagonal ? 1 : kGroup;
+  for (int b0 = 0; b0 < nk; b0 += group) {
+    const int nb = std::min(group, nk - b0);
+    const int a0 = diagonal ? b0 : 0, m = nu - a0;
+    const float *cpp[kGroup], *csp[kGroup];
+    float *dvp[kGroup], *dkp[kGroup];
+    for (int g = 0; g < nb; ++g) {
+      for (int a = a0; a < nu; ++a) {
+        cp[g][a - a0] = w.pr[size_t(a * TileScratch::kRow + b0 + g)];
+        cs[g][a - a0] = w.ds[size_t(a * TileScratch::kRow + b0 + g)];
+      }
+      cpp[g] = cp[g];
+      csp[g] = cs[g];
+      dvp[g] = o.dv_row(f0 + j0 + b0 + g, kvh);
+      dkp[g] = o.dk_row(f0 + j0 + b0 + g, kvh);
     }
-    attn::scale_and_accumulate(o.dv_row(f0 + j0 + b, kvh), o.Dh, zero, 1.0f, cp, dop + a0, m, o.wide);
-    attn::scale_and_accumulate(o.dk_row(f0 + j0 + b, kvh), o.Dh, zero, 1.0f, cs, qp + a0, m, o.wide);
+    accumulate_rows(dvp, nb, o.Dh, zero, cpp, dop + a0, m, o.wide);
+    accumulate_rows(dkp, nb, o.Dh, zero, csp, qp + a0, m, o.wide);
   }
 }
 
@@ -130,7 +155,7 @@ void fused_item(const Operands& o, TileScratch& w, int64_t s, int64_t kvh) {
       for (int64_t j0 = 0, ji = 0; ji <= ui; j0 += kKeyBlock, ++ji) {
         const bool diagonal = ji == ui;
         const int nk = diagonal ? nu : kKeyBlock;
-        o.cache.gather(row, j0, nk, kvh, kp, vp, w.kt.data(), w.vt.data());
+        o.cache.gather(row, j0, nk, kvh, kp, vp, w.kt.data(), w.vt.data(), /*copy=*/true);
         // Query rows in groups of kRows, which share each key and value load.
         constexpr int kRows = 4;
         for (int a0 = 0; a0 < nu; a0 += kRows) {
@@ -145,9 +170,15 @@ void fused_item(const Operands& o, TileScratch& w, int64_t s, int64_t kvh) {
             ds[r] = &w.ds[size_t(a * TileScratch::kRow)];
           }
           p_and_ds_rows(qp + a0, dop + a0, lse + a0, D + a0, kp, vp, n, nr, Dh, o.scale, pr, dp, ds, o.wide);
-          for (int r = 0; r < nr; ++r)
-            attn::scale_and_accumulate(&w.dq[size_t((a0 + r) * Dh)], Dh, ji == 0, 1.0f, ds[r], kp, n[r],
-                                       o.wide);
+          if (diagonal) {  // row r sees n[r] keys
+            for (int r = 0; r < nr; ++r)
+              attn::scale_and_accumulate(&w.dq[size_t((a0 + r) * Dh)], Dh, ji == 0, 1.0f, ds[r], kp, n[r],
+                                         o.wide);
+          } else {  // every row sees the whole key tile: the rows share each key load
+            float* dqp[kRows];
+            for (int r = 0; r < nr; ++r) dqp[r] = &w.dq[size_t((a0 + r) * Dh)];
+            accumulate_rows(dqp, nr, Dh, ji == 0, ds, kp, nk, o.wide);
+          }
         }
         accumulate_key_tile(o, w, f0, kvh, j0, nk, nu, diagonal, h == kvh * o.G && diagonal, qp, dop);
       }

@@ -78,15 +78,23 @@ struct CacheView {
   }
   // Pointers to the f32 K and V rows of positions [p0, p0 + n) of one sequence
   // (block-table row `row`) and kv head kvh. bf16 rows are widened into the
-  // scratch tiles kt, vt (n, Dh); f32 rows are read in place.
+  // scratch tiles kt, vt (n, Dh); f32 rows are read in place, or copied there
+  // when `copy` (rows that many queries re-read: one head's rows lie Hkv * Dh
+  // apart in the cache, a multiple of 4 KiB that maps them all to the same
+  // few L1 sets).
   void gather(const int32_t* row, int64_t p0, int n, int64_t kvh, const float** kp, const float** vp,
-              float* kt, float* vt) const {
+              float* kt, float* vt, bool copy = false) const {
     int64_t b = p0 / BS, slot = p0 % BS;
     for (int i = 0; i < n; ++i) {
       const int64_t off = offset(row[b], slot, kvh);
       if (bf16) {
         widen_bf16(static_cast<const bf16_t*>(k) + off, kt + i * Dh, Dh);
         widen_bf16(static_cast<const bf16_t*>(v) + off, vt + i * Dh, Dh);
+        kp[i] = kt + i * Dh;
+        vp[i] = vt + i * Dh;
+      } else if (copy) {
+        std::copy_n(static_cast<const float*>(k) + off, Dh, kt + i * Dh);
+        std::copy_n(static_cast<const float*>(v) + off, Dh, vt + i * Dh);
         kp[i] = kt + i * Dh;
         vp[i] = vt + i * Dh;
       } else {
@@ -250,20 +258,31 @@ template <int kG, int kQ>
 __attribute__((target("avx512f"))) void dot8_rows_wide(const float* const* q, const float* const* k,
                                                        int64_t dh, hn::Vec<D>* out) {
   const int64_t len = kG > 0 ? kG * kReduceLanes : dh;
+  // Keys in groups of kK, so each loaded query vector feeds kK keys as each
+  // key vector feeds kQ queries: kQ x kK independent chains, (kQ + kK) loads
+  // per kQ x kK FMAs.
+  constexpr int kK = 4;
   hn::Vec<D> part[kQ][8];
-  for (int i = 0; i < 8; ++i) {
-    __m512 a[kQ];
-    for (int g = 0; g < kQ; ++g) a[g] = _mm512_setzero_ps();
+  for (int i0 = 0; i0 < 8; i0 += kK) {
+    __m512 a[kQ][kK];
+    for (int g = 0; g < kQ; ++g)
+      for (int i = 0; i < kK; ++i) a[g][i] = _mm512_setzero_ps();
     for (int64_t c = 0; c < len; c += kReduceLanes) {
-      const __m512 kv = _mm512_loadu_ps(k[i] + c);
-      for (int g = 0; g < kQ; ++g) a[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q[g] + c), kv, a[g]);
+      __m512 kv[kK];
+      for (int i = 0; i < kK; ++i) kv[i] = _mm512_loadu_ps(k[i0 + i] + c);
+      for (int g = 0; g < kQ; ++g) {
+        const __m512 qv = _mm512_loadu_ps(q[g] + c);
+        for (int i = 0; i < kK; ++i) a[g][i] = _mm512_fmadd_ps(qv, kv[i], a[g][i]);
+      }
     }
     for (int g = 0; g < kQ; ++g) {
-      // The masked form with a zero source: the plain one reads an undefined
-      // source that g++ 12 reports as uninitialized.
-      const __m256 hi =
-          _mm256_castpd_ps(_mm512_mask_extractf64x4_pd(_mm256_setzero_pd(), 0xF, _mm512_castps_pd(a[g]), 1));
-      part[g][i].raw = _mm256_add_ps(_mm512_castps512_ps256(a[g]), hi);  // lane j: j + (j+8)
+      for (int i = 0; i < kK; ++i) {
+        // The masked form with a zero source: the plain one reads an undefined
+        // source that g++ 12 reports as uninitialized.
+        const __m256 hi = _mm256_castpd_ps(
+            _mm512_mask_extractf64x4_pd(_mm256_setzero_pd(), 0xF, _mm512_castps_pd(a[g][i]), 1));
+        part[g][i0 + i].raw = _mm256_add_ps(_mm512_castps512_ps256(a[g][i]), hi);  // lane j: j + (j+8)
+      }
     }
   }
   for (int g = 0; g < kQ; ++g) out[g] = fold8(part[g]);
@@ -434,10 +453,11 @@ HWY_INLINE void accumulate_heads(float* const* acc, int64_t dh, bool zero, const
   int64_t c = 0;
 #if LOCKSTEP_ATTN_WIDE
   if (wide) {
-    // 8 independent chains of 16 lanes where the head width allows (a whole
-    // 128-wide row for one head), narrower chunks for the rest, then the
-    // 8-wide code for a tail under 16.
-    constexpr int kW16 = kM == 1 ? 8 : kM == 2 ? 4 : 2;
+    // 8 to 16 independent chains of 16 lanes where the head width allows (a
+    // whole 128-wide row for one or two heads: 32 registers hold 16
+    // accumulators besides the row vectors), narrower chunks for the rest,
+    // then the 8-wide code for a tail under 16.
+    constexpr int kW16 = kM <= 2 ? 8 : 4;
     for (; c + kW16 * 16 <= dh; c += kW16 * 16)
       accumulate_chunk_wide<kM, kW16>(acc, c, zero, alpha, w, rows, n);
     if constexpr (kW16 > 4) {
