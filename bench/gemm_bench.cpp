@@ -94,6 +94,51 @@ void BM_Gemm(benchmark::State& state) {
   bench::set_gflops(state, 2.0 * static_cast<double>(M) * static_cast<double>(NK) * static_cast<double>(NK));
 }
 
+// The three products of a training step at Qwen3-0.6B's shapes (hidden
+// 1,024, SwiGLU width 3,072, vocabulary 151,936), W read in place as the
+// trainer does: Y = X·Wᵀ (a chain over the input width), dX = dY·W (over the
+// output width), dW += dYᵀ·X (over the T tokens).
+enum TrainOp { kXwt = 0, kDyw = 1, kDytx = 2 };
+const char* kTrainOpNames[] = {"xwt", "dyw", "dytx"};
+
+struct TrainShape {
+  int op;
+  int64_t t, n, k;
+};
+// The MLP's products at T = 4,096, and lm_head's input gradient for one
+// 1,024-row logits chunk (a chain over the 151,936-entry vocabulary).
+const TrainShape kTrainShapes[] = {
+    {kXwt, 4096, 3072, 1024},  {kXwt, 4096, 1024, 3072},  {kDyw, 4096, 3072, 1024},  {kDyw, 4096, 1024, 3072},
+    {kDytx, 4096, 3072, 1024}, {kDytx, 4096, 1024, 3072}, {kDyw, 1024, 151936, 1024}};
+
+void BM_Train(benchmark::State& state) {
+  const auto op = static_cast<TrainOp>(state.range(0));
+  const int64_t T = state.range(1), N = state.range(2), K = state.range(3);  // W (N, K)
+  static std::map<std::pair<int64_t, int64_t>, std::vector<float>> mats;
+  auto mat = [&](int64_t r, int64_t c, uint64_t seed) -> std::vector<float>& {
+    auto& v = mats[{r * 1000003 + c, int64_t(seed)}];
+    if (v.empty()) v = bench::random_floats(r * c, seed);
+    return v;
+  };
+  std::vector<float>& w = mat(N, K, 3);
+  std::vector<float>& x = mat(T, K, 4);   // X (T, K)
+  std::vector<float>& dy = mat(T, N, 5);  // Y and dY (T, N)
+  std::vector<float> out(static_cast<size_t>(std::max(T * std::max(N, K), N * K)));
+  const Context ctx{&pool()};
+  const Tensor wt(w.data(), DType::F32, {N, K}), xt(x.data(), DType::F32, {T, K}),
+      dyt(dy.data(), DType::F32, {T, N});
+  const PackedWeight pw = in_place_weight(wt);
+  for (auto _ : state) {
+    switch (op) {
+      case kXwt: gemm_xwt(ctx, Tensor(out.data(), DType::F32, {T, N}), xt, pw); break;
+      case kDyw: gemm_dyw(ctx, Tensor(out.data(), DType::F32, {T, K}), dyt, wt); break;
+      case kDytx: gemm_dytx(ctx, Tensor(out.data(), DType::F32, {N, K}), dyt, xt, false); break;
+    }
+    benchmark::ClobberMemory();
+  }
+  bench::set_gflops(state, 2.0 * static_cast<double>(T) * static_cast<double>(N) * static_cast<double>(K));
+}
+
 void BM_FmaPeak(benchmark::State& state) {
   double g = 0;
   for (auto _ : state) g = bench::measure_fma_peak_gflops(static_cast<int>(state.range(0)), 0.1, 8);
@@ -122,6 +167,13 @@ void register_all() {
               ->UseRealTime()
               ->Unit(benchmark::kMicrosecond);
         }
+    for (const TrainShape& sh : kTrainShapes)
+      benchmark::RegisterBenchmark((std::string("Train/") + kTrainOpNames[sh.op]).c_str(), BM_Train)
+          ->Args({sh.op, sh.t, sh.n, sh.k})
+          ->ArgNames({"", "T", "N", "K"})
+          ->MinTime(0.1)
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
   }
 }
 
@@ -158,6 +210,17 @@ class SummaryReporter : public benchmark::ConsoleReporter {
                     static_cast<long long>(nk), g[0], g[1], g[2], g[2] > 0 ? g[0] / g[2] : 0.0,
                     g[2] > 0 ? g[1] / g[2] : 0.0, peak > 0 ? g[0] / peak : 0.0, peak > 0 ? g[1] / peak : 0.0);
       }
+    std::printf("\nTraining products, W (N, K) f32 in place\n%6s %6s %6s %6s | %10s %8s\n", "op", "T", "N",
+                "K", "GFLOP/s", "of peak");
+    for (const TrainShape& sh : kTrainShapes) {
+      const std::string key = std::string("Train/") + kTrainOpNames[sh.op] + "/" + std::to_string(sh.op) +
+                              "/T:" + std::to_string(sh.t) + "/N:" + std::to_string(sh.n) +
+                              "/K:" + std::to_string(sh.k);
+      const double g = gflops_.count(key) ? gflops_[key] : 0.0;
+      std::printf("%6s %6lld %6lld %6lld | %10.1f %8.2f\n", kTrainOpNames[sh.op],
+                  static_cast<long long>(sh.t), static_cast<long long>(sh.n), static_cast<long long>(sh.k), g,
+                  peak > 0 ? g / peak : 0.0);
+    }
   }
 
  private:

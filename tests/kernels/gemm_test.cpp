@@ -891,5 +891,50 @@ TEST(GemmWide, WideTilesFollowTheContract) {
   check_every_tile(5000);
 }
 
+// Restores the default k-blocking when a test ends.
+struct SmallKBlocks {
+  explicit SmallKBlocks(const GemmKBlocking& k) { set_gemm_kblocking(k); }
+  ~SmallKBlocks() { set_gemm_kblocking(GemmKBlocking{}); }
+};
+
+// Chains cut into blocks of 32 (a short last one), three panels staged per
+// block, partial chains in row blocks of 12 or 24 (a short remainder joins
+// the last): the bits of the uncut contract, for every product that reads B
+// from rows (plain f32 and bf16 operands, in-place weights), with accumulate.
+TEST(GemmWide, KBlockedChainsFollowTheContract) {
+  if (!wide_vectors()) GTEST_SKIP() << "this CPU has no AVX-512F (or LOCKSTEP_WIDE_VECTORS=0)";
+  for (int64_t carry : {int64_t{3 * 16 * 4 * 12}, int64_t{3 * 16 * 4 * 24}}) {
+    const SmallKBlocks small({32, 64, 32 * 16 * 4 * 3, carry});
+    SCOPED_TRACE("carry_bytes " + std::to_string(carry));
+    ThreadPool pool(2);
+    uint32_t seed = 6000;
+    for (int threads : {1, 2}) {
+      const Context ctx{threads == 2 ? &pool : nullptr};
+      for (int64_t M : {4, 13, 27, 40}) {
+        check_dyw(ctx, M, 101, 37, false, M % 2 == 0, seed++);  // 101 = 3 blocks + 5
+        check_dyw(ctx, M, 64, 50, true, M % 2 == 1, seed++);    // bf16 W
+        check_dytx(ctx, 100, M, 37, M % 3 == 0, seed++);
+      }
+      check_dytx(ctx, 96, 41, 70, true, seed++);        // 41 rows: blocks of 12 or 24 and a remainder
+      check_dyw(ctx, 3, 101, 37, false, true, seed++);  // too few rows for the wide tiles: not cut
+      // An in-place weight (cut) against its packed copy (read whole).
+      Mat x(29, 101, 1), w(37, 101, 2);
+      x.fill_randn(seed++);
+      w.fill_randn(seed++);
+      Guarded want(29 * 37), got(29 * 37);
+      gemm_xwt(ctx, want.tensor({29, 37}), x.t(), pack_weight(Context{}, w.t(), DType::F32));
+      gemm_xwt(ctx, got.tensor({29, 37}), x.t(), in_place_weight(w.t()));
+      got.check("y");
+      expect_bits_equal(got.data(), want.data(), 29 * 37, "in-place weight");
+    }
+  }
+}
+
+TEST(GemmWide, KBlockingRefusesNonPositiveFields) {
+  EXPECT_THROW(set_gemm_kblocking({0, 64, 1024, 1024}), Error);
+  EXPECT_THROW(set_gemm_kblocking({32, 64, 1024, -1}), Error);
+  EXPECT_EQ(gemm_kblocking().block, GemmKBlocking{}.block);
+}
+
 }  // namespace
 }  // namespace lockstep::kernels

@@ -78,11 +78,11 @@ HWY_INLINE void p_and_ds_rows(const float* const* qu, const float* const* dou, c
 // kKeyBlock keys, aligned to the sequence's start (the key blocks of the contract).
 struct TileScratch {
   static constexpr int kRow = kKeyBlock + 8;  // scores() may write 8 past a row's n
-  std::vector<float> kt, vt;                  // the key tile's K and V, copied or widened (kKeyBlock, Dh)
+  std::vector<float> kt, vt;                  // bf16 cache: the key tile's K and V widened (kKeyBlock, Dh)
   std::vector<float> pr, ds, dp;              // (kKeyBlock, kRow): P, dS and dP of the tile, by query
   std::vector<float> dq;                      // (kKeyBlock, Dh): the query tile's dq sums
   explicit TileScratch(const Operands& o)
-      : kt(size_t(kKeyBlock * o.Dh)),
+      : kt(o.cache.bf16 ? size_t(kKeyBlock * o.Dh) : 0),
         vt(kt.size()),
         pr(size_t(kKeyBlock * kRow)),
         ds(pr.size()),
@@ -155,7 +155,7 @@ void fused_item(const Operands& o, TileScratch& w, int64_t s, int64_t kvh) {
       for (int64_t j0 = 0, ji = 0; ji <= ui; j0 += kKeyBlock, ++ji) {
         const bool diagonal = ji == ui;
         const int nk = diagonal ? nu : kKeyBlock;
-        o.cache.gather(row, j0, nk, kvh, kp, vp, w.kt.data(), w.vt.data(), /*copy=*/true);
+        o.cache.gather(row, j0, nk, kvh, kp, vp, w.kt.data(), w.vt.data());
         // Query rows in groups of kRows, which share each key and value load.
         constexpr int kRows = 4;
         for (int a0 = 0; a0 < nu; a0 += kRows) {

@@ -45,6 +45,14 @@ constexpr int64_t kL1PanelBytes = 16 << 10;
 constexpr int64_t kAL2Bytes = 256 << 10;
 // Bytes of f32 panels staged (widened or gathered from a plain matrix) at once.
 constexpr int64_t kStageBytes = 4 << 20;
+// ... and at most this many when that spares packing A again per chunk.
+constexpr int64_t kStageAllBytes = 32 << 20;
+// k-blocking of the wide f32 tiles (GemmKBlocking): the default, and what
+// the products use now.
+GemmKBlocking& kblocking() {
+  static GemmKBlocking k;
+  return k;
+}
 // Below this many flops (~50-100 us of one core) waking a second thread costs
 // more than it saves (measured: M=16, N=K=256 ran faster on one thread).
 constexpr int64_t kMinParallelFlops = int64_t{1} << 23;
@@ -145,6 +153,24 @@ Scratch make_scratch(int64_t n) {
   return Scratch(static_cast<float*>(::operator new[](static_cast<size_t>(n) * sizeof(float), std::align_val_t(64))));
 }
 
+// One thread's staging buffers (slot 0: B panels, slot 1: packed A rows,
+// slot 2: k-blocking's partial chains),
+// kept between products and grown as needed: a fresh multi-MiB allocation per
+// call is fresh pages, whose faults cost a few percent of a training step.
+float* thread_scratch(int slot, int64_t n) {
+  struct Buffer {
+    Scratch buf;
+    int64_t size = 0;
+  };
+  thread_local Buffer buffers[3];
+  Buffer& b = buffers[slot];
+  if (n > b.size) {
+    b.buf = make_scratch(n);
+    b.size = n;
+  }
+  return b.buf.get();
+}
+
 // Row tiles of [r0, r1), at most `max_rows` each; the last two share the
 // remainder evenly (8 rows -> 4 + 4 rather than 6 + 2) for better register use.
 template <typename Fn>
@@ -199,18 +225,95 @@ void stage_chunk(const Problem& pb, BKind stored, int64_t KB, int64_t block_k, i
 // A rows [m0, m1) of a RowsContiguous operand as (T, rows) per row tile: read
 // transposed (dY columns, a power-of-two row stride apart) they would
 // otherwise map every t to the same cache sets.
-void pack_a_tiles(const Problem& pb, int64_t m0, int64_t m1, int max_rows, float* out) {
-  const int64_t T = pb.T;
-  for (int64_t t = 0; t < T; ++t) {
+// Only t in [t0, t1): each tile is then (t1 - t0, rows).
+void pack_a_tiles(const Problem& pb, int64_t m0, int64_t m1, int max_rows, int64_t t0, int64_t t1,
+                  float* out) {
+  const int64_t tn = t1 - t0;
+  for (int64_t t = t0; t < t1; ++t) {
     const float* src = pb.a + t * pb.a_stride;
     for_row_tiles(m0, m1, max_rows, [&](int64_t r, int rows) {
-      float* dst = out + (r - m0) * T + t * rows;
+      float* dst = out + (r - m0) * tn + (t - t0) * rows;
       for (int i = 0; i < rows; ++i) dst[i] = src[r + i];
     });
   }
 }
 
+// Whether run_range_kblocked takes the product: wide f32 tiles on a B staged
+// from rows (an in-place weight or a plain matrix), long chains, and rows
+// enough for the wide tiles.
+bool takes_kblocks(const Problem& pb, int64_t r0, int64_t r1) {
+  return wide_vectors() && (!pb.packed || pb.packed->in_place()) && pb.T >= kblocking().min_t &&
+         r1 - r0 >= kWideMinRows;
+}
+
+// Stages t in [k0, k0 + kn) of panels [c0, c1) of an in-place weight or a
+// plain B: (c1 - c0, kn, 16) f32.
+void stage_k_block(const Problem& pb, int64_t k0, int64_t kn, int64_t c0, int64_t c1, float* out) {
+  const PackedWeight* pw = pb.packed;
+  if (pw) {
+    stage_row_panels(pw->rows + k0, pw->rows_ld, kn, c0 * kPanel, c1 - c0, pb.C, out);
+  } else {
+    const size_t esize = pb.plain_bf16 ? sizeof(bf16_t) : sizeof(float);
+    const void* src = static_cast<const char*>(pb.plain) + static_cast<size_t>(k0 * pb.plain_ld) * esize;
+    pack_plain_panels(src, pb.plain_bf16, pb.plain_ld, kn, c0 * kPanel, c1 - c0, pb.C, out);
+  }
+}
+
+// Long chains on the wide f32 tiles, cut along t into blocks of kKBlock: a
+// block's B panels are staged few enough to stay in L2 while every row tile
+// of a row block passes over them, and each row tile's A rows of the block
+// stay in L1 while it walks those panels. Between blocks the partial chains
+// wait in `carry` (see TileArgs), so every output is still one chain over t.
+void run_range_kblocked(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
+  const GemmKBlocking kb = kblocking();
+  const int64_t T = pb.T, n_panels = p1 - p0, kKBlock = kb.block;
+  const bool pack_a = pb.layout == ALayout::RowsContiguous;
+  const int64_t kc_elems = kKBlock * kPanel;  // one panel's block
+  const int64_t chunk = std::max<int64_t>(2, kb.stage_bytes / (kc_elems * 4));
+  const int64_t cld = n_panels * kPanel;
+  const int64_t m_rows = std::max<int64_t>(1, kb.carry_bytes / (cld * 4) / kWideTileRows) * kWideTileRows;
+  float* const stage = thread_scratch(0, std::min(chunk, n_panels) * kc_elems);
+  // A row block takes a remainder too short for the wide tiles (4 rows).
+  const int64_t max_block = std::min(m_rows + kWideMinRows, r1 - r0);
+  float* const apack = pack_a ? thread_scratch(1, max_block * kKBlock) : nullptr;
+  float* const carry = thread_scratch(2, max_block * cld);
+  for (int64_t m0 = r0, m1 = r0; m0 < r1; m0 = m1) {
+    m1 = r1 - (m0 + m_rows) < kWideMinRows ? r1 : m0 + m_rows;
+    for (int64_t k0 = 0; k0 < T; k0 += kKBlock) {
+      const int64_t kn = std::min(T - k0, kKBlock);
+      if (pack_a) pack_a_tiles(pb, m0, m1, kWideTileRows, k0, k0 + kn, apack);
+      for (int64_t c0 = p0; c0 < p1; c0 += chunk) {
+        const int64_t c1 = std::min(p1, c0 + chunk);
+        stage_k_block(pb, k0, kn, c0, c1, stage);
+        for_row_tiles(m0, m1, kWideTileRows, [&](int64_t r, int rows) {
+          for (int64_t p = c0; p < c1;) {
+            const int np = c1 - p >= 2 ? 2 : 1;
+            TileArgs g;
+            g.a = pack_a ? apack + (r - m0) * kn : pb.a + r * pb.a_stride + k0;
+            g.as = pack_a ? rows : pb.a_stride;
+            g.b = stage + (p - c0) * kn * kPanel;  // staged (c1 - c0, kn, 16)
+            g.bps = kn * kPanel;
+            g.t_count = kn;
+            g.c = pb.c + r * pb.ldc + p * kPanel;
+            g.ldc = pb.ldc;
+            g.ncols = pb.C - p * kPanel;
+            g.accumulate = pb.accumulate;
+            g.pf = static_cast<const char*>(g.b);
+            g.carry = carry + (r - m0) * cld + (p - p0) * kPanel;
+            g.cld = cld;
+            g.carry_in = k0 > 0;
+            g.carry_out = k0 + kn < T;
+            pick_tile(BKind::F32, pb.layout, rows, np, true)(g);
+            p += np;
+          }
+        });
+      }
+    }
+  }
+}
+
 void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
+  if (takes_kblocks(pb, r0, r1)) return run_range_kblocked(pb, p0, p1, r0, r1);
   const int64_t T = pb.T;
   const PackedWeight* pw = pb.packed;
   const BKind stored = stored_kind(pw);
@@ -229,11 +332,17 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
   const int max_rows = has_scales(kind) ? kFp8TileRows : wide ? kWideTileRows : kMaxTileRows;
   const int64_t KB = pw && pw->storage == DType::FP8E4M3 ? pw->scale_blocks_k() : 0;
   const int64_t block_k = pw && pw->storage == DType::FP8E4M3 ? (pw->block_k > 0 ? pw->block_k : std::max<int64_t>(T, 1)) : 0;
+  const bool pack_a = pb.layout == ALayout::RowsContiguous;
   // Staged panels are prepared a chunk at a time: wide enough that plain rows
-  // are read in long contiguous runs, small enough to stay in L3.
-  const int64_t chunk = direct ? p1 - p0 : std::max<int64_t>(1, kStageBytes / std::max<int64_t>(1, panel_elems * 4));
-  Scratch scratch;
-  if (!direct) scratch = make_scratch(std::max<int64_t>(1, std::min(chunk, p1 - p0) * panel_elems));
+  // are read in long contiguous runs, small enough to stay in L3. A packed A
+  // (transposed rows, as costly as staging) is packed once per chunk, so it
+  // takes one chunk for all panels where they are not too many.
+  const int64_t stage_bytes =
+      pack_a && (p1 - p0) * panel_elems * 4 <= kStageAllBytes ? kStageAllBytes : kStageBytes;
+  const int64_t chunk =
+      direct ? p1 - p0 : std::max<int64_t>(1, stage_bytes / std::max<int64_t>(1, panel_elems * 4));
+  float* const scratch =
+      direct ? nullptr : thread_scratch(0, std::max<int64_t>(1, std::min(chunk, p1 - p0) * panel_elems));
   // Short chains (a panel fits in L1, several row tiles): panel-outer order
   // with A blocks sized to L2. Otherwise rows in blocks whose A rows stay in
   // L3 while every panel of the chunk walks over them; without it a large
@@ -243,27 +352,26 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
       std::max<int64_t>(max_rows, (panel_outer ? kAL2Bytes : kABlockBytes) / std::max<int64_t>(1, T * 4)) /
       max_rows * max_rows;
 
-  const bool pack_a = pb.layout == ALayout::RowsContiguous;
-  Scratch apack;
-  if (pack_a) apack = make_scratch(std::max<int64_t>(1, std::min(a_rows, r1 - r0) * T));
+  float* const apack =
+      pack_a ? thread_scratch(1, std::max<int64_t>(1, std::min(a_rows, r1 - r0) * T)) : nullptr;
 
   for (int64_t c0 = p0; c0 < p1; c0 += chunk) {
     const int64_t c1 = std::min(p1, c0 + chunk);
-    if (!direct) stage_chunk(pb, stored, KB, block_k, c0, c1, scratch.get());
+    if (!direct) stage_chunk(pb, stored, KB, block_k, c0, c1, scratch);
     // Panel p of this chunk, as the kernels read it.
     auto panel = [&](int64_t p) -> const void* {
       return direct ? static_cast<const void*>(static_cast<const char*>(pw->data.data()) +
                                                p * stored_panel_bytes)
-                    : static_cast<const void*>(scratch.get() + (p - c0) * panel_elems);
+                    : static_cast<const void*>(scratch + (p - c0) * panel_elems);
     };
     for (int64_t m0 = r0; m0 < r1; m0 += a_rows) {
       const int64_t m1 = std::min(r1, m0 + a_rows);
-      if (pack_a) pack_a_tiles(pb, m0, m1, max_rows, apack.get());
+      if (pack_a) pack_a_tiles(pb, m0, m1, max_rows, 0, T, apack);
       // One kernel call: rows [r, r + rows) x panels [p, p + np).
       auto tile = [&](int64_t r, int rows, int64_t p, int np, const char* pf, int64_t pf_step,
                       int64_t pf_ps) {
         TileArgs g;
-        g.a = pack_a ? apack.get() + (r - m0) * T : pb.a + r * pb.a_stride;
+        g.a = pack_a ? apack + (r - m0) * T : pb.a + r * pb.a_stride;
         g.as = pack_a ? rows : pb.a_stride;
         g.b = panel(p);
         g.bps = panel_elems;
@@ -409,6 +517,17 @@ void check_gemm_dytx(const Tensor& dw, const Tensor& dy, const Tensor& x) {
   if (dy.shape[0] != x.shape[0] || dw.shape[0] != dy.shape[1] || dw.shape[1] != x.shape[1])
     LS_THROW << "gemm_dytx: shapes do not match: dw " << dw.shape_str() << ", dy " << dy.shape_str() << ", x "
              << x.shape_str() << "; need dw (N, K), dy (M, N), x (M, K)";
+}
+
+GemmKBlocking gemm_kblocking() {
+  return kblocking();
+}
+
+void set_gemm_kblocking(const GemmKBlocking& k) {
+  if (k.block < 1 || k.min_t < 1 || k.stage_bytes < 1 || k.carry_bytes < 1)
+    LS_THROW << "set_gemm_kblocking: every field must be positive (block " << k.block << ", min_t " << k.min_t
+             << ", stage_bytes " << k.stage_bytes << ", carry_bytes " << k.carry_bytes << ")";
+  kblocking() = k;
 }
 
 void gemm_xwt(const Context& ctx, Tensor y, const Tensor& x, const PackedWeight& w, bool accumulate) {

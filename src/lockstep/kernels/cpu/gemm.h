@@ -115,6 +115,21 @@ void gemm_dyw(const Context& ctx, Tensor dx, const Tensor& dy, const Tensor& w, 
 // dW (N,K) f32 (+)= dYᵀ·X: dW[n,k] (+)= sum over m = 0..M-1 of dY[m,n] X[m,k].
 void gemm_dytx(const Context& ctx, Tensor dw, const Tensor& dy, const Tensor& x, bool accumulate = true);
 
+// Long chains on the 16-wide f32 tiles (wide_vectors(); B an in-place weight
+// or a plain matrix) run cut along t: chains of at least `min_t` go in blocks
+// of `block`, a block's staged B panels take at most `stage_bytes` (a share of
+// L2) and the partial chains waiting between blocks at most `carry_bytes`.
+// The bits never depend on it (a cut chain is the same chain); tests shrink
+// it to reach every path at small sizes. Not to be changed while products run.
+struct GemmKBlocking {
+  int64_t block = 512;
+  int64_t min_t = 2048;
+  int64_t stage_bytes = int64_t{1} << 20;
+  int64_t carry_bytes = int64_t{4} << 20;
+};
+GemmKBlocking gemm_kblocking();
+void set_gemm_kblocking(const GemmKBlocking& k);
+
 // The argument checks of the entries above, throwing Error with the message the
 // entry throws for the first bad argument; the GPU backend runs the same ones.
 void check_gemm_xwt(const Tensor& y, const Tensor& x, const PackedWeight& w);

@@ -83,6 +83,15 @@ struct TileArgs {
   const char* pf = nullptr;
   int64_t pf_step = 0;
   int64_t pf_ps = 0;
+  // Wide f32 tiles only, for products cut along t (k-blocking): the chains
+  // start from `carry` (row r, panel p at carry[r * cld + 16 p]) instead of
+  // 0 when carry_in, and end there instead of in c when carry_out. A chain
+  // cut where its partial sums pass through memory is the same chain, so
+  // the bits do not change.
+  float* carry = nullptr;
+  int64_t cld = 0;
+  bool carry_in = false;
+  bool carry_out = false;
 };
 
 // Stores one finished 16-column row: c = acc or c = c + acc, only the first
@@ -248,7 +257,8 @@ __attribute__((target("avx512f"))) void micro_tile_wide(const TileArgs& g) {
 #pragma GCC unroll 32
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
-    for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_ps();
+    for (int p = 0; p < NP; ++p)
+      acc[r][p] = g.carry_in ? _mm512_loadu_ps(g.carry + r * g.cld + p * kPanel) : _mm512_setzero_ps();
   const int64_t T = g.t_count;
   const float* bp[NP];
 #pragma GCC unroll 4
@@ -289,6 +299,13 @@ __attribute__((target("avx512f"))) void micro_tile_wide(const TileArgs& g) {
         for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_fmadd_ps(x, bv[p], acc[r][p]);
       }
     }
+  }
+  if (g.carry_out) {
+#pragma GCC unroll 32
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+      for (int p = 0; p < NP; ++p) _mm512_storeu_ps(g.carry + r * g.cld + p * kPanel, acc[r][p]);
+    return;
   }
 #pragma GCC unroll 4
   for (int p = 0; p < NP; ++p) {
