@@ -1,7 +1,8 @@
 // Drivers of the three GEMM products: argument checks, the static split of output
-// panels/rows over threads, cache blocking over rows and panels (never over the
-// reduction), staging of operands into f32 panels, and dispatch to the
-// register-blocked micro-kernels (gemm_microkernel.h).
+// panels/rows over threads, cache blocking over rows and panels (and over the
+// reduction for the wide f32 tiles, carrying each partial chain through memory
+// so it stays one chain), staging of operands into f32 panels, and dispatch to
+// the register-blocked micro-kernels (gemm_microkernel.h).
 #include "lockstep/kernels/cpu/gemm.h"
 
 #include <algorithm>
