@@ -76,14 +76,19 @@ HWY_INLINE void p_and_ds_rows(const float* const* qu, const float* const* dou, c
 
 // One thread's scratch for the fused schedule; tiles are kKeyBlock queries by
 // kKeyBlock keys, aligned to the sequence's start (the key blocks of the contract).
+// The item's K and V rows (all its positions, one kv head) and the query
+// tile's q and dout rows are copied side by side: in place, rows of one head
+// lie a multiple of 4 KiB apart and a tile's 32 rows would share a few L1
+// sets. Each copy is read by many tiles.
 struct TileScratch {
   static constexpr int kRow = kKeyBlock + 8;  // scores() may write 8 past a row's n
-  std::vector<float> kt, vt;                  // bf16 cache: the key tile's K and V widened (kKeyBlock, Dh)
+  std::vector<float> ks, vs;                  // (L, Dh): the sequence's K and V rows of the kv head
+  std::vector<float> qt, dot;                 // (kKeyBlock, Dh): the query tile's q and dout rows
   std::vector<float> pr, ds, dp;              // (kKeyBlock, kRow): P, dS and dP of the tile, by query
   std::vector<float> dq;                      // (kKeyBlock, Dh): the query tile's dq sums
   explicit TileScratch(const Operands& o)
-      : kt(o.cache.bf16 ? size_t(kKeyBlock * o.Dh) : 0),
-        vt(kt.size()),
+      : qt(size_t(kKeyBlock * o.Dh)),
+        dot(qt.size()),
         pr(size_t(kKeyBlock * kRow)),
         ds(pr.size()),
         dp(pr.size()),
@@ -143,19 +148,31 @@ void fused_item(const Operands& o, TileScratch& w, int64_t s, int64_t kvh) {
   const float* kp[kKeyBlock];
   const float* vp[kKeyBlock];
   float D[kKeyBlock], lse[kKeyBlock];
+  w.ks.resize(size_t(L * Dh));
+  w.vs.resize(w.ks.size());
+  for (int64_t j0 = 0; j0 < L; j0 += kKeyBlock)
+    o.cache.gather(row, j0, static_cast<int>(std::min<int64_t>(kKeyBlock, L - j0)), kvh, kp, vp,
+                   w.ks.data() + j0 * Dh, w.vs.data() + j0 * Dh, /*copy=*/true);
   for (int64_t h = kvh * o.G; h < (kvh + 1) * o.G; ++h) {
     for (int64_t u0 = 0, ui = 0; u0 < L; u0 += kKeyBlock, ++ui) {
       const int nu = static_cast<int>(std::min<int64_t>(kKeyBlock, L - u0));
       for (int a = 0; a < nu; ++a) {
-        qp[a] = o.q_row(f0 + u0 + a, h);
-        dop[a] = o.do_row(f0 + u0 + a, h);
-        D[a] = attn::dot(dop[a], o.out_row(f0 + u0 + a, h), Dh);
+        float* qa = w.qt.data() + a * Dh;
+        float* da = w.dot.data() + a * Dh;
+        std::copy_n(o.q_row(f0 + u0 + a, h), Dh, qa);
+        std::copy_n(o.do_row(f0 + u0 + a, h), Dh, da);
+        qp[a] = qa;
+        dop[a] = da;
+        D[a] = attn::dot(da, o.out_row(f0 + u0 + a, h), Dh);
         lse[a] = o.lse_at(f0 + u0 + a, h);
       }
       for (int64_t j0 = 0, ji = 0; ji <= ui; j0 += kKeyBlock, ++ji) {
         const bool diagonal = ji == ui;
         const int nk = diagonal ? nu : kKeyBlock;
-        o.cache.gather(row, j0, nk, kvh, kp, vp, w.kt.data(), w.vt.data());
+        for (int i = 0; i < nk; ++i) {
+          kp[i] = w.ks.data() + (j0 + i) * Dh;
+          vp[i] = w.vs.data() + (j0 + i) * Dh;
+        }
         // Query rows in groups of kRows, which share each key and value load.
         constexpr int kRows = 4;
         for (int a0 = 0; a0 < nu; a0 += kRows) {
