@@ -101,6 +101,31 @@ void pack_plain_panels(const void* src, bool is_bf16, int64_t ld, int64_t t_coun
   }
 }
 
+#if LOCKSTEP_GEMM_AVX2
+namespace {
+// dst[c * dld + r] = src[r * ld + c] for r, c < 8: an 8 x 8 block transposed
+// in registers (moves only, so the values are the same).
+inline void transpose8x8(const float* src, int64_t ld, float* dst, int64_t dld) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * ld);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(dst + i * dld, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+    _mm256_storeu_ps(dst + (i + 4) * dld, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+  }
+}
+}  // namespace
+#endif
+
 void stage_row_panels(const float* rows, int64_t ld, int64_t t_count, int64_t col0, int64_t n_panels,
                       int64_t cols, float* dst) {
   // 16 x 16 blocks: the block's 16 row segments (1 KiB) stay in L1 while it
@@ -112,6 +137,14 @@ void stage_row_panels(const float* rows, int64_t ld, int64_t t_count, int64_t co
     float* panel = dst + q * t_count * kPanel;
     for (int64_t t0 = 0; t0 < t_count; t0 += kTBlock) {
       const int64_t t1 = std::min(t_count, t0 + kTBlock);
+#if LOCKSTEP_GEMM_AVX2
+      if (n == kPanel && t1 - t0 == kTBlock) {  // a whole block: four 8 x 8 transposes
+        for (int64_t j0 = 0; j0 < kPanel; j0 += 8)
+          for (int64_t u0 = t0; u0 < t1; u0 += 8)
+            transpose8x8(rows + (c + j0) * ld + u0, ld, panel + u0 * kPanel + j0, kPanel);
+        continue;
+      }
+#endif
       for (int64_t j = 0; j < kPanel; ++j) {
         if (j >= n) {
           for (int64_t t = t0; t < t1; ++t) panel[t * kPanel + j] = 0.0f;
