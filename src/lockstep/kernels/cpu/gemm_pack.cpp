@@ -10,6 +10,7 @@
 #include "lockstep/kernels/cpu/fp8_quant.h"
 #include "lockstep/kernels/cpu/gemm.h"
 #include "lockstep/kernels/cpu/gemm_microkernel.h"
+#include "lockstep/kernels/cpu/transpose.h"
 #include "lockstep/kernels/gpu/backend.h"
 
 namespace lockstep::kernels {
@@ -101,30 +102,6 @@ void pack_plain_panels(const void* src, bool is_bf16, int64_t ld, int64_t t_coun
   }
 }
 
-#if LOCKSTEP_GEMM_AVX2
-namespace {
-// dst[c * dld + r] = src[r * ld + c] for r, c < 8: an 8 x 8 block transposed
-// in registers (moves only, so the values are the same).
-inline void transpose8x8(const float* src, int64_t ld, float* dst, int64_t dld) {
-  __m256 r[8], t[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * ld);
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 8; i += 4) {
-    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
-    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-  }
-  for (int i = 0; i < 4; ++i) {
-    _mm256_storeu_ps(dst + i * dld, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
-    _mm256_storeu_ps(dst + (i + 4) * dld, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
-  }
-}
-}  // namespace
-#endif
 
 void stage_row_panels(const float* rows, int64_t ld, int64_t t_count, int64_t col0, int64_t n_panels,
                       int64_t cols, float* dst) {
