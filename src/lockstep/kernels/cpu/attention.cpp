@@ -352,7 +352,7 @@ void attention_forward(const Context& ctx, Tensor out, Tensor lse, const Tensor&
       static_cast<int64_t>(ranges.size()) - 1,
       [&](int64_t rb, int64_t re) {
         const size_t n_state = static_cast<size_t>(tile * H);
-        std::vector<float> acc_buf(n_state * static_cast<size_t>(Dh));  // (tile, H, Dh)
+        std::vector<float> acc_buf(n_state * static_cast<size_t>(Dh));      // (tile, H, Dh)
         std::vector<float> tiles(static_cast<size_t>(2 * kKeyBlock * Dh));  // (2, kKeyBlock, Dh)
         attn::TileRows rows(n_state);
         std::vector<attn::Running>& st = rows.st;  // (tile, H)

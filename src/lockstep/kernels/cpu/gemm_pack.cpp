@@ -102,7 +102,6 @@ void pack_plain_panels(const void* src, bool is_bf16, int64_t ld, int64_t t_coun
   }
 }
 
-
 void stage_row_panels(const float* rows, int64_t ld, int64_t t_count, int64_t col0, int64_t n_panels,
                       int64_t cols, float* dst) {
   // 16 x 16 blocks: the block's 16 row segments (1 KiB) stay in L1 while it
