@@ -55,8 +55,12 @@ GemmKBlocking& kblocking() {
   return k;
 }
 // Below this many flops (~50-100 us of one core) waking a second thread costs
-// more than it saves (measured: M=16, N=K=256 ran faster on one thread).
+// more than it saves (measured: M=16, N=K=256 ran faster on one thread)...
 constexpr int64_t kMinParallelFlops = int64_t{1} << 23;
+// ...unless B is this large: a few-row product is bound by reading B from
+// memory, not by its flops (decode's (1,024 x 3,072) down projection, 12 MB
+// at 2 x 4 x 1,024 x 3,072 flops, ran alone at one core's read bandwidth).
+constexpr int64_t kMinParallelBBytes = int64_t{1} << 20;
 
 // Row tiles of the 16-wide f32 kernels: up to 12 rows x 2 panels (24 of the
 // 32 zmm registers accumulate); from 4 rows up (fewer rows take the 8-wide
@@ -327,10 +331,16 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
   const int64_t stored_panel_bytes = T * row_bytes;
   const int64_t panel_bytes = std::max<int64_t>(1, direct ? stored_panel_bytes : panel_elems * 4);
   const bool wide = kind == BKind::F32 && wide_vectors();
-  // Wide tiles want two panels: blocks of at least two, even past kBlockBytes
-  // (long chains: the L2 of CPUs with AVX-512 holds 1-2 MiB).
-  const int64_t block = std::max<int64_t>(wide ? 2 : 1, kBlockBytes / panel_bytes);
   const int max_rows = has_scales(kind) ? kFp8TileRows : wide ? kWideTileRows : kMaxTileRows;
+  // Blocks of panels that every row tile walks before the next block, so the
+  // tiles after the first read them from L2. Wide tiles want two panels:
+  // blocks of at least two, even past kBlockBytes (long chains: the L2 of CPUs
+  // with AVX-512 holds 1-2 MiB). One row tile (decode) reads each panel once,
+  // so it has nothing to keep in L2: one block, and every tile takes its
+  // preferred panels (blocks of one or two panels had a chain of 2,048 or more
+  // read one panel stream at a time, at 2/3 of the read bandwidth).
+  const int64_t block = r1 - r0 <= max_rows ? std::max<int64_t>(1, p1 - p0)
+                                            : std::max<int64_t>(wide ? 2 : 1, kBlockBytes / panel_bytes);
   const int64_t KB = pw && pw->storage == DType::FP8E4M3 ? pw->scale_blocks_k() : 0;
   const int64_t block_k = pw && pw->storage == DType::FP8E4M3 ? (pw->block_k > 0 ? pw->block_k : std::max<int64_t>(T, 1)) : 0;
   const bool pack_a = pb.layout == ALayout::RowsContiguous;
@@ -437,7 +447,9 @@ void run(const Context& ctx, const Problem& pb) {
   if (pb.R == 0 || pb.C == 0) return;
   const int64_t P = (pb.C + kPanel - 1) / kPanel;
   const int64_t flops = 2 * pb.R * pb.C * std::max<int64_t>(pb.T, 1);
-  int tasks = flops >= kMinParallelFlops ? ctx.threads() : 1;
+  const int64_t b_bytes = std::max<int64_t>(pb.T, 1) * P *
+                          (pb.packed ? pb.packed->row_bytes() : kPanel * (pb.plain_bf16 ? 2 : 4));
+  int tasks = flops >= kMinParallelFlops || b_bytes >= kMinParallelBBytes ? ctx.threads() : 1;
   const int64_t row_tiles = (pb.R + kMaxTileRows - 1) / kMaxTileRows;
   const bool split_panels = P >= tasks || P >= row_tiles;
   tasks = static_cast<int>(std::min<int64_t>(tasks, split_panels ? P : row_tiles));
