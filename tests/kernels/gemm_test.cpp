@@ -641,6 +641,8 @@ TEST(GemmXwt, LargeShapesCoverEveryBlockingPath) {
   check_xwt(ctx, 8, 300, 4100, {DType::FP8E4M3, 128}, true, 2);     // fp8 in-kernel, prefetch
   check_xwt(ctx, 7, 70, 4100, {DType::BF16, 0}, false, 3);          // bf16, two tiles, prefetch
   check_xwt(ctx, 12, 70, 4100, {DType::F32, 0}, false, 4);          // f32, two tiles, prefetch
+  check_xwt(ctx, 25, 70, 4100, {DType::F32, 0}, true, 7);           // f32, three tiles share the prefetch
+  check_xwt(ctx, 25, 70, 4100, {DType::BF16, 0}, false, 8);         // bf16, three tiles share the prefetch
   check_xwt(ctx, 600, 20, 4100, {DType::BF16, 0}, false, 5);        // two row blocks
   check_xwt(ctx, 700, 40, 100, {DType::F32, 0}, true, 6);           // panel in L1, two row blocks
 }
@@ -865,13 +867,15 @@ struct NarrowTiles {
 };
 
 // Every tile row count of both kernels (1..13 rows, a wide tile and its
-// remainders), partial panels, both A layouts, accumulate, 1 and 2 threads.
+// remainders), f32 and packed bf16 weights, partial panels, both A layouts,
+// accumulate, 1 and 2 threads.
 void check_every_tile(uint32_t seed) {
   ThreadPool pool(2);
   for (int threads : {1, 2}) {
     const Context ctx{threads == 2 ? &pool : nullptr};
     for (int64_t M : {1, 3, 4, 7, 12, 13, 25, 40}) {
       check_xwt(ctx, M, 37, 70, {DType::F32, 0}, M % 2 == 1, seed++);
+      check_xwt(ctx, M, 37, 70, {DType::BF16, 0}, M % 2 == 0, seed++);  // packed bf16: widened as loaded
       check_dyw(ctx, M, 70, 37, false, M % 2 == 0, seed++);
       check_dytx(ctx, 70, M, 37, M % 3 == 0, seed++);
     }

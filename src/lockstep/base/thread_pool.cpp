@@ -38,10 +38,12 @@ int64_t local_ranks() {
   return 1;
 }
 
-// LOCKSTEP_SPIN_US when set. Otherwise 50 us when every thread of this job
-// on the node has a core of its own, and 0 when they do not: a polling thread
-// would hold the core that the thread it waits for needs (4 ranks of 2
-// threads on 2 cores ran a collectives test 15x slower).
+// LOCKSTEP_SPIN_US when set. Otherwise 250 us when every thread of this job
+// on the node has a core of its own (a batch-1 decode step of a small MoE
+// model leaves gaps of more than 50 us between its regions: polling 50 us ran
+// it about 12% slower), and 0 when they do not: a polling thread would hold
+// the core that the thread it waits for needs (4 ranks of 2 threads on 2
+// cores ran a collectives test 15x slower).
 int64_t spin_ns_for(int n_threads) {
   if (const char* env = std::getenv("LOCKSTEP_SPIN_US")) {
     try {
@@ -51,7 +53,7 @@ int64_t spin_ns_for(int n_threads) {
     }
   }
   const int64_t cores = std::thread::hardware_concurrency();
-  return cores > 0 && local_ranks() * n_threads <= cores ? 50'000 : 0;
+  return cores > 0 && local_ranks() * n_threads <= cores ? 250'000 : 0;
 }
 
 inline void cpu_relax() {

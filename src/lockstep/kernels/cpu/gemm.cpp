@@ -76,18 +76,18 @@ inline int preferred_panels(int rows, bool wide) {
 }
 
 #if LOCKSTEP_GEMM_AVX2
-template <ALayout kA, int NP>
+template <BKind kB, ALayout kA, int NP>
 TileFn wide_tile_fn(int rows) {
   switch (rows) {
-    case 4: return &micro_tile_wide<kA, 4, NP>;
-    case 5: return &micro_tile_wide<kA, 5, NP>;
-    case 6: return &micro_tile_wide<kA, 6, NP>;
-    case 7: return &micro_tile_wide<kA, 7, NP>;
-    case 8: return &micro_tile_wide<kA, 8, NP>;
-    case 9: return &micro_tile_wide<kA, 9, NP>;
-    case 10: return &micro_tile_wide<kA, 10, NP>;
-    case 11: return &micro_tile_wide<kA, 11, NP>;
-    default: return &micro_tile_wide<kA, 12, NP>;
+    case 4: return &micro_tile_wide<kB, kA, 4, NP>;
+    case 5: return &micro_tile_wide<kB, kA, 5, NP>;
+    case 6: return &micro_tile_wide<kB, kA, 6, NP>;
+    case 7: return &micro_tile_wide<kB, kA, 7, NP>;
+    case 8: return &micro_tile_wide<kB, kA, 8, NP>;
+    case 9: return &micro_tile_wide<kB, kA, 9, NP>;
+    case 10: return &micro_tile_wide<kB, kA, 10, NP>;
+    case 11: return &micro_tile_wide<kB, kA, 11, NP>;
+    default: return &micro_tile_wide<kB, kA, 12, NP>;
   }
 }
 #endif
@@ -116,11 +116,14 @@ TileFn pick_tile(BKind kind, ALayout layout, int rows, int panels, bool wide) {
 #if LOCKSTEP_GEMM_AVX2
   if (wide && kind == BKind::F32 && rows >= kWideMinRows) {
     if (layout == ALayout::RowsContiguous)
-      return panels > 1 ? wide_tile_fn<ALayout::RowsContiguous, 2>(rows)
-                        : wide_tile_fn<ALayout::RowsContiguous, 1>(rows);
-    return panels > 1 ? wide_tile_fn<ALayout::RowsAlongT, 2>(rows)
-                      : wide_tile_fn<ALayout::RowsAlongT, 1>(rows);
+      return panels > 1 ? wide_tile_fn<BKind::F32, ALayout::RowsContiguous, 2>(rows)
+                        : wide_tile_fn<BKind::F32, ALayout::RowsContiguous, 1>(rows);
+    return panels > 1 ? wide_tile_fn<BKind::F32, ALayout::RowsAlongT, 2>(rows)
+                      : wide_tile_fn<BKind::F32, ALayout::RowsAlongT, 1>(rows);
   }
+  if (wide && kind == BKind::BF16 && layout == ALayout::RowsAlongT && rows >= kWideMinRows)
+    return panels > 1 ? wide_tile_fn<BKind::BF16, ALayout::RowsAlongT, 2>(rows)
+                      : wide_tile_fn<BKind::BF16, ALayout::RowsAlongT, 1>(rows);
 #else
   (void)wide;
 #endif
@@ -330,7 +333,9 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
   const int64_t panel_elems = T * kPanel;
   const int64_t stored_panel_bytes = T * row_bytes;
   const int64_t panel_bytes = std::max<int64_t>(1, direct ? stored_panel_bytes : panel_elems * 4);
-  const bool wide = kind == BKind::F32 && wide_vectors();
+  // bf16 panels widen to f32 as they load, on either width.
+  const bool wide = (kind == BKind::F32 || (kind == BKind::BF16 && pb.layout == ALayout::RowsAlongT)) &&
+                    wide_vectors();
   const int max_rows = has_scales(kind) ? kFp8TileRows : wide ? kWideTileRows : kMaxTileRows;
   // Blocks of panels that every row tile walks before the next block, so the
   // tiles after the first read them from L2. Wide tiles want two panels:
@@ -410,23 +415,40 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
       }
       for (int64_t b0 = c0; b0 < c1; b0 += block) {
         const int64_t b1 = std::min(c1, b0 + block);
-        // Decode with two row tiles: the second re-reads the block from L2, so
-        // it prefetches the next block from DRAM meanwhile.
-        const bool prefetch_next = direct && m1 - m0 > max_rows && m1 - m0 <= 2 * max_rows && b1 < c1;
+        // Decode of a batch: several row tiles walk each block, the ones after
+        // the first from L2. Every call prefetches an equal share of the next
+        // block, line by line as it walks its own panels, so memory streams
+        // the next block all the while (the last tile alone prefetching left
+        // memory idle through the others: 13 GB/s at 16 rows, 22 at 8).
+        const bool prefetch_next = direct && m1 - m0 > max_rows && b1 < c1;
+        int64_t share_step = 0, call = 0;  // bytes of the next block per t of one call; the call's index
+        if (prefetch_next) {
+          int64_t calls = 0;
+          for_row_tiles(m0, m1, max_rows, [&](int64_t, int rows) {
+            const int want = preferred_panels(rows, wide);
+            calls += (b1 - b0) / want + (b1 - b0) % want;
+          });
+          const int64_t next_bytes = (std::min(c1, b1 + block) - b1) * stored_panel_bytes;
+          share_step = (next_bytes + calls * T - 1) / std::max<int64_t>(1, calls * T);
+        }
         // Decode with one row tile reads each panel once: each call prefetches
         // the next group's panels, line for line as it reads its own, so the
         // memory system always has the next streams in flight.
         const bool prefetch_group = direct && m1 - m0 <= max_rows;
         for_row_tiles(m0, m1, max_rows, [&](int64_t r, int rows) {
           const int want = preferred_panels(rows, wide);
-          const bool last_tile = r + rows == m1;
           for (int64_t p = b0; p < b1;) {
             const int np = b1 - p >= want ? want : 1;
             const char* here = static_cast<const char*>(panel(p));
-            if (prefetch_next && last_tile) {
-              // Blocks are contiguous runs of panels: walk the next one at the
-              // rate this tile walks its np panels.
-              tile(r, rows, p, np, here + block * stored_panel_bytes, np * row_bytes, 0);
+            if (prefetch_next) {
+              // The next block starts where this one ends (a contiguous run
+              // of panels); a share over 64 bytes a t takes np lines a t.
+              const char* next = static_cast<const char*>(panel(b1)) + call * share_step * T;
+              if (share_step <= 64)
+                tile(r, rows, p, np, next, share_step, 0);
+              else
+                tile(r, rows, p, np, next, np * 64, 64);
+              ++call;
             } else if (prefetch_group && p + np < p1) {
               const int64_t next = std::min<int64_t>(np, p1 - (p + np));
               tile(r, rows, p, np, here + np * stored_panel_bytes, row_bytes,

@@ -250,9 +250,27 @@ void micro_tile(const TileArgs& g) {
 // panel row is one zmm register, so MR x NP accumulators hold MR x 16 NP
 // outputs. Each output is the same FMA chain over t as in micro_tile (the
 // vector width only decides how many chains run side by side), so the bits
-// are the same.
-template <ALayout kA, int MR, int NP>
+// are the same. B is f32, or bf16 panels (packed weights, rows along t only)
+// widened exactly to f32 as they are loaded, as load_b does.
+template <BKind kB>
+__attribute__((target("avx512f"))) inline __m512 load_b_wide(const void* b, int64_t off) {
+  if constexpr (kB == BKind::BF16) {
+    // Word j holds column j (low half) and column j + 8 (high half): the 8
+    // words in both halves of the register, the low one's shifted up, then
+    // each lane's low 16 bits cleared.
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const bf16_t*>(b) + off));
+    const __m512i shift = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 16, 16, 16, 16, 16, 16, 16, 16);
+    // (The zero-masked forms: GCC 12 warns on the plain ones' undefined source.)
+    const __m512i w = _mm512_maskz_sllv_epi32(0xFFFF, _mm512_maskz_broadcast_i64x4(0xFF, h), shift);
+    return _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  } else {
+    return _mm512_loadu_ps(static_cast<const float*>(b) + off);
+  }
+}
+
+template <BKind kB, ALayout kA, int MR, int NP>
 __attribute__((target("avx512f"))) void micro_tile_wide(const TileArgs& g) {
+  static_assert(kB == BKind::F32 || (kB == BKind::BF16 && kA == ALayout::RowsAlongT));
   __m512 acc[MR][NP];
 #pragma GCC unroll 32
   for (int r = 0; r < MR; ++r)
@@ -260,9 +278,10 @@ __attribute__((target("avx512f"))) void micro_tile_wide(const TileArgs& g) {
     for (int p = 0; p < NP; ++p)
       acc[r][p] = g.carry_in ? _mm512_loadu_ps(g.carry + r * g.cld + p * kPanel) : _mm512_setzero_ps();
   const int64_t T = g.t_count;
-  const float* bp[NP];
+  using E = BElem<kB>;
+  const E* bp[NP];
 #pragma GCC unroll 4
-  for (int p = 0; p < NP; ++p) bp[p] = static_cast<const float*>(g.b) + p * g.bps;
+  for (int p = 0; p < NP; ++p) bp[p] = static_cast<const E*>(g.b) + p * g.bps;
   if constexpr (kA == ALayout::RowsAlongT) {
     const float* ap[MR];
 #pragma GCC unroll 16
@@ -272,10 +291,10 @@ __attribute__((target("avx512f"))) void micro_tile_wide(const TileArgs& g) {
 #pragma GCC unroll 2
     for (int64_t t = 0; t < T; ++t, pf += g.pf_step) {
 #pragma GCC unroll 4
-      for (int p = 0; p < pf_lines; ++p) _mm_prefetch(pf + p * g.pf_ps, _MM_HINT_T0);
+      for (int p = 0; p < pf_lines; ++p) _mm_prefetch(pf + p * g.pf_ps, _MM_HINT_T1);
       __m512 bv[NP];
 #pragma GCC unroll 4
-      for (int p = 0; p < NP; ++p) bv[p] = _mm512_loadu_ps(bp[p] + t * kPanel);
+      for (int p = 0; p < NP; ++p) bv[p] = load_b_wide<kB>(bp[p], t * kPanel);
 #pragma GCC unroll 16
       for (int r = 0; r < MR; ++r) {
         const __m512 x = _mm512_set1_ps(ap[r][t]);
@@ -291,7 +310,7 @@ __attribute__((target("avx512f"))) void micro_tile_wide(const TileArgs& g) {
       _mm_prefetch(pf, _MM_HINT_T0);
       __m512 bv[NP];
 #pragma GCC unroll 4
-      for (int p = 0; p < NP; ++p) bv[p] = _mm512_loadu_ps(bp[p] + t * kPanel);
+      for (int p = 0; p < NP; ++p) bv[p] = load_b_wide<kB>(bp[p], t * kPanel);
 #pragma GCC unroll 16
       for (int r = 0; r < MR; ++r) {
         const __m512 x = _mm512_set1_ps(at[r]);
