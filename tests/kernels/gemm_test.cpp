@@ -908,7 +908,7 @@ struct SmallKBlocks {
 TEST(GemmWide, KBlockedChainsFollowTheContract) {
   if (!wide_vectors()) GTEST_SKIP() << "this CPU has no AVX-512F (or LOCKSTEP_WIDE_VECTORS=0)";
   for (int64_t carry : {int64_t{3 * 16 * 4 * 12}, int64_t{3 * 16 * 4 * 24}}) {
-    const SmallKBlocks small({32, 64, 32 * 16 * 4 * 3, carry});
+    const SmallKBlocks small({32, 64, 32 * 16 * 4 * 3, carry, 1});
     SCOPED_TRACE("carry_bytes " + std::to_string(carry));
     ThreadPool pool(2);
     uint32_t seed = 6000;
@@ -937,6 +937,7 @@ TEST(GemmWide, KBlockedChainsFollowTheContract) {
 TEST(GemmWide, KBlockingRefusesNonPositiveFields) {
   EXPECT_THROW(set_gemm_kblocking({0, 64, 1024, 1024}), Error);
   EXPECT_THROW(set_gemm_kblocking({32, 64, 1024, -1}), Error);
+  EXPECT_THROW(set_gemm_kblocking({32, 64, 1024, 1024, 0}), Error);
   EXPECT_EQ(gemm_kblocking().block, GemmKBlocking{}.block);
 }
 

@@ -247,11 +247,18 @@ void pack_a_tiles(const Problem& pb, int64_t m0, int64_t m1, int max_rows, int64
 }
 
 // Whether run_range_kblocked takes the product: wide f32 tiles on a B staged
-// from rows (an in-place weight or a plain matrix), long chains, and rows
-// enough for the wide tiles.
-bool takes_kblocks(const Problem& pb, int64_t r0, int64_t r1) {
+// from rows (an in-place weight or a plain matrix), long chains, rows enough
+// for the wide tiles, and partial chains of few enough panels that a row
+// block holds all the rows or at least GemmKBlocking::min_rows of them. Each
+// row block stages all of B again: a 151,936-column lm_head (304 KB of
+// partial chains a row and thread) got row blocks of 12 and staged its 1.2 GB
+// of weights 22 times for 256 rows, at 82 GFLOP/s (290 with whole chains).
+int64_t kblock_rows(int64_t n_panels) {
+  return std::max<int64_t>(1, kblocking().carry_bytes / (n_panels * kPanel * 4) / kWideTileRows) * kWideTileRows;
+}
+bool takes_kblocks(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
   return wide_vectors() && (!pb.packed || pb.packed->in_place()) && pb.T >= kblocking().min_t &&
-         r1 - r0 >= kWideMinRows;
+         r1 - r0 >= kWideMinRows && kblock_rows(p1 - p0) >= std::min(r1 - r0, kblocking().min_rows);
 }
 
 // Stages t in [k0, k0 + kn) of panels [c0, c1) of an in-place weight or a
@@ -279,7 +286,7 @@ void run_range_kblocked(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, i
   const int64_t kc_elems = kKBlock * kPanel;  // one panel's block
   const int64_t chunk = std::max<int64_t>(2, kb.stage_bytes / (kc_elems * 4));
   const int64_t cld = n_panels * kPanel;
-  const int64_t m_rows = std::max<int64_t>(1, kb.carry_bytes / (cld * 4) / kWideTileRows) * kWideTileRows;
+  const int64_t m_rows = kblock_rows(n_panels);
   float* const stage = thread_scratch(0, std::min(chunk, n_panels) * kc_elems);
   // A row block takes a remainder too short for the wide tiles (4 rows).
   const int64_t max_block = std::min(m_rows + kWideMinRows, r1 - r0);
@@ -321,7 +328,7 @@ void run_range_kblocked(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, i
 }
 
 void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
-  if (takes_kblocks(pb, r0, r1)) return run_range_kblocked(pb, p0, p1, r0, r1);
+  if (takes_kblocks(pb, p0, p1, r0, r1)) return run_range_kblocked(pb, p0, p1, r0, r1);
   const int64_t T = pb.T;
   const PackedWeight* pw = pb.packed;
   const BKind stored = stored_kind(pw);
@@ -559,9 +566,10 @@ GemmKBlocking gemm_kblocking() {
 }
 
 void set_gemm_kblocking(const GemmKBlocking& k) {
-  if (k.block < 1 || k.min_t < 1 || k.stage_bytes < 1 || k.carry_bytes < 1)
+  if (k.block < 1 || k.min_t < 1 || k.stage_bytes < 1 || k.carry_bytes < 1 || k.min_rows < 1)
     LS_THROW << "set_gemm_kblocking: every field must be positive (block " << k.block << ", min_t " << k.min_t
-             << ", stage_bytes " << k.stage_bytes << ", carry_bytes " << k.carry_bytes << ")";
+             << ", stage_bytes " << k.stage_bytes << ", carry_bytes " << k.carry_bytes << ", min_rows "
+             << k.min_rows << ")";
   kblocking() = k;
 }
 

@@ -119,6 +119,10 @@ void gemm_dytx(const Context& ctx, Tensor dw, const Tensor& dy, const Tensor& x,
 // or a plain matrix) run cut along t: chains of at least `min_t` go in blocks
 // of `block`, a block's staged B panels take at most `stage_bytes` (a share of
 // L2) and the partial chains waiting between blocks at most `carry_bytes`.
+// Each block of rows whose partial chains fit there stages all of B again, so
+// a product is cut only where such a block holds all its rows or at least
+// `min_rows` of them (a wide product of few rows, such as a logits chunk
+// against a 151,936-row lm_head, runs whole chains instead).
 // The bits never depend on it (a cut chain is the same chain); tests shrink
 // it to reach every path at small sizes. Not to be changed while products run.
 struct GemmKBlocking {
@@ -126,6 +130,7 @@ struct GemmKBlocking {
   int64_t min_t = 2048;
   int64_t stage_bytes = int64_t{1} << 20;
   int64_t carry_bytes = int64_t{4} << 20;
+  int64_t min_rows = 96;
 };
 GemmKBlocking gemm_kblocking();
 void set_gemm_kblocking(const GemmKBlocking& k);
