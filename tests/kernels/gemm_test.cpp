@@ -637,14 +637,14 @@ TEST(GemmXwt, InPlaceWeightMatchesThePackedCopy) {
 TEST(GemmXwt, LargeShapesCoverEveryBlockingPath) {
   ThreadPool pool(2);
   const Context ctx{&pool};
-  check_xwt(ctx, 9, 300, 4100, {DType::FP8E4M3, 0}, false, 1);      // fp8 staged to f32, two chunks
-  check_xwt(ctx, 8, 300, 4100, {DType::FP8E4M3, 128}, true, 2);     // fp8 in-kernel, prefetch
-  check_xwt(ctx, 7, 70, 4100, {DType::BF16, 0}, false, 3);          // bf16, two tiles, prefetch
-  check_xwt(ctx, 12, 70, 4100, {DType::F32, 0}, false, 4);          // f32, two tiles, prefetch
-  check_xwt(ctx, 25, 70, 4100, {DType::F32, 0}, true, 7);           // f32, three tiles share the prefetch
-  check_xwt(ctx, 25, 70, 4100, {DType::BF16, 0}, false, 8);         // bf16, three tiles share the prefetch
-  check_xwt(ctx, 600, 20, 4100, {DType::BF16, 0}, false, 5);        // two row blocks
-  check_xwt(ctx, 700, 40, 100, {DType::F32, 0}, true, 6);           // panel in L1, two row blocks
+  check_xwt(ctx, 9, 300, 4100, {DType::FP8E4M3, 0}, false, 1);   // fp8 staged to f32, two chunks
+  check_xwt(ctx, 8, 300, 4100, {DType::FP8E4M3, 128}, true, 2);  // fp8 in-kernel, prefetch
+  check_xwt(ctx, 7, 70, 4100, {DType::BF16, 0}, false, 3);       // bf16, two tiles, prefetch
+  check_xwt(ctx, 12, 70, 4100, {DType::F32, 0}, false, 4);       // f32, two tiles, prefetch
+  check_xwt(ctx, 25, 70, 4100, {DType::F32, 0}, true, 7);        // f32, three tiles share the prefetch
+  check_xwt(ctx, 25, 70, 4100, {DType::BF16, 0}, false, 8);      // bf16, three tiles share the prefetch
+  check_xwt(ctx, 600, 20, 4100, {DType::BF16, 0}, false, 5);     // two row blocks
+  check_xwt(ctx, 700, 40, 100, {DType::F32, 0}, true, 6);        // panel in L1, two row blocks
 }
 
 TEST(GemmXwt, ShapeMismatchNamesShapes) {

@@ -254,7 +254,8 @@ void pack_a_tiles(const Problem& pb, int64_t m0, int64_t m1, int max_rows, int64
 // partial chains a row and thread) got row blocks of 12 and staged its 1.2 GB
 // of weights 22 times for 256 rows, at 82 GFLOP/s (290 with whole chains).
 int64_t kblock_rows(int64_t n_panels) {
-  return std::max<int64_t>(1, kblocking().carry_bytes / (n_panels * kPanel * 4) / kWideTileRows) * kWideTileRows;
+  return std::max<int64_t>(1, kblocking().carry_bytes / (n_panels * kPanel * 4) / kWideTileRows) *
+         kWideTileRows;
 }
 bool takes_kblocks(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
   return wide_vectors() && (!pb.packed || pb.packed->in_place()) && pb.T >= kblocking().min_t &&
@@ -341,8 +342,8 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
   const int64_t stored_panel_bytes = T * row_bytes;
   const int64_t panel_bytes = std::max<int64_t>(1, direct ? stored_panel_bytes : panel_elems * 4);
   // bf16 panels widen to f32 as they load, on either width.
-  const bool wide = (kind == BKind::F32 || (kind == BKind::BF16 && pb.layout == ALayout::RowsAlongT)) &&
-                    wide_vectors();
+  const bool wide =
+      (kind == BKind::F32 || (kind == BKind::BF16 && pb.layout == ALayout::RowsAlongT)) && wide_vectors();
   const int max_rows = has_scales(kind) ? kFp8TileRows : wide ? kWideTileRows : kMaxTileRows;
   // Blocks of panels that every row tile walks before the next block, so the
   // tiles after the first read them from L2. Wide tiles want two panels:

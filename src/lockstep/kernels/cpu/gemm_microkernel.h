@@ -258,7 +258,8 @@ __attribute__((target("avx512f"))) inline __m512 load_b_wide(const void* b, int6
     // Word j holds column j (low half) and column j + 8 (high half): the 8
     // words in both halves of the register, the low one's shifted up, then
     // each lane's low 16 bits cleared.
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const bf16_t*>(b) + off));
+    const __m256i h =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const bf16_t*>(b) + off));
     const __m512i shift = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 16, 16, 16, 16, 16, 16, 16, 16);
     // (The zero-masked forms: GCC 12 warns on the plain ones' undefined source.)
     const __m512i w = _mm512_maskz_sllv_epi32(0xFFFF, _mm512_maskz_broadcast_i64x4(0xFF, h), shift);
