@@ -350,8 +350,8 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
   // blocks of at least two, even past kBlockBytes (long chains: the L2 of CPUs
   // with AVX-512 holds 1-2 MiB). One row tile (decode) reads each panel once,
   // so it has nothing to keep in L2: one block, and every tile takes its
-  // preferred panels (blocks of one or two panels had a chain of 2,048 or more
-  // read one panel stream at a time, at 2/3 of the read bandwidth).
+  // preferred panels (blocks of one or two panels gave a chain of 2,048 or
+  // more one-panel tiles, one stream at a time).
   const int64_t block = r1 - r0 <= max_rows ? std::max<int64_t>(1, p1 - p0)
                                             : std::max<int64_t>(wide ? 2 : 1, kBlockBytes / panel_bytes);
   const int64_t KB = pw && pw->storage == DType::FP8E4M3 ? pw->scale_blocks_k() : 0;

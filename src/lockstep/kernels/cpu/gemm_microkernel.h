@@ -289,6 +289,8 @@ __attribute__((target("avx512f"))) void micro_tile_wide(const TileArgs& g) {
     for (int r = 0; r < MR; ++r) ap[r] = g.a + r * g.as;
     const char* pf = g.pf;
     const int pf_lines = g.pf_ps != 0 ? NP : 1;
+    // Into L2: the lines are read a group or a block later (decode of 16 rows
+    // over the 0.6B shape's weights: 152 ms against 158-164 with the L1 hint).
 #pragma GCC unroll 2
     for (int64_t t = 0; t < T; ++t, pf += g.pf_step) {
 #pragma GCC unroll 4
