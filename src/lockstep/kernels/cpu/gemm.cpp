@@ -328,6 +328,69 @@ void run_range_kblocked(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, i
   }
 }
 
+// The sizes run_range's walk over one row block and chunk of panels needs.
+struct BlockWalk {
+  int64_t T = 0, block = 0, row_bytes = 0, stored_panel_bytes = 0;
+  int max_rows = 0;
+  bool wide = false, direct = false;
+};
+
+// Rows [m0, m1) over panels [c0, c1) of [.., p1), in blocks of w.block panels
+// that every row tile walks before the next block: one kernel call per row
+// tile and group of panels, tile(r, rows, p, np, pf, pf_step, pf_ps), with
+// the prefetch that keeps memory streaming when the panels are read in place.
+template <typename PanelFn, typename TileCall>
+void walk_blocks(const BlockWalk& w, int64_t c0, int64_t c1, int64_t p1, int64_t m0, int64_t m1,
+                 PanelFn&& panel, TileCall&& tile) {
+  for (int64_t b0 = c0; b0 < c1; b0 += w.block) {
+    const int64_t b1 = std::min(c1, b0 + w.block);
+    // Decode of a batch: several row tiles walk each block, the ones after
+    // the first from L2. Every call prefetches an equal share of the next
+    // block, line by line as it walks its own panels, so memory streams
+    // the next block all the while (the last tile alone prefetching left
+    // memory idle through the others: 13 GB/s at 16 rows, 22 at 8).
+    const bool prefetch_next = w.direct && m1 - m0 > w.max_rows && b1 < c1;
+    int64_t share_step = 0, call = 0;  // bytes of the next block per t of one call; the call's index
+    if (prefetch_next) {
+      int64_t calls = 0;
+      for_row_tiles(m0, m1, w.max_rows, [&](int64_t, int rows) {
+        const int want = preferred_panels(rows, w.wide);
+        calls += (b1 - b0) / want + (b1 - b0) % want;
+      });
+      const int64_t next_bytes = (std::min(c1, b1 + w.block) - b1) * w.stored_panel_bytes;
+      share_step = (next_bytes + calls * w.T - 1) / std::max<int64_t>(1, calls * w.T);
+    }
+    // Decode with one row tile reads each panel once: each call prefetches
+    // the next group's panels, line for line as it reads its own, so the
+    // memory system always has the next streams in flight.
+    const bool prefetch_group = w.direct && m1 - m0 <= w.max_rows;
+    for_row_tiles(m0, m1, w.max_rows, [&](int64_t r, int rows) {
+      const int want = preferred_panels(rows, w.wide);
+      for (int64_t p = b0; p < b1;) {
+        const int np = b1 - p >= want ? want : 1;
+        const char* here = static_cast<const char*>(panel(p));
+        if (prefetch_next) {
+          // The next block starts where this one ends (a contiguous run
+          // of panels); a share over 64 bytes a t takes np lines a t.
+          const char* next = static_cast<const char*>(panel(b1)) + call * share_step * w.T;
+          if (share_step <= 64)
+            tile(r, rows, p, np, next, share_step, 0);
+          else
+            tile(r, rows, p, np, next, np * 64, 64);
+          ++call;
+        } else if (prefetch_group && p + np < p1) {
+          const int64_t next = std::min<int64_t>(np, p1 - (p + np));
+          tile(r, rows, p, np, here + np * w.stored_panel_bytes, w.row_bytes,
+               next == np ? w.stored_panel_bytes : 0);
+        } else {
+          tile(r, rows, p, np, nullptr, 0, 0);
+        }
+        p += np;
+      }
+    });
+  }
+}
+
 void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
   if (takes_kblocks(pb, p0, p1, r0, r1)) return run_range_kblocked(pb, p0, p1, r0, r1);
   const int64_t T = pb.T;
@@ -378,6 +441,7 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
 
   float* const apack =
       pack_a ? thread_scratch(1, std::max<int64_t>(1, std::min(a_rows, r1 - r0) * T)) : nullptr;
+  const BlockWalk walk{T, block, row_bytes, stored_panel_bytes, max_rows, wide, direct};
 
   for (int64_t c0 = p0; c0 < p1; c0 += chunk) {
     const int64_t c1 = std::min(p1, c0 + chunk);
@@ -421,53 +485,7 @@ void run_range(const Problem& pb, int64_t p0, int64_t p1, int64_t r0, int64_t r1
           for_row_tiles(m0, m1, max_rows, [&](int64_t r, int rows) { tile(r, rows, p, 1, nullptr, 0, 0); });
         continue;
       }
-      for (int64_t b0 = c0; b0 < c1; b0 += block) {
-        const int64_t b1 = std::min(c1, b0 + block);
-        // Decode of a batch: several row tiles walk each block, the ones after
-        // the first from L2. Every call prefetches an equal share of the next
-        // block, line by line as it walks its own panels, so memory streams
-        // the next block all the while (the last tile alone prefetching left
-        // memory idle through the others: 13 GB/s at 16 rows, 22 at 8).
-        const bool prefetch_next = direct && m1 - m0 > max_rows && b1 < c1;
-        int64_t share_step = 0, call = 0;  // bytes of the next block per t of one call; the call's index
-        if (prefetch_next) {
-          int64_t calls = 0;
-          for_row_tiles(m0, m1, max_rows, [&](int64_t, int rows) {
-            const int want = preferred_panels(rows, wide);
-            calls += (b1 - b0) / want + (b1 - b0) % want;
-          });
-          const int64_t next_bytes = (std::min(c1, b1 + block) - b1) * stored_panel_bytes;
-          share_step = (next_bytes + calls * T - 1) / std::max<int64_t>(1, calls * T);
-        }
-        // Decode with one row tile reads each panel once: each call prefetches
-        // the next group's panels, line for line as it reads its own, so the
-        // memory system always has the next streams in flight.
-        const bool prefetch_group = direct && m1 - m0 <= max_rows;
-        for_row_tiles(m0, m1, max_rows, [&](int64_t r, int rows) {
-          const int want = preferred_panels(rows, wide);
-          for (int64_t p = b0; p < b1;) {
-            const int np = b1 - p >= want ? want : 1;
-            const char* here = static_cast<const char*>(panel(p));
-            if (prefetch_next) {
-              // The next block starts where this one ends (a contiguous run
-              // of panels); a share over 64 bytes a t takes np lines a t.
-              const char* next = static_cast<const char*>(panel(b1)) + call * share_step * T;
-              if (share_step <= 64)
-                tile(r, rows, p, np, next, share_step, 0);
-              else
-                tile(r, rows, p, np, next, np * 64, 64);
-              ++call;
-            } else if (prefetch_group && p + np < p1) {
-              const int64_t next = std::min<int64_t>(np, p1 - (p + np));
-              tile(r, rows, p, np, here + np * stored_panel_bytes, row_bytes,
-                   next == np ? stored_panel_bytes : 0);
-            } else {
-              tile(r, rows, p, np, nullptr, 0, 0);
-            }
-            p += np;
-          }
-        });
-      }
+      walk_blocks(walk, c0, c1, p1, m0, m1, panel, tile);
     }
   }
 }
