@@ -292,6 +292,117 @@ struct TileRows {
   }
 };
 
+// One thread's scratch of the forward: a query tile's states and partial
+// outputs, a key block's widened rows, and a run's K and V rows of one kv head.
+struct ForwardScratch {
+  std::vector<float> acc_buf;  // (tile, H, Dh)
+  std::vector<float> tiles;    // (2, kKeyBlock, Dh)
+  TileRows rows;
+  std::vector<float> ks, vs;  // (positions, Dh)
+  ForwardScratch(int64_t tile, int64_t H, int64_t Dh)
+      : acc_buf(size_t(tile * H * Dh)), tiles(size_t(2 * kKeyBlock * Dh)), rows(size_t(tile * H)) {}
+};
+
+// The forward's operands and the two ways it walks its (token, head) items.
+struct ForwardPass {
+  const BatchPlan& p;
+  const Tensor& q;
+  Tensor out, lse;
+  CacheView cache;
+  int64_t H = 0, G = 0, Dh = 0, tile = 0;
+  float scale = 0.0f;
+  bool want_lse = false, wide = false;
+
+  // Points the tile's rows (tokens t0.., heads [hs, he)) at q and the scratch.
+  void bind(ForwardScratch& w, int64_t t0, int64_t nt, int64_t hs, int64_t he) const {
+    for (int64_t u = 0; u < nt; ++u) {
+      for (int64_t h = hs; h < he; ++h) {
+        w.rows.q[size_t(u * H + h)] = q.ptr<float>() + (t0 + u) * q.stride[0] + h * Dh;
+        w.rows.acc[size_t(u * H + h)] = w.acc_buf.data() + (u * H + h) * Dh;
+      }
+    }
+  }
+  // The normalized outputs (and log-sum-exps) of the tile's rows.
+  void finish(ForwardScratch& w, int64_t t0, int64_t nt, int64_t hs, int64_t he) const {
+    for (int64_t u = 0; u < nt; ++u) {
+      const int64_t t = t0 + u;
+      for (int64_t h = hs; h < he; ++h) {
+        const Running& sh = w.rows.st[size_t(u * H + h)];
+        scale_row(out.ptr<float>() + t * out.stride[0] + h * Dh, w.rows.acc[size_t(u * H + h)], sh.l,
+                  /*divide=*/true, Dh);
+        if (want_lse) lse.ptr<float>()[t * lse.stride[0] + h] = sh.m + log1(sh.l);
+      }
+    }
+  }
+
+  // Tokens [t0, t1) of one sequence, every head (prefill and training). Kv
+  // head by kv head, the sequence's K and V rows up to the last token's
+  // position are copied side by side once (in the cache one head's rows lie
+  // Hkv * Dh apart, a multiple of 4 KiB that maps a block's rows to a few L1
+  // sets), then query tiles of up to `tile` tokens sweep the key blocks, each
+  // block's rows re-read from L1 by every query row of the tile. (A copy per
+  // tile and block cost about a tenth of the forward.) Neither changes a bit:
+  // each (token, head) state folds the same blocks in the same order.
+  void run(ForwardScratch& w, int64_t t0, int64_t t1) const {
+    const int32_t* row = p.table + p.seq[size_t(t0)] * p.table_stride;
+    const int64_t L = int64_t{p.pos[size_t(t1 - 1)]} + 1;  // positions rise within a sequence
+    w.ks.resize(size_t(L * Dh));
+    w.vs.resize(w.ks.size());
+    const float* kp[kKeyBlock];
+    const float* vp[kKeyBlock];
+    for (int64_t kvh = 0; kvh < cache.Hkv; ++kvh) {
+      for (int64_t p0 = 0; p0 < L; p0 += kKeyBlock) {
+        const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, L - p0));
+        if (p0 + kKeyBlock < L)
+          cache.prefetch(row, p0 + kKeyBlock,
+                         static_cast<int>(std::min<int64_t>(kKeyBlock, L - p0 - kKeyBlock)), kvh, kvh + 1);
+        cache.gather(row, p0, n, kvh, kp, vp, w.ks.data() + p0 * Dh, w.vs.data() + p0 * Dh, /*copy=*/true);
+      }
+      const int64_t hs = kvh * G, he = hs + G;
+      for (int64_t ta = t0; ta < t1; ta += tile) {
+        const int64_t nt = std::min(tile, t1 - ta);
+        bind(w, ta, nt, hs, he);
+        const int64_t pos_max = p.pos[size_t(ta + nt - 1)];
+        for (int64_t p0 = 0; p0 <= pos_max; p0 += kKeyBlock) {
+          const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, pos_max + 1 - p0));
+          for (int i = 0; i < n; ++i) {
+            kp[i] = w.ks.data() + (p0 + i) * Dh;
+            vp[i] = w.vs.data() + (p0 + i) * Dh;
+          }
+          w.rows.fold_block(p.pos.data() + ta, nt, H, hs, he, p0, p0 == 0, kp, vp, Dh, scale, wide);
+        }
+        finish(w, ta, nt, hs, he);
+      }
+    }
+  }
+
+  // Heads [h0, h1) of token t alone (decode, or a token the range splits):
+  // all of a position's kv heads visit each key block together, as they lie
+  // side by side in the cache, read in place.
+  void token(ForwardScratch& w, int64_t t, int64_t h0, int64_t h1) const {
+    const int64_t kv0 = h0 / G, kv1 = (h1 - 1) / G + 1;
+    const int64_t pos_max = p.pos[size_t(t)];
+    const int32_t* row = p.table + p.seq[size_t(t)] * p.table_stride;
+    const float* kp[kKeyBlock];
+    const float* vp[kKeyBlock];
+    bind(w, t, 1, h0, h1);
+    for (int64_t j = 0; j * kKeyBlock <= pos_max; ++j) {
+      const int64_t p0 = j * kKeyBlock;
+      const int n_max = static_cast<int>(std::min<int64_t>(kKeyBlock, pos_max + 1 - p0));
+      if (p0 + kKeyBlock <= pos_max)
+        cache.prefetch(row, p0 + kKeyBlock,
+                       static_cast<int>(std::min<int64_t>(kKeyBlock, pos_max + 1 - p0 - kKeyBlock)), kv0,
+                       kv1);
+      for (int64_t kvh = kv0; kvh < kv1; ++kvh) {
+        cache.gather(row, p0, n_max, kvh, kp, vp, w.tiles.data(), w.tiles.data() + kKeyBlock * Dh);
+        const int64_t hs = std::max(h0, kvh * G), he = std::min(h1, (kvh + 1) * G);
+        w.rows.fold_block(p.pos.data() + t, 1, H, hs, he, p0, j == 0, kp, vp, Dh, scale, wide);
+      }
+    }
+    finish(w, t, 1, h0, h1);
+  }
+};
+
 }  // namespace
 }  // namespace attn
 
@@ -348,68 +459,27 @@ void attention_forward(const Context& ctx, Tensor out, Tensor lse, const Tensor&
   const int64_t tile = std::clamp<int64_t>(8192 / (G * Dh), 1, 32);
   const bool wide = wide_vectors();
 
+  const attn::ForwardPass pass{p, q, out, lse, cache, H, G, Dh, tile, scale, want_lse, wide};
   ctx.parallel_for(
       static_cast<int64_t>(ranges.size()) - 1,
       [&](int64_t rb, int64_t re) {
-        const size_t n_state = static_cast<size_t>(tile * H);
-        std::vector<float> acc_buf(n_state * static_cast<size_t>(Dh));      // (tile, H, Dh)
-        std::vector<float> tiles(static_cast<size_t>(2 * kKeyBlock * Dh));  // (2, kKeyBlock, Dh)
-        attn::TileRows rows(n_state);
-        std::vector<attn::Running>& st = rows.st;  // (tile, H)
-        std::vector<const float*>& qs = rows.q;
-        std::vector<float*>& accs = rows.acc;
-        const float* kp[kKeyBlock];
-        const float* vp[kKeyBlock];
+        attn::ForwardScratch w(tile, H, Dh);
         const int64_t end = ranges[re];
         for (int64_t i = ranges[rb]; i < end;) {
-          // This step's work: heads h0..h1-1 of tokens t0..t0+nt-1. Several
-          // tokens only when each is whole in the range (h0 = 0, h1 = H).
-          const int64_t t0 = i / H, h0 = i % H, h1 = std::min(H, h0 + (end - i));
-          int64_t nt = 1;
-          if (h0 == 0 && h1 == H) {
-            while (nt < tile && (t0 + nt + 1) * H <= end && p.seq[t0 + nt] == p.seq[t0]) ++nt;
+          // Two or more whole tokens of one sequence in the range go as a run;
+          // the rest a token (or the part of one in the range) at a time.
+          const int64_t t0 = i / H, h0 = i % H;
+          int64_t t1 = t0;
+          if (h0 == 0)
+            while ((t1 + 1) * H <= end && p.seq[size_t(t1)] == p.seq[size_t(t0)]) ++t1;
+          if (t1 - t0 >= 2) {
+            pass.run(w, t0, t1);
+            i = t1 * H;
+          } else {
+            const int64_t h1 = std::min(H, h0 + (end - i));
+            pass.token(w, t0, h0, h1);
+            i += h1 - h0;
           }
-          const int64_t kv0 = h0 / G, kv1 = (h1 - 1) / G + 1;
-          const int64_t pos_max = p.pos[t0 + nt - 1];  // positions rise within a sequence
-          const int32_t* row = p.table + p.seq[t0] * p.table_stride;
-          for (int64_t u = 0; u < nt; ++u) {
-            for (int64_t h = h0; h < h1; ++h) {
-              qs[u * H + h] = q.ptr<float>() + (t0 + u) * q.stride[0] + h * Dh;
-              accs[u * H + h] = acc_buf.data() + (u * H + h) * Dh;
-            }
-          }
-          // Prefill and training sweep the key blocks kv head by kv head (a
-          // block's rows of one head are re-read from L1 by every query row
-          // of the tile); decode (one token) visits all of a position's kv
-          // heads together, as they lie side by side in the cache.
-          const int64_t kv_step = nt > 1 ? 1 : kv1 - kv0;
-          for (int64_t kb = kv0; kb < kv1; kb += kv_step) {
-            const int64_t ke = std::min(kv1, kb + kv_step);
-            for (int64_t j = 0; j * kKeyBlock <= pos_max; ++j) {
-              const int64_t p0 = j * kKeyBlock;
-              const int n_max = static_cast<int>(std::min<int64_t>(kKeyBlock, pos_max + 1 - p0));
-              if (p0 + kKeyBlock <= pos_max)
-                cache.prefetch(row, p0 + kKeyBlock,
-                               static_cast<int>(std::min<int64_t>(kKeyBlock, pos_max + 1 - p0 - kKeyBlock)),
-                               kb, ke);
-              for (int64_t kvh = kb; kvh < ke; ++kvh) {
-                cache.gather(row, p0, n_max, kvh, kp, vp, tiles.data(), tiles.data() + kKeyBlock * Dh,
-                             nt > 1);
-                const int64_t hs = std::max(h0, kvh * G), he = std::min(h1, (kvh + 1) * G);
-                rows.fold_block(p.pos.data() + t0, nt, H, hs, he, p0, j == 0, kp, vp, Dh, scale, wide);
-              }
-            }
-          }
-          for (int64_t u = 0; u < nt; ++u) {
-            const int64_t t = t0 + u;
-            for (int64_t h = h0; h < h1; ++h) {
-              const attn::Running& sh = st[u * H + h];
-              attn::scale_row(out.ptr<float>() + t * out.stride[0] + h * Dh, accs[u * H + h], sh.l,
-                              /*divide=*/true, Dh);
-              if (want_lse) lse.ptr<float>()[t * lse.stride[0] + h] = sh.m + log1(sh.l);
-            }
-          }
-          i += nt > 1 ? nt * H : h1 - h0;
         }
       },
       1);
