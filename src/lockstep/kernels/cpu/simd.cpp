@@ -5,9 +5,17 @@
 #include <cmath>
 #include <cstring>
 
-#include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+#include "lockstep/kernels/cpu/wide.h"
 #include "lockstep/kernels/numerics.h"
+
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define LOCKSTEP_EXP_WIDE 1
+#else
+#define LOCKSTEP_EXP_WIDE 0
+#endif
 
 namespace lockstep::kernels {
 namespace hn = hwy::HWY_NAMESPACE;
@@ -98,6 +106,52 @@ void map(const float* x, float* y, int64_t n) {
   }
 }
 
+#if LOCKSTEP_EXP_WIDE
+// apply_nan<Fn::Exp> on 16-wide registers (wide_vectors()): Highway's Exp of
+// min(x, 89) spelled out operation for operation (num::exp in numerics.h
+// walks the same steps), each lane the same bits as on 8 lanes; NaN passes
+// through. The exhaustive test (tests/gpu/numerics_slow.cpp) checks every
+// f32 input against num::exp.
+__attribute__((target("avx512f"))) inline __m512 f(float v) { return _mm512_set1_ps(v); }
+__attribute__((target("avx512f"))) inline __m512 exp16(__m512 x) {
+  const __m512 xc = _mm512_min_ps(x, f(89.0f));  // vminps: 89 where x is NaN, as hn::Min
+  // q = trunc(x / ln2 + copysign(0.5, x))
+  const __m512i sign =
+      _mm512_and_si512(_mm512_castps_si512(xc), _mm512_set1_epi32(static_cast<int>(0x80000000u)));
+  const __m512 half = _mm512_castsi512_ps(_mm512_or_si512(sign, _mm512_set1_epi32(0x3f000000)));
+  const __m512i q = _mm512_cvttps_epi32(_mm512_fmadd_ps(xc, f(+1.442695040888963407359924681f), half));
+  const __m512 qf = _mm512_cvtepi32_ps(q);
+  __m512 r = _mm512_fmadd_ps(qf, f(-0.693145751953125f), xc);
+  r = _mm512_fmadd_ps(qf, f(-1.428606765330187045e-6f), r);
+  // ExpPoly: Estrin's scheme, then r + r^2 * p.
+  const __m512 r2 = _mm512_mul_ps(r, r);
+  const __m512 r4 = _mm512_mul_ps(r2, r2);
+  const __m512 est = _mm512_fmadd_ps(
+      r4, _mm512_fmadd_ps(f(+0.000198527617612853646278381f), r, f(+0.00139304355252534151077271f)),
+      _mm512_fmadd_ps(r2,
+                      _mm512_fmadd_ps(f(+0.00833336077630519866943359f), r, f(+0.0416664853692054748535156f)),
+                      _mm512_fmadd_ps(f(+0.166666671633720397949219f), r, f(+0.5f))));
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(est, _mm512_mul_ps(r, r), r), f(1.0f));
+  // LoadExpShortRange: y * 2^(q >> 1) * 2^(q - (q >> 1)).
+  const __m512i h = _mm512_srai_epi32(q, 1);
+  const __m512i bias = _mm512_set1_epi32(0x7f);
+  const __m512 p0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(h, bias), 23));
+  const __m512 p1 =
+      _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(q, h), bias), 23));
+  const __m512 e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(xc, f(-104.0f), _CMP_GE_OQ),
+                                       _mm512_mul_ps(_mm512_mul_ps(y, p0), p1));
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_EQ_OQ), x, e);
+}
+
+// The whole 16-float groups of exp's map on 16-wide registers; returns how
+// many it did.
+__attribute__((target("avx512f"))) int64_t exp_wide(const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, exp16(_mm512_loadu_ps(x + i)));
+  return i;
+}
+#endif
+
 }  // namespace
 
 float canonical_sum(const float* x, int64_t n) { return reduce16<Op::Sum>(x, nullptr, n); }
@@ -137,7 +191,17 @@ float max_reduce(const float* x, int64_t n) {
   return r == 0.0f ? max_reduce_scalar(x, n) : r;
 }
 
-void vexp(const float* x, float* y, int64_t n) { map<Fn::Exp>(x, y, n); }
+void vexp(const float* x, float* y, int64_t n) {
+#if LOCKSTEP_EXP_WIDE
+  if (n >= 16 && wide_vectors()) {
+    const int64_t done = exp_wide(x, y, n);
+    x += done;
+    y += done;
+    n -= done;
+  }
+#endif
+  map<Fn::Exp>(x, y, n);
+}
 void vlog(const float* x, float* y, int64_t n) { map<Fn::Log>(x, y, n); }
 void vsigmoid(const float* x, float* y, int64_t n) { map<Fn::Sigmoid>(x, y, n); }
 void vsilu(const float* x, float* y, int64_t n) { map<Fn::Silu>(x, y, n); }
