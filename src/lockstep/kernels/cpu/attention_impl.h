@@ -296,6 +296,10 @@ __attribute__((target("avx512f"))) void dot8_rows_wide(const float* const* q, co
   constexpr int kK = 4;
   __m512 quad[kQ][2];  // per query: keys 0-3 and 4-7 after steps 1 and 2
   for (int i0 = 0; i0 < 8; i0 += kK) {
+    // The second group reloads the query vectors from L1: without this
+    // barrier the compiler keeps the first group's 32 in stack slots, a store
+    // and a reload each.
+    asm volatile("" ::: "memory");
     __m512 a[kQ][kK];
     for (int g = 0; g < kQ; ++g)
       for (int i = 0; i < kK; ++i) a[g][i] = _mm512_setzero_ps();
