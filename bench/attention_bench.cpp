@@ -169,6 +169,7 @@ BENCHMARK(BM_Backward<8, 4, 64>)->Name("backward/moe_small_H8_Hkv4_Dh64")->Apply
 void long_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"prompt", "batch", "threads"});
   b->Args({2048, 1, 1});
+  b->Args({4096, 1, 2});  // the 0.6B training step's sequence on both threads
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 BENCHMARK(BM_Prefill<16, 8, 128>)->Name("prefill/qwen3_H16_Hkv8_Dh128")->Apply(long_args);
