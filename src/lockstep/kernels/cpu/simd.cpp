@@ -112,33 +112,37 @@ void map(const float* x, float* y, int64_t n) {
 // walks the same steps), each lane the same bits as on 8 lanes; NaN passes
 // through. The exhaustive test (tests/gpu/numerics_slow.cpp) checks every
 // f32 input against num::exp.
-__attribute__((target("avx512f"))) inline __m512 f(float v) { return _mm512_set1_ps(v); }
+__attribute__((target("avx512f"))) inline __m512 splat16(float v) {
+  return _mm512_set1_ps(v);
+}
 __attribute__((target("avx512f"))) inline __m512 exp16(__m512 x) {
-  const __m512 xc = _mm512_min_ps(x, f(89.0f));  // vminps: 89 where x is NaN, as hn::Min
+  const __m512 xc = _mm512_min_ps(x, splat16(89.0f));  // vminps: 89 where x is NaN, as hn::Min
   // q = trunc(x / ln2 + copysign(0.5, x))
   const __m512i sign =
       _mm512_and_si512(_mm512_castps_si512(xc), _mm512_set1_epi32(static_cast<int>(0x80000000u)));
   const __m512 half = _mm512_castsi512_ps(_mm512_or_si512(sign, _mm512_set1_epi32(0x3f000000)));
-  const __m512i q = _mm512_cvttps_epi32(_mm512_fmadd_ps(xc, f(+1.442695040888963407359924681f), half));
+  const __m512i q = _mm512_cvttps_epi32(_mm512_fmadd_ps(xc, splat16(+1.442695040888963407359924681f), half));
   const __m512 qf = _mm512_cvtepi32_ps(q);
-  __m512 r = _mm512_fmadd_ps(qf, f(-0.693145751953125f), xc);
-  r = _mm512_fmadd_ps(qf, f(-1.428606765330187045e-6f), r);
+  __m512 r = _mm512_fmadd_ps(qf, splat16(-0.693145751953125f), xc);
+  r = _mm512_fmadd_ps(qf, splat16(-1.428606765330187045e-6f), r);
   // ExpPoly: Estrin's scheme, then r + r^2 * p.
   const __m512 r2 = _mm512_mul_ps(r, r);
   const __m512 r4 = _mm512_mul_ps(r2, r2);
   const __m512 est = _mm512_fmadd_ps(
-      r4, _mm512_fmadd_ps(f(+0.000198527617612853646278381f), r, f(+0.00139304355252534151077271f)),
-      _mm512_fmadd_ps(r2,
-                      _mm512_fmadd_ps(f(+0.00833336077630519866943359f), r, f(+0.0416664853692054748535156f)),
-                      _mm512_fmadd_ps(f(+0.166666671633720397949219f), r, f(+0.5f))));
-  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(est, _mm512_mul_ps(r, r), r), f(1.0f));
+      r4,
+      _mm512_fmadd_ps(splat16(+0.000198527617612853646278381f), r, splat16(+0.00139304355252534151077271f)),
+      _mm512_fmadd_ps(
+          r2,
+          _mm512_fmadd_ps(splat16(+0.00833336077630519866943359f), r, splat16(+0.0416664853692054748535156f)),
+          _mm512_fmadd_ps(splat16(+0.166666671633720397949219f), r, splat16(+0.5f))));
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(est, _mm512_mul_ps(r, r), r), splat16(1.0f));
   // LoadExpShortRange: y * 2^(q >> 1) * 2^(q - (q >> 1)).
   const __m512i h = _mm512_srai_epi32(q, 1);
   const __m512i bias = _mm512_set1_epi32(0x7f);
   const __m512 p0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(h, bias), 23));
   const __m512 p1 =
       _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(q, h), bias), 23));
-  const __m512 e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(xc, f(-104.0f), _CMP_GE_OQ),
+  const __m512 e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(xc, splat16(-104.0f), _CMP_GE_OQ),
                                        _mm512_mul_ps(_mm512_mul_ps(y, p0), p1));
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_EQ_OQ), x, e);
 }
