@@ -2,11 +2,12 @@
 # `lockstep sft`, `rl`, `eval` and `serve` on the GPU kernel sources (strict
 # interpret mode: the host cannot touch device memory) give the CPU's bits:
 #  1. sft with [model] device = "interpret" writes checkpoint files
-#     byte-identical to the CPU run's, for a dense and a MoE model;
+#     byte-identical to the CPU run's, for a dense and a MoE model, and for
+#     the dense model with [lora] adapters;
 #  2. rl (GRPO, 2 steps, a checkpoint each step, then --resume for a third)
 #     on interpret writes the same checkpoints and metrics (timings aside)
 #     as on the CPU, with a gap of 0, for a dense and a MoE model at f32, and
-#     for the MoE model at bf16 and fp8;
+#     for the MoE model at bf16 and fp8, and with [lora] adapters at f32;
 #  3. eval --device interpret writes the CPU's samples and scores;
 #  4. serve --device interpret answers a completion with logprobs equal to
 #     the CPU server's.
@@ -93,10 +94,18 @@ TOML
   grep -q "device interpret" "$T/sft_${m}_interpret.log" || { cat "$T/sft_${m}_interpret.log"; exit 1; }
   same_tree "$T/sft_${m}_cpu/checkpoints" "$T/sft_${m}_interpret/checkpoints" "sft $m"
 done
+# SFT with [lora] on the dense model.
+for dev in cpu interpret; do
+  "$BIN" sft --config "$T/sft_dense.toml" --out "$T/sft_lora_$dev" --threads 2 --set "model.device=\"$dev\"" \
+    --set lora.rank=4 --set lora.alpha=8 --set 'lora.target_modules=["q_proj", "down_proj"]' \
+    > "$T/sft_lora_$dev.log" 2>&1 || { cat "$T/sft_lora_$dev.log"; exit 1; }
+done
+same_tree "$T/sft_lora_cpu/checkpoints" "$T/sft_lora_interpret/checkpoints" "sft dense lora"
 
 # 2. RL: 2 steps, then --resume for a third.
-rl_run() {  # model precision device
-  local out="$T/rl_$1_$2_$3"
+LORA=(--set lora.rank=4 --set lora.alpha=8 --set 'lora.target_modules=["all-linear"]' --set lora.init_seed=3)
+rl_run() {  # model precision device [lora]
+  local out="$T/rl_$1_$2_$3${4:+_$4}"
   cat > "$T/rl_$1.toml" <<TOML
 [model]
 path = "$T/$1"
@@ -119,6 +128,7 @@ seed = 3
 type = "math"
 TOML
   local set=(--set "model.device=\"$3\"" --set "model.precision=\"$2\"")
+  if [ "${4:-}" = lora ]; then set+=("${LORA[@]}"); fi
   "$BIN" rl --config "$T/rl_$1.toml" --out "$out" --threads 2 "${set[@]}" > "$out.log" 2>&1 ||
     { cat "$out.log"; exit 1; }
   "$BIN" rl --config "$T/rl_$1.toml" --out "$out" --threads 2 "${set[@]}" --resume --set train.steps=3 \
@@ -149,6 +159,14 @@ for case in "dense f32" "moe f32" "moe bf16" "moe fp8"; do
   same_tree "$T/rl_${m}_${p}_cpu/checkpoints" "$T/rl_${m}_${p}_interpret/checkpoints" "rl $m $p"
   same_metrics "$T/rl_${m}_${p}_cpu" "$T/rl_${m}_${p}_interpret" "rl $m $p"
 done
+# With [lora] (adapters on every projection, the experts' included; the
+# base frozen): the adapters, their optimizer state and the metrics.
+rl_run moe f32 cpu lora
+rl_run moe f32 interpret lora
+same_tree "$T/rl_moe_f32_cpu_lora/checkpoints" "$T/rl_moe_f32_interpret_lora/checkpoints" "rl moe f32 lora"
+same_metrics "$T/rl_moe_f32_cpu_lora" "$T/rl_moe_f32_interpret_lora" "rl moe f32 lora"
+[ -f "$T/rl_moe_f32_interpret_lora/checkpoints/step_3/adapter_model.safetensors" ] ||
+  { echo "rl moe f32 lora: no adapter in the checkpoint"; exit 1; }
 
 # 3. eval.
 for dev in cpu interpret; do

@@ -3,18 +3,16 @@
 # by the emulator) against the CPU kernels, on the micro V4 model of
 # tests/common/v4_micro_model.toml written by `lockstep init --dtype fp8` with
 # MXFP4 routed experts, the policy in fp8 (the experts multiplied as MXFP4):
-#  1. `score --device interpret` gives the CPU's logprob and entropy bits;
+#  1. `score --device interpret` gives the CPU's logprob, entropy and MTP
+#     logprob bits;
 #  2. `generate --device interpret` gives the CPU run's tokens and logprobs,
 #     and `score` on the CPU gives every logprob back;
-#  3. `sft` with the indexer loss and `--set model.device=interpret` writes the
-#     CPU run's metrics and checkpoint bytes (and its indexer tensors differ
-#     from those of the same run without the loss);
+#  3. `sft` with the indexer and MTP losses and `--set model.device=interpret`
+#     writes the CPU run's metrics and checkpoint bytes (its indexer and MTP
+#     tensors differ from those of the same run without these losses);
 #  4. a 2-step `rl` (GRPO) on the interpret device: the CPU run's metrics and
 #     checkpoint bytes, every rollout logprob equal to the trainer's (gap 0).
-# The V4 kernels without GPU entries (mHC, compression, the indexer, sparse
-# attention) still run their CPU code on device memory, so CMake runs this
-# test with LOCKSTEP_INTERPRET_HOST_ACCESS=1 (tests/cli/CMakeLists.txt);
-# `LOCKSTEP_INTERPRET_HOST_ACCESS=log` in front of it lists the sites left.
+# Every command runs strict (the host cannot touch device memory).
 set -euo pipefail
 BIN=$1
 SRC=$2
@@ -49,7 +47,7 @@ PY
 
 # 1. score.
 for dev in cpu interpret; do
-  "$BIN" score --model "$T/model" --input "$T/score_in.jsonl" --output "$T/score_$dev.jsonl" --entropy \
+  "$BIN" score --model "$T/model" --input "$T/score_in.jsonl" --output "$T/score_$dev.jsonl" --entropy --mtp \
     --precision fp8 --device $dev > "$T/score_$dev.log" 2>&1 || { cat "$T/score_$dev.log"; fail "score --device $dev"; }
 done
 # 2. generate, then score on the CPU.
@@ -70,6 +68,8 @@ assert len(cpu) == len(dev) == 4
 for a, b in zip(cpu, dev):
     assert bits(a["logprobs"]) == bits(b["logprobs"]), "score --device interpret differs from the CPU"
     assert bits(a["entropy"]) == bits(b["entropy"]), "score --device interpret: entropy differs"
+    assert len(a["mtp_logprobs"]) == len(a["logprobs"]) - 1 > 0, "score --mtp: no MTP logprobs"
+    assert bits(a["mtp_logprobs"]) == bits(b["mtp_logprobs"]), "score --mtp --device interpret differs"
 g_cpu, g_dev, s = load("gen_cpu.jsonl"), load("gen_interpret.jsonl"), load("gen_scored.jsonl")
 assert len(g_cpu) == len(g_dev) == len(s) == 6
 n = 0
@@ -100,6 +100,7 @@ micro_batch_tokens = 64
 seed = 1
 save_interval = 2
 indexer_loss_coef = 0.5
+mtp_loss_coef = 0.3
 TOML
 # 4. RL, 2 GRPO steps.
 cat > "$T/rl.toml" <<TOML
@@ -144,7 +145,7 @@ for cmd in sft rl; do
     fail "$cmd: the interpret device's checkpoint differs from the CPU's"
 done
 "$BIN" sft --config "$T/sft.toml" --out "$T/sft_noidx" --set model.device=interpret \
-  --set train.indexer_loss_coef=0 > "$T/sft_noidx.log" 2>&1 || { cat "$T/sft_noidx.log"; fail "sft without the indexer loss"; }
+  --set train.indexer_loss_coef=0 --set train.mtp_loss_coef=0 > "$T/sft_noidx.log" 2>&1 || { cat "$T/sft_noidx.log"; fail "sft without the indexer loss"; }
 python3 - "$T" <<'PY'
 import glob, json, struct, sys
 t = sys.argv[1]
@@ -179,6 +180,9 @@ with_loss = tensors(f"{t}/sft_interpret/checkpoints/step_2")
 without = tensors(f"{t}/sft_noidx/checkpoints/step_2")
 names = [k for k in with_loss if "attn.indexer." in k]
 assert names and all(with_loss[k] != without[k] for k in names), "the indexer loss left the indexer unchanged"
+# The MTP loss reached the MTP block (without it the block is not run).
+mtp = [k for k in with_loss if k.startswith("mtp.")]
+assert mtp and any(with_loss[k] != without[k] for k in mtp), "the MTP loss left the MTP block unchanged"
 print("v4 sft and rl on the interpret device: the CPU's metrics and checkpoint bytes, rollout gap 0")
 PY
 echo "gpu interpret v4 CLI checks passed"

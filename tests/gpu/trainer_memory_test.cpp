@@ -130,6 +130,38 @@ TEST(GpuTrainerMemory, GradNormAndClippingOnDeviceMemoryKeepTheHostBits) {
   EXPECT_NE(back[5], 1e-30f);  // scaled, not left alone
 }
 
+TEST(GpuTrainerMemory, SegmentNormSumsAndReductionsThroughHostChunksKeepTheHostBits) {
+  const emu::ScopedOptions strict(strict_options());
+  const Context ctx = device_context(), cpu;
+  // Segments as the world-invariant norm gives them (one per tensor): one
+  // longer than a host copy, one shorter than a norm chunk, one ragged.
+  const int64_t chunk = kernels::kNormChunk * 1024;
+  const int64_t sizes[3] = {chunk + kernels::kNormChunk / 2 + 3, 5, 3 * kernels::kNormChunk + 1};
+  const int64_t n = sizes[0] + sizes[1] + sizes[2];
+  std::vector<float> g = random_floats(size_t(n), 17, 0.2f);
+  Buffer dg = on_device(g, "gradients");
+  std::vector<kernels::FloatSegment> on_host, on_dev;
+  for (int64_t at = 0, i = 0; i < 3; at += sizes[i], ++i) {
+    on_host.push_back({g.data() + at, sizes[i]});
+    on_dev.push_back({dg.as<float>() + at, sizes[i]});
+  }
+  const std::vector<double> want = kernels::norm_chunk_sums(cpu, on_host);
+  const std::vector<double> got = norm_chunk_sums(ctx, device(), on_dev);
+  ASSERT_EQ(want.size(), got.size());
+  EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(double)), 0);
+  // A reduction sees host chunks, consecutive and in order, and its result
+  // lands back in device memory.
+  std::vector<size_t> seen;
+  reduce_through_host(device(), dg.as<float>(), n, [&](float* h, size_t m) {
+    seen.push_back(m);
+    for (size_t i = 0; i < m; ++i) h[i] = h[i] * 2.0f;
+  });
+  ASSERT_EQ(seen.size(), size_t((n + chunk - 1) / chunk));
+  EXPECT_EQ(seen[0], size_t(chunk));
+  const std::vector<float> back = to_host(dg, size_t(n));
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(back[size_t(i)], g[size_t(i)] * 2.0f) << "element " << i;
+}
+
 ModelConfig tiny_moe() {
   ModelConfig c;
   c.architecture = Architecture::Qwen3Moe;

@@ -273,7 +273,7 @@ void model_gradient_check(const ModelConfig& c) {
   forward(m.ctx, *m.weights, kv, ws, b, opt, &r, &acts);
   const size_t lbytes = size_t(m.lora_layout.numel()) * 4;
   Buffer scratch, lgrad(lbytes);
-  const ModelParams frozen = frozen_base_grads(m.layout, scratch);
+  const ModelParams frozen = frozen_base_grads(m.layout, scratch, host_allocator());
   const LoraParams lg = bind_lora(m.lora_layout, lgrad.as<float>());
   acts.lora_grads = &lg;
   backward(m.ctx, *m.weights, kv, ws, b, acts, Tensor(probe.data(), DType::F32, {R, c.vocab_size}), frozen);

@@ -4,7 +4,8 @@
 # 3 and 4 data-parallel trainer ranks ends with byte-identical checkpoint files (weights, optimizer state,
 # trainer state) and identical metrics.jsonl rows, timing fields (perf/*,
 # eval/*/time_s, eval/*/tokens_per_s) excepted; a 2-rank run stopped after step 2 and resumed on 1 and on 4 ranks
-# ends byte-identical to the uninterrupted 2-rank run. The same runs with
+# ends byte-identical to the uninterrupted 2-rank run; 2 ranks with
+# model.device = "interpret" end as the CPU does. The same runs with
 # world_invariant = false differ (the negative control).
 # sft-v4 and rl-v4 run the same on the micro DeepSeek-V4 model.
 # sft-ep and rl-ep (sft-v4-ep, rl-v4-ep: on DeepSeek-V4): expert parallelism. EP = 2 and 4, EP = 2 x DP = 2 (and for
@@ -94,7 +95,10 @@ else
   run r2 2
   run r3 3
   run r4 4
-  COMPARED=(r2 r3 r4 cut1 cut4)
+  # The trainers on the interpreted GPU (strict: gradients, exact sums and
+  # norms reach the host only through copies): the CPU's bytes.
+  run r2dev 2 --set model.device=interpret
+  COMPARED=(r2 r3 r4 r2dev cut1 cut4)
   if [ "$KIND" = rl ]; then  # 2 trainers fed by a rollout rank: the same samples, the same result
     run d21 3 --set dist.rollout_ranks=1
     COMPARED+=(d21)

@@ -231,7 +231,7 @@ TEST(LoraCombos, GaeTrainsACriticBesideThePolicysAdapters) {
   EXPECT_NE(m[2]["critic/values_mean"], 0.0);  // the critic's head moved off zero
   EXPECT_GT(t->version(), 0u);
   EXPECT_EQ(std::memcmp(base0.data(), t->params(), base0.size() * sizeof(float)), 0) << "the base moved";
-  train::LoraState start(*f.layout, c.trainer.lora);  // the adapters as the run began
+  train::LoraState start(Context{}, *f.layout, c.trainer.lora);  // the adapters as the run began
   EXPECT_NE(std::memcmp(start.params(), t->lora()->params(), size_t(start.numel()) * sizeof(float)), 0)
       << "the adapters did not train";
 }

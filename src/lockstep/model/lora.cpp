@@ -8,6 +8,8 @@
 
 #include "lockstep/base/error.h"
 #include "lockstep/kernels/cpu/gemm.h"
+#include "lockstep/kernels/cpu/v4_rows.h"
+#include "lockstep/kernels/gpu/backend.h"
 
 namespace lockstep::model {
 
@@ -56,14 +58,18 @@ LoraParams bind_lora(const LoraLayout& layout, float* base) {
 }
 
 namespace {
+// (T, r) rows in the memory ctx's kernels use.
+OwnedTensor rank_rows(const Context& ctx, int64_t T, int64_t r) {
+  return OwnedTensor(DType::F32, {T, r}, kernels::device_memory(ctx), Fill::Undefined, "lora rank rows");
+}
+
 // us (T, r) = s·(x·Aᵀ): the chain over `in`, then one f32 multiply each.
 OwnedTensor scaled_down(const Context& ctx, const Tensor& x, const LoraPair& p, float s) {
   const int64_t T = x.dim(0), r = p.a.dim(0);
-  OwnedTensor us(DType::F32, {T, r});  // (T, r)
+  OwnedTensor us = rank_rows(ctx, T, r);
   if (T == 0) return us;
   kernels::gemm_xwt(ctx, us.view(), x, p.a);
-  float* u = us.f32();
-  for (int64_t i = 0; i < T * r; ++i) u[i] = u[i] * s;
+  kernels::scale_values(ctx, us.view(), s);
   return us;
 }
 }  // namespace
@@ -79,10 +85,9 @@ void lora_backward(const Context& ctx, Tensor dx, const Tensor& dy, const Tensor
   if (!p.on() || x.dim(0) == 0) return;
   const int64_t T = x.dim(0), r = p.a.dim(0);
   // du (T, r) = s·(dy·B): the gradient of the scaled down-projection.
-  OwnedTensor du(DType::F32, {T, r});
+  OwnedTensor du = rank_rows(ctx, T, r);
   kernels::gemm_dyw(ctx, du.view(), dy, p.b);
-  float* d = du.f32();
-  for (int64_t i = 0; i < T * r; ++i) d[i] = d[i] * s;
+  kernels::scale_values(ctx, du.view(), s);
   if (g.b.data != nullptr) kernels::gemm_dytx(ctx, g.b, dy, scaled_down(ctx, x, p, s).view());
   if (g.a.data != nullptr) kernels::gemm_dytx(ctx, g.a, du.view(), x);
   if (dx.data != nullptr) kernels::gemm_dyw(ctx, dx, du.view(), p.a, true);
@@ -93,8 +98,8 @@ namespace {
 // compressors' positional biases), whose gradients V4's kernels always
 // accumulate, get views into a scratch buffer the layout's size; every
 // projection's view is empty, so backward skips its weight-gradient GEMM.
-ModelParams frozen_v4_grads(const ParamLayout& layout, Buffer& scratch) {
-  scratch = Buffer(layout.nbytes());
+ModelParams frozen_v4_grads(const ParamLayout& layout, Buffer& scratch, const Allocator& memory) {
+  scratch = Buffer(layout.nbytes(), memory, Fill::Zero, "lora frozen base gradients");
   ModelParams m = bind(layout, scratch.as<float>());
   m.embed = m.lm_head = Tensor();
   auto freeze = [](LayerParams& L) {
@@ -114,11 +119,11 @@ ModelParams frozen_v4_grads(const ParamLayout& layout, Buffer& scratch) {
 }
 }  // namespace
 
-ModelParams frozen_base_grads(const ParamLayout& layout, Buffer& scratch) {
+ModelParams frozen_base_grads(const ParamLayout& layout, Buffer& scratch, const Allocator& memory) {
   const ModelConfig& c = layout.config();
-  if (c.is_v4()) return frozen_v4_grads(layout, scratch);
+  if (c.is_v4()) return frozen_v4_grads(layout, scratch, memory);
   const int64_t D = c.hidden_size, Dh = c.head_dim;
-  scratch = Buffer(size_t(std::max(D, Dh)) * sizeof(float));
+  scratch = Buffer(size_t(std::max(D, Dh)) * sizeof(float), memory, Fill::Zero, "lora frozen base gradients");
   float* s = scratch.as<float>();
   ModelParams m;
   m.final_norm = Tensor(s, DType::F32, {D});

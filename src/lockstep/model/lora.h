@@ -91,7 +91,8 @@ struct LoraWeights {
 
 // y (T, out) += (s·(x·Aᵀ))·Bᵀ: u = x·Aᵀ one f32 FMA chain over `in`, each u
 // element times s (one f32 multiply), then y + one chain over r (the GEMM's
-// accumulate form). x is the projection's f32 input (never fp8-quantized: the
+// accumulate form). Its intermediate rows lie in the memory ctx's kernels
+// use, so the adapters run on any backend. x is the projection's f32 input (never fp8-quantized: the
 // adapters run in f32 whatever the base storage). y may be a column block of
 // a fused output (q/k/v of wqkv, gate/up of gate|up).
 void lora_forward(const Context& ctx, Tensor y, const Tensor& x, const LoraPair& p, float s);
@@ -108,7 +109,8 @@ void lora_backward(const Context& ctx, Tensor dx, const Tensor& dy, const Tensor
 // skips their weight gradients; the norm weights' gradients, which the norm
 // kernels always accumulate and nobody reads, all land in `scratch` (sized here).
 // DeepSeek-V4: the gradients of its small f32 tensors (norms, mHC mixers,
-// sinks, positional biases) land in a scratch of the layout's size.
-ModelParams frozen_base_grads(const ParamLayout& layout, Buffer& scratch);
+// sinks, positional biases) land in a scratch of the layout's size. The
+// scratch lies in `memory` (the memory the trainer's kernels use).
+ModelParams frozen_base_grads(const ParamLayout& layout, Buffer& scratch, const Allocator& memory);
 
 }  // namespace lockstep::model

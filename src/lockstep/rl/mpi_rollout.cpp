@@ -19,9 +19,10 @@
 #include "lockstep/base/error.h"
 #include "lockstep/base/rng.h"
 #include "lockstep/base/timer.h"
-#include "lockstep/parallel/data_parallel.h"
 #include "lockstep/comm/messages.h"
+#include "lockstep/kernels/gpu/backend.h"
 #include "lockstep/model/packed_checksum.h"
+#include "lockstep/parallel/data_parallel.h"
 #include "lockstep/rl/rollout_wire.h"
 
 namespace lockstep::rl {
@@ -165,7 +166,8 @@ void MpiRollout::sync(train::Trainer& trainer) {
   sync_->broadcast_value(c, 0);
   if (train::LoraState* lora = trainer.lora()) {  // the base never changes: only the adapters travel
     parallel::WeightBroadcaster out(*sync_, size_t(lora->numel()), trainer.version(), 0);
-    out.push(lora->params(), size_t(lora->numel()));
+    const std::vector<float> adapters = lora->host_params();  // a copy: they may lie in device memory
+    out.push(adapters.data(), adapters.size());
     last_sync_ = out.finish();
   } else {
     parallel::WeightBroadcaster out(*sync_, size_t(trainer.model_layout().numel()), trainer.version(), 0);
@@ -256,15 +258,20 @@ ServeStats serve_rollout(comm::Communicator& sync, const Context& ctx, const Mod
   const DType storage = rollout::precision_dtype(cfg.precision);
   model::ModelWeights weights(ctx, layout, params, storage, storage == DType::FP8E4M3 ? cfg.fp8_block : 0);
   // LoRA: the base stays as loaded (the trainer's is frozen); every sync
-  // overwrites the adapters.
+  // overwrites the adapters, received on the host and copied into the
+  // memory the engine's kernels read (device memory on a GPU backend).
   std::unique_ptr<LoraLayout> lora_layout;
   std::vector<float> lora_params;
+  Buffer lora_engine;
   std::unique_ptr<model::LoraWeights> adapters;
+  const Allocator& memory = kernels::device_memory(ctx);
   if (lora.enabled()) {
     lora_layout = std::make_unique<LoraLayout>(layout, lora.spec());
     lora_params.assign(size_t(lora_layout->numel()), 0.0f);
     init_lora(*lora_layout, lora_params.data(), lora.init_seed);  // the trainer's start, until the first sync
-    adapters = std::make_unique<model::LoraWeights>(*lora_layout, lora_params.data());
+    lora_engine = Buffer(lora_params.size() * sizeof(float), memory, Fill::Undefined, "lora adapters");
+    memory.copy_in(lora_engine.data(), lora_params.data(), lora_engine.size());
+    adapters = std::make_unique<model::LoraWeights>(*lora_layout, lora_engine.as<float>());
     weights.set_lora(adapters.get());
   }
   rollout::EngineConfig ec = cfg.engine;
@@ -280,9 +287,10 @@ ServeStats serve_rollout(comm::Communicator& sync, const Context& ctx, const Mod
       float* into = adapters ? lora_params.data() : params;
       const size_t n = adapters ? lora_params.size() : size_t(layout.numel());
       const parallel::WeightSyncStats ws = parallel::broadcast_weights(sync, into, n, 0, 0);
-      if (adapters)
+      if (adapters) {
+        memory.copy_in(lora_engine.data(), lora_params.data(), lora_engine.size());
         weights.set_version(ws.version);  // the engine reads the adapters in place
-      else
+      } else
         weights.refresh(ctx, ws.version);  // repack the projections from the new f32 buffer
       check_packed_bits(sync, weights);
       engine.update_weights(&weights);   // drops KV state built on the old weights

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "lockstep/base/error.h"
+#include "lockstep/kernels/gpu/backend.h"
 #include "lockstep/model/params.h"
 
 namespace lockstep::rl {
@@ -58,15 +59,19 @@ void VersionScorers::keep(train::Trainer& trainer, const std::set<uint64_t>& hel
     if (!base_scorer_)
       base_scorer_ = std::make_unique<train::Scorer>(ctx_, config_, trainer.params(), micro_batch_tokens_,
                                                      kv_block_size_, precision_, fp8_block_, logits_chunk_);
-    add_adapters(v, std::vector<float>(lora->params(), lora->params() + lora->numel()));
+    add_adapters(v, lora->host_params());
     return;
   }
   const ParamLayout layout(config_);
-  Buffer copy = alloc_params(layout);
-  if (trainer.expert_comm() != nullptr)
+  if (trainer.expert_comm() != nullptr) {  // a host trainer (no expert parallelism on a device)
+    Buffer copy = alloc_params(layout);
     trainer.gather_model(copy.as<float>(), /*all=*/true);
-  else
-    std::memcpy(copy.as<float>(), trainer.params(), layout.nbytes());
+    return add(v, std::move(copy));
+  }
+  // In the memory the trainer's kernels use (a device copy on a GPU backend).
+  const Allocator& memory = kernels::device_memory(ctx_);
+  Buffer copy(layout.nbytes(), memory, Fill::Undefined, "kept parameters");
+  memory.copy(copy.data(), trainer.params(), layout.nbytes());
   add(v, std::move(copy));
 }
 
@@ -95,9 +100,11 @@ void VersionScorers::add_adapters(uint64_t version, std::vector<float> adapters)
       << lora_layout_->numel();
   LS_CHECK(base_scorer_) << "partial gap: adapters added before keep() saw the trainer's base";
   Kept k;
-  k.adapters = std::move(adapters);
-  k.lora = std::make_unique<model::LoraWeights>(*lora_layout_, k.adapters.data());
-  scorers_[version] = std::move(k);  // moving the vector keeps its data, so the views stay valid
+  const Allocator& memory = kernels::device_memory(ctx_);
+  k.adapters = Buffer(adapters.size() * sizeof(float), memory, Fill::Undefined, "kept lora adapters");
+  memory.copy_in(k.adapters.data(), adapters.data(), k.adapters.size());
+  k.lora = std::make_unique<model::LoraWeights>(*lora_layout_, k.adapters.as<float>());
+  scorers_[version] = std::move(k);  // moving the buffer keeps its data, so the views stay valid
 }
 
 train::Scorer& VersionScorers::scorer_of(Kept& k) {

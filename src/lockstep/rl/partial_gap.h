@@ -90,7 +90,7 @@ class VersionScorers {
   // the shared base scorer (LoRA).
   struct Kept {
     std::unique_ptr<train::Scorer> scorer;
-    std::vector<float> adapters;               // (LoRA numel)
+    Buffer adapters;                           // (LoRA numel) f32, in the scorers' memory
     std::unique_ptr<model::LoraWeights> lora;  // views over adapters
   };
   // The scorer of version v's kept entry, its adapters attached.

@@ -96,7 +96,8 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, Trainer& t
   copy_tokenizer(tokenizer_dir, tmp_dir.string());
   trainer.save_optimizer((tmp_dir / "optimizer.bin").string());
   // LoRA: the adapters in PEFT's layout beside the (frozen) base.
-  if (LoraState* lora = trainer.lora()) save_adapter(tmp_dir.string(), lora->layout(), lora->params());
+  if (LoraState* lora = trainer.lora())
+    save_adapter(tmp_dir.string(), lora->layout(), lora->host_params().data());
   state["step"] = step;
   state["weight_version"] = trainer.version();
   state["optimizer_steps"] = trainer.lora() ? trainer.lora()->steps_done() : trainer.optimizer().steps_done();

@@ -85,18 +85,41 @@ void zero_memory(const Context& ctx, const Allocator& memory, void* data, size_t
       int64_t{1} << 20);
 }
 
-double grad_norm(const Context& ctx, const Allocator& memory, const float* grads, int64_t n) {
-  if (memory.host_visible()) return kernels::global_grad_norm(ctx, grads, n);
-  // Each host chunk starts on a norm-chunk boundary, so its chunk sums are
-  // those of the whole buffer at the same places.
+std::vector<double> norm_chunk_sums(const Context& ctx, const Allocator& memory,
+                                    const std::vector<kernels::FloatSegment>& segments) {
+  if (memory.host_visible()) return kernels::norm_chunk_sums(ctx, segments);
+  // Each host chunk starts on a norm-chunk boundary of its segment, so its
+  // chunk sums are the segment's at the same places.
   std::vector<double> sums;
   const Context host = kernels::cpu_context(ctx);
-  for_each_host_chunk(memory, grads, n, kGradChunk, [&](const float* g, int64_t m) {
-    const std::vector<double> part =
-        kernels::norm_chunk_sums(host, {kernels::FloatSegment{const_cast<float*>(g), m}});
-    sums.insert(sums.end(), part.begin(), part.end());
-  });
-  return kernels::norm_of_chunk_sums(sums);
+  for (const kernels::FloatSegment& s : segments)
+    for_each_host_chunk(memory, s.data, s.n, kGradChunk, [&](const float* g, int64_t m) {
+      const std::vector<double> part =
+          kernels::norm_chunk_sums(host, {kernels::FloatSegment{const_cast<float*>(g), m}});
+      sums.insert(sums.end(), part.begin(), part.end());
+    });
+  return sums;
+}
+
+double grad_norm(const Context& ctx, const Allocator& memory, const float* grads, int64_t n) {
+  if (memory.host_visible()) return kernels::global_grad_norm(ctx, grads, n);
+  return kernels::norm_of_chunk_sums(
+      norm_chunk_sums(ctx, memory, {kernels::FloatSegment{const_cast<float*>(grads), n}}));
+}
+
+void reduce_through_host(const Allocator& memory, float* grads, int64_t n,
+                         const std::function<void(float*, size_t)>& reduce) {
+  if (memory.host_visible()) {
+    reduce(grads, size_t(n));
+    return;
+  }
+  std::vector<float> chunk(size_t(std::min(kGradChunk, n)));
+  for (int64_t at = 0; at < n; at += kGradChunk) {
+    const int64_t m = std::min(kGradChunk, n - at);
+    memory.copy_out(chunk.data(), grads + at, size_t(m) * sizeof(float));
+    reduce(chunk.data(), size_t(m));
+    memory.copy_in(grads + at, chunk.data(), size_t(m) * sizeof(float));
+  }
 }
 
 void scale_gradients(const Context& ctx, const Allocator& memory, float* grads, int64_t n, float factor) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "lockstep/base/thread_pool.h"
+#include "lockstep/kernels/cpu/adamw.h"
 #include "lockstep/model/params.h"
 #include "lockstep/tensor/tensor.h"
 
@@ -48,6 +49,18 @@ void zero_memory(const Context& ctx, const Allocator& memory, void* data, size_t
 // in the same order (chunks of kernels::kNormChunk; a host copy holds a whole
 // number of them), so the same bits on every device.
 double grad_norm(const Context& ctx, const Allocator& memory, const float* grads, int64_t n);
+
+// kernels::norm_chunk_sums of `segments` in `memory`, segment by segment
+// (each from its own start, so the same sums as on the host): on host copies
+// of bounded chunks where the host may not read the memory.
+std::vector<double> norm_chunk_sums(const Context& ctx, const Allocator& memory,
+                                    const std::vector<kernels::FloatSegment>& segments);
+
+// grad_reduce (TrainerConfig) on n gradients in `memory`: in place in host
+// memory; else on host copies of consecutive chunks (the same chunks on
+// every rank, as each rank's buffer has the same n), each copied back.
+void reduce_through_host(const Allocator& memory, float* grads, int64_t n,
+                         const std::function<void(float*, size_t)>& reduce);
 
 // kernels::scale_grads on n gradients in `memory` (one f32 multiply each, so
 // any order gives the same bits): in place, or on host copies of bounded chunks.

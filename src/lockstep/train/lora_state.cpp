@@ -7,38 +7,48 @@
 
 #include "lockstep/base/error.h"
 #include "lockstep/kernels/cpu/adamw.h"
+#include "lockstep/kernels/gpu/backend.h"
+#include "lockstep/train/host_copies.h"
 
 namespace lockstep::train {
 
-LoraState::LoraState(const ParamLayout& base, const model::LoraConfig& config)
-    : config_(config), layout_(base, config.spec()) {
+LoraState::LoraState(const Context& ctx, const ParamLayout& base, const model::LoraConfig& config)
+    : config_(config), layout_(base, config.spec()), ctx_(ctx), memory_(&kernels::device_memory(ctx)) {
   LS_CHECK(base.all_experts())
       << "[lora]: adapters need a trainer holding every expert (no expert parallelism)";
   const size_t bytes = size_t(layout_.numel()) * sizeof(float);
-  params_ = Buffer(bytes);
-  grads_ = Buffer(bytes);
-  m_ = Buffer(bytes);
-  v_ = Buffer(bytes);
-  init_lora(layout_, params_.as<float>(), config.init_seed);
+  params_ = Buffer(bytes, *memory_, Fill::Zero, "lora adapters");
+  grads_ = Buffer(bytes, *memory_, Fill::Zero, "lora gradients");
+  m_ = Buffer(bytes, *memory_, Fill::Zero, "lora first moment");
+  v_ = Buffer(bytes, *memory_, Fill::Zero, "lora second moment");
+  std::vector<float> init(size_t(layout_.numel()), 0.0f);
+  init_lora(layout_, init.data(), config.init_seed);
+  memory_->copy_in(params_.data(), init.data(), bytes);
   grad_views_ = model::bind_lora(layout_, grads_.as<float>());
-  base_grads_ = model::frozen_base_grads(base, scratch_);
+  base_grads_ = model::frozen_base_grads(base, scratch_, *memory_);
   weights_ = std::make_unique<model::LoraWeights>(layout_, params_.as<float>());
+}
+
+std::vector<float> LoraState::host_params() const {
+  std::vector<float> out(size_t(layout_.numel()));
+  memory_->copy_out(out.data(), params_.data(), out.size() * sizeof(float));
+  return out;
 }
 
 OptimizerStats LoraState::step(const Context& ctx, const OptimizerConfig& optim,
                                const std::function<void(float*, size_t)>& reduce) {
   const int64_t n = numel();
   float* g = grads();
-  if (reduce) reduce(g, size_t(n));
+  if (reduce) reduce_through_host(*memory_, g, n, reduce);
   OptimizerStats s;
-  s.grad_norm = kernels::global_grad_norm(ctx, g, n);
+  s.grad_norm = grad_norm(ctx, *memory_, g, n);
   if (!std::isfinite(s.grad_norm)) {
     s.skipped = true;
     zero_grad();
     return s;
   }
   if (optim.grad_clip > 0 && s.grad_norm > optim.grad_clip)
-    kernels::scale_grads(ctx, {kernels::FloatSegment{g, n}}, float(optim.grad_clip / s.grad_norm));
+    scale_gradients(ctx, *memory_, g, n, float(optim.grad_clip / s.grad_norm));
   ++step_;
   s.lr = lr_at(optim, step_);
   kernels::AdamWParams p;
@@ -54,17 +64,21 @@ OptimizerStats LoraState::step(const Context& ctx, const OptimizerConfig& optim,
 }
 
 void LoraState::zero_grad() {
-  std::memset(grads_.data(), 0, size_t(numel()) * sizeof(float));
+  zero_memory(ctx_, *memory_, grads_.data(), size_t(numel()) * sizeof(float));
 }
 
 namespace {
 constexpr char kMagic[8] = {'L', 'S', 'A', 'D', 'A', 'M', 'W', '1'};  // AdamW::save's header
-}
+
+// Floats of a moment a save or load holds on the host at once (16 MiB).
+constexpr int64_t kStateChunk = int64_t{1} << 22;
+}  // namespace
 
 void LoraState::save_optimizer(const std::string& path) {
   OptimizerStateWriter w(path, step_, numel());
-  w.write(m(), numel());
-  w.write(v(), numel());
+  for (const float* moment : {m(), v()})
+    for_each_host_chunk(*memory_, moment, numel(), kStateChunk,
+                        [&](const float* d, int64_t k) { w.write(d, k); });
   w.commit();
 }
 
@@ -80,8 +94,10 @@ void LoraState::load_optimizer(const std::string& path) {
   if (n != numel())
     LS_THROW << path << ": optimizer state holds " << n << " parameters, the adapters have " << numel()
              << " (another rank or target_modules?)";
-  in.read(static_cast<char*>(m_.data()), std::streamsize(n) * 4);
-  in.read(static_cast<char*>(v_.data()), std::streamsize(n) * 4);
+  for (float* moment : {m(), v()})
+    fill_from_host(*memory_, moment, n, kStateChunk, [&in](float* d, int64_t k) {
+      in.read(reinterpret_cast<char*>(d), std::streamsize(k) * 4);
+    });
   if (!in) LS_THROW << path << ": truncated optimizer state";
   step_ = step;
 }

@@ -15,6 +15,7 @@
 #include "lockstep/kernels/cpu/softmax.h"
 #include "lockstep/kernels/gpu/backend.h"
 #include "lockstep/model/v4_forward.h"
+#include "lockstep/model/v4_util.h"
 #include "lockstep/train/chunked_head.h"
 #include "lockstep/train/host_copies.h"
 
@@ -79,9 +80,7 @@ void Trainer::start_lora() {
   if (cfg_.world_invariant) LS_THROW << "[lora] does not support [dist] world_invariant = true yet";
   if (cfg_.mtp_loss_coef != 0 || cfg_.indexer_loss_coef != 0)
     LS_THROW << "[lora] trains adapters only: set [train] mtp_loss_coef and indexer_loss_coef to 0";
-  if (!kernels::device_memory(ctx_).host_visible())
-    LS_THROW << "[lora]: LoRA adapters run on the CPU backend only for now";
-  lora_ = std::make_unique<LoraState>(layout_, cfg_.lora);
+  lora_ = std::make_unique<LoraState>(ctx_, layout_, cfg_.lora);
   grad_views_ = lora_->base_grads();
   weights_->set_lora(&lora_->weights());
 }
@@ -91,6 +90,10 @@ void Trainer::params_changed(uint64_t version) {
 }
 
 namespace {
+// Floats of a buffer in device memory that host code (the exact sums' fold
+// and unfold, the weight stream) handles through one host copy (16 MiB).
+constexpr int64_t kHostChunk = int64_t{1} << 22;
+
 // Adjacent (offset, n) ranges merged.
 void add_range(std::vector<std::pair<int64_t, int64_t>>& r, int64_t offset, int64_t n) {
   if (!r.empty() && r.back().first + r.back().second == offset)
@@ -113,6 +116,10 @@ void Trainer::set_expert_comm(model::ExpertComm* comm) {
   LS_CHECK(optimizer_.steps_done() == 0)
       << "set_expert_comm after optimizer steps would lose the optimizer state";
   if (lora_) LS_THROW << "[lora]: LoRA adapters do not support expert parallelism yet";
+  if (comm != nullptr && comm->size() > 1 && !kernels::device_memory(ctx_).host_visible())
+    LS_THROW << "expert parallelism ([dist] expert_parallel > 1) is not supported on a device yet "
+             << "(its parameter moves and expert exchanges read device memory from the host): "
+             << "run the trainer on the cpu, or without expert parallelism";
   LS_CHECK(layout_.all_experts() || comm == experts_)
       << "set_expert_comm: this trainer already holds only some experts; build it again from the whole model";
   model::ExpertShard shard;
@@ -166,7 +173,7 @@ double Trainer::invariant_grad_norm(const Context& ctx, const float* grads) cons
   for (const ParamInfo& p : layout_.params())
     (experts_ != nullptr && p.routed_expert() ? own : shared)
         .push_back({const_cast<float*>(grads) + p.offset, p.numel});
-  const std::vector<double> mine = kernels::norm_chunk_sums(ctx, shared);
+  const std::vector<double> mine = norm_chunk_sums(ctx, grads_.memory(), shared);
   if (experts_ == nullptr) return kernels::norm_of_chunk_sums(mine);
   const std::vector<double> own_sums = kernels::norm_chunk_sums(ctx, own);
   const int P = experts_->size();
@@ -242,7 +249,8 @@ void Trainer::gather_model(float* out, bool all) {
 
 void Trainer::stream_model(bool want, const std::function<void(const float*, int64_t)>& emit) {
   if (experts_ == nullptr) {
-    if (want) emit(params_.as<float>(), layout_.numel());
+    // In device memory, through host copies of bounded chunks.
+    if (want) for_each_host_chunk(params_.memory(), params_.as<float>(), layout_.numel(), kHostChunk, emit);
     return;
   }
   if (experts_->max(want ? 1 : 0) == 0) return;
@@ -363,57 +371,73 @@ int64_t mtp_targets(const std::vector<TrainSequence>& seqs, int64_t j) {
   return n;
 }
 
-// TokenScores::mtp_logp of the micro-batch's sequences from MTP block 0's logits.
+// The i32 targets of `rows` logit rows in ctx's memory (a host copy in one go).
+OwnedTensor device_targets(const Context& ctx, const std::vector<int32_t>& rows) {
+  return model::device_i32(ctx, rows, {int64_t(rows.size())});
+}
+
+// TokenScores::mtp_logp of the micro-batch's sequences from MTP block 0's
+// logits. The targets go in, the logprobs come out, by copies: the logits
+// may lie in device memory.
 void mtp_scores(const RunSpec& r, const model::ForwardResult& fr, const std::vector<TrainSequence>& seqs,
                 size_t b0, size_t b1, const std::vector<int64_t>& first_row,
                 std::vector<TokenScores>& scores) {
   const Tensor logits = fr.mtp_logits.at(0).view();
   const int64_t R = logits.dim(0);
-  OwnedTensor tgt(DType::I32, {R}), lp(DType::F32, {R});
-  std::fill(tgt.view().i32(), tgt.view().i32() + R, 0);
+  std::vector<int32_t> targets(size_t(R), 0);
   for (size_t i = b0; i < b1; ++i) {
     const auto& s = seqs[i];
     for (int64_t k = 0; k + 2 < int64_t(s.tokens.size()) - s.prompt_len + 1; ++k)
-      tgt.view().i32()[first_row[i - b0] + k] = s.tokens[size_t(s.prompt_len + 1 + k)];
+      targets[size_t(first_row[i - b0] + k)] = s.tokens[size_t(s.prompt_len + 1 + k)];
   }
+  const OwnedTensor tgt = device_targets(r.ctx, targets);
+  const OwnedTensor lp = model::device_tensor(r.ctx, DType::F32, {R});
   kernels::token_logprob_forward(r.ctx, lp.view(), Tensor(), Tensor(), logits, tgt.view(), 1.0f);
+  std::vector<float> host(static_cast<size_t>(R));
+  kernels::device_memory(r.ctx).copy_out(host.data(), lp.view().data, host.size() * sizeof(float));
   for (size_t i = b0; i < b1; ++i) {
     const int64_t r0 = first_row[i - b0], n = std::max<int64_t>(0, seqs[i].num_targets() - 1);
-    scores[i].mtp_logp.assign(lp.f32() + r0, lp.f32() + r0 + n);
+    scores[i].mtp_logp.assign(host.data() + r0, host.data() + r0 + n);
   }
 }
 
 // The MTP loss of one micro-batch: for every block j, coef / N_j x the
 // cross-entropy of its valid rows, whose gradient is written over
-// fr.mtp_logits (into dmtp). Returns the loss.
+// fr.mtp_logits (into dmtp). Returns the loss. The loss and its gradient
+// rows are host work on a copy of the logprobs, as run_pass's losses are.
 double mtp_loss(const RunSpec& r, model::ForwardResult& fr, const std::vector<TrainSequence>& seqs, size_t b0,
                 size_t b1, const std::vector<int64_t>& first_row, const std::vector<int64_t>& norm,
                 std::vector<Tensor>& dmtp) {
+  const Allocator& memory = kernels::device_memory(r.ctx);
   double total = 0;
   dmtp.clear();
   for (size_t j = 0; j < fr.mtp_logits.size(); ++j) {
     Tensor logits = fr.mtp_logits[j].view();
     const int64_t R = logits.dim(0);
-    OwnedTensor tgt(DType::I32, {R}), lp(DType::F32, {R}), dlp(DType::F32, {R});
-    std::fill(tgt.view().i32(), tgt.view().i32() + R, 0);
-    std::fill(dlp.f32(), dlp.f32() + R, 0.0f);
+    std::vector<int32_t> targets(size_t(R), 0);
     std::vector<char> valid(size_t(R), 0);
     for (size_t i = b0; i < b1; ++i) {
       const auto& s = seqs[i];
       for (int64_t p = s.prompt_len - 1; p + 1 < int64_t(s.tokens.size()); ++p) {
         const int64_t row = first_row[i - b0] + p - (s.prompt_len - 1), target = p + int64_t(j) + 2;
         if (target >= int64_t(s.tokens.size()) || !mtp_trains(s, target)) continue;
-        tgt.view().i32()[row] = s.tokens[size_t(target)];
+        targets[size_t(row)] = s.tokens[size_t(target)];
         valid[size_t(row)] = 1;
       }
     }
+    const OwnedTensor tgt = device_targets(r.ctx, targets);
+    const OwnedTensor lp = model::device_tensor(r.ctx, DType::F32, {R});
+    const OwnedTensor dlp = model::device_tensor(r.ctx, DType::F32, {R});
     kernels::token_logprob_forward(r.ctx, lp.view(), Tensor(), Tensor(), logits, tgt.view(), 1.0f);
+    std::vector<float> host_lp(static_cast<size_t>(R)), host_dlp(static_cast<size_t>(R), 0.0f);
+    memory.copy_out(host_lp.data(), lp.view().data, host_lp.size() * sizeof(float));
     const double w = norm[j] > 0 ? r.mtp_loss_coef / double(norm[j]) : 0.0;
     for (int64_t row = 0; row < R; ++row) {
       if (!valid[size_t(row)]) continue;
-      total -= w * double(lp.f32()[row]);
-      dlp.f32()[row] = float(-w);
+      total -= w * double(host_lp[size_t(row)]);
+      host_dlp[size_t(row)] = float(-w);
     }
+    memory.copy_in(dlp.view().data, host_dlp.data(), host_dlp.size() * sizeof(float));
     kernels::token_logprob_backward(r.ctx, logits, dlp.view(), Tensor(), logits, tgt.view(), 1.0f);
     dmtp.push_back(logits);
   }
@@ -694,22 +718,41 @@ void Trainer::fold_gradients() {
   if (exact_.size() == 0) exact_ = Buffer(size_t(n + 2) * sizeof(comm::Fixed));
   comm::Fixed* acc = exact_.as<comm::Fixed>();
   float* g = grads_.as<float>();
+  const Allocator& memory = grads_.memory();
   std::atomic<int64_t> refused{expert_refused_.exchange(0)};
   // Frozen slots may hold integer bits (an Index table): never read as floats.
   for (const ParamInfo& p : layout_.params())
-    if (p.frozen) std::fill(g + p.offset, g + p.offset + p.numel, 0.0f);
+    if (p.frozen) zero_memory(ctx_, memory, g + p.offset, size_t(p.numel) * sizeof(float));
   const bool first = exact_empty_;
-  // With expert parallelism the experts' gradients were folded per source
-  // during backward (fold_expert_gradients); the rest is folded here.
-  const std::vector<std::pair<int64_t, int64_t>> whole{{0, n}};
-  for (auto [o, k] : experts_ != nullptr ? shared_ranges_ : whole)
+  // fold_into adds x[0, m) to the sums from acc + at on, zeroing x.
+  const auto fold = [&](float* x, int64_t m, int64_t at) {
     ctx_.parallel_for(
-        k,
+        m,
         [&](int64_t b0, int64_t b1) {
-          const int64_t bad = comm::fold_into(g + o + b0, acc + o + b0, size_t(b1 - b0), first);
+          const int64_t bad = comm::fold_into(x + b0, acc + at + b0, size_t(b1 - b0), first);
           if (bad) refused += bad;
         },
         int64_t{1} << 16);
+  };
+  // With expert parallelism the experts' gradients were folded per source
+  // during backward (fold_expert_gradients); the rest is folded here. In
+  // device memory through host copies of bounded chunks, the range then
+  // zeroed there.
+  const std::vector<std::pair<int64_t, int64_t>> whole{{0, n}};
+  std::vector<float> host;
+  for (auto [o, k] : experts_ != nullptr ? shared_ranges_ : whole) {
+    if (memory.host_visible()) {
+      fold(g + o, k, o);
+      continue;
+    }
+    host.resize(size_t(std::min(kHostChunk, k)));
+    for (int64_t at = o; at < o + k; at += kHostChunk) {
+      const int64_t m = std::min(kHostChunk, o + k - at);
+      memory.copy_out(host.data(), g + at, size_t(m) * sizeof(float));
+      fold(host.data(), m, at);
+    }
+    memory.fill(g + o, 0, size_t(k) * sizeof(float));
+  }
   acc[n] = first ? 1 : comm::fixed_add(acc[n], 1);
   acc[n + 1] = first ? comm::Fixed(refused.load()) : comm::fixed_add(acc[n + 1], comm::Fixed(refused.load()));
   exact_empty_ = false;
@@ -728,11 +771,17 @@ void Trainer::finish_exact_sum() {
     LS_THROW << "[dist] world_invariant: " << folds
              << " micro-batches in one optimizer step; the exact gradient sum "
              << "holds at most " << comm::kFixedMaxTerms << " (raise [train] micro_batch_tokens)";
-  float* g = grads_.as<float>();
-  ctx_.parallel_for(
-      n, [&](int64_t b0, int64_t b1) { comm::unfold_into(acc + b0, g + b0, size_t(b1 - b0)); },
-      int64_t{1} << 16);
-  if (refused > 0) std::fill(g, g + n, std::numeric_limits<float>::quiet_NaN());
+  int64_t at = 0;
+  fill_from_host(grads_.memory(), grads_.as<float>(), n, kHostChunk, [&](float* g, int64_t m) {
+    if (refused > 0) {
+      std::fill(g, g + m, std::numeric_limits<float>::quiet_NaN());
+    } else {
+      ctx_.parallel_for(
+          m, [&](int64_t b0, int64_t b1) { comm::unfold_into(acc + at + b0, g + b0, size_t(b1 - b0)); },
+          int64_t{1} << 16);
+    }
+    at += m;
+  });
 }
 
 void Trainer::zero_grad() {
@@ -790,7 +839,7 @@ OptimizerStats Trainer::step() {
   if (cfg_.world_invariant)
     finish_exact_sum();
   else if (cfg_.grad_reduce)
-    cfg_.grad_reduce(grads_.as<float>(), size_t(layout_.numel()));
+    reduce_through_host(grads_.memory(), grads_.as<float>(), layout_.numel(), cfg_.grad_reduce);
   GradNormFn norm;
   if (cfg_.world_invariant)
     norm = [this](const Context& ctx, const float* g) { return invariant_grad_norm(ctx, g); };

@@ -110,6 +110,9 @@ struct TrainerConfig {
   // Data parallelism (parallel/data_parallel.h): when set, step() first replaces
   // the accumulated gradients grads[0, n) by their sum over all ranks. The
   // LossFn must then normalise by global counts (tokens of the global batch).
+  // It is given host memory: a trainer whose gradients lie in device memory
+  // calls it on host copies of consecutive chunks, in order (the same chunks
+  // on every rank), so it must sum element by element.
   std::function<void(float* grads, size_t n)> grad_reduce;
   // [dist] world_invariant (docs/distributed.md): each micro-batch's gradient
   // is computed from zero and folded into an exact fixed-point sum
@@ -205,7 +208,8 @@ class Trainer {
   // The whole model's parameters in model_layout() order, piece by piece, to
   // `emit` on the group's rank 0, when `want` is set on some rank of the
   // group (collective over it; one MoE layer's experts in memory at a time).
-  // Without expert parallelism: emit(params(), all) on this rank if `want`.
+  // Without expert parallelism: emit(params(), all) on this rank if `want`
+  // (params in device memory: host copies of consecutive chunks, in order).
   void stream_model(bool want, const std::function<void(const float*, int64_t)>& emit);
   // Before a checkpoint: collective over the expert-parallel group (a no-op
   // without one). When `writer` is set on some rank of the group, its rank 0
