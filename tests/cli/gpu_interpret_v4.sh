@@ -11,7 +11,9 @@
 #     writes the CPU run's metrics and checkpoint bytes (its indexer and MTP
 #     tensors differ from those of the same run without these losses);
 #  4. a 2-step `rl` (GRPO) on the interpret device: the CPU run's metrics and
-#     checkpoint bytes, every rollout logprob equal to the trainer's (gap 0).
+#     checkpoint bytes, every rollout logprob equal to the trainer's (gap 0);
+#  5. the same model at f32 and at bf16: `score` and a 2-step `rl` give the
+#     CPU's output and checkpoint bytes, with gap 0.
 # Every command runs strict (the host cannot touch device memory).
 set -euo pipefail
 BIN=$1
@@ -185,4 +187,33 @@ mtp = [k for k in with_loss if k.startswith("mtp.")]
 assert mtp and any(with_loss[k] != without[k] for k in mtp), "the MTP loss left the MTP block unchanged"
 print("v4 sft and rl on the interpret device: the CPU's metrics and checkpoint bytes, rollout gap 0")
 PY
+# 5. The same model at f32 and bf16: score, and 2 GRPO steps, on both devices.
+for prec in f32 bf16; do
+  for dev in cpu interpret; do
+    "$BIN" score --model "$T/model" --input "$T/score_in.jsonl" --output "$T/score_${prec}_$dev.jsonl" --entropy \
+      --precision $prec --device $dev > "$T/score_${prec}_$dev.log" 2>&1 ||
+      { cat "$T/score_${prec}_$dev.log"; fail "score --precision $prec --device $dev"; }
+    "$BIN" rl --config "$T/rl.toml" --out "$T/rl_${prec}_$dev" --set model.device=$dev \
+      --set "model.precision=\"$prec\"" > "$T/rl_${prec}_$dev.log" 2>&1 ||
+      { cat "$T/rl_${prec}_$dev.log"; fail "rl at $prec with model.device=$dev"; }
+  done
+  cmp "$T/score_${prec}_cpu.jsonl" "$T/score_${prec}_interpret.jsonl" || fail "score at $prec: interpret differs"
+  cmp "$T/rl_${prec}_cpu/checkpoints/step_2/model.safetensors" \
+    "$T/rl_${prec}_interpret/checkpoints/step_2/model.safetensors" || fail "rl at $prec: interpret differs"
+done
+python3 - "$T" <<'PY'
+import json, sys
+t = sys.argv[1]
+for prec in ("f32", "bf16"):
+    rows = [json.loads(l) for l in open(f"{t}/rl_{prec}_interpret/metrics.jsonl")]
+    assert len(rows) == 2, (prec, len(rows))
+    for m in rows:
+        assert m["train/train_rollout_logprob_abs_diff"] == 0, (prec, m)
+# The precision reached the model: fp8 quantizes the activations, so its
+# scores differ from f32's (the fp8 weights themselves are exact in bf16).
+f32 = [json.loads(l)["logprobs"] for l in open(f"{t}/score_f32_cpu.jsonl")]
+fp8 = [json.loads(l)["logprobs"] for l in open(f"{t}/score_cpu.jsonl")]
+assert f32 != fp8, "f32 and fp8 scores are the same: the precision did not reach the model"
+PY
+
 echo "gpu interpret v4 CLI checks passed"

@@ -4,7 +4,8 @@
 # weight sync carries only the adapters (perf/weight_sync_* says how many bytes
 # moved), the gap stays exactly 0 at every step,
 # and the run ends with the adapters and metrics of the same config run as one
-# process (the same samples, the same updates), bit for bit.
+# process (the same samples, the same updates), bit for bit; so does the same
+# job with both ranks on the interpreted GPU (model.device = "interpret").
 # usage: rl_lora_mpi_test.sh MPIEXEC LOCKSTEP_BINARY
 source "$(dirname "$0")/mpi_test_lib.sh"
 
@@ -15,6 +16,11 @@ lora=(--set lora.rank=4 --set lora.alpha=8 --set 'lora.target_modules=["all-line
 timeout -k 5 120 "${MPI[@]}" -np 2 "$BIN" rl --config "$T/rl.toml" --out "$T/two" "${lora[@]}" \
   --set dist.rollout_ranks=1 > "$T/two.log" 2>&1 || { cat "$T/two.log"; fail "the 2-rank job failed"; }
 grep -q "1 rollout rank" "$T/two.log" || { cat "$T/two.log"; fail "no role line"; }
+# Both ranks on the interpreted GPU (strict): the rollout rank copies the
+# adapters it receives into its engine's device memory.
+timeout -k 5 120 "${MPI[@]}" -np 2 "$BIN" rl --config "$T/rl.toml" --out "$T/twodev" "${lora[@]}" \
+  --set dist.rollout_ranks=1 --set model.device=interpret > "$T/twodev.log" 2>&1 ||
+  { cat "$T/twodev.log"; fail "the 2-rank job on the interpreted GPU failed"; }
 if timeout -k 5 60 "${MPI[@]}" -np 2 "$BIN" rl --config "$T/rl.toml" --out "$T/dp" "${lora[@]}" > "$T/dp.log" 2>&1; then
   fail "[lora] with two trainer ranks was accepted"
 fi
@@ -44,6 +50,9 @@ assert a == b, (a, b)
 x = open(f"{t}/one/checkpoints/{a}/adapter_model.safetensors", "rb").read()
 y = open(f"{t}/two/checkpoints/{b}/adapter_model.safetensors", "rb").read()
 assert x == y, "rollout ranks with LoRA ended with other adapters than one process"
+z = open(f"{t}/twodev/checkpoints/{b}/adapter_model.safetensors", "rb").read()
+assert z == y, "rollout ranks with LoRA on the interpreted GPU ended with other adapters than on the CPU"
+assert metrics("twodev") == two, "rollout ranks with LoRA on the interpreted GPU: other metrics than on the CPU"
 # What a sync moved: the adapters' floats, not the model's.
 import struct
 n = struct.unpack("<Q", y[:8])[0]

@@ -9,8 +9,10 @@
 #     colocated trainers: complete with a zero gap; weights bit-identical to
 #     each other (same data-parallel size) and within the data-parallel
 #     tolerance of docs/distributed.md of the single-process run;
-#  3. a refused config: too few ranks;
-#  4. SIGKILL of the rollout rank mid-run ends the job within 30 s, and the
+#  3. 1 trainer + 1 rollout rank, both on the interpreted GPU (model.device
+#     = "interpret", strict): the CPU run's final weights;
+#  4. a refused config: too few ranks;
+#  5. SIGKILL of the rollout rank mid-run ends the job within 30 s, and the
 #     last checkpoint is whole: a single-process --resume finishes from it.
 # The model, data and config are made by rl_mpi_setup.sh.
 # usage: rl_mpi_test.sh MPIEXEC LOCKSTEP_BINARY
@@ -32,6 +34,9 @@ run_mpi d11 2 --set dist.rollout_ranks=1
 run_mpi d21 3 --set dist.rollout_ranks=1
 run_mpi d22 4 --set dist.rollout_ranks=2
 run_mpi d20 2 --set dist.trainer_ranks=2
+run_mpi d11dev 2 --set dist.rollout_ranks=1 --set model.device=interpret
+cmp "$T/d11dev/checkpoints/step_3/model.safetensors" "$T/d11/checkpoints/step_3/model.safetensors" \
+  || fail "d11 on the interpreted GPU: the weights differ from the CPU run's"
 grep -q "1 trainer, 1 rollout rank" "$T/d11.log" || fail "d11: no role line"
 grep -q "rollout 0/1: served" "$T/d11.log" || fail "d11: the rollout rank did not stop cleanly"
 grep -q "2 trainers (data parallel), colocated" "$T/d20.log" || fail "d20: no role line"

@@ -5,7 +5,8 @@
 # trainer state) and identical metrics.jsonl rows, timing fields (perf/*,
 # eval/*/time_s, eval/*/tokens_per_s) excepted; a 2-rank run stopped after step 2 and resumed on 1 and on 4 ranks
 # ends byte-identical to the uninterrupted 2-rank run; 2 ranks with
-# model.device = "interpret" end as the CPU does. The same runs with
+# model.device = "interpret" (EP: expert_parallel = 2 on it) end as the CPU
+# does. The same runs with
 # world_invariant = false differ (the negative control).
 # sft-v4 and rl-v4 run the same on the micro DeepSeek-V4 model.
 # sft-ep and rl-ep (sft-v4-ep, rl-v4-ep: on DeepSeek-V4): expert parallelism. EP = 2 and 4, EP = 2 x DP = 2 (and for
@@ -81,7 +82,10 @@ if [ "$EP" = 1 ]; then
   run e2 2 --set dist.expert_parallel=2
   run e4 4 --set dist.expert_parallel=4
   run e22 4 --set dist.expert_parallel=2
-  COMPARED=(e2 e4 e22 cut1 cut4)
+  # On the interpreted GPU (strict): the expert exchanges, the per-source
+  # folds and the gathered checkpoint through copies.
+  run e2dev 2 --set dist.expert_parallel=2 --set model.device=interpret
+  COMPARED=(e2 e4 e22 e2dev cut1 cut4)
   if [ "$KIND" = rl ]; then  # EP = 2 trainers fed by a rollout rank
     run d21 3 --set dist.rollout_ranks=1 --set dist.expert_parallel=2
     COMPARED+=(d21)

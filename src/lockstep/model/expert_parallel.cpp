@@ -2,8 +2,10 @@
 #include "lockstep/model/expert_parallel.h"
 
 #include <cstring>
+#include <vector>
 
 #include "lockstep/base/error.h"
+#include "lockstep/kernels/gpu/backend.h"
 
 namespace lockstep::model {
 
@@ -118,8 +120,19 @@ void expert_dispatch(const Context& ctx, ExpertComm& comm, const ExpertRoute& ro
   check_rows(rows, n_send, D, "dispatched rows");
   check_rows(out, n_in, D, "received rows");
   check_rows(staging, n_in, D, "staging");
-  comm.all_to_all_v(rows.data, row_bytes(route.send_rows, D), staging.data, row_bytes(route.recv_rows, D));
-  copy_rows(ctx, out.f32(), staging.f32(), route.order, D, false);
+  const Allocator& memory = kernels::device_memory(ctx);
+  if (memory.host_visible()) {
+    comm.all_to_all_v(rows.data, row_bytes(route.send_rows, D), staging.data, row_bytes(route.recv_rows, D));
+    copy_rows(ctx, out.f32(), staging.f32(), route.order, D, false);
+    return;
+  }
+  // Device memory: the exchange and the reordering on host copies, the
+  // result copied in (plain copies of f32 rows: the same bits).
+  std::vector<float> send(size_t(n_send * D)), recv(size_t(n_in * D)), ordered(size_t(n_in * D));
+  memory.copy_out(send.data(), rows.data, send.size() * sizeof(float));
+  comm.all_to_all_v(send.data(), row_bytes(route.send_rows, D), recv.data(), row_bytes(route.recv_rows, D));
+  copy_rows(ctx, ordered.data(), recv.data(), route.order, D, false);
+  memory.copy_in(out.data, ordered.data(), ordered.size() * sizeof(float));
 }
 
 void expert_return(const Context& ctx, ExpertComm& comm, const ExpertRoute& route, const Tensor& in, Tensor out,
@@ -130,8 +143,18 @@ void expert_return(const Context& ctx, ExpertComm& comm, const ExpertRoute& rout
   check_rows(in, n_in, D, "expert outputs");
   check_rows(out, n_back, D, "returned rows");
   check_rows(staging, n_in, D, "staging");
-  copy_rows(ctx, staging.f32(), in.f32(), route.order, D, true);
-  comm.all_to_all_v(staging.data, row_bytes(route.recv_rows, D), out.data, row_bytes(route.send_rows, D));
+  const Allocator& memory = kernels::device_memory(ctx);
+  if (memory.host_visible()) {
+    copy_rows(ctx, staging.f32(), in.f32(), route.order, D, true);
+    comm.all_to_all_v(staging.data, row_bytes(route.recv_rows, D), out.data, row_bytes(route.send_rows, D));
+    return;
+  }
+  std::vector<float> rows(size_t(n_in * D)), scattered(size_t(n_in * D)), back(size_t(n_back * D));
+  memory.copy_out(rows.data(), in.data, rows.size() * sizeof(float));
+  copy_rows(ctx, scattered.data(), rows.data(), route.order, D, true);
+  comm.all_to_all_v(scattered.data(), row_bytes(route.recv_rows, D), back.data(),
+                    row_bytes(route.send_rows, D));
+  memory.copy_in(out.data, back.data(), back.size() * sizeof(float));
 }
 
 }  // namespace lockstep::model

@@ -92,7 +92,8 @@ ExpertRoute expert_route(ExpertComm& comm, const kernels::MoeDispatch& plan, con
 
 // rows (plan rows, D) f32 in plan order go to their experts' owners; out
 // (route.num_in(), D) receives this rank's rows expert-major. staging
-// (route.num_in(), D) is scratch.
+// (route.num_in(), D) is scratch. In device memory (a GPU backend's) the
+// rows travel through host copies, and staging is not used.
 void expert_dispatch(const Context& ctx, ExpertComm& comm, const ExpertRoute& route, const Tensor& rows, Tensor out,
                      Tensor staging);
 

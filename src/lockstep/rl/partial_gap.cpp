@@ -62,16 +62,18 @@ void VersionScorers::keep(train::Trainer& trainer, const std::set<uint64_t>& hel
     add_adapters(v, lora->host_params());
     return;
   }
+  // In the memory the trainer's kernels use (device memory on a GPU backend).
   const ParamLayout layout(config_);
-  if (trainer.expert_comm() != nullptr) {  // a host trainer (no expert parallelism on a device)
-    Buffer copy = alloc_params(layout);
-    trainer.gather_model(copy.as<float>(), /*all=*/true);
-    return add(v, std::move(copy));
-  }
-  // In the memory the trainer's kernels use (a device copy on a GPU backend).
   const Allocator& memory = kernels::device_memory(ctx_);
   Buffer copy(layout.nbytes(), memory, Fill::Undefined, "kept parameters");
-  memory.copy(copy.data(), trainer.params(), layout.nbytes());
+  if (trainer.expert_comm() != nullptr) {  // the whole model, gathered on the host
+    Buffer host = alloc_params(layout);
+    trainer.gather_model(host.as<float>(), /*all=*/true);
+    if (memory.host_visible()) return add(v, std::move(host));
+    memory.copy_in(copy.data(), host.data(), layout.nbytes());
+  } else {
+    memory.copy(copy.data(), trainer.params(), layout.nbytes());
+  }
   add(v, std::move(copy));
 }
 

@@ -116,10 +116,6 @@ void Trainer::set_expert_comm(model::ExpertComm* comm) {
   LS_CHECK(optimizer_.steps_done() == 0)
       << "set_expert_comm after optimizer steps would lose the optimizer state";
   if (lora_) LS_THROW << "[lora]: LoRA adapters do not support expert parallelism yet";
-  if (comm != nullptr && comm->size() > 1 && !kernels::device_memory(ctx_).host_visible())
-    LS_THROW << "expert parallelism ([dist] expert_parallel > 1) is not supported on a device yet "
-             << "(its parameter moves and expert exchanges read device memory from the host): "
-             << "run the trainer on the cpu, or without expert parallelism";
   LS_CHECK(layout_.all_experts() || comm == experts_)
       << "set_expert_comm: this trainer already holds only some experts; build it again from the whole model";
   model::ExpertShard shard;
@@ -129,11 +125,11 @@ void Trainer::set_expert_comm(model::ExpertComm* comm) {
   if (!shard.all()) {
     // Keep this rank's tensors only: the other experts' parameters go.
     ParamLayout mine(c, shard.first, shard.count);
-    Buffer p(mine.nbytes(), kernels::device_memory(ctx_), Fill::Zero, "parameters");
-    for (const ParamInfo& q : mine.params()) {
-      const float* from = params_.as<float>() + layout_.at(q.name).offset;
-      std::copy(from, from + q.numel, p.as<float>() + q.offset);
-    }
+    const Allocator& memory = kernels::device_memory(ctx_);
+    Buffer p(mine.nbytes(), memory, Fill::Zero, "parameters");
+    for (const ParamInfo& q : mine.params())
+      memory.copy(p.as<float>() + q.offset, params_.as<float>() + layout_.at(q.name).offset,
+                  size_t(q.numel) * sizeof(float));
     layout_ = std::move(mine);
     if (cfg_.indexer_loss_coef > 0) layout_.train_indexers();
     params_ = std::move(p);
@@ -158,8 +154,10 @@ void Trainer::set_expert_comm(model::ExpertComm* comm) {
 // gradients are the same on every rank after grad_reduce, each expert's are
 // on one rank of the group.
 double Trainer::expert_grad_norm(const Context& ctx, const float* grads) const {
-  const double a = kernels::global_grad_norm(ctx, segments(shared_ranges_, grads));
-  const double b = kernels::global_grad_norm(ctx, segments(own_expert_ranges_, grads));
+  const Allocator& memory = grads_.memory();
+  const double a = kernels::norm_of_chunk_sums(norm_chunk_sums(ctx, memory, segments(shared_ranges_, grads)));
+  const double b =
+      kernels::norm_of_chunk_sums(norm_chunk_sums(ctx, memory, segments(own_expert_ranges_, grads)));
   return std::sqrt(a * a + experts_->sum(b * b));
 }
 
@@ -175,7 +173,7 @@ double Trainer::invariant_grad_norm(const Context& ctx, const float* grads) cons
         .push_back({const_cast<float*>(grads) + p.offset, p.numel});
   const std::vector<double> mine = norm_chunk_sums(ctx, grads_.memory(), shared);
   if (experts_ == nullptr) return kernels::norm_of_chunk_sums(mine);
-  const std::vector<double> own_sums = kernels::norm_chunk_sums(ctx, own);
+  const std::vector<double> own_sums = norm_chunk_sums(ctx, grads_.memory(), own);
   const int P = experts_->size();
   const size_t per_rank = own_sums.size();
   std::vector<double> group(per_rank * size_t(P));
@@ -208,12 +206,15 @@ double Trainer::invariant_grad_norm(const Context& ctx, const float* grads) cons
 // In model-layout order, a MoE layer's routed experts are two blocks: every
 // expert's gate|up rows, then every expert's down rows (ExpertBlocks), and
 // shard r's experts are part r of each, so one gather per block assembles it.
+// `local` may lie in device memory: then the tensors reach `emit` and the
+// group through host copies.
 void Trainer::assemble(const float* local, bool all, const std::function<void(const float*, int64_t)>& emit) {
   const bool receiver = all || experts_->rank() == 0;
-  std::vector<float> block;
+  const Allocator& memory = kernels::device_memory(ctx_);
+  std::vector<float> block, shard;
   for (const ParamInfo& p : model_layout_.params()) {
     if (!p.routed_expert()) {
-      if (receiver) emit(local + layout_.at(p.name).offset, p.numel);
+      if (receiver) for_each_host_chunk(memory, local + layout_.at(p.name).offset, p.numel, kHostChunk, emit);
       continue;
     }
     // Each block goes out at its first tensor; the layer's other expert
@@ -227,17 +228,23 @@ void Trainer::assemble(const float* local, bool all, const std::function<void(co
     LS_CHECK(n == mine.numel * experts_->size()) << "expert shards of unequal size";
     const size_t bytes = size_t(mine.numel) * sizeof(float);
     if (receiver) block.resize(size_t(n));
+    const float* send = local + mine.offset;
+    if (!memory.host_visible()) {
+      shard.resize(size_t(mine.numel));
+      memory.copy_out(shard.data(), send, bytes);
+      send = shard.data();
+    }
     if (all)
-      experts_->all_gather(local + mine.offset, bytes, block.data());
+      experts_->all_gather(send, bytes, block.data());
     else
-      experts_->gather(local + mine.offset, bytes, block.data(), 0);
+      experts_->gather(send, bytes, block.data(), 0);
     if (receiver) emit(block.data(), n);
   }
 }
 
 void Trainer::gather_model(float* out, bool all) {
   if (experts_ == nullptr) {
-    std::copy(params_.as<float>(), params_.as<float>() + layout_.numel(), out);
+    params_.memory().copy_out(out, params_.data(), layout_.nbytes());
     return;
   }
   int64_t at = 0;
@@ -699,10 +706,18 @@ void Trainer::start_exact_sum() {
 void Trainer::fold_expert_gradients(const MlpParams& g, const Context& ectx) {
   float* base = grads_.as<float>();
   comm::Fixed* acc = exact_.as<comm::Fixed>();
+  const Allocator& memory = grads_.memory();
   for (const Tensor* t : {&g.w_gate_up, &g.w_down}) {
     float* x = t->f32();
     const int64_t off = x - base, n = int64_t(t->numel());
     LS_CHECK(off >= 0 && off + n <= layout_.numel()) << "an expert gradient outside the gradient buffer";
+    std::vector<float> host;  // device memory: fold a host copy, then zero the tensor there
+    if (!memory.host_visible()) {
+      host.resize(size_t(n));
+      memory.copy_out(host.data(), x, size_t(n) * sizeof(float));
+      memory.fill(x, 0, size_t(n) * sizeof(float));
+      x = host.data();
+    }
     ectx.parallel_for(
         n,
         [&](int64_t b0, int64_t b1) {
@@ -784,6 +799,19 @@ void Trainer::finish_exact_sum() {
   });
 }
 
+void Trainer::reduce_gradients() {
+  const Allocator& memory = grads_.memory();
+  if (experts_ == nullptr || memory.host_visible())
+    return reduce_through_host(memory, grads_.as<float>(), layout_.numel(), cfg_.grad_reduce);
+  // With expert parallelism the reduction sums each run of tensors over its
+  // own group, at its offsets in the buffer: one host copy of the whole
+  // buffer (this rank's shard), reduced and copied back.
+  std::vector<float> host(size_t(layout_.numel()));
+  memory.copy_out(host.data(), grads_.data(), layout_.nbytes());
+  cfg_.grad_reduce(host.data(), host.size());
+  memory.copy_in(grads_.data(), host.data(), layout_.nbytes());
+}
+
 void Trainer::zero_grad() {
   if (lora_) return lora_->zero_grad();
   zero_memory(ctx_, grads_.memory(), grads_.data(), layout_.nbytes());
@@ -839,7 +867,7 @@ OptimizerStats Trainer::step() {
   if (cfg_.world_invariant)
     finish_exact_sum();
   else if (cfg_.grad_reduce)
-    reduce_through_host(grads_.memory(), grads_.as<float>(), layout_.numel(), cfg_.grad_reduce);
+    reduce_gradients();
   GradNormFn norm;
   if (cfg_.world_invariant)
     norm = [this](const Context& ctx, const float* g) { return invariant_grad_norm(ctx, g); };

@@ -112,7 +112,9 @@ struct TrainerConfig {
   // LossFn must then normalise by global counts (tokens of the global batch).
   // It is given host memory: a trainer whose gradients lie in device memory
   // calls it on host copies of consecutive chunks, in order (the same chunks
-  // on every rank), so it must sum element by element.
+  // on every rank), so it must sum element by element; with expert
+  // parallelism (whose reduction sums runs of tensors at their offsets) on
+  // one host copy of the whole buffer.
   std::function<void(float* grads, size_t n)> grad_reduce;
   // [dist] world_invariant (docs/distributed.md): each micro-batch's gradient
   // is computed from zero and folded into an exact fixed-point sum
@@ -200,7 +202,8 @@ class Trainer {
   // The LoRA adapters this trainer trains ([lora] rank > 0), or null.
   LoraState* lora() { return lora_.get(); }
   const LoraState* lora() const { return lora_.get(); }
-  // The whole model's f32 parameters (model_layout()) into `out`: on every
+  // The whole model's f32 parameters (model_layout()) into `out` (host
+  // memory, whatever memory the trainer's parameters lie in): on every
   // rank of the expert-parallel group (all), or on its rank 0 only (out may
   // be null elsewhere). Collective over the group; without expert
   // parallelism a copy of params().
@@ -248,6 +251,8 @@ class Trainer {
   void fold_expert_gradients(const MlpParams& g, const Context& ectx);
   // world_invariant: exact_ summed over the ranks and rounded into grads(); exact_ zeroed.
   void finish_exact_sum();
+  // cfg_.grad_reduce on the gradients, through host copies on a device.
+  void reduce_gradients();
   // Walks the model layout in order and hands `emit` the whole model's
   // values of a buffer laid out as layout() (params, a moment): shared
   // tensors from `local`, each MoE layer's expert blocks gathered from the
