@@ -5,7 +5,8 @@
 # steps with evaluation, `--set rollout.device=interpret`, against the same
 # run all on the CPU: every metric equal (rewards, lengths, evaluation, the
 # rollout-trainer logprob gap 0 at every step) and the checkpoints, optimizer
-# state included, byte for byte. Then the errors: an unknown device names the
+# state included, byte for byte. The same with [lora] adapters (their copy on
+# the engine's device refreshed at every sync). Then the errors: an unknown device names the
 # key; a rollout on the CPU beside a trainer on a device is refused.
 # Strict interpret mode: host code touching device memory stops the run.
 set -euo pipefail
@@ -44,6 +45,30 @@ while IFS= read -r f; do
 done < <(cd "$T/cpu" && find checkpoints -type f -name '*.safetensors' -o -type f -name 'optimizer.bin' | sort)
 [ "$n" -ge 2 ] || { echo "expected an RL checkpoint's weights and optimizer state, found $n files"; exit 1; }
 echo "rollout device: $n checkpoint files bitwise equal"
+
+# With [lora]: the engine on interpret reads a copy of the trainer's adapters
+# in its memory, refreshed at every sync; the adapters and metrics of the
+# run all on the CPU.
+lora=(--set lora.rank=4 --set lora.alpha=8 --set 'lora.target_modules=["all-linear"]' --set lora.init_seed=3
+      --set train.steps=2 --set train.lr=1e-2 --set eval.interval=0 --set rollout.batch_size=4 --threads 2)
+for dev in cpu interpret; do
+  "$BIN" rl --config "$T/cpu/config.toml" --out "$T/lora_$dev" "${lora[@]}" --set "rollout.device=\"$dev\"" \
+    > "$T/lora_$dev.log" 2>&1 || { tail -30 "$T/lora_$dev.log"; exit 1; }
+done
+grep -q "rollout: the engine on interpret" "$T/lora_interpret.log" ||
+  { echo "the LoRA run did not put the rollout engine on the interpret backend"; exit 1; }
+cmp "$T/lora_cpu/checkpoints/step_2/adapter_model.safetensors" \
+  "$T/lora_interpret/checkpoints/step_2/adapter_model.safetensors" ||
+  { echo "LoRA with the rollout on interpret: other adapters than on the CPU"; exit 1; }
+/usr/bin/python3 - "$T/lora_cpu" "$T/lora_interpret" <<'PY'
+import json, sys
+def load(path):
+    return [{k: v for k, v in json.loads(l).items()
+             if not k.startswith("perf/") and "time" not in k and not k.endswith("per_s")} for l in open(path)]
+a, b = load(f"{sys.argv[1]}/metrics.jsonl"), load(f"{sys.argv[2]}/metrics.jsonl")
+assert len(a) > 0 and a == b, "LoRA with the rollout on interpret: metrics differ from the CPU run's"
+assert all(l["train/train_rollout_logprob_abs_diff_max"] == 0 for l in b if "train/train_rollout_logprob_abs_diff_max" in l)
+PY
 
 # An unknown device names the key and the choices.
 if "$BIN" demo --out "$T/bad" "${short[@]}" --set rollout.device=tpu >"$T/bad.log" 2>&1; then

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "lockstep/base/error.h"
+#include "lockstep/kernels/gpu/backend.h"
 #include "lockstep/model/packed_checksum.h"
 #include "lockstep/rl/rollout_device.h"
 #include "lockstep/rollout/localise.h"
@@ -56,6 +57,14 @@ LocalRollout::LocalRollout(train::Trainer& trainer, const rollout::RolloutSectio
                                                           storage == DType::FP8E4M3 ? cfg.fp8_block : 0);
     fast_weights_->refresh(ctx_, trainer.version());
     fast_weights_->set_lora(trainer.weights().lora());  // the trainer's adapters, read in place
+  }
+  if (cross_device_ && trainer.lora() != nullptr) {  // their copy in the engine's memory
+    const train::LoraState& lora = *trainer.lora();
+    engine_adapters_ = Buffer(size_t(lora.numel()) * sizeof(float), kernels::device_memory(ctx_), Fill::Zero,
+                              "engine lora adapters");
+    engine_lora_ = std::make_unique<model::LoraWeights>(lora.layout(), engine_adapters_.as<float>());
+    copy_adapters(trainer);
+    fast_weights_->set_lora(engine_lora_.get());
   }
   rollout::EngineConfig ec = cfg.engine;
   ec.seed = seed;
@@ -124,10 +133,17 @@ void LocalRollout::check_packed_bits(train::Trainer& trainer) const {
            << " after packing the same f32 master; aligned mode cannot hold";
 }
 
+void LocalRollout::copy_adapters(const train::Trainer& trainer) {
+  const std::vector<float> adapters = trainer.lora()->host_params();
+  kernels::device_memory(ctx_).copy_in(engine_adapters_.data(), adapters.data(), engine_adapters_.size());
+}
+
 void LocalRollout::sync(train::Trainer& trainer) {
   if (model_.size()) trainer.gather_model(model_.as<float>(), true);  // collective over the trainer's EP group
+  if (engine_lora_) copy_adapters(trainer);
   // LoRA: the base is frozen, so the engine's packing of it stays valid and
-  // only the version moves (the adapters are read in place).
+  // only the version moves (the adapters are read in place, or from the
+  // engine's copy on another device).
   if (own_weights_ && trainer.lora())
     fast_weights_->set_version(trainer.version());
   else if (own_weights_)

@@ -101,12 +101,18 @@ class LocalRollout : public RolloutBackend {
  private:
   const model::ModelWeights* weights(train::Trainer& trainer) const;
   void check_packed_bits(train::Trainer& trainer) const;
+  // The trainer's adapters into engine_adapters_.
+  void copy_adapters(const train::Trainer& trainer);
   Context ctx_;
   bool aligned_ = true;
   bool own_weights_ = false;   // fast mode, an expert-parallel trainer, or another device
   bool cross_device_ = false;  // [rollout] device differs from the trainer's
   Buffer model_;              // expert parallelism: the whole model's f32 parameters
   std::unique_ptr<model::ModelWeights> fast_weights_;  // own_weights_: this engine's packed copy
+  // LoRA with the engine on another device: a copy of the trainer's adapters
+  // in the engine's memory, refreshed at every sync, and the views over it.
+  Buffer engine_adapters_;
+  std::unique_ptr<model::LoraWeights> engine_lora_;
   std::unique_ptr<rollout::Engine> engine_;
 };
 

@@ -20,9 +20,6 @@ Context rollout_context(const train::Trainer& trainer, const rollout::RolloutSec
         << where << " = \"" << cfg.device << "\" with the trainer on \"" << trainer.context().gpu->name
         << "\": a rollout on another device than the trainer needs the trainer on the CPU ([model] device "
            "= \"cpu\")";
-  if (trainer.lora() != nullptr)
-    LS_THROW << where << " = \"" << cfg.device
-             << "\": not with [lora] yet (the engine reads the trainer's adapters in place, in host memory)";
   LS_LOG(Info) << "rollout: the engine on " << ctx.gpu->name
                << ", the trainer on the CPU (the trainer's weights copied in at every sync)";
   return ctx;
