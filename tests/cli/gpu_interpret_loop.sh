@@ -6,8 +6,8 @@
 #     the dense model with [lora] adapters;
 #  2. rl (GRPO, 2 steps, a checkpoint each step, then --resume for a third)
 #     on interpret writes the same checkpoints and metrics (timings aside)
-#     as on the CPU, with a gap of 0, for a dense and a MoE model at f32, and
-#     for the MoE model at bf16 and fp8, and with [lora] adapters at f32;
+#     as on the CPU, with a gap of 0, for a dense and a MoE model at f32,
+#     bf16 and fp8, and for the MoE model with [lora] adapters at f32;
 #  3. eval --device interpret writes the CPU's samples and scores;
 #  4. serve --device interpret answers a completion with logprobs equal to
 #     the CPU server's.
@@ -152,7 +152,7 @@ for m in a:
     assert m["train/train_rollout_logprob_abs_diff_max"] == 0, (sys.argv[3], m)
 PY
 }
-for case in "dense f32" "moe f32" "moe bf16" "moe fp8"; do
+for case in "dense f32" "dense bf16" "dense fp8" "moe f32" "moe bf16" "moe fp8"; do
   read -r m p <<< "$case"
   rl_run "$m" "$p" cpu
   rl_run "$m" "$p" interpret

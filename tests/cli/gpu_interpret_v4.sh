@@ -12,6 +12,7 @@
 #     tensors differ from those of the same run without these losses);
 #  4. a 2-step `rl` (GRPO) on the interpret device: the CPU run's metrics and
 #     checkpoint bytes, every rollout logprob equal to the trainer's (gap 0);
+#     then --resume for a third step: the CPU's checkpoint bytes again;
 #  5. the same model at f32 and at bf16: `score` and a 2-step `rl` give the
 #     CPU's output and checkpoint bytes, with gap 0.
 # Every command runs strict (the host cannot touch device memory).
@@ -187,6 +188,16 @@ mtp = [k for k in with_loss if k.startswith("mtp.")]
 assert mtp and any(with_loss[k] != without[k] for k in mtp), "the MTP loss left the MTP block unchanged"
 print("v4 sft and rl on the interpret device: the CPU's metrics and checkpoint bytes, rollout gap 0")
 PY
+# --resume of the 2-step GRPO run for a third step, on each device.
+for dev in cpu interpret; do
+  "$BIN" rl --config "$T/rl.toml" --out "$T/rl_$dev" --set model.device=$dev --resume --set train.steps=3 \
+    > "$T/rl_resume_$dev.log" 2>&1 || { cat "$T/rl_resume_$dev.log"; fail "rl --resume with model.device=$dev"; }
+  grep -q "resumed from" "$T/rl_resume_$dev.log" || { cat "$T/rl_resume_$dev.log"; fail "rl on $dev did not resume"; }
+done
+[ "$(cat "$T/rl_interpret/checkpoints/latest")" = step_3 ] || fail "the resumed run did not end at step_3"
+cmp "$T/rl_cpu/checkpoints/step_3/model.safetensors" "$T/rl_interpret/checkpoints/step_3/model.safetensors" ||
+  fail "rl --resume: the interpret device's checkpoint differs from the CPU's"
+
 # 5. The same model at f32 and bf16: score, and 2 GRPO steps, on both devices.
 for prec in f32 bf16; do
   for dev in cpu interpret; do
