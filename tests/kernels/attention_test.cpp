@@ -788,6 +788,25 @@ TEST(Attention, BackwardIsThreadAndBatchInvariant) {
   expect_bits_equal(d.dk.data(), e.dk.data(), T * sh.Hkv * sh.Dh, "dk bf16");
 }
 
+// A sequence long enough for the fused schedule's key bands (1 MiB of K,
+// V, dk and dv rows: 16 tiles of 32 keys at Dh = 128, so 1,100 tokens make
+// bands of 16, 16 and 3 tiles, the query tiles' dq carried across them)
+// gives the bits of the two-pass schedule, which has no bands: one
+// (sequence, kv head) item on 4 threads takes it.
+TEST(Attention, BackwardKeyBandsGiveTheTwoPassBits) {
+  ThreadPool pool4(4);
+  const Shape sh{2, 1, 128};
+  const float scale = default_scale(sh);
+  const int64_t T = 1100;
+  const std::vector<SeqData> seqs{make_seq(sh, T, 5)};
+  const std::vector<float> w = test::randn(T * sh.H * sh.Dh, 6);
+  const Grads fused = train_step(Context{}, sh, 16, seqs, w, scale, 1);
+  const Grads passes = train_step(Context{&pool4}, sh, 16, seqs, w, scale, 1);
+  expect_bits_equal(fused.dq.data(), passes.dq.data(), T * sh.H * sh.Dh, "dq");
+  expect_bits_equal(fused.dk.data(), passes.dk.data(), T * sh.Hkv * sh.Dh, "dk");
+  expect_bits_equal(fused.dv.data(), passes.dv.data(), T * sh.Hkv * sh.Dh, "dv");
+}
+
 // Bad shapes and batches throw an Error naming the values, before any write.
 class AttentionErrors : public ::testing::Test {
  protected:

@@ -136,9 +136,79 @@ void accumulate_key_tile(const Operands& o, TileScratch& w, int64_t f0, int64_t 
   }
 }
 
+// Key tiles a band of the fused schedule holds: their K, V, dk and dv rows
+// (4 x 32 x Dh floats each) in about 1 MiB, half of L2, so that every query
+// tile of the band finds them there.
+int64_t band_tiles(int64_t Dh) {
+  constexpr int64_t kBandBytes = int64_t{1} << 20;
+  return std::max<int64_t>(1, kBandBytes / (4 * kKeyBlock * Dh * int64_t(sizeof(float))));
+}
+
+// Query tile (u0, nu) of head h in the scratch: its q and dout rows copied,
+// D = dout . out and the log-sum-exps.
+void load_query_tile(const Operands& o, TileScratch& w, int64_t f0, int64_t h, int64_t u0, int nu,
+                     const float** qp, const float** dop, float* D, float* lse) {
+  const int64_t Dh = o.Dh;
+  for (int a = 0; a < nu; ++a) {
+    float* qa = w.qt.data() + a * Dh;
+    float* da = w.dot.data() + a * Dh;
+    std::copy_n(o.q_row(f0 + u0 + a, h), Dh, qa);
+    std::copy_n(o.do_row(f0 + u0 + a, h), Dh, da);
+    qp[a] = qa;
+    dop[a] = da;
+    D[a] = attn::dot(da, o.out_row(f0 + u0 + a, h), Dh);
+    lse[a] = o.lse_at(f0 + u0 + a, h);
+  }
+}
+
+// Query tile (u0, nu) against key tile ji of head h: P and dS, the tile's
+// terms of dq (into w.dq), dk and dv.
+void tile_pair(const Operands& o, TileScratch& w, int64_t f0, int64_t kvh, int64_t h, int64_t ui, int64_t ji,
+               int nu, const float* const* qp, const float* const* dop, const float* D, const float* lse) {
+  const int64_t Dh = o.Dh, j0 = ji * kKeyBlock;
+  const bool diagonal = ji == ui;
+  const int nk = diagonal ? nu : kKeyBlock;
+  const float* kp[kKeyBlock];
+  const float* vp[kKeyBlock];
+  for (int i = 0; i < nk; ++i) {
+    kp[i] = w.ks.data() + (j0 + i) * Dh;
+    vp[i] = w.vs.data() + (j0 + i) * Dh;
+  }
+  // Query rows in groups of kRows, which share each key and value load.
+  constexpr int kRows = 4;
+  for (int a0 = 0; a0 < nu; a0 += kRows) {
+    const int nr = std::min(kRows, nu - a0);
+    int n[kRows];
+    float *pr[kRows], *dp[kRows], *ds[kRows];
+    for (int r = 0; r < nr; ++r) {
+      const int a = a0 + r;
+      n[r] = diagonal ? a + 1 : kKeyBlock;  // the keys query u0 + a sees in this tile
+      pr[r] = &w.pr[size_t(a * TileScratch::kRow)];
+      dp[r] = &w.dp[size_t(a * TileScratch::kRow)];
+      ds[r] = &w.ds[size_t(a * TileScratch::kRow)];
+    }
+    p_and_ds_rows(qp + a0, dop + a0, lse + a0, D + a0, kp, vp, n, nr, Dh, o.scale, pr, dp, ds, o.wide);
+    if (diagonal) {  // row r sees n[r] keys
+      for (int r = 0; r < nr; ++r)
+        attn::scale_and_accumulate(&w.dq[size_t((a0 + r) * Dh)], Dh, ji == 0, 1.0f, ds[r], kp, n[r], o.wide);
+    } else {  // every row sees the whole key tile: the rows share each key load
+      float* dqp[kRows];
+      for (int r = 0; r < nr; ++r) dqp[r] = &w.dq[size_t((a0 + r) * Dh)];
+      accumulate_rows(dqp, nr, Dh, ji == 0, ds, kp, nk, o.wide);
+    }
+  }
+  accumulate_key_tile(o, w, f0, kvh, j0, nk, nu, diagonal, h == kvh * o.G && diagonal, qp, dop);
+}
+
 // Sequence s, kv head kvh: dq of the group's heads, dk and dv of kvh. dk and
 // dv rows hold the running sums (each starts at the first term: its key's
 // diagonal tile of the group's first head) and are scaled at the end.
+// Head by head, the key tiles go in bands (band_tiles) and each band meets
+// every query tile at or below it: the band's dk and dv stay in L2, and a
+// query tile's dq sum is carried from band to band in its dq rows (the
+// plain sum, scaled once its diagonal tile is in). Every chain keeps its
+// order: a dq row's keys ascending, a dk or dv row's heads then queries
+// ascending.
 void fused_item(const Operands& o, TileScratch& w, int64_t s, int64_t kvh) {
   const attn::BatchPlan& p = o.p;
   const int64_t f0 = p.first[size_t(s)], L = p.first[size_t(s) + 1] - f0, Dh = o.Dh;
@@ -153,54 +223,26 @@ void fused_item(const Operands& o, TileScratch& w, int64_t s, int64_t kvh) {
   for (int64_t j0 = 0; j0 < L; j0 += kKeyBlock)
     o.cache.gather(row, j0, static_cast<int>(std::min<int64_t>(kKeyBlock, L - j0)), kvh, kp, vp,
                    w.ks.data() + j0 * Dh, w.vs.data() + j0 * Dh, /*copy=*/true);
+  const int64_t tiles = (L + kKeyBlock - 1) / kKeyBlock, band = band_tiles(Dh);
   for (int64_t h = kvh * o.G; h < (kvh + 1) * o.G; ++h) {
-    for (int64_t u0 = 0, ui = 0; u0 < L; u0 += kKeyBlock, ++ui) {
-      const int nu = static_cast<int>(std::min<int64_t>(kKeyBlock, L - u0));
-      for (int a = 0; a < nu; ++a) {
-        float* qa = w.qt.data() + a * Dh;
-        float* da = w.dot.data() + a * Dh;
-        std::copy_n(o.q_row(f0 + u0 + a, h), Dh, qa);
-        std::copy_n(o.do_row(f0 + u0 + a, h), Dh, da);
-        qp[a] = qa;
-        dop[a] = da;
-        D[a] = attn::dot(da, o.out_row(f0 + u0 + a, h), Dh);
-        lse[a] = o.lse_at(f0 + u0 + a, h);
-      }
-      for (int64_t j0 = 0, ji = 0; ji <= ui; j0 += kKeyBlock, ++ji) {
-        const bool diagonal = ji == ui;
-        const int nk = diagonal ? nu : kKeyBlock;
-        for (int i = 0; i < nk; ++i) {
-          kp[i] = w.ks.data() + (j0 + i) * Dh;
-          vp[i] = w.vs.data() + (j0 + i) * Dh;
+    for (int64_t b0 = 0; b0 < tiles; b0 += band) {
+      const int64_t b1 = std::min(tiles, b0 + band);
+      for (int64_t ui = b0; ui < tiles; ++ui) {
+        const int64_t u0 = ui * kKeyBlock;
+        const int nu = static_cast<int>(std::min<int64_t>(kKeyBlock, L - u0));
+        load_query_tile(o, w, f0, h, u0, nu, qp, dop, D, lse);
+        if (b0 > 0)  // the sum of the earlier bands' key tiles
+          for (int a = 0; a < nu; ++a) std::copy_n(o.dq_row(f0 + u0 + a, h), Dh, &w.dq[size_t(a * Dh)]);
+        for (int64_t ji = b0; ji < std::min(b1, ui + 1); ++ji)
+          tile_pair(o, w, f0, kvh, h, ui, ji, nu, qp, dop, D, lse);
+        const bool done = ui < b1;  // the diagonal tile was this band's
+        for (int a = 0; a < nu; ++a) {
+          if (done)
+            attn::scale_row(o.dq_row(f0 + u0 + a, h), &w.dq[size_t(a * Dh)], o.scale, /*divide=*/false, Dh);
+          else
+            std::copy_n(&w.dq[size_t(a * Dh)], Dh, o.dq_row(f0 + u0 + a, h));
         }
-        // Query rows in groups of kRows, which share each key and value load.
-        constexpr int kRows = 4;
-        for (int a0 = 0; a0 < nu; a0 += kRows) {
-          const int nr = std::min(kRows, nu - a0);
-          int n[kRows];
-          float *pr[kRows], *dp[kRows], *ds[kRows];
-          for (int r = 0; r < nr; ++r) {
-            const int a = a0 + r;
-            n[r] = diagonal ? a + 1 : kKeyBlock;  // the keys query u0 + a sees in this tile
-            pr[r] = &w.pr[size_t(a * TileScratch::kRow)];
-            dp[r] = &w.dp[size_t(a * TileScratch::kRow)];
-            ds[r] = &w.ds[size_t(a * TileScratch::kRow)];
-          }
-          p_and_ds_rows(qp + a0, dop + a0, lse + a0, D + a0, kp, vp, n, nr, Dh, o.scale, pr, dp, ds, o.wide);
-          if (diagonal) {  // row r sees n[r] keys
-            for (int r = 0; r < nr; ++r)
-              attn::scale_and_accumulate(&w.dq[size_t((a0 + r) * Dh)], Dh, ji == 0, 1.0f, ds[r], kp, n[r],
-                                         o.wide);
-          } else {  // every row sees the whole key tile: the rows share each key load
-            float* dqp[kRows];
-            for (int r = 0; r < nr; ++r) dqp[r] = &w.dq[size_t((a0 + r) * Dh)];
-            accumulate_rows(dqp, nr, Dh, ji == 0, ds, kp, nk, o.wide);
-          }
-        }
-        accumulate_key_tile(o, w, f0, kvh, j0, nk, nu, diagonal, h == kvh * o.G && diagonal, qp, dop);
       }
-      for (int a = 0; a < nu; ++a)
-        attn::scale_row(o.dq_row(f0 + u0 + a, h), &w.dq[size_t(a * Dh)], o.scale, /*divide=*/false, Dh);
     }
   }
   for (int64_t t = f0; t < f0 + L; ++t)
