@@ -50,7 +50,7 @@ echo "rollout device: $n checkpoint files bitwise equal"
 # in its memory, refreshed at every sync; the adapters and metrics of the
 # run all on the CPU.
 lora=(--set lora.rank=4 --set lora.alpha=8 --set 'lora.target_modules=["all-linear"]' --set lora.init_seed=3
-      --set train.steps=2 --set train.lr=1e-2 --set eval.interval=0 --set rollout.batch_size=4 --threads 2)
+      --set train.steps=2 --set train.lr=1e-2 --set eval.interval=0 --set rollout.batch_size=2 --threads 2)
 for dev in cpu interpret; do
   "$BIN" rl --config "$T/cpu/config.toml" --out "$T/lora_$dev" "${lora[@]}" --set "rollout.device=\"$dev\"" \
     > "$T/lora_$dev.log" 2>&1 || { tail -30 "$T/lora_$dev.log"; exit 1; }
